@@ -1,0 +1,26 @@
+//! esper-components: the world's data. ECS components and resources, the enums of the contract, and
+//! the seed lifecycle rules as pure functions (transitions, gates, alpha controller, masks). No tensors,
+//! no I/O.
+
+pub mod actions;
+pub mod alpha;
+pub mod config;
+pub mod env;
+pub mod gates;
+pub mod handlers;
+pub mod lifecycle;
+pub mod masks;
+pub mod reference;
+pub mod slot;
+pub mod slot_id;
+pub mod stage;
+
+pub use actions::*;
+pub use alpha::{AlphaController, AlphaCurve, AlphaMode};
+pub use config::LifecycleConfig;
+pub use env::{EnvIndex, HostMetrics, LifecycleTally};
+pub use handlers::{OpOutcome, apply_action, handler_precondition};
+pub use masks::{ActionMasks, MaskParams, MaskSeedInfo, compute_action_masks};
+pub use slot::*;
+pub use slot_id::{MAX_SLOTS, SlotConfig, SlotId, SlotIdError};
+pub use stage::{GateLevel, SeedStage};

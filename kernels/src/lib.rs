@@ -1,0 +1,7 @@
+//! esper-kernels: all numeric work over batches of envs.
+//!
+//! The host network and the seed blueprints are built from our own batched ops, each with an explicit
+//! forward and backward over flat `[E, …]` buffers (the env is a parallel dimension inside each op).
+//! No ECS types live here.
+
+pub mod rng;

@@ -1,0 +1,16 @@
+//! esper-systems: the bevy_ecs systems of one step. Each reads components, calls a kernel or a pure
+//! lifecycle function over SoA batches, and writes components back. One file per system.
+
+pub mod apply_ops;
+pub mod build_masks;
+pub mod record_accuracy;
+pub mod resources;
+pub mod schedule;
+pub mod slot_query;
+pub mod tally_lifecycle;
+pub mod tick;
+pub mod world;
+
+pub use resources::{ActionBatch, EnvCount, MaskBatch, OpOutcomes};
+pub use schedule::{Step, StepSet, add_lifecycle_systems, empty_step_schedule};
+pub use world::{build_world, insert_run_resources, spawn_env, spawn_slot};

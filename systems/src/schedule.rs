@@ -1,0 +1,71 @@
+//! The step schedule: one run = one host epoch for every env (DESIGN §2). The stages are system sets
+//! chained in order; systems inside a set run in parallel where their access allows, and ambiguity
+//! detection is an error so that parallel order can never change a result.
+
+use crate::{apply_ops::apply_ops, build_masks::build_masks, record_accuracy::record_accuracy};
+use crate::{tally_lifecycle::tally_lifecycle, tick::tick};
+use bevy_ecs::prelude::*;
+use bevy_ecs::schedule::{LogLevel, ScheduleBuildSettings, ScheduleLabel};
+
+/// The stages of one step, in order.
+#[derive(SystemSet, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StepSet {
+    TrainHosts,
+    Validate,
+    Observe,
+    Decide,
+    Reward,
+    Act,
+    Tick,
+    Record,
+}
+
+impl StepSet {
+    pub const ALL: [StepSet; 8] = [
+        Self::TrainHosts,
+        Self::Validate,
+        Self::Observe,
+        Self::Decide,
+        Self::Reward,
+        Self::Act,
+        Self::Tick,
+        Self::Record,
+    ];
+}
+
+#[derive(ScheduleLabel, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Step;
+
+/// An empty step schedule with the sets chained and ambiguity detection at error level.
+pub fn empty_step_schedule() -> Schedule {
+    let mut schedule = Schedule::new(Step);
+    schedule.set_build_settings(ScheduleBuildSettings {
+        ambiguity_detection: LogLevel::Error,
+        ..Default::default()
+    });
+    schedule.configure_sets(
+        (
+            StepSet::TrainHosts,
+            StepSet::Validate,
+            StepSet::Observe,
+            StepSet::Decide,
+            StepSet::Reward,
+            StepSet::Act,
+            StepSet::Tick,
+            StepSet::Record,
+        )
+            .chain(),
+    );
+    schedule
+}
+
+/// The lifecycle systems of the step: record accuracy and build masks (Observe), apply the chosen ops
+/// (Act), tick every slot (Tick), count what happened (Record). A policy adds its system to Decide.
+pub fn add_lifecycle_systems(schedule: &mut Schedule) {
+    schedule.add_systems((
+        (record_accuracy, build_masks).chain().in_set(StepSet::Observe),
+        apply_ops.in_set(StepSet::Act),
+        tick.in_set(StepSet::Tick),
+        tally_lifecycle.in_set(StepSet::Record),
+    ));
+}

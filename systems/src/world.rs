@@ -1,0 +1,57 @@
+//! Building the world: one entity per env and one per (env, slot), plus the run's batch resources.
+
+use crate::resources::{ActionBatch, EnvCount, MaskBatch, OpOutcomes};
+use bevy_ecs::prelude::*;
+use esper_components::masks::{MaskParams, compute_action_masks};
+use esper_components::{
+    EnvIndex, HostMetrics, LifecycleConfig, LifecycleTally, OpOutcome, SlotConfig, SlotEvents, SlotIndex,
+    SlotOf, SlotState,
+};
+
+/// Insert the run's configuration and `[E]`-shaped batch resources.
+pub fn insert_run_resources(world: &mut World, n_envs: usize, slots: SlotConfig, config: LifecycleConfig) {
+    let params = MaskParams {
+        topology: config.topology,
+        max_seeds: config.max_seeds,
+        allow_governor_override: config.allow_governor_override,
+        disable_advance: config.disable_advance(),
+    };
+    let empty_masks = compute_action_masks(&vec![None; slots.len()], 0, &params);
+    world.insert_resource(EnvCount(n_envs));
+    world.insert_resource(ActionBatch::new(n_envs));
+    world.insert_resource(MaskBatch(vec![empty_masks; n_envs]));
+    world.insert_resource(OpOutcomes(vec![OpOutcome::Succeeded; n_envs]));
+    world.insert_resource(slots);
+    world.insert_resource(config);
+}
+
+/// Spawn env `env`'s entity (no slots).
+pub fn spawn_env(world: &mut World, env: u32) -> Entity {
+    world.spawn((EnvIndex(env), HostMetrics::default(), LifecycleTally::default())).id()
+}
+
+/// Spawn the empty slot `slot` (canonical index) of env `env`.
+pub fn spawn_slot(world: &mut World, env_entity: Entity, env: u32, slot: u8) -> Entity {
+    let s = SlotState::default();
+    world
+        .spawn((
+            (SlotOf(env_entity), EnvIndex(env), SlotIndex(slot), SlotEvents::default()),
+            (s.stage, s.counters, s.metrics, s.telemetry, s.alpha, s.controller),
+            (s.blend, s.tempo, s.blueprint, s.pending_prune, s.flags),
+        ))
+        .id()
+}
+
+/// A world of `n_envs` envs with every slot of `slots`, spawned in env order.
+pub fn build_world(n_envs: usize, slots: SlotConfig, config: LifecycleConfig) -> World {
+    let mut world = World::new();
+    let n_slots = slots.len();
+    insert_run_resources(&mut world, n_envs, slots, config);
+    for e in 0..n_envs as u32 {
+        let env = spawn_env(&mut world, e);
+        for s in 0..n_slots as u8 {
+            spawn_slot(&mut world, env, e, s);
+        }
+    }
+    world
+}
