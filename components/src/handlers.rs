@@ -118,6 +118,18 @@ fn execute(op: LifecycleOp, action: &FactoredAction, slot: &mut SlotMut, config:
     }
 }
 
+/// The outcome that needs no slot: a masked action fails, and WAIT succeeds (its slot head is irrelevant
+/// and may name no slot at all). `None` = the op must run on its target slot through [`apply_action`].
+pub fn outcome_without_slot(action: &FactoredAction, masks: &ActionMasks) -> Option<OpOutcome> {
+    if !masks.allows(action) {
+        Some(OpOutcome::FailedMask)
+    } else if action.op == LifecycleOp::Wait as u8 {
+        Some(OpOutcome::Succeeded)
+    } else {
+        None
+    }
+}
+
 /// Apply `action` to its target slot (the slot with index `action.slot`), checking the env's `masks`
 /// first and the handler precondition second.
 pub fn apply_action(

@@ -19,7 +19,7 @@ pub use actions::*;
 pub use alpha::{AlphaController, AlphaCurve, AlphaMode};
 pub use config::LifecycleConfig;
 pub use env::{EnvIndex, HostMetrics, LifecycleTally};
-pub use handlers::{OpOutcome, apply_action, handler_precondition};
+pub use handlers::{OpOutcome, apply_action, handler_precondition, outcome_without_slot};
 pub use masks::{ActionMasks, MaskParams, MaskSeedInfo, compute_action_masks};
 pub use slot::*;
 pub use slot_id::{MAX_SLOTS, SlotConfig, SlotId, SlotIdError};

@@ -176,3 +176,34 @@ impl ActionMasks {
         self.op.iter().filter(|&&b| b).count() == 1 && self.op[LifecycleOp::Wait as usize]
     }
 }
+
+/// Draw a legal action uniformly per head: the op among legal ops, the slot among the slots legal for
+/// that op, every other head among its legal values (irrelevant heads too, as a masked sampler would).
+/// `below(n)` must return a uniform index in `0..n`; the caller owns the random stream.
+pub fn sample_masked(masks: &ActionMasks, mut below: impl FnMut(usize) -> usize) -> FactoredAction {
+    let mut pick = |row: &[bool]| -> u8 {
+        let legal = row.iter().filter(|&&b| b).count();
+        let mut k = below(legal.max(1));
+        for (i, &ok) in row.iter().enumerate() {
+            if ok {
+                if k == 0 {
+                    return i as u8;
+                }
+                k -= 1;
+            }
+        }
+        0
+    };
+    let op = pick(&masks.op);
+    let slot_row = masks.slots_for_op(LifecycleOp::from_index(op).unwrap_or(LifecycleOp::Wait));
+    FactoredAction {
+        slot: pick(slot_row),
+        blueprint: pick(&masks.blueprint),
+        style: pick(&masks.style),
+        tempo: pick(&masks.tempo),
+        alpha_target: pick(&masks.alpha_target),
+        alpha_speed: pick(&masks.alpha_speed),
+        alpha_curve: pick(&masks.alpha_curve),
+        op,
+    }
+}

@@ -4,7 +4,7 @@
 
 use crate::actions::FactoredAction;
 use crate::config::LifecycleConfig;
-use crate::handlers::{OpOutcome, apply_action};
+use crate::handlers::{OpOutcome, apply_action, outcome_without_slot};
 use crate::lifecycle::{TickOutcome, record_accuracy, step_epoch};
 use crate::masks::{ActionMasks, MaskParams, MaskSeedInfo, compute_action_masks, count_seeds};
 use crate::slot::SlotState;
@@ -76,10 +76,11 @@ impl ReferenceLifecycle {
         (0..self.n_envs)
             .map(|e| {
                 let a = actions[e];
-                match self.env_mut(e).get_mut(a.slot as usize) {
-                    Some(slot) => apply_action(&a, &masks[e], &mut slot.view(), &config),
-                    None => OpOutcome::FailedMask,
+                if let Some(outcome) = outcome_without_slot(&a, &masks[e]) {
+                    return outcome;
                 }
+                let slot = &mut self.env_mut(e)[a.slot as usize]; // the mask bounds the slot index
+                apply_action(&a, &masks[e], &mut slot.view(), &config)
             })
             .collect()
     }

@@ -4,7 +4,9 @@
 use crate::resources::{ActionBatch, MaskBatch, OpOutcomes};
 use crate::slot_query::SlotQuery;
 use bevy_ecs::prelude::*;
-use esper_components::{LifecycleConfig, LifecycleOp, OpOutcome, SeedStage, SlotEvents, apply_action};
+use esper_components::{
+    LifecycleConfig, LifecycleOp, OpOutcome, SeedStage, SlotEvents, apply_action, outcome_without_slot,
+};
 
 pub fn apply_ops(
     mut slots: Query<SlotQuery>,
@@ -12,14 +14,20 @@ pub fn apply_ops(
     masks: Res<MaskBatch>,
     config: Res<LifecycleConfig>,
     mut outcomes: ResMut<OpOutcomes>,
+    mut pending: Local<Vec<bool>>,
 ) {
-    // An env whose slot index names no slot never finds its target below: the mask rejects it.
-    outcomes.0.fill(OpOutcome::FailedMask);
+    // Masked actions and WAIT are settled without a slot; the rest run on their target slot below.
+    pending.clear();
+    for (env, outcome) in outcomes.0.iter_mut().enumerate() {
+        let settled = outcome_without_slot(&actions.get(env), &masks.0[env]);
+        *outcome = settled.unwrap_or(OpOutcome::Succeeded);
+        pending.push(settled.is_none());
+    }
     let slot_head = actions.head(esper_components::Head::Slot);
     for mut slot in &mut slots {
         *slot.events = SlotEvents::default();
         let env = slot.env.0 as usize;
-        if slot_head[env] != slot.index.0 {
+        if !pending[env] || slot_head[env] != slot.index.0 {
             continue;
         }
         let action = actions.get(env);
