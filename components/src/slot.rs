@@ -191,7 +191,7 @@ pub struct SlotFlags {
 
 /// Everything one slot's lifecycle reads and writes, owned. Used by tests and slow references; the ECS
 /// holds the same fields as separate components and borrows them as a [`SlotMut`].
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SlotState {
     pub stage: Stage,
     pub counters: StageCounters,

@@ -170,3 +170,20 @@ fn steepness_is_floored() {
     c.step();
     assert!((c.alpha - 0.25).abs() < 1e-3, "{}", c.alpha);
 }
+
+#[test]
+fn serialise_restore_preserves_trajectory() {
+    let mut a = AlphaController::holding_at(0.2);
+    a.retarget(0.9, 6, Some(AlphaCurve::Sigmoid), Some(6.0)).unwrap();
+    a.step();
+    a.step();
+    let bytes = postcard::to_allocvec(&a).unwrap();
+    let mut b: AlphaController = postcard::from_bytes(&bytes).unwrap();
+    assert_eq!(a, b);
+    for _ in 0..5 {
+        assert_eq!(a.step(), b.step());
+        assert_eq!(a, b);
+    }
+    assert_eq!(b.mode, AlphaMode::Hold);
+    assert_eq!(b.alpha, 0.9);
+}

@@ -730,3 +730,71 @@ fn handler_preconditions_match_execution_validity() {
         assert_eq!(handler_precondition(op, &slot.view()), expected, "{op:?} on {}", slot.stage.current);
     }
 }
+
+/// kasmina §8.1: the happy path's stage changes are G→T, T→B, B→H, H→F, and the cooldown's P→E, E→R,
+/// R→DORMANT, each exactly once and in order.
+#[test]
+fn stage_change_sequence_of_the_happy_path_and_the_cooldown() {
+    let mut env = OneEnv::new(1, permissive());
+    let mut changes = vec![];
+    let mut last = env.stage(0);
+    let mut watch = |env: &OneEnv, changes: &mut Vec<(SeedStage, SeedStage)>| {
+        let now = env.stage(0);
+        if now != last {
+            changes.push((last, now));
+            last = now;
+        }
+    };
+    env.epoch(20.0, germinate_std(0, TempoAction::Fast));
+    watch(&env, &mut changes);
+    env.epoch(20.0, op(LifecycleOp::Advance, 0));
+    watch(&env, &mut changes);
+    env.healthy_gradients(0);
+    while env.stage(0) != SeedStage::Holding {
+        env.epoch(25.0, op(LifecycleOp::Advance, 0));
+        watch(&env, &mut changes);
+    }
+    env.slot_mut(0).metrics.counterfactual_contribution = Some(1.5);
+    env.epoch(25.0, op(LifecycleOp::Fossilize, 0));
+    watch(&env, &mut changes);
+    use SeedStage::*;
+    let happy = [
+        (Dormant, Germinated),
+        (Germinated, Training),
+        (Training, Blending),
+        (Blending, Holding),
+        (Holding, Fossilized),
+    ];
+    assert_eq!(changes, happy);
+
+    // The cooldown, watched after every phase (op and tick) of every epoch.
+    let mut env = OneEnv::new(1, permissive());
+    env.epoch(20.0, germinate_std(0, TempoAction::Fast));
+    for _ in 0..4 {
+        env.wait(20.0);
+    }
+    let mut changes = vec![];
+    let mut last = env.stage(0);
+    let mut action = prune(0, AlphaSpeedAction::Instant, AlphaCurveAction::Linear);
+    for _ in 0..8 {
+        let w = &mut env.world;
+        w.record(&[20.0]);
+        let masks = w.masks();
+        w.apply(&[action], &masks);
+        for phase in 0..2 {
+            if phase == 1 {
+                w.tick();
+            }
+            let now = w.slots[0].stage.current;
+            if now != last {
+                changes.push((last, now));
+                last = now;
+            }
+        }
+        action = FactoredAction::wait();
+    }
+    assert_eq!(
+        changes,
+        [(Germinated, Pruned), (Pruned, Embargoed), (Embargoed, Resetting), (Resetting, Dormant)]
+    );
+}
