@@ -1,0 +1,11 @@
+//! The batched host: the CNN of spec kasmina §6.1 with every parameter stacked over envs, trained and
+//! evaluated as one computation over all envs.
+
+pub mod arch;
+pub mod network;
+pub mod params;
+pub mod train;
+
+pub use arch::HostArch;
+pub use network::HostWorkspace;
+pub use params::{HostParams, Stacked};

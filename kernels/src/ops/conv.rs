@@ -1,0 +1,830 @@
+//! 2-D convolution over envs, stride 1, with zero padding and channel groups (depthwise = `groups == c_in`).
+//!
+//! Layouts: input `[E, B, c_in, h, w]`, weight `[E, c_out, c_in/groups, k, k]`, output
+//! `[E, B, c_out, h_out, w_out]` with `h_out = h + 2·pad − k + 1` (so `k = 3, pad = 1` and `k = 1, pad = 0`
+//! keep the size). No bias: every conv in the host and the seeds is followed by a norm.
+//!
+//! How it is computed. One image is copied into a zero-padded scratch plane per channel, of row width
+//! `wp = w + 2·pad`. In that layout tap `(ky, kx)` of output position `q = y·wp + x` reads input position
+//! `q + ky·wp + kx`: every tap is a constant shift of one contiguous run. So the output of an image is a
+//! sum of shifted, scaled copies of contiguous runs, computed in tiles of `TILE` positions × `BLOCK` output
+//! channels held in registers (the `wp − w_out` junk positions per row are computed and thrown away). The
+//! input gradient is the same correlation applied to the output gradient with the weight transposed per
+//! group and flipped in space, and padding `k − 1 − pad`. The weight gradient is, per (output channel,
+//! input channel, tap), a dot product of the output gradient (in the same padded-width layout, zero on the
+//! junk positions) with a shifted run of the padded input, summed over the env's images in order.
+//!
+//! Parallelism and determinism: forward and input gradient run one task per (env, image); the weight
+//! gradient one task per (env, block of output channels), each summing over the env's images in a fixed
+//! order with [`LANES`] interleaved partial sums. No value's summation order depends on the env count or on
+//! how rayon splits the work.
+
+use rayon::prelude::*;
+
+use super::real::{LANES, Real, tree_sum};
+
+/// Output positions computed together (two AVX2 vectors of f32).
+const TILE: usize = 16;
+/// Output channels computed together.
+const BLOCK: usize = 4;
+/// Largest kernel size (bounds the stack arrays of tap offsets).
+const MAX_K: usize = 7;
+
+/// Shape of a batched convolution. Stride is always 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conv2dShape {
+    pub envs: usize,
+    pub batch: usize,
+    pub c_in: usize,
+    pub c_out: usize,
+    pub h: usize,
+    pub w: usize,
+    pub k: usize,
+    pub pad: usize,
+    pub groups: usize,
+}
+
+impl Conv2dShape {
+    pub fn h_out(&self) -> usize {
+        self.h + 2 * self.pad + 1 - self.k
+    }
+    pub fn w_out(&self) -> usize {
+        self.w + 2 * self.pad + 1 - self.k
+    }
+    pub fn c_in_per_group(&self) -> usize {
+        self.c_in / self.groups
+    }
+    pub fn c_out_per_group(&self) -> usize {
+        self.c_out / self.groups
+    }
+    /// Elements of `[E, B, c_in, h, w]`.
+    pub fn input_len(&self) -> usize {
+        self.envs * self.batch * self.c_in * self.h * self.w
+    }
+    /// Elements of `[E, B, c_out, h_out, w_out]`.
+    pub fn output_len(&self) -> usize {
+        self.envs * self.batch * self.c_out * self.h_out() * self.w_out()
+    }
+    /// Elements of one env's weight `[c_out, c_in/groups, k, k]`.
+    pub fn weight_len_per_env(&self) -> usize {
+        self.c_out * self.c_in_per_group() * self.k * self.k
+    }
+    /// Elements of `[E, c_out, c_in/groups, k, k]`.
+    pub fn weight_len(&self) -> usize {
+        self.envs * self.weight_len_per_env()
+    }
+
+    fn validate(&self) {
+        assert!(self.k >= 1 && self.k <= MAX_K, "conv kernel size {} not in 1..={MAX_K}", self.k);
+        assert!(self.pad < self.k, "conv padding {} must be below the kernel size {}", self.pad, self.k);
+        assert!(self.groups >= 1, "conv needs at least one group");
+        assert!(
+            self.c_in.is_multiple_of(self.groups) && self.c_out.is_multiple_of(self.groups),
+            "conv channels {}→{} not divisible by {} groups",
+            self.c_in,
+            self.c_out,
+            self.groups
+        );
+        assert!(self.c_in > 0 && self.c_out > 0, "conv needs channels");
+        assert!(
+            self.h + 2 * self.pad >= self.k && self.w + 2 * self.pad >= self.k,
+            "conv input smaller than kernel"
+        );
+        assert!(self.h > 0 && self.w > 0, "conv needs a non-empty image");
+    }
+}
+
+/// The padded-width layout of one correlation of a `src_h × src_w` plane with a `k × k` kernel.
+#[derive(Clone, Copy, Debug)]
+struct Geometry {
+    src_h: usize,
+    src_w: usize,
+    pad: usize,
+    k: usize,
+    /// Padded row width; also the row width of the output in this layout.
+    wp: usize,
+    dst_h: usize,
+    dst_w: usize,
+    /// Output positions computed, `dst_h · wp` rounded up to a whole tile.
+    q_round: usize,
+    /// Length of one padded plane in scratch: every tile's every tap stays inside its own plane.
+    plane: usize,
+}
+
+impl Geometry {
+    fn new(src_h: usize, src_w: usize, k: usize, pad: usize) -> Self {
+        let hp = src_h + 2 * pad;
+        let wp = src_w + 2 * pad;
+        let dst_h = hp + 1 - k;
+        let dst_w = wp + 1 - k;
+        let q_round = (dst_h * wp).div_ceil(TILE) * TILE;
+        let plane = q_round + (k - 1) * (wp + 1);
+        Self { src_h, src_w, pad, k, wp, dst_h, dst_w, q_round, plane }
+    }
+
+    /// Offset of tap `t = ky·k + kx` in the padded layout.
+    fn tap_offsets(&self) -> [usize; MAX_K * MAX_K] {
+        let mut offsets = [0; MAX_K * MAX_K];
+        for ky in 0..self.k {
+            for kx in 0..self.k {
+                offsets[ky * self.k + kx] = ky * self.wp + kx;
+            }
+        }
+        offsets
+    }
+
+    /// Writes `src` (`src_h × src_w`) into `dst` (one scratch plane) with zeros all around.
+    #[inline(always)]
+    fn pad_plane<T: Real>(&self, src: &[T], dst: &mut [T]) {
+        let (src_h, src_w, pad, wp) = (self.src_h, self.src_w, self.pad, self.wp);
+        // Zero only what the copy does not overwrite: the top band, the side margins, the bottom and slack.
+        dst[..pad * wp + pad].fill(T::ZERO);
+        for y in 0..src_h {
+            let row = (y + pad) * wp + pad;
+            copy_short(&mut dst[row..row + src_w], &src[y * src_w..(y + 1) * src_w]);
+            if y + 1 < src_h {
+                // Right margin of this row and left margin of the next: 2·pad elements, no memset call.
+                for v in &mut dst[row + src_w..row + wp] {
+                    *v = T::ZERO;
+                }
+            } else {
+                dst[row + src_w..].fill(T::ZERO);
+            }
+        }
+    }
+}
+
+/// Where the weight of (destination channel, source channel, tap) lives in one env's weight tensor.
+#[derive(Clone, Copy, Debug)]
+struct WeightLayout {
+    group_stride: usize,
+    dst_stride: usize,
+    src_stride: usize,
+    /// Taps reversed (the input gradient correlates with the spatially flipped kernel).
+    flip: bool,
+}
+
+impl WeightLayout {
+    fn forward(s: &Conv2dShape) -> Self {
+        let kk = s.k * s.k;
+        Self {
+            group_stride: s.c_out_per_group() * s.c_in_per_group() * kk,
+            dst_stride: s.c_in_per_group() * kk,
+            src_stride: kk,
+            flip: false,
+        }
+    }
+
+    /// Transposed per group and flipped: destination = input channel, source = output channel.
+    fn input_gradient(s: &Conv2dShape) -> Self {
+        let kk = s.k * s.k;
+        Self {
+            group_stride: s.c_out_per_group() * s.c_in_per_group() * kk,
+            dst_stride: kk,
+            src_stride: s.c_in_per_group() * kk,
+            flip: true,
+        }
+    }
+}
+
+/// One correlation of a source image into a destination image: what stays fixed over a call.
+#[derive(Clone, Copy, Debug)]
+struct Correlation {
+    src_channels: usize,
+    dst_channels: usize,
+    groups: usize,
+    geo: Geometry,
+    layout: WeightLayout,
+    /// Add into the destination instead of overwriting it.
+    accumulate: bool,
+}
+
+impl Correlation {
+    fn src_per_group(&self) -> usize {
+        self.src_channels / self.groups
+    }
+    fn dst_per_group(&self) -> usize {
+        self.dst_channels / self.groups
+    }
+    /// Scratch elements [`correlate_image`] needs: padded source planes, one block of output rows, and
+    /// one block of packed weights.
+    fn scratch_len(&self) -> usize {
+        let kk = self.geo.k * self.geo.k;
+        self.src_channels * self.geo.plane + BLOCK * self.geo.q_round + BLOCK * self.src_per_group() * kk
+    }
+}
+
+/// `dst[o] (= or +=) Σ_{s in o's group} Σ_taps weight(o, s, tap) · shift_tap(src_padded[s])` for one image.
+#[inline(always)]
+fn correlate_image<T: Real>(c: &Correlation, src: &[T], dst: &mut [T], weight: &[T], scratch: &mut [T]) {
+    let geo = c.geo;
+    let plane_src = geo.src_h * geo.src_w;
+    let plane_dst = geo.dst_h * geo.dst_w;
+    let (src_per_group, dst_per_group) = (c.src_per_group(), c.dst_per_group());
+    let kk = geo.k * geo.k;
+    let taps = geo.tap_offsets();
+    let (padded, rest) = scratch.split_at_mut(c.src_channels * geo.plane);
+    let (tile_out, packed) = rest.split_at_mut(BLOCK * geo.q_round);
+    for (ch, plane) in padded.chunks_exact_mut(geo.plane).enumerate() {
+        geo.pad_plane(&src[ch * plane_src..(ch + 1) * plane_src], plane);
+    }
+    for g in 0..c.groups {
+        let group_src = &padded[g * src_per_group * geo.plane..(g + 1) * src_per_group * geo.plane];
+        let mut o = 0;
+        while o < dst_per_group {
+            let n = if o + BLOCK <= dst_per_group {
+                BLOCK
+            } else if o + 2 <= dst_per_group {
+                2
+            } else {
+                1
+            };
+            // Gather this block's weights as [src][tap][n] so the inner loop reads them in order.
+            let packed = &mut packed[..n * src_per_group * kk];
+            for s in 0..src_per_group {
+                for t in 0..kk {
+                    let w_tap = if c.layout.flip { kk - 1 - t } else { t };
+                    for j in 0..n {
+                        let index = g * c.layout.group_stride
+                            + (o + j) * c.layout.dst_stride
+                            + s * c.layout.src_stride
+                            + w_tap;
+                        packed[(s * kk + t) * n + j] = weight[index];
+                    }
+                }
+            }
+            match n {
+                BLOCK => correlate_block::<T, BLOCK>(group_src, &geo, &taps[..kk], packed, tile_out),
+                2 => correlate_block::<T, 2>(group_src, &geo, &taps[..kk], packed, tile_out),
+                _ => correlate_block::<T, 1>(group_src, &geo, &taps[..kk], packed, tile_out),
+            }
+            for j in 0..n {
+                let computed = &tile_out[j * geo.q_round..(j + 1) * geo.q_round];
+                let out = &mut dst[(g * dst_per_group + o + j) * plane_dst..][..plane_dst];
+                for y in 0..geo.dst_h {
+                    let from = &computed[y * geo.wp..y * geo.wp + geo.dst_w];
+                    let to = &mut out[y * geo.dst_w..(y + 1) * geo.dst_w];
+                    if c.accumulate {
+                        for (a, &b) in to.iter_mut().zip(from) {
+                            *a += b;
+                        }
+                    } else {
+                        copy_short(to, from);
+                    }
+                }
+            }
+            o += n;
+        }
+    }
+}
+
+/// Computes `N` output channels over all positions of the padded-width layout into `out` (`N` rows of
+/// `q_round`), from the group's padded source planes and weights packed as `[src][tap][N]`. Each output
+/// is a fused multiply-add chain over (source channel, tap) in that order.
+#[inline(always)]
+fn correlate_block<T: Real, const N: usize>(
+    src: &[T],
+    geo: &Geometry,
+    taps: &[usize],
+    packed: &[T],
+    out: &mut [T],
+) {
+    let (q_round, plane) = (geo.q_round, geo.plane);
+    let kk = taps.len();
+    for q0 in (0..q_round).step_by(TILE) {
+        let mut acc = [[T::ZERO; TILE]; N];
+        for (src_plane, weights) in src.chunks_exact(plane).zip(packed.chunks_exact(kk * N)) {
+            for (&offset, w) in taps.iter().zip(weights.chunks_exact(N)) {
+                let run: &[T; TILE] = src_plane[q0 + offset..q0 + offset + TILE].try_into().unwrap();
+                for j in 0..N {
+                    let wv = w[j];
+                    for l in 0..TILE {
+                        acc[j][l] = wv.mul_add(run[l], acc[j][l]);
+                    }
+                }
+            }
+        }
+        for j in 0..N {
+            out[j * q_round + q0..j * q_round + q0 + TILE].copy_from_slice(&acc[j]);
+        }
+    }
+}
+
+/// `dst.copy_from_slice(src)` for short rows without a call into `memcpy`.
+#[inline(always)]
+fn copy_short<T: Copy>(dst: &mut [T], src: &[T]) {
+    assert_eq!(dst.len(), src.len());
+    let mut d = dst.chunks_exact_mut(8);
+    let mut s = src.chunks_exact(8);
+    for (a, b) in (&mut d).zip(&mut s) {
+        let b: &[T; 8] = b.try_into().unwrap();
+        let a: &mut [T; 8] = a.try_into().unwrap();
+        *a = *b;
+    }
+    for (a, b) in d.into_remainder().iter_mut().zip(s.remainder()) {
+        *a = *b;
+    }
+}
+
+fn check_lengths<T>(shape: &Conv2dShape, input: &[T], weight: &[T], output: &[T]) {
+    shape.validate();
+    assert_eq!(input.len(), shape.input_len(), "conv input length");
+    assert_eq!(weight.len(), shape.weight_len(), "conv weight length");
+    assert_eq!(output.len(), shape.output_len(), "conv output length");
+}
+
+/// `output = conv(input, weight)` per env (overwrites `output`).
+pub fn conv2d_forward<T: Real>(shape: Conv2dShape, input: &[T], weight: &[T], output: &mut [T]) {
+    check_lengths(&shape, input, weight, output);
+    if output.is_empty() {
+        return;
+    }
+    let geo = Geometry::new(shape.h, shape.w, shape.k, shape.pad);
+    let in_image = shape.c_in * shape.h * shape.w;
+    let out_image = shape.c_out * shape.h_out() * shape.w_out();
+    let w_env = shape.weight_len_per_env();
+    let correlation = Correlation {
+        src_channels: shape.c_in,
+        dst_channels: shape.c_out,
+        groups: shape.groups,
+        geo,
+        layout: WeightLayout::forward(&shape),
+        accumulate: false,
+    };
+    output.par_chunks_mut(out_image).enumerate().for_each(|(i, out)| {
+        let e = i / shape.batch;
+        let src = &input[i * in_image..(i + 1) * in_image];
+        dispatch_correlate(&correlation, src, out, &weight[e * w_env..(e + 1) * w_env]);
+    });
+}
+
+/// `grad_input = ∂L/∂input` given `grad_output = ∂L/∂output` (overwrites `grad_input`).
+pub fn conv2d_backward_input<T: Real>(
+    shape: Conv2dShape,
+    grad_output: &[T],
+    weight: &[T],
+    grad_input: &mut [T],
+) {
+    backward_input(shape, grad_output, weight, grad_input, false);
+}
+
+/// `grad_input += ∂L/∂input`: for an input that also feeds a residual path.
+pub fn conv2d_backward_input_accumulate<T: Real>(
+    shape: Conv2dShape,
+    grad_output: &[T],
+    weight: &[T],
+    grad_input: &mut [T],
+) {
+    backward_input(shape, grad_output, weight, grad_input, true);
+}
+
+fn backward_input<T: Real>(
+    shape: Conv2dShape,
+    grad_output: &[T],
+    weight: &[T],
+    grad_input: &mut [T],
+    accumulate: bool,
+) {
+    check_lengths(&shape, grad_input, weight, grad_output);
+    if grad_input.is_empty() {
+        return;
+    }
+    let geo = Geometry::new(shape.h_out(), shape.w_out(), shape.k, shape.k - 1 - shape.pad);
+    debug_assert_eq!((geo.dst_h, geo.dst_w), (shape.h, shape.w));
+    let in_image = shape.c_in * shape.h * shape.w;
+    let out_image = shape.c_out * shape.h_out() * shape.w_out();
+    let w_env = shape.weight_len_per_env();
+    let correlation = Correlation {
+        src_channels: shape.c_out,
+        dst_channels: shape.c_in,
+        groups: shape.groups,
+        geo,
+        layout: WeightLayout::input_gradient(&shape),
+        accumulate,
+    };
+    grad_input.par_chunks_mut(in_image).enumerate().for_each(|(i, dx)| {
+        let e = i / shape.batch;
+        let dy = &grad_output[i * out_image..(i + 1) * out_image];
+        dispatch_correlate(&correlation, dy, dx, &weight[e * w_env..(e + 1) * w_env]);
+    });
+}
+
+/// `grad_weight = ∂L/∂weight` (overwrites), summed over each env's images in order.
+pub fn conv2d_backward_weight<T: Real>(
+    shape: Conv2dShape,
+    input: &[T],
+    grad_output: &[T],
+    grad_weight: &mut [T],
+) {
+    check_lengths(&shape, input, grad_weight, grad_output);
+    if grad_weight.is_empty() {
+        return;
+    }
+    if shape.batch == 0 {
+        grad_weight.fill(T::ZERO);
+        return;
+    }
+    let cout_g = shape.c_out_per_group();
+    // Blocks of output channels never straddle a group, so each task's rows are one contiguous chunk.
+    let block = if cout_g.is_multiple_of(BLOCK) {
+        BLOCK
+    } else if cout_g.is_multiple_of(2) {
+        2
+    } else {
+        1
+    };
+    let blocks_per_env = shape.c_out / block;
+    let chunk = block * shape.c_in_per_group() * shape.k * shape.k;
+    let in_env = shape.batch * shape.c_in * shape.h * shape.w;
+    let out_env = shape.batch * shape.c_out * shape.h_out() * shape.w_out();
+    grad_weight.par_chunks_mut(chunk).enumerate().for_each(|(task, dw)| {
+        let e = task / blocks_per_env;
+        let job = WeightGradJob {
+            shape: &shape,
+            geo: Geometry::new(shape.h, shape.w, shape.k, shape.pad),
+            input: &input[e * in_env..(e + 1) * in_env],
+            grad_output: &grad_output[e * out_env..(e + 1) * out_env],
+            first_out: (task % blocks_per_env) * block,
+        };
+        match block {
+            BLOCK => dispatch_weight_grad::<T, BLOCK>(&job, dw),
+            2 => dispatch_weight_grad::<T, 2>(&job, dw),
+            _ => dispatch_weight_grad::<T, 1>(&job, dw),
+        }
+    });
+}
+
+/// One env's images and one block of output channels.
+struct WeightGradJob<'a, T> {
+    shape: &'a Conv2dShape,
+    geo: Geometry,
+    /// `[B, c_in, h, w]` of this env.
+    input: &'a [T],
+    /// `[B, c_out, h_out, w_out]` of this env.
+    grad_output: &'a [T],
+    first_out: usize,
+}
+
+/// `dw[j, s, tap] = Σ_images Σ_q dy_padded[j][q] · x_padded[s][q + offset(tap)]`, for `N` output channels.
+#[inline(always)]
+fn weight_grad_block<T: Real, const N: usize>(job: &WeightGradJob<'_, T>, dw: &mut [T], scratch: &mut [T]) {
+    let s = job.shape;
+    let geo = job.geo;
+    let cin_g = s.c_in_per_group();
+    let kk = s.k * s.k;
+    let group = job.first_out / s.c_out_per_group();
+    let taps = geo.tap_offsets();
+    let (hw, hw_out) = (s.h * s.w, s.h_out() * s.w_out());
+    let lanes_len = N * cin_g * kk * LANES;
+    {
+        let (lanes, rest) = scratch.split_at_mut(lanes_len);
+        let (padded, dy_padded) = rest.split_at_mut(cin_g * geo.plane);
+        lanes.fill(T::ZERO);
+        for b in 0..s.batch {
+            for (c, plane) in padded.chunks_exact_mut(geo.plane).enumerate() {
+                let channel = b * s.c_in + group * cin_g + c;
+                geo.pad_plane(&job.input[channel * hw..(channel + 1) * hw], plane);
+            }
+            // The output gradient in the padded-width layout, zero on the junk positions so they add nothing.
+            for (j, row) in dy_padded.chunks_exact_mut(geo.q_round).enumerate() {
+                let channel = b * s.c_out + job.first_out + j;
+                let dy = &job.grad_output[channel * hw_out..(channel + 1) * hw_out];
+                row.fill(T::ZERO);
+                for y in 0..geo.dst_h {
+                    row[y * geo.wp..y * geo.wp + geo.dst_w]
+                        .copy_from_slice(&dy[y * geo.dst_w..(y + 1) * geo.dst_w]);
+                }
+            }
+            for c in 0..cin_g {
+                let plane = &padded[c * geo.plane..(c + 1) * geo.plane];
+                for ky in 0..s.k {
+                    let row = TapRow {
+                        plane,
+                        dy_padded,
+                        q_round: geo.q_round,
+                        first_tap: ky * s.k,
+                        offset: taps[ky * s.k],
+                    };
+                    // The taps of one kernel row are done together: their runs are shifts by one of each other.
+                    match s.k {
+                        3 => tap_row_partials::<T, N, 3>(&row, lanes, c, cin_g, kk),
+                        1 => tap_row_partials::<T, N, 1>(&row, lanes, c, cin_g, kk),
+                        _ => {
+                            for kx in 0..s.k {
+                                let single =
+                                    TapRow { first_tap: row.first_tap + kx, offset: row.offset + kx, ..row };
+                                tap_row_partials::<T, N, 1>(&single, lanes, c, cin_g, kk);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for (value, partial) in dw.iter_mut().zip(lanes.chunks_exact(LANES)) {
+            *value = tree_sum(partial.try_into().unwrap());
+        }
+    }
+}
+
+/// `KX` consecutive taps of one kernel row, for one input channel of one image.
+#[derive(Clone, Copy)]
+struct TapRow<'a, T> {
+    /// The padded input plane.
+    plane: &'a [T],
+    /// The block's output-gradient rows in the padded-width layout.
+    dy_padded: &'a [T],
+    q_round: usize,
+    first_tap: usize,
+    /// Offset of the first tap in the padded layout.
+    offset: usize,
+}
+
+/// Adds one image's contribution to the lane partial sums of `dw[j, c, first_tap + kx]` for every block
+/// row `j < N` and `kx < KX`: position `q` goes to lane `q % LANES`, in increasing `q`.
+#[inline(always)]
+fn tap_row_partials<T: Real, const N: usize, const KX: usize>(
+    row: &TapRow<'_, T>,
+    lanes: &mut [T],
+    c: usize,
+    cin_g: usize,
+    kk: usize,
+) {
+    let lane_at = |j: usize, kx: usize| ((j * cin_g + c) * kk + row.first_tap + kx) * LANES;
+    let mut acc = [[[T::ZERO; LANES]; KX]; N];
+    for (j, a) in acc.iter_mut().enumerate() {
+        for (kx, ak) in a.iter_mut().enumerate() {
+            ak.copy_from_slice(&lanes[lane_at(j, kx)..lane_at(j, kx) + LANES]);
+        }
+    }
+    let shifted = &row.plane[row.offset..row.offset + row.q_round + KX - 1];
+    for q0 in (0..row.q_round).step_by(LANES) {
+        for kx in 0..KX {
+            let x: &[T; LANES] = shifted[q0 + kx..q0 + kx + LANES].try_into().unwrap();
+            for (j, a) in acc.iter_mut().enumerate() {
+                let start = j * row.q_round + q0;
+                let dy: &[T; LANES] = row.dy_padded[start..start + LANES].try_into().unwrap();
+                for l in 0..LANES {
+                    a[kx][l] = dy[l].mul_add(x[l], a[kx][l]);
+                }
+            }
+        }
+    }
+    for (j, a) in acc.iter().enumerate() {
+        for (kx, ak) in a.iter().enumerate() {
+            lanes[lane_at(j, kx)..lane_at(j, kx) + LANES].copy_from_slice(ak);
+        }
+    }
+}
+
+/// Scratch elements [`weight_grad_block`] needs.
+fn weight_grad_scratch_len(job: &WeightGradJob<'_, impl Real>, n: usize) -> usize {
+    let s = job.shape;
+    n * s.c_in_per_group() * s.k * s.k * LANES + s.c_in_per_group() * job.geo.plane + n * job.geo.q_round
+}
+
+// Runtime dispatch to AVX2+FMA builds of the two hot loops. The arithmetic is the same sequence of
+// exactly rounded IEEE operations either way (Rust never reorders float ops, and `mul_add` is fused on
+// every platform), so results are bit-identical with and without AVX2; only the speed changes.
+
+#[inline]
+fn dispatch_correlate<T: Real>(c: &Correlation, src: &[T], dst: &mut [T], weight: &[T]) {
+    T::with_scratch(c.scratch_len(), |scratch| {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+            unsafe { correlate_image_avx2(c, src, dst, weight, scratch) };
+            return;
+        }
+        correlate_image(c, src, dst, weight, scratch);
+    });
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn correlate_image_avx2<T: Real>(c: &Correlation, src: &[T], dst: &mut [T], weight: &[T], scratch: &mut [T]) {
+    correlate_image(c, src, dst, weight, scratch);
+}
+
+#[inline]
+fn dispatch_weight_grad<T: Real, const N: usize>(job: &WeightGradJob<'_, T>, dw: &mut [T]) {
+    T::with_scratch(weight_grad_scratch_len(job, N), |scratch| {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+            unsafe { weight_grad_block_avx2::<T, N>(job, dw, scratch) };
+            return;
+        }
+        weight_grad_block::<T, N>(job, dw, scratch);
+    });
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn weight_grad_block_avx2<T: Real, const N: usize>(
+    job: &WeightGradJob<'_, T>,
+    dw: &mut [T],
+    scratch: &mut [T],
+) {
+    weight_grad_block::<T, N>(job, dw, scratch);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::testing::*;
+
+    /// Direct 7-loop convolution, the reference for the forward pass.
+    fn naive_conv(s: &Conv2dShape, x: &[f64], w: &[f64]) -> Vec<f64> {
+        let (cin_g, cout_g, k) = (s.c_in_per_group(), s.c_out_per_group(), s.k);
+        let (ho, wo) = (s.h_out(), s.w_out());
+        let mut out = vec![0.0; s.output_len()];
+        for e in 0..s.envs {
+            for b in 0..s.batch {
+                for co in 0..s.c_out {
+                    let g = co / cout_g;
+                    for y in 0..ho {
+                        for xo in 0..wo {
+                            let mut acc = 0.0;
+                            for cl in 0..cin_g {
+                                let ci = g * cin_g + cl;
+                                for ky in 0..k {
+                                    for kx in 0..k {
+                                        let iy = (y + ky) as isize - s.pad as isize;
+                                        let ix = (xo + kx) as isize - s.pad as isize;
+                                        if iy < 0 || ix < 0 || iy >= s.h as isize || ix >= s.w as isize {
+                                            continue;
+                                        }
+                                        let xi = (((e * s.batch + b) * s.c_in + ci) * s.h + iy as usize)
+                                            * s.w
+                                            + ix as usize;
+                                        let wi = (((e * s.c_out + co) * cin_g + cl) * k + ky) * k + kx;
+                                        acc += w[wi] * x[xi];
+                                    }
+                                }
+                            }
+                            out[(((e * s.batch + b) * s.c_out + co) * ho + y) * wo + xo] = acc;
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn shape(
+        envs: usize,
+        batch: usize,
+        c_in: usize,
+        c_out: usize,
+        h: usize,
+        w: usize,
+        k: usize,
+        pad: usize,
+        groups: usize,
+    ) -> Conv2dShape {
+        Conv2dShape { envs, batch, c_in, c_out, h, w, k, pad, groups }
+    }
+
+    fn test_shapes() -> Vec<Conv2dShape> {
+        vec![
+            shape(2, 2, 3, 5, 5, 6, 3, 1, 1), // 3×3 same, c_out = a block of 4 plus 1
+            shape(2, 2, 8, 8, 4, 4, 3, 1, 1), // full blocks of 4
+            shape(2, 3, 4, 4, 4, 3, 1, 0, 2), // 1×1, two groups of 2 (weight-gradient blocks of 2)
+            shape(3, 2, 4, 4, 5, 5, 3, 1, 4), // depthwise
+            shape(2, 2, 3, 6, 4, 5, 3, 1, 3), // depthwise with channel multiplier 2
+            shape(2, 2, 2, 3, 5, 4, 3, 0, 1), // 3×3 without padding (output shrinks)
+            shape(2, 1, 2, 2, 9, 9, 1, 0, 1), // 1×1 on an odd plane
+        ]
+    }
+
+    #[test]
+    fn forward_matches_direct_convolution() {
+        for (i, s) in test_shapes().into_iter().enumerate() {
+            let x = signed(10 + i as u64, s.input_len());
+            let w = signed(20 + i as u64, s.weight_len());
+            let mut y = vec![f64::NAN; s.output_len()];
+            conv2d_forward(s, &x, &w, &mut y);
+            let reference = naive_conv(&s, &x, &w);
+            assert!(relative_error(&y, &reference) < 1e-14, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn gradients_match_finite_differences() {
+        for (i, s) in test_shapes().into_iter().enumerate() {
+            let x = signed(30 + i as u64, s.input_len());
+            let w = signed(40 + i as u64, s.weight_len());
+            let r = signed(50 + i as u64, s.output_len());
+            let mut dx = vec![f64::NAN; s.input_len()];
+            let mut dw = vec![f64::NAN; s.weight_len()];
+            conv2d_backward_input(s, &r, &w, &mut dx);
+            conv2d_backward_weight(s, &x, &r, &mut dw);
+            let mut y = vec![0.0; s.output_len()];
+            let num_dx = numeric_gradient(&x, |xp| {
+                conv2d_forward(s, xp, &w, &mut y);
+                project(&r, &y)
+            });
+            let num_dw = numeric_gradient(&w, |wp| {
+                conv2d_forward(s, &x, wp, &mut y);
+                project(&r, &y)
+            });
+            assert_gradient(&format!("conv dx {s:?}"), &dx, &num_dx);
+            assert_gradient(&format!("conv dw {s:?}"), &dw, &num_dw);
+        }
+    }
+
+    #[test]
+    fn accumulate_adds_to_what_is_there() {
+        let s = shape(2, 2, 4, 4, 5, 5, 3, 1, 4);
+        let w = signed(1, s.weight_len());
+        let r = signed(2, s.output_len());
+        let prior = signed(3, s.input_len());
+        let mut dx = vec![0.0; s.input_len()];
+        conv2d_backward_input(s, &r, &w, &mut dx);
+        let mut acc = prior.clone();
+        conv2d_backward_input_accumulate(s, &r, &w, &mut acc);
+        for i in 0..dx.len() {
+            assert_eq!(acc[i], prior[i] + dx[i]);
+        }
+    }
+
+    /// Forward, input gradient and weight gradient of a batch of envs, in f32.
+    fn run_f32(s: Conv2dShape, x: &[f32], w: &[f32], r: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let mut y = vec![0.0; s.output_len()];
+        let mut dx = vec![0.0; s.input_len()];
+        let mut dw = vec![0.0; s.weight_len()];
+        conv2d_forward(s, x, w, &mut y);
+        conv2d_backward_input(s, r, w, &mut dx);
+        conv2d_backward_weight(s, x, r, &mut dw);
+        (y, dx, dw)
+    }
+
+    #[test]
+    fn env_in_a_batch_equals_env_alone_bit_for_bit() {
+        let s = shape(3, 4, 8, 16, 8, 8, 3, 1, 1);
+        let x = to_f32(&signed(60, s.input_len()));
+        let w = to_f32(&signed(61, s.weight_len()));
+        let r = to_f32(&signed(62, s.output_len()));
+        let (y, dx, dw) = run_f32(s, &x, &w, &r);
+        let one = Conv2dShape { envs: 1, ..s };
+        let (xi, wi, yi) = (one.input_len(), one.weight_len(), one.output_len());
+        for e in 0..s.envs {
+            let (y1, dx1, dw1) = run_f32(one, &x[e * xi..][..xi], &w[e * wi..][..wi], &r[e * yi..][..yi]);
+            assert_eq!(bits(&y[e * yi..][..yi]), bits(&y1), "forward, env {e}");
+            assert_eq!(bits(&dx[e * xi..][..xi]), bits(&dx1), "input gradient, env {e}");
+            assert_eq!(bits(&dw[e * wi..][..wi]), bits(&dw1), "weight gradient, env {e}");
+        }
+    }
+
+    #[test]
+    fn results_do_not_depend_on_thread_count() {
+        let s = shape(2, 6, 16, 32, 8, 8, 3, 1, 1);
+        let x = to_f32(&signed(70, s.input_len()));
+        let w = to_f32(&signed(71, s.weight_len()));
+        let r = to_f32(&signed(72, s.output_len()));
+        let one = with_threads(1, || run_f32(s, &x, &w, &r));
+        let two = with_threads(2, || run_f32(s, &x, &w, &r));
+        assert_eq!(bits(&one.0), bits(&two.0));
+        assert_eq!(bits(&one.1), bits(&two.1));
+        assert_eq!(bits(&one.2), bits(&two.2));
+    }
+
+    #[test]
+    fn simd_dispatch_and_portable_code_agree_bit_for_bit() {
+        let s = shape(1, 2, 8, 12, 6, 7, 3, 1, 2);
+        let x = to_f32(&signed(80, s.input_len()));
+        let w = to_f32(&signed(81, s.weight_len()));
+        let r = to_f32(&signed(82, s.output_len()));
+        let correlation = Correlation {
+            src_channels: s.c_in,
+            dst_channels: s.c_out,
+            groups: s.groups,
+            geo: Geometry::new(s.h, s.w, s.k, s.pad),
+            layout: WeightLayout::forward(&s),
+            accumulate: false,
+        };
+        let image = s.c_in * s.h * s.w;
+        let out_image = s.c_out * s.h_out() * s.w_out();
+        let mut portable = vec![0.0f32; out_image];
+        let mut scratch = vec![0.0f32; correlation.scratch_len()];
+        correlate_image(&correlation, &x[..image], &mut portable, &w, &mut scratch);
+        let mut dispatched = vec![0.0f32; out_image];
+        dispatch_correlate(&correlation, &x[..image], &mut dispatched, &w);
+        assert_eq!(bits(&portable), bits(&dispatched));
+
+        let job = WeightGradJob {
+            shape: &s,
+            geo: Geometry::new(s.h, s.w, s.k, s.pad),
+            input: &x,
+            grad_output: &r,
+            first_out: 4,
+        };
+        let len = 4 * s.c_in_per_group() * 9;
+        let (mut portable, mut dispatched) = (vec![0.0f32; len], vec![0.0f32; len]);
+        let mut scratch = vec![0.0f32; weight_grad_scratch_len(&job, 4)];
+        weight_grad_block::<f32, 4>(&job, &mut portable, &mut scratch);
+        dispatch_weight_grad::<f32, 4>(&job, &mut dispatched);
+        assert_eq!(bits(&portable), bits(&dispatched));
+    }
+}

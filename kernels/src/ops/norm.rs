@@ -1,0 +1,662 @@
+//! Batch norm (the host's conv blocks) and group norm (the seeds), over `[E, B, C, H, W]` activations.
+//!
+//! Both normalise with the biased variance and `eps = 1e-5`, then apply a per-channel affine `γ·x̂ + β`
+//! (`γ`, `β`: `[E, C]`). Batch norm's statistics are per (env, channel) over that env's `B·H·W` values;
+//! group norm's per (env, image, group) over `C/G·H·W` values.
+//!
+//! Each op runs in two parallel passes: reductions per (env, channel) — or per (env, image) for group
+//! norm — then an element-wise pass per (env, image). Every sum uses [`LaneSums`] over the planes in
+//! image order, so its order depends only on the shape.
+
+use rayon::prelude::*;
+
+use super::real::{LaneSums, Real};
+
+/// Added to the variance before the square root (PyTorch's default).
+pub const NORM_EPS: f64 = 1e-5;
+/// Weight of the new batch statistic in the running averages (PyTorch's default).
+pub const BATCH_NORM_MOMENTUM: f64 = 0.1;
+
+/// Shape of a normalised activation `[E, B, C, H, W]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NormShape {
+    pub envs: usize,
+    pub batch: usize,
+    pub channels: usize,
+    pub h: usize,
+    pub w: usize,
+}
+
+impl NormShape {
+    pub fn plane(&self) -> usize {
+        self.h * self.w
+    }
+    /// Elements of one image `[C, H, W]`.
+    pub fn image(&self) -> usize {
+        self.channels * self.plane()
+    }
+    /// Elements of the activation.
+    pub fn len(&self) -> usize {
+        self.envs * self.batch * self.image()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Elements of a per-(env, channel) parameter or statistic `[E, C]`.
+    pub fn params_len(&self) -> usize {
+        self.envs * self.channels
+    }
+    /// Plane `(e, b, c)` of an activation.
+    fn plane_of<'a, T>(&self, data: &'a [T], e: usize, b: usize, c: usize) -> &'a [T] {
+        let start = ((e * self.batch + b) * self.channels + c) * self.plane();
+        &data[start..start + self.plane()]
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Batch norm
+// ---------------------------------------------------------------------------------------------------
+
+/// Training-mode batch norm: normalises with the batch statistics of each (env, channel), saves
+/// `mean` and `1/sqrt(var + eps)` (`[E, C]`) for the backward, and updates the running statistics in
+/// place with momentum 0.1 — the running variance with the *unbiased* batch variance, like PyTorch.
+/// Overwrites `y`, `save_mean`, `save_inv_std`.
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm_train_forward<T: Real>(
+    shape: NormShape,
+    x: &[T],
+    gamma: &[T],
+    beta: &[T],
+    y: &mut [T],
+    save_mean: &mut [T],
+    save_inv_std: &mut [T],
+    running_mean: &mut [T],
+    running_var: &mut [T],
+) {
+    assert_eq!(x.len(), shape.len(), "batch norm input length");
+    assert_eq!(y.len(), shape.len(), "batch norm output length");
+    for p in [gamma, beta, &*save_mean, &*save_inv_std, &*running_mean, &*running_var] {
+        assert_eq!(p.len(), shape.params_len(), "batch norm parameter length");
+    }
+    let count = shape.batch * shape.plane();
+    assert!(count > 1, "batch norm in training needs more than one value per channel");
+    let n = T::from_usize(count);
+    let eps = T::from_f64(NORM_EPS);
+    let momentum = T::from_f64(BATCH_NORM_MOMENTUM);
+    let unbiased = T::from_usize(count) / T::from_usize(count - 1);
+    let c = shape.channels;
+
+    save_mean
+        .par_iter_mut()
+        .zip(save_inv_std.par_iter_mut())
+        .zip(running_mean.par_iter_mut().zip(running_var.par_iter_mut()))
+        .enumerate()
+        .for_each(|(i, ((mean, inv_std), (r_mean, r_var)))| {
+            let (e, ch) = (i / c, i % c);
+            let mut sum = LaneSums::new();
+            for b in 0..shape.batch {
+                sum.add_map(shape.plane_of(x, e, b, ch), |v| v);
+            }
+            let m = sum.total() / n;
+            // Two passes: the variance from deviations, not E[x²] − m², which cancels badly in f32.
+            let mut squares = LaneSums::new();
+            for b in 0..shape.batch {
+                squares.add_map(shape.plane_of(x, e, b, ch), |v| (v - m) * (v - m));
+            }
+            let var = squares.total() / n;
+            *mean = m;
+            *inv_std = T::ONE / (var + eps).sqrt();
+            *r_mean = (T::ONE - momentum) * *r_mean + momentum * m;
+            *r_var = (T::ONE - momentum) * *r_var + momentum * var * unbiased;
+        });
+
+    if shape.is_empty() {
+        return;
+    }
+    let (mean, inv_std) = (&*save_mean, &*save_inv_std);
+    y.par_chunks_mut(shape.image()).enumerate().for_each(|(i, y_img)| {
+        let e = i / shape.batch;
+        let x_img = &x[i * shape.image()..(i + 1) * shape.image()];
+        for ch in 0..c {
+            let p = e * c + ch;
+            affine_plane(
+                &x_img[ch * shape.plane()..(ch + 1) * shape.plane()],
+                &mut y_img[ch * shape.plane()..(ch + 1) * shape.plane()],
+                mean[p],
+                inv_std[p] * gamma[p],
+                beta[p],
+            );
+        }
+    });
+}
+
+/// `y = (x − mean)·scale + shift` over one plane.
+#[inline(always)]
+fn affine_plane<T: Real>(x: &[T], y: &mut [T], mean: T, scale: T, shift: T) {
+    for (out, &v) in y.iter_mut().zip(x) {
+        *out = (v - mean) * scale + shift;
+    }
+}
+
+/// Eval-mode batch norm: normalises with the running statistics. Overwrites `y`.
+pub fn batch_norm_eval_forward<T: Real>(
+    shape: NormShape,
+    x: &[T],
+    gamma: &[T],
+    beta: &[T],
+    running_mean: &[T],
+    running_var: &[T],
+    y: &mut [T],
+) {
+    assert_eq!(x.len(), shape.len(), "batch norm input length");
+    assert_eq!(y.len(), shape.len(), "batch norm output length");
+    for p in [gamma, beta, running_mean, running_var] {
+        assert_eq!(p.len(), shape.params_len(), "batch norm parameter length");
+    }
+    if shape.is_empty() {
+        return;
+    }
+    let eps = T::from_f64(NORM_EPS);
+    let c = shape.channels;
+    y.par_chunks_mut(shape.image()).enumerate().for_each(|(i, y_img)| {
+        let e = i / shape.batch;
+        let x_img = &x[i * shape.image()..(i + 1) * shape.image()];
+        for ch in 0..c {
+            let p = e * c + ch;
+            let scale = gamma[p] / (running_var[p] + eps).sqrt();
+            affine_plane(
+                &x_img[ch * shape.plane()..(ch + 1) * shape.plane()],
+                &mut y_img[ch * shape.plane()..(ch + 1) * shape.plane()],
+                running_mean[p],
+                scale,
+                beta[p],
+            );
+        }
+    });
+}
+
+/// Backward of [`batch_norm_train_forward`] from its input and saved statistics. Overwrites
+/// `grad_input`, `grad_gamma`, `grad_beta`:
+/// `dβ = Σ dy`, `dγ = Σ dy·x̂`, `dx = γ·inv_std·(dy − dβ/N − x̂·dγ/N)` with `N = B·H·W`.
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm_backward<T: Real>(
+    shape: NormShape,
+    x: &[T],
+    gamma: &[T],
+    save_mean: &[T],
+    save_inv_std: &[T],
+    grad_output: &[T],
+    grad_input: &mut [T],
+    grad_gamma: &mut [T],
+    grad_beta: &mut [T],
+) {
+    for a in [x, grad_output, &*grad_input] {
+        assert_eq!(a.len(), shape.len(), "batch norm activation length");
+    }
+    for p in [gamma, save_mean, save_inv_std, &*grad_gamma, &*grad_beta] {
+        assert_eq!(p.len(), shape.params_len(), "batch norm parameter length");
+    }
+    let c = shape.channels;
+    grad_gamma.par_iter_mut().zip(grad_beta.par_iter_mut()).enumerate().for_each(|(i, (d_gamma, d_beta))| {
+        let (e, ch) = (i / c, i % c);
+        let mean = save_mean[i];
+        let mut sum_dy = LaneSums::new();
+        let mut sum_dy_centered = LaneSums::new();
+        for b in 0..shape.batch {
+            let dy = shape.plane_of(grad_output, e, b, ch);
+            sum_dy.add_map(dy, |g| g);
+            sum_dy_centered.add_zip(dy, shape.plane_of(x, e, b, ch), |g, v| g * (v - mean));
+        }
+        *d_beta = sum_dy.total();
+        *d_gamma = sum_dy_centered.total() * save_inv_std[i];
+    });
+    if shape.is_empty() {
+        return;
+    }
+    let n = T::from_usize(shape.batch * shape.plane());
+    let (d_gamma, d_beta) = (&*grad_gamma, &*grad_beta);
+    grad_input.par_chunks_mut(shape.image()).enumerate().for_each(|(i, dx_img)| {
+        let e = i / shape.batch;
+        let range = i * shape.image()..(i + 1) * shape.image();
+        let (x_img, dy_img) = (&x[range.clone()], &grad_output[range]);
+        for ch in 0..c {
+            let p = e * c + ch;
+            let (mean, inv_std) = (save_mean[p], save_inv_std[p]);
+            let scale = gamma[p] * inv_std;
+            let mean_dy = d_beta[p] / n;
+            let mean_dy_xhat = d_gamma[p] / n;
+            let plane = ch * shape.plane()..(ch + 1) * shape.plane();
+            for ((dx, &dy), &v) in
+                dx_img[plane.clone()].iter_mut().zip(&dy_img[plane.clone()]).zip(&x_img[plane])
+            {
+                let x_hat = (v - mean) * inv_std;
+                *dx = scale * (dy - mean_dy - x_hat * mean_dy_xhat);
+            }
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Group norm
+// ---------------------------------------------------------------------------------------------------
+
+fn check_group_norm<T>(
+    shape: &NormShape,
+    groups: usize,
+    x: &[T],
+    gamma: &[T],
+    save_mean: &[T],
+    save_inv_std: &[T],
+) {
+    assert!(
+        groups >= 1 && shape.channels.is_multiple_of(groups),
+        "group norm: {} channels in {groups} groups",
+        shape.channels
+    );
+    assert_eq!(x.len(), shape.len(), "group norm activation length");
+    assert_eq!(gamma.len(), shape.params_len(), "group norm parameter length");
+    let stats = shape.envs * shape.batch * groups;
+    assert_eq!(save_mean.len(), stats, "group norm saved mean length [E, B, G]");
+    assert_eq!(save_inv_std.len(), stats, "group norm saved inv_std length [E, B, G]");
+}
+
+/// Group norm: per (env, image, group) statistics over `C/G·H·W` values; saves `mean` and
+/// `1/sqrt(var + eps)` as `[E, B, G]`. Overwrites `y`, `save_mean`, `save_inv_std`.
+#[allow(clippy::too_many_arguments)]
+pub fn group_norm_forward<T: Real>(
+    shape: NormShape,
+    groups: usize,
+    x: &[T],
+    gamma: &[T],
+    beta: &[T],
+    y: &mut [T],
+    save_mean: &mut [T],
+    save_inv_std: &mut [T],
+) {
+    check_group_norm(&shape, groups, x, gamma, save_mean, save_inv_std);
+    assert_eq!(beta.len(), shape.params_len(), "group norm parameter length");
+    assert_eq!(y.len(), shape.len(), "group norm output length");
+    if shape.is_empty() {
+        return;
+    }
+    let per_group = shape.channels / groups;
+    let group_len = per_group * shape.plane();
+    let n = T::from_usize(group_len);
+    let eps = T::from_f64(NORM_EPS);
+    y.par_chunks_mut(shape.image())
+        .zip(save_mean.par_chunks_mut(groups))
+        .zip(save_inv_std.par_chunks_mut(groups))
+        .enumerate()
+        .for_each(|(i, ((y_img, means), inv_stds))| {
+            let e = i / shape.batch;
+            let x_img = &x[i * shape.image()..(i + 1) * shape.image()];
+            for g in 0..groups {
+                let x_group = &x_img[g * group_len..(g + 1) * group_len];
+                let mut sum = LaneSums::new();
+                sum.add_map(x_group, |v| v);
+                let mean = sum.total() / n;
+                let mut squares = LaneSums::new();
+                squares.add_map(x_group, |v| (v - mean) * (v - mean));
+                let inv_std = T::ONE / (squares.total() / n + eps).sqrt();
+                means[g] = mean;
+                inv_stds[g] = inv_std;
+                for ch in g * per_group..(g + 1) * per_group {
+                    let p = e * shape.channels + ch;
+                    let plane = ch * shape.plane()..(ch + 1) * shape.plane();
+                    affine_plane(&x_img[plane.clone()], &mut y_img[plane], mean, inv_std * gamma[p], beta[p]);
+                }
+            }
+        });
+}
+
+/// Backward of [`group_norm_forward`]. Overwrites `grad_input`, `grad_gamma`, `grad_beta`.
+#[allow(clippy::too_many_arguments)]
+pub fn group_norm_backward<T: Real>(
+    shape: NormShape,
+    groups: usize,
+    x: &[T],
+    gamma: &[T],
+    save_mean: &[T],
+    save_inv_std: &[T],
+    grad_output: &[T],
+    grad_input: &mut [T],
+    grad_gamma: &mut [T],
+    grad_beta: &mut [T],
+) {
+    group_norm_backward_impl(
+        shape,
+        groups,
+        x,
+        gamma,
+        save_mean,
+        save_inv_std,
+        grad_output,
+        grad_input,
+        grad_gamma,
+        grad_beta,
+        false,
+    );
+}
+
+/// As [`group_norm_backward`], but *adds* the input gradient into `grad_input` (for an input that also
+/// feeds a residual path); `grad_gamma` and `grad_beta` are still overwritten.
+#[allow(clippy::too_many_arguments)]
+pub fn group_norm_backward_accumulate<T: Real>(
+    shape: NormShape,
+    groups: usize,
+    x: &[T],
+    gamma: &[T],
+    save_mean: &[T],
+    save_inv_std: &[T],
+    grad_output: &[T],
+    grad_input: &mut [T],
+    grad_gamma: &mut [T],
+    grad_beta: &mut [T],
+) {
+    group_norm_backward_impl(
+        shape,
+        groups,
+        x,
+        gamma,
+        save_mean,
+        save_inv_std,
+        grad_output,
+        grad_input,
+        grad_gamma,
+        grad_beta,
+        true,
+    );
+}
+
+#[allow(clippy::too_many_arguments)]
+fn group_norm_backward_impl<T: Real>(
+    shape: NormShape,
+    groups: usize,
+    x: &[T],
+    gamma: &[T],
+    save_mean: &[T],
+    save_inv_std: &[T],
+    grad_output: &[T],
+    grad_input: &mut [T],
+    grad_gamma: &mut [T],
+    grad_beta: &mut [T],
+    accumulate: bool,
+) {
+    check_group_norm(&shape, groups, x, gamma, save_mean, save_inv_std);
+    assert_eq!(grad_output.len(), shape.len(), "group norm gradient length");
+    assert_eq!(grad_input.len(), shape.len(), "group norm gradient length");
+    assert_eq!(grad_gamma.len(), shape.params_len(), "group norm parameter length");
+    assert_eq!(grad_beta.len(), shape.params_len(), "group norm parameter length");
+    let per_group = shape.channels / groups;
+    let c = shape.channels;
+
+    // Parameter gradients: per (env, channel), over the env's images in order.
+    grad_gamma.par_iter_mut().zip(grad_beta.par_iter_mut()).enumerate().for_each(|(i, (d_gamma, d_beta))| {
+        let (e, ch) = (i / c, i % c);
+        let g = ch / per_group;
+        let mut sum_dy = LaneSums::new();
+        let mut sum_dy_xhat = LaneSums::new();
+        for b in 0..shape.batch {
+            let s = (e * shape.batch + b) * groups + g;
+            let (mean, inv_std) = (save_mean[s], save_inv_std[s]);
+            let dy = shape.plane_of(grad_output, e, b, ch);
+            sum_dy.add_map(dy, |d| d);
+            sum_dy_xhat.add_zip(dy, shape.plane_of(x, e, b, ch), |d, v| d * ((v - mean) * inv_std));
+        }
+        *d_beta = sum_dy.total();
+        *d_gamma = sum_dy_xhat.total();
+    });
+    if shape.is_empty() {
+        return;
+    }
+
+    // Input gradient: per (env, image); dx = inv_std·(dy·γ − mean(dy·γ) − x̂·mean(dy·γ·x̂)) per group.
+    let n = T::from_usize(per_group * shape.plane());
+    grad_input.par_chunks_mut(shape.image()).enumerate().for_each(|(i, dx_img)| {
+        let e = i / shape.batch;
+        let range = i * shape.image()..(i + 1) * shape.image();
+        let (x_img, dy_img) = (&x[range.clone()], &grad_output[range]);
+        for g in 0..groups {
+            let (mean, inv_std) = (save_mean[i * groups + g], save_inv_std[i * groups + g]);
+            let channels = g * per_group..(g + 1) * per_group;
+            let mut sum_dyg = LaneSums::new();
+            let mut sum_dyg_xhat = LaneSums::new();
+            for ch in channels.clone() {
+                let gam = gamma[e * c + ch];
+                let plane = ch * shape.plane()..(ch + 1) * shape.plane();
+                sum_dyg.add_map(&dy_img[plane.clone()], |d| d * gam);
+                sum_dyg_xhat
+                    .add_zip(&dy_img[plane.clone()], &x_img[plane], |d, v| d * gam * ((v - mean) * inv_std));
+            }
+            let mean_dyg = sum_dyg.total() / n;
+            let mean_dyg_xhat = sum_dyg_xhat.total() / n;
+            for ch in channels {
+                let gam = gamma[e * c + ch];
+                let plane = ch * shape.plane()..(ch + 1) * shape.plane();
+                for ((dx, &dy), &v) in
+                    dx_img[plane.clone()].iter_mut().zip(&dy_img[plane.clone()]).zip(&x_img[plane])
+                {
+                    let x_hat = (v - mean) * inv_std;
+                    let value = inv_std * (dy * gam - mean_dyg - x_hat * mean_dyg_xhat);
+                    if accumulate {
+                        *dx += value;
+                    } else {
+                        *dx = value;
+                    }
+                }
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::testing::*;
+
+    const SHAPE: NormShape = NormShape { envs: 2, batch: 3, channels: 4, h: 2, w: 3 };
+
+    /// Training forward with throwaway running statistics.
+    fn bn_forward(s: NormShape, x: &[f64], gamma: &[f64], beta: &[f64]) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+        let mut y = vec![0.0; s.len()];
+        let (mut mean, mut inv_std) = (vec![0.0; s.params_len()], vec![0.0; s.params_len()]);
+        let (mut rm, mut rv) = (vec![0.0; s.params_len()], vec![1.0; s.params_len()]);
+        batch_norm_train_forward(s, x, gamma, beta, &mut y, &mut mean, &mut inv_std, &mut rm, &mut rv);
+        (y, mean, inv_std)
+    }
+
+    #[test]
+    fn batch_norm_gradients_match_finite_differences() {
+        let s = SHAPE;
+        let x = uniform(1, s.len(), -1.0, 2.0);
+        let gamma = uniform(2, s.params_len(), 0.5, 1.5);
+        let beta = signed(3, s.params_len());
+        let r = signed(4, s.len());
+        let (_, mean, inv_std) = bn_forward(s, &x, &gamma, &beta);
+        let mut dx = vec![f64::NAN; s.len()];
+        let (mut dgamma, mut dbeta) = (vec![f64::NAN; s.params_len()], vec![f64::NAN; s.params_len()]);
+        batch_norm_backward(s, &x, &gamma, &mean, &inv_std, &r, &mut dx, &mut dgamma, &mut dbeta);
+        let num_dx = numeric_gradient(&x, |xp| project(&r, &bn_forward(s, xp, &gamma, &beta).0));
+        let num_dgamma = numeric_gradient(&gamma, |gp| project(&r, &bn_forward(s, &x, gp, &beta).0));
+        let num_dbeta = numeric_gradient(&beta, |bp| project(&r, &bn_forward(s, &x, &gamma, bp).0));
+        assert_gradient("batch norm dx", &dx, &num_dx);
+        assert_gradient("batch norm dgamma", &dgamma, &num_dgamma);
+        assert_gradient("batch norm dbeta", &dbeta, &num_dbeta);
+    }
+
+    #[test]
+    fn batch_norm_statistics_and_running_update_by_hand() {
+        // Env 0: channel values {1, 2, 3, 4}; env 1: {2, 2, 2, 6}. B = 2 images of one channel, 1×2.
+        let s = NormShape { envs: 2, batch: 2, channels: 1, h: 1, w: 2 };
+        let x = [1.0, 2.0, 3.0, 4.0, 2.0, 2.0, 2.0, 6.0];
+        let (gamma, beta) = ([2.0, 1.0], [0.5, 0.0]);
+        let mut y = [0.0; 8];
+        let (mut mean, mut inv_std) = ([0.0; 2], [0.0; 2]);
+        let (mut rm, mut rv) = ([0.0, 1.0], [1.0, 2.0]);
+        batch_norm_train_forward(s, &x, &gamma, &beta, &mut y, &mut mean, &mut inv_std, &mut rm, &mut rv);
+        // Env 0: mean 2.5, biased var 1.25, unbiased 5/3. Env 1: mean 3, biased var 3, unbiased 4.
+        assert_eq!(mean, [2.5, 3.0]);
+        assert!((inv_std[0] - 1.0 / (1.25f64 + 1e-5).sqrt()).abs() < 1e-15);
+        assert!((inv_std[1] - 1.0 / (3.0f64 + 1e-5).sqrt()).abs() < 1e-15);
+        assert!((rm[0] - 0.25).abs() < 1e-15 && (rm[1] - (0.9 + 0.3)).abs() < 1e-15, "{rm:?}");
+        assert!((rv[0] - (0.9 + 0.1 * 5.0 / 3.0)).abs() < 1e-15, "{rv:?}");
+        assert!((rv[1] - (1.8 + 0.4)).abs() < 1e-15, "{rv:?}");
+        assert!((y[0] - (2.0 * (1.0 - 2.5) * inv_std[0] + 0.5)).abs() < 1e-14);
+        assert!((y[7] - (6.0 - 3.0) * inv_std[1]).abs() < 1e-14);
+
+        // Eval mode uses the running statistics.
+        let mut y_eval = [0.0; 8];
+        batch_norm_eval_forward(s, &x, &gamma, &beta, &rm, &rv, &mut y_eval);
+        for (i, &v) in x.iter().enumerate() {
+            let e = i / 4;
+            let expected = gamma[e] * (v - rm[e]) / (rv[e] + 1e-5).sqrt() + beta[e];
+            assert!((y_eval[i] - expected).abs() < 1e-14);
+        }
+    }
+
+    /// Forward (with running stats) and backward of a batch, f32.
+    fn bn_f32(s: NormShape, x: &[f32], gamma: &[f32], beta: &[f32], r: &[f32]) -> Vec<Vec<f32>> {
+        let mut y = vec![0.0; s.len()];
+        let (mut mean, mut inv_std) = (vec![0.0; s.params_len()], vec![0.0; s.params_len()]);
+        let (mut rm, mut rv) = (vec![0.1; s.params_len()], vec![0.9; s.params_len()]);
+        batch_norm_train_forward(s, x, gamma, beta, &mut y, &mut mean, &mut inv_std, &mut rm, &mut rv);
+        let mut dx = vec![0.0; s.len()];
+        let (mut dgamma, mut dbeta) = (vec![0.0; s.params_len()], vec![0.0; s.params_len()]);
+        batch_norm_backward(s, x, gamma, &mean, &inv_std, r, &mut dx, &mut dgamma, &mut dbeta);
+        let mut y_eval = vec![0.0; s.len()];
+        batch_norm_eval_forward(s, x, gamma, beta, &rm, &rv, &mut y_eval);
+        vec![y, mean, inv_std, rm, rv, dx, dgamma, dbeta, y_eval]
+    }
+
+    #[test]
+    fn batch_norm_env_in_a_batch_equals_env_alone_and_ignores_thread_count() {
+        let s = NormShape { envs: 3, batch: 5, channels: 4, h: 6, w: 5 };
+        let x = to_f32(&uniform(5, s.len(), -2.0, 3.0));
+        let gamma = to_f32(&uniform(6, s.params_len(), 0.5, 1.5));
+        let beta = to_f32(&signed(7, s.params_len()));
+        let r = to_f32(&signed(8, s.len()));
+        let all = bn_f32(s, &x, &gamma, &beta, &r);
+        let one = NormShape { envs: 1, ..s };
+        for e in 0..s.envs {
+            let (a, p) = (one.len(), one.params_len());
+            let alone =
+                bn_f32(one, &x[e * a..][..a], &gamma[e * p..][..p], &beta[e * p..][..p], &r[e * a..][..a]);
+            for (k, (batched, single)) in all.iter().zip(&alone).enumerate() {
+                let n = single.len();
+                assert_eq!(bits(&batched[e * n..][..n]), bits(single), "output {k}, env {e}");
+            }
+        }
+        let threads1 = with_threads(1, || bn_f32(s, &x, &gamma, &beta, &r));
+        let threads2 = with_threads(2, || bn_f32(s, &x, &gamma, &beta, &r));
+        for (a, b) in threads1.iter().zip(&threads2) {
+            assert_eq!(bits(a), bits(b));
+        }
+    }
+
+    fn gn_forward(s: NormShape, groups: usize, x: &[f64], gamma: &[f64], beta: &[f64]) -> [Vec<f64>; 3] {
+        let mut y = vec![0.0; s.len()];
+        let stats = s.envs * s.batch * groups;
+        let (mut mean, mut inv_std) = (vec![0.0; stats], vec![0.0; stats]);
+        group_norm_forward(s, groups, x, gamma, beta, &mut y, &mut mean, &mut inv_std);
+        [y, mean, inv_std]
+    }
+
+    #[test]
+    fn group_norm_gradients_match_finite_differences() {
+        let s = SHAPE;
+        for groups in [1, 2, 4] {
+            let x = uniform(10 + groups as u64, s.len(), -1.0, 2.0);
+            let gamma = uniform(20, s.params_len(), 0.5, 1.5);
+            let beta = signed(21, s.params_len());
+            let r = signed(22, s.len());
+            let [_, mean, inv_std] = gn_forward(s, groups, &x, &gamma, &beta);
+            let mut dx = vec![f64::NAN; s.len()];
+            let (mut dgamma, mut dbeta) = (vec![f64::NAN; s.params_len()], vec![f64::NAN; s.params_len()]);
+            group_norm_backward(s, groups, &x, &gamma, &mean, &inv_std, &r, &mut dx, &mut dgamma, &mut dbeta);
+            let num_dx = numeric_gradient(&x, |xp| project(&r, &gn_forward(s, groups, xp, &gamma, &beta)[0]));
+            let num_dgamma =
+                numeric_gradient(&gamma, |gp| project(&r, &gn_forward(s, groups, &x, gp, &beta)[0]));
+            let num_dbeta =
+                numeric_gradient(&beta, |bp| project(&r, &gn_forward(s, groups, &x, &gamma, bp)[0]));
+            assert_gradient(&format!("group norm dx, G={groups}"), &dx, &num_dx);
+            assert_gradient(&format!("group norm dgamma, G={groups}"), &dgamma, &num_dgamma);
+            assert_gradient(&format!("group norm dbeta, G={groups}"), &dbeta, &num_dbeta);
+
+            let prior = signed(23, s.len());
+            let mut acc = prior.clone();
+            let (mut dgamma2, mut dbeta2) = (vec![0.0; s.params_len()], vec![0.0; s.params_len()]);
+            group_norm_backward_accumulate(
+                s,
+                groups,
+                &x,
+                &gamma,
+                &mean,
+                &inv_std,
+                &r,
+                &mut acc,
+                &mut dgamma2,
+                &mut dbeta2,
+            );
+            for i in 0..acc.len() {
+                assert_eq!(acc[i], prior[i] + dx[i]);
+            }
+            assert_eq!(dgamma2, dgamma);
+        }
+    }
+
+    #[test]
+    fn group_norm_of_zeros_is_beta() {
+        // The bottleneck seed is an identity at birth because GN of an all-zero input is β.
+        let s = SHAPE;
+        let gamma = vec![1.0; s.params_len()];
+        let beta = signed(30, s.params_len());
+        let [y, _, _] = gn_forward(s, 2, &vec![0.0; s.len()], &gamma, &beta);
+        for (i, &v) in y.iter().enumerate() {
+            let (e, c) = (i / (s.batch * s.image()), (i / s.plane()) % s.channels);
+            assert_eq!(v, beta[e * s.channels + c]);
+        }
+    }
+
+    fn gn_f32(
+        s: NormShape,
+        groups: usize,
+        x: &[f32],
+        gamma: &[f32],
+        beta: &[f32],
+        r: &[f32],
+    ) -> Vec<Vec<f32>> {
+        let mut y = vec![0.0; s.len()];
+        let stats = s.envs * s.batch * groups;
+        let (mut mean, mut inv_std) = (vec![0.0; stats], vec![0.0; stats]);
+        group_norm_forward(s, groups, x, gamma, beta, &mut y, &mut mean, &mut inv_std);
+        let mut dx = vec![0.0; s.len()];
+        let (mut dgamma, mut dbeta) = (vec![0.0; s.params_len()], vec![0.0; s.params_len()]);
+        group_norm_backward(s, groups, x, gamma, &mean, &inv_std, r, &mut dx, &mut dgamma, &mut dbeta);
+        vec![y, mean, inv_std, dx, dgamma, dbeta]
+    }
+
+    #[test]
+    fn group_norm_env_in_a_batch_equals_env_alone_and_ignores_thread_count() {
+        let s = NormShape { envs: 3, batch: 4, channels: 8, h: 5, w: 7 };
+        let x = to_f32(&uniform(40, s.len(), -2.0, 3.0));
+        let gamma = to_f32(&uniform(41, s.params_len(), 0.5, 1.5));
+        let beta = to_f32(&signed(42, s.params_len()));
+        let r = to_f32(&signed(43, s.len()));
+        let all = gn_f32(s, 2, &x, &gamma, &beta, &r);
+        let one = NormShape { envs: 1, ..s };
+        for e in 0..s.envs {
+            let (a, p) = (one.len(), one.params_len());
+            let alone =
+                gn_f32(one, 2, &x[e * a..][..a], &gamma[e * p..][..p], &beta[e * p..][..p], &r[e * a..][..a]);
+            for (k, (batched, single)) in all.iter().zip(&alone).enumerate() {
+                let n = single.len();
+                assert_eq!(bits(&batched[e * n..][..n]), bits(single), "output {k}, env {e}");
+            }
+        }
+        let t1 = with_threads(1, || gn_f32(s, 2, &x, &gamma, &beta, &r));
+        let t2 = with_threads(2, || gn_f32(s, 2, &x, &gamma, &beta, &r));
+        for (a, b) in t1.iter().zip(&t2) {
+            assert_eq!(bits(a), bits(b));
+        }
+    }
+}

@@ -1,0 +1,239 @@
+//! 2×2 max pooling (stride 2) and global average pooling over `[E, B, C, H, W]`.
+//!
+//! Both run one task per (env, image). Max pooling stores which element of each window won (0..4, row
+//! major) so the backward is a scatter; on ties the first maximum in row-major window order wins and takes
+//! the whole gradient, as in PyTorch. Odd trailing rows/columns are dropped (floor mode).
+
+use rayon::prelude::*;
+
+use super::real::{LaneSums, Real};
+
+/// Shape of a pooled activation `[E, B, C, H, W]` (the input side).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolShape {
+    pub envs: usize,
+    pub batch: usize,
+    pub channels: usize,
+    pub h: usize,
+    pub w: usize,
+}
+
+impl PoolShape {
+    pub fn input_len(&self) -> usize {
+        self.envs * self.batch * self.channels * self.h * self.w
+    }
+    /// Elements of the 2×2 max-pool output `[E, B, C, H/2, W/2]`.
+    pub fn max_pool_output_len(&self) -> usize {
+        self.envs * self.batch * self.channels * (self.h / 2) * (self.w / 2)
+    }
+    /// Elements of the global-average-pool output `[E, B, C]`.
+    pub fn global_pool_output_len(&self) -> usize {
+        self.envs * self.batch * self.channels
+    }
+}
+
+/// `y[.., i, j] = max of x[.., 2i..2i+2, 2j..2j+2]`; `argmax` gets the winner's row-major window index
+/// (`0..4`). Overwrites `y` and `argmax`.
+pub fn max_pool2x2_forward<T: Real>(shape: PoolShape, x: &[T], y: &mut [T], argmax: &mut [u8]) {
+    assert_eq!(x.len(), shape.input_len(), "max pool input length");
+    assert_eq!(y.len(), shape.max_pool_output_len(), "max pool output length");
+    assert_eq!(argmax.len(), y.len(), "max pool argmax length");
+    let (h, w, ho, wo) = (shape.h, shape.w, shape.h / 2, shape.w / 2);
+    let out_image = shape.channels * ho * wo;
+    if out_image == 0 {
+        return;
+    }
+    let in_image = shape.channels * h * w;
+    y.par_chunks_mut(out_image).zip(argmax.par_chunks_mut(out_image)).enumerate().for_each(
+        |(i, (y_img, idx_img))| {
+            let x_img = &x[i * in_image..(i + 1) * in_image];
+            for c in 0..shape.channels {
+                let plane = &x_img[c * h * w..(c + 1) * h * w];
+                for oy in 0..ho {
+                    let top = &plane[2 * oy * w..(2 * oy + 1) * w];
+                    let bottom = &plane[(2 * oy + 1) * w..(2 * oy + 2) * w];
+                    for ox in 0..wo {
+                        let window = [top[2 * ox], top[2 * ox + 1], bottom[2 * ox], bottom[2 * ox + 1]];
+                        // Strictly greater: an equal later element never displaces the first maximum.
+                        let mut best = 0;
+                        for k in 1..4 {
+                            if window[k] > window[best] {
+                                best = k;
+                            }
+                        }
+                        let o = (c * ho + oy) * wo + ox;
+                        y_img[o] = window[best];
+                        idx_img[o] = best as u8;
+                    }
+                }
+            }
+        },
+    );
+}
+
+/// Routes each output gradient to the window element that won. Overwrites `grad_input` (zero elsewhere,
+/// including dropped odd rows/columns).
+pub fn max_pool2x2_backward<T: Real>(
+    shape: PoolShape,
+    grad_output: &[T],
+    argmax: &[u8],
+    grad_input: &mut [T],
+) {
+    assert_eq!(grad_input.len(), shape.input_len(), "max pool input gradient length");
+    assert_eq!(grad_output.len(), shape.max_pool_output_len(), "max pool output gradient length");
+    assert_eq!(argmax.len(), grad_output.len(), "max pool argmax length");
+    let (h, w, ho, wo) = (shape.h, shape.w, shape.h / 2, shape.w / 2);
+    let in_image = shape.channels * h * w;
+    if in_image == 0 {
+        return;
+    }
+    let out_image = shape.channels * ho * wo;
+    grad_input.par_chunks_mut(in_image).enumerate().for_each(|(i, dx_img)| {
+        dx_img.fill(T::ZERO);
+        let dy_img = &grad_output[i * out_image..(i + 1) * out_image];
+        let idx_img = &argmax[i * out_image..(i + 1) * out_image];
+        for c in 0..shape.channels {
+            for oy in 0..ho {
+                for ox in 0..wo {
+                    let o = (c * ho + oy) * wo + ox;
+                    let k = idx_img[o] as usize;
+                    let (dy, dx) = (k / 2, k % 2);
+                    dx_img[(c * h + 2 * oy + dy) * w + 2 * ox + dx] = dy_img[o];
+                }
+            }
+        }
+    });
+}
+
+/// `y[e, b, c] = mean over H×W of x[e, b, c]`. Overwrites `y`.
+pub fn global_avg_pool_forward<T: Real>(shape: PoolShape, x: &[T], y: &mut [T]) {
+    assert_eq!(x.len(), shape.input_len(), "global pool input length");
+    assert_eq!(y.len(), shape.global_pool_output_len(), "global pool output length");
+    let plane = shape.h * shape.w;
+    if y.is_empty() || plane == 0 {
+        y.fill(T::ZERO);
+        return;
+    }
+    let n = T::from_usize(plane);
+    y.par_chunks_mut(shape.channels).enumerate().for_each(|(i, y_img)| {
+        let x_img = &x[i * shape.channels * plane..(i + 1) * shape.channels * plane];
+        for (c, out) in y_img.iter_mut().enumerate() {
+            let mut sum = LaneSums::new();
+            sum.add_map(&x_img[c * plane..(c + 1) * plane], |v| v);
+            *out = sum.total() / n;
+        }
+    });
+}
+
+/// `dx[e, b, c, :, :] = dy[e, b, c] / (H·W)`. Overwrites `grad_input`.
+pub fn global_avg_pool_backward<T: Real>(shape: PoolShape, grad_output: &[T], grad_input: &mut [T]) {
+    global_avg_pool_backward_impl(shape, grad_output, grad_input, false);
+}
+
+/// As [`global_avg_pool_backward`] but adds into `grad_input` (the input also feeds another path, e.g.
+/// the squeeze-excite seed multiplies `x` by a gate computed from `GAP(x)`).
+pub fn global_avg_pool_backward_accumulate<T: Real>(
+    shape: PoolShape,
+    grad_output: &[T],
+    grad_input: &mut [T],
+) {
+    global_avg_pool_backward_impl(shape, grad_output, grad_input, true);
+}
+
+fn global_avg_pool_backward_impl<T: Real>(
+    shape: PoolShape,
+    grad_output: &[T],
+    grad_input: &mut [T],
+    accumulate: bool,
+) {
+    assert_eq!(grad_input.len(), shape.input_len(), "global pool input gradient length");
+    assert_eq!(grad_output.len(), shape.global_pool_output_len(), "global pool output gradient length");
+    let plane = shape.h * shape.w;
+    if grad_input.is_empty() {
+        return;
+    }
+    let n = T::from_usize(plane);
+    grad_input.par_chunks_mut(plane).zip(grad_output.par_iter()).for_each(|(dx, &dy)| {
+        let g = dy / n;
+        for v in dx {
+            if accumulate {
+                *v += g;
+            } else {
+                *v = g;
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::testing::*;
+
+    /// Distinct values spaced 0.01 apart in random order: no ties, and a 1e-6 probe never flips a max.
+    fn tie_free(seed: u64, n: usize) -> Vec<f64> {
+        let mut values: Vec<f64> = (0..n).map(|i| i as f64 * 0.01 - 1.0).collect();
+        crate::rng::StreamKey::new(seed, 0, 0, crate::rng::Purpose::Test).stream(0).shuffle(&mut values);
+        values
+    }
+
+    #[test]
+    fn max_pool_gradient_matches_finite_differences() {
+        for (h, w) in [(4, 6), (5, 5)] {
+            let s = PoolShape { envs: 2, batch: 2, channels: 3, h, w };
+            let x = tie_free(1, s.input_len());
+            let r = signed(2, s.max_pool_output_len());
+            let mut y = vec![0.0; s.max_pool_output_len()];
+            let mut idx = vec![0u8; y.len()];
+            max_pool2x2_forward(s, &x, &mut y, &mut idx);
+            let mut dx = vec![f64::NAN; s.input_len()];
+            max_pool2x2_backward(s, &r, &idx, &mut dx);
+            let numeric = numeric_gradient(&x, |xp| {
+                max_pool2x2_forward(s, xp, &mut y, &mut idx);
+                project(&r, &y)
+            });
+            assert_gradient(&format!("max pool {h}x{w}"), &dx, &numeric);
+        }
+    }
+
+    #[test]
+    fn max_pool_tie_gives_whole_gradient_to_first_maximum() {
+        // One 2×4 plane = two windows. Window 0: [1 3; 3 3] → the max 3 first appears at (0,1).
+        // Window 1: [2 2; 2 2] → all tie, (0,0) wins.
+        let s = PoolShape { envs: 1, batch: 1, channels: 1, h: 2, w: 4 };
+        let x = [1.0, 3.0, 2.0, 2.0, 3.0, 3.0, 2.0, 2.0];
+        let mut y = [0.0; 2];
+        let mut idx = [0u8; 2];
+        max_pool2x2_forward(s, &x, &mut y, &mut idx);
+        assert_eq!(y, [3.0, 2.0]);
+        assert_eq!(idx, [1, 0]);
+        let mut dx = [f64::NAN; 8];
+        max_pool2x2_backward(s, &[5.0, 7.0], &idx, &mut dx);
+        assert_eq!(dx, [0.0, 5.0, 7.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn global_avg_pool_gradient_matches_finite_differences() {
+        let s = PoolShape { envs: 3, batch: 2, channels: 4, h: 3, w: 5 };
+        let x = signed(3, s.input_len());
+        let r = signed(4, s.global_pool_output_len());
+        let mut dx = vec![f64::NAN; s.input_len()];
+        global_avg_pool_backward(s, &r, &mut dx);
+        let mut y = vec![0.0; s.global_pool_output_len()];
+        let numeric = numeric_gradient(&x, |xp| {
+            global_avg_pool_forward(s, xp, &mut y);
+            project(&r, &y)
+        });
+        assert_gradient("global average pool", &dx, &numeric);
+        let prior = signed(5, s.input_len());
+        let mut acc = prior.clone();
+        global_avg_pool_backward_accumulate(s, &r, &mut acc);
+        for i in 0..acc.len() {
+            assert_eq!(acc[i], prior[i] + dx[i]);
+        }
+        // The forward is the plain mean.
+        global_avg_pool_forward(s, &x, &mut y);
+        let direct: f64 = x[..15].iter().sum::<f64>() / 15.0;
+        assert!((y[0] - direct).abs() < 1e-15);
+    }
+}
