@@ -45,12 +45,12 @@ fn host_gradients_match_finite_differences() {
     let h = 1e-6;
     for t in 0..grads.tensors.len() {
         let mut numeric = vec![0.0; grads.tensors[t].len()];
-        for i in 0..numeric.len() {
+        for (i, slot) in numeric.iter_mut().enumerate() {
             let mut plus = base.clone();
             plus.weights.tensors[t][i] += h;
             let mut minus = base.clone();
             minus.weights.tensors[t][i] -= h;
-            numeric[i] = (total_loss(&plus, &images, &labels, batch)
+            *slot = (total_loss(&plus, &images, &labels, batch)
                 - total_loss(&minus, &images, &labels, batch))
                 / (2.0 * h);
         }
