@@ -4,6 +4,7 @@
 //! forward and backward over flat `[E, …]` buffers (the env is a parallel dimension inside each op).
 //! No ECS types live here.
 
+pub mod data;
 pub mod host;
 pub mod ops;
 pub mod optim;
