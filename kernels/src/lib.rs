@@ -9,3 +9,4 @@ pub mod host;
 pub mod ops;
 pub mod optim;
 pub mod rng;
+pub mod seeds;
