@@ -6,8 +6,7 @@
 //! than at E = 1.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use esper_kernels::host::{HostArch, HostParams, HostWorkspace, train::HostTrainer};
-use esper_kernels::optim::SgdConfig;
+use esper_kernels::host::{HostArch, HostParams, HostWorkspace, SeedBank, train::Trainer};
 use esper_kernels::rng::{Purpose, StreamKey};
 use std::time::Duration;
 
@@ -30,13 +29,14 @@ fn host_step(c: &mut Criterion) {
         let (images, labels) = batch(arch, envs);
         let mut params = HostParams::init(arch, 1, 0, &ids);
         let mut ws = HostWorkspace::<f32>::new(arch, envs, BATCH_PER_ENV);
-        let mut trainer = HostTrainer::new(&params, SgdConfig::HOST);
+        let mut bank = SeedBank::empty(&arch);
+        let mut trainer = Trainer::new(&params, &bank);
         group.throughput(Throughput::Elements((envs * BATCH_PER_ENV) as u64));
         group.bench_function(BenchmarkId::new("train", envs), |b| {
-            b.iter(|| trainer.step(&mut params, &mut ws, &images, &labels))
+            b.iter(|| trainer.step(&mut params, &mut bank, &mut ws, &images, &labels, false))
         });
         group.bench_function(BenchmarkId::new("validate", envs), |b| {
-            b.iter(|| ws.forward_eval(&params, &images))
+            b.iter(|| ws.forward_eval(&params, &bank, &images))
         });
     }
     group.finish();

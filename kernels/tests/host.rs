@@ -1,8 +1,7 @@
 //! The batched host: whole-network gradients against finite differences, and the batch-equivalence
 //! guarantee of DESIGN §5 (env e trained inside a batch equals env e trained alone, bit for bit).
 
-use esper_kernels::host::{HostArch, HostParams, HostWorkspace, Stacked, train::HostTrainer};
-use esper_kernels::optim::SgdConfig;
+use esper_kernels::host::{HostArch, HostParams, HostWorkspace, SeedBank, Stacked, train::Trainer};
 use esper_kernels::rng::{Purpose, StreamKey};
 
 const TINY: HostArch = HostArch {
@@ -26,7 +25,7 @@ fn random_batch(arch: HostArch, envs: usize, batch: usize, seed: u64) -> (Vec<f3
 fn total_loss(params: &HostParams<f64>, images: &[f64], labels: &[u8], batch: usize) -> f64 {
     let mut p = params.clone();
     let mut ws = HostWorkspace::<f64>::new(p.arch, p.n_envs(), batch);
-    ws.forward_train(&mut p, images, labels);
+    ws.forward_train(&mut p, &SeedBank::empty(&params.arch), images, labels);
     ws.loss.iter().sum()
 }
 
@@ -40,8 +39,9 @@ fn host_gradients_match_finite_differences() {
     let mut ws = HostWorkspace::<f64>::new(TINY, envs, batch);
     let mut grads = Stacked::<f64>::zeros(envs, &TINY.tensor_lens());
     let base = params.clone();
-    ws.forward_train(&mut params, &images, &labels);
-    ws.backward(&base, &images, &mut grads);
+    let mut bank = SeedBank::empty(&TINY);
+    ws.forward_train(&mut params, &bank, &images, &labels);
+    ws.backward(&base, &mut bank, &images, &mut grads);
     let h = 1e-6;
     for t in 0..grads.tensors.len() {
         let mut numeric = vec![0.0; grads.tensors[t].len()];
@@ -64,10 +64,11 @@ fn host_gradients_match_finite_differences() {
 
 fn train_steps(params: &mut HostParams<f32>, data: &[(Vec<f32>, Vec<u8>)], batch: usize) -> Vec<f32> {
     let mut ws = HostWorkspace::<f32>::new(params.arch, params.n_envs(), batch);
-    let mut trainer = HostTrainer::new(params, SgdConfig::HOST);
+    let mut bank = SeedBank::empty(&params.arch);
+    let mut trainer = Trainer::new(params, &bank);
     let mut losses = vec![];
     for (images, labels) in data {
-        trainer.step(params, &mut ws, images, labels);
+        trainer.step(params, &mut bank, &mut ws, images, labels, false);
         losses.extend_from_slice(&ws.loss);
     }
     losses

@@ -2,9 +2,8 @@
 //! between 40 % and 70 %, and a wider preset (cifar_highres, 16/32/64 channels) scores higher.
 
 use esper_kernels::data::{Batcher, DataSource, Dataset, SyntheticSpec};
-use esper_kernels::host::train::{HostTrainer, ValTotals, validate_batch};
-use esper_kernels::host::{HostArch, HostParams, HostWorkspace};
-use esper_kernels::optim::SgdConfig;
+use esper_kernels::host::train::{Trainer, ValTotals, validate_batch};
+use esper_kernels::host::{HostArch, HostParams, HostWorkspace, SeedBank};
 
 /// Train one env for `epochs` epochs on the default synthetic task and return its test accuracy.
 fn train_and_validate(arch: HostArch, epochs: u64, batch: usize) -> f64 {
@@ -13,21 +12,22 @@ fn train_and_validate(arch: HostArch, epochs: u64, batch: usize) -> f64 {
     let mut batcher = Batcher::new(&data, seed, 1, batch).unwrap();
     let mut params = HostParams::init(arch, seed, 0, &[0]);
     let mut ws = HostWorkspace::<f32>::new(arch, 1, batch);
-    let mut trainer = HostTrainer::new(&params, SgdConfig::HOST);
+    let mut bank = SeedBank::empty(&arch);
+    let mut trainer = Trainer::new(&params, &bank);
     let mut images = vec![0.0f32; batch * data.image_len()];
     let mut labels = vec![0u8; batch];
     for epoch in 1..=epochs {
         batcher.begin_epoch(0, epoch);
         for b in 0..batcher.sharding().num_train_batches() {
             batcher.fill_train(&data, b, &mut images, &mut labels);
-            trainer.step(&mut params, &mut ws, &images, &labels);
+            trainer.step(&mut params, &mut bank, &mut ws, &images, &labels, false);
         }
     }
     let mut totals = ValTotals::new(1);
     let mut counts = [0usize];
     for b in 0..batcher.sharding().num_test_batches() {
         batcher.fill_test(&data, b, &mut images, &mut labels, &mut counts);
-        validate_batch(&params, &mut ws, &images, &labels, &counts, &mut totals);
+        validate_batch(&params, &bank, &mut ws, &images, &labels, &counts, &mut totals);
     }
     assert_eq!(totals.total[0] as usize, data.n_test());
     totals.accuracy(0)

@@ -4,8 +4,12 @@
 pub mod arch;
 pub mod network;
 pub mod params;
+pub mod seed_bank;
+pub mod slot;
 pub mod train;
 
 pub use arch::HostArch;
 pub use network::HostWorkspace;
 pub use params::{HostParams, Stacked};
+pub use seed_bank::{Pool, SeedBank, SeedEnvState, SeedMode, SlotParams};
+pub use slot::SlotWorkspace;

@@ -1,26 +1,58 @@
 //! The batched host network: a static layer sequence whose forward keeps what the backward needs in
 //! preallocated buffers and whose backward walks the same sequence in reverse. Every op runs once per
-//! layer over all envs (the env is a parallel dimension inside the op).
+//! layer over all envs (the env is a parallel dimension inside the op). Seed slots sit after a block's
+//! ReLU (row 0) and after its pool (row 1); a slot with no active seed in any env is skipped.
 
 use super::arch::HostArch;
 use super::params::{HostParams, Stacked};
+use super::seed_bank::{SeedBank, SlotParams};
+use super::slot::SlotWorkspace;
 use crate::ops::{self, ClassifierShape, Conv2dShape, LinearShape, NormShape, PoolShape, Real};
 
-/// Activations and gradient scratch for one `(E, B)` run shape, allocated once and reused every step.
-#[derive(Clone, Debug)]
+/// One block's activations.
+#[derive(Debug)]
+struct BlockActs<T> {
+    /// Conv output `z` (the batch norm's input).
+    conv_out: Vec<T>,
+    /// `relu(bn(z))`: the host activation at slot r0c<b>.
+    block_out: Vec<T>,
+    bn_mean: Vec<T>,
+    bn_inv_std: Vec<T>,
+    /// Pooled output (the host activation at slot r1c<b>); empty without a pool.
+    pooled: Vec<T>,
+    argmax: Vec<u8>,
+    r0: Option<SlotWorkspace<T>>,
+    r1: Option<SlotWorkspace<T>>,
+}
+
+impl<T: Real> BlockActs<T> {
+    /// The output of slot r0 (or the block output when the slot is absent or idle): the pool's input.
+    fn r0_output(&self) -> &[T] {
+        match &self.r0 {
+            Some(s) if s.active => &s.out,
+            _ => &self.block_out,
+        }
+    }
+
+    /// The block's final output: after its pool and slot r1, if any.
+    fn final_output(&self, pools: bool) -> &[T] {
+        if !pools {
+            return self.r0_output();
+        }
+        match &self.r1 {
+            Some(s) if s.active => &s.out,
+            _ => &self.pooled,
+        }
+    }
+}
+
+/// Activations and gradient scratch for one `(E, B)` run shape and slot set, allocated once and reused.
+#[derive(Debug)]
 pub struct HostWorkspace<T> {
     pub arch: HostArch,
     pub envs: usize,
     pub batch: usize,
-    /// Per block: conv output `z` (the batch norm's input).
-    conv_out: Vec<Vec<T>>,
-    /// Per block: `relu(bn(z))`, the block output before its pool (slot r0c<b>).
-    block_out: Vec<Vec<T>>,
-    bn_mean: Vec<Vec<T>>,
-    bn_inv_std: Vec<Vec<T>>,
-    /// Per block: the pooled output (slot r1c<b>); empty for blocks without a pool.
-    pooled: Vec<Vec<T>>,
-    argmax: Vec<Vec<u8>>,
+    blocks: Vec<BlockActs<T>>,
     /// Global-average-pooled features `[E, B, C_last]`.
     features: Vec<T>,
     pub logits: Vec<T>,
@@ -33,22 +65,36 @@ pub struct HostWorkspace<T> {
 }
 
 impl<T: Real> HostWorkspace<T> {
+    /// A workspace for the plain host (no slots).
     pub fn new(arch: HostArch, envs: usize, batch: usize) -> Self {
+        Self::with_slots(arch, envs, batch, &SeedBank::<T>::empty(&arch))
+    }
+
+    /// A workspace with a slot workspace for every enabled slot of `bank`.
+    pub fn with_slots(arch: HostArch, envs: usize, batch: usize, bank: &SeedBank<T>) -> Self {
         let act = |b: usize| envs * batch * arch.block_channels(b) * arch.block_size(b).pow(2);
-        let blocks = 0..arch.n_blocks;
-        let params = |b: usize| vec![T::ZERO; envs * arch.block_channels(b)];
         let pooled = |b: usize| if arch.pools_after(b) { act(b) / 4 } else { 0 };
-        let max_act = blocks.clone().map(act).chain([envs * batch * arch.image_len()]).max().unwrap_or(0);
+        let slot = |p: &Option<SlotParams<T>>| {
+            p.as_ref().map(|p| SlotWorkspace::new(envs, batch, p.channels, p.size))
+        };
+        let blocks = (0..arch.n_blocks)
+            .map(|b| BlockActs {
+                conv_out: vec![T::ZERO; act(b)],
+                block_out: vec![T::ZERO; act(b)],
+                bn_mean: vec![T::ZERO; envs * arch.block_channels(b)],
+                bn_inv_std: vec![T::ZERO; envs * arch.block_channels(b)],
+                pooled: vec![T::ZERO; pooled(b)],
+                argmax: vec![0u8; pooled(b)],
+                r0: slot(&bank.r0[b]),
+                r1: slot(&bank.r1[b]),
+            })
+            .collect();
+        let max_act = (0..arch.n_blocks).map(act).chain([envs * batch * arch.image_len()]).max().unwrap_or(0);
         Self {
             arch,
             envs,
             batch,
-            conv_out: blocks.clone().map(|b| vec![T::ZERO; act(b)]).collect(),
-            block_out: blocks.clone().map(|b| vec![T::ZERO; act(b)]).collect(),
-            bn_mean: blocks.clone().map(params).collect(),
-            bn_inv_std: blocks.clone().map(params).collect(),
-            pooled: blocks.clone().map(|b| vec![T::ZERO; pooled(b)]).collect(),
-            argmax: blocks.map(|b| vec![0u8; pooled(b)]).collect(),
+            blocks,
             features: vec![T::ZERO; envs * batch * arch.head_in()],
             logits: vec![T::ZERO; envs * batch * arch.num_classes],
             loss: vec![T::ZERO; envs],
@@ -112,23 +158,11 @@ impl<T: Real> HostWorkspace<T> {
         }
     }
 
-    fn classifier_shape(&self) -> ClassifierShape {
-        ClassifierShape { envs: self.envs, batch: self.batch, classes: self.arch.num_classes }
-    }
-
-    /// Block `block`'s final output (after its pool, if any).
-    fn output_of(&self, block: usize) -> &[T] {
-        final_output(&self.arch, &self.block_out, &self.pooled, block)
-    }
-
     fn check(&self, params: &HostParams<T>, images: &[T]) {
         assert_eq!(params.arch, self.arch, "workspace and parameters disagree on the architecture");
         assert_eq!(params.n_envs(), self.envs, "workspace and parameters disagree on the env count");
-        assert_eq!(
-            images.len(),
-            self.envs * self.batch * self.arch.image_len(),
-            "images must be [E, B, C, H, W]"
-        );
+        let expected = self.envs * self.batch * self.arch.image_len();
+        assert_eq!(images.len(), expected, "images must be [E, B, C, H, W]");
     }
 
     /// Training forward (batch statistics; running statistics updated) through the loss: per-env mean
@@ -136,6 +170,7 @@ impl<T: Real> HostWorkspace<T> {
     pub fn forward_train<L: Copy + Into<usize> + Sync>(
         &mut self,
         params: &mut HostParams<T>,
+        bank: &SeedBank<T>,
         images: &[T],
         labels: &[L],
     ) {
@@ -144,73 +179,13 @@ impl<T: Real> HostWorkspace<T> {
             let w = &params.weights.tensors;
             let (conv_w, gamma, beta) = (&w[3 * b], &w[3 * b + 1], &w[3 * b + 2]);
             let (mean, var) = (&mut params.running_mean[b], &mut params.running_var[b]);
-            self.block_forward(
-                b,
-                images,
-                |norm, z, y, ws_mean, ws_inv_std| {
-                    ops::batch_norm_train_forward(norm, z, gamma, beta, y, ws_mean, ws_inv_std, mean, var);
-                },
-                conv_w,
-            );
+            let normalize = |norm, z: &[T], y: &mut [T], m: &mut [T], s: &mut [T]| {
+                ops::batch_norm_train_forward(norm, z, gamma, beta, y, m, s, mean, var)
+            };
+            self.block_forward(b, images, conv_w, normalize, bank, true);
         }
         self.head_forward(params);
-        self.loss_forward(labels);
-    }
-
-    /// Evaluation forward (running statistics, nothing kept for a backward): logits in `self.logits`.
-    pub fn forward_eval(&mut self, params: &HostParams<T>, images: &[T]) {
-        self.check(params, images);
-        for b in 0..self.arch.n_blocks {
-            let (gamma, beta) = (params.gamma(b), params.beta(b));
-            let (mean, var) = (&params.running_mean[b], &params.running_var[b]);
-            self.block_forward(
-                b,
-                images,
-                |norm, z, y, _, _| {
-                    ops::batch_norm_eval_forward(norm, z, gamma, beta, mean, var, y);
-                },
-                params.conv(b),
-            );
-        }
-        self.head_forward(params);
-    }
-
-    /// conv → batch norm (`normalize`, train or eval) → ReLU → pool for block `b`.
-    fn block_forward(
-        &mut self,
-        b: usize,
-        images: &[T],
-        normalize: impl FnOnce(NormShape, &[T], &mut [T], &mut [T], &mut [T]),
-        conv_weight: &[T],
-    ) {
-        let (conv, norm, pool) = (self.conv_shape(b), self.norm_shape(b), self.pool_shape(b));
-        let (done_out, cur_out) = self.block_out.split_at_mut(b);
-        let (done_pool, cur_pool) = self.pooled.split_at_mut(b);
-        let input = block_input(&self.arch, images, done_out, done_pool, b);
-        ops::conv2d_forward(conv, input, conv_weight, &mut self.conv_out[b]);
-        let y = &mut cur_out[0];
-        normalize(norm, &self.conv_out[b], y, &mut self.bn_mean[b], &mut self.bn_inv_std[b]);
-        ops::relu_forward_in_place(y);
-        if self.arch.pools_after(b) {
-            ops::max_pool2x2_forward(pool, y, &mut cur_pool[0], &mut self.argmax[b]);
-        }
-    }
-
-    fn head_forward(&mut self, params: &HostParams<T>) {
-        let (pool, head) = (self.last_pool_shape(), self.head_shape());
-        let last = final_output(&self.arch, &self.block_out, &self.pooled, self.arch.n_blocks - 1);
-        ops::global_avg_pool_forward(pool, last, &mut self.features);
-        ops::linear_forward(
-            head,
-            &self.features,
-            params.head_weight(),
-            Some(params.head_bias()),
-            &mut self.logits,
-        );
-    }
-
-    fn loss_forward<L: Copy + Into<usize> + Sync>(&mut self, labels: &[L]) {
-        let shape = self.classifier_shape();
+        let shape = ClassifierShape { envs: self.envs, batch: self.batch, classes: self.arch.num_classes };
         ops::softmax_cross_entropy(
             shape,
             &self.logits,
@@ -220,91 +195,148 @@ impl<T: Real> HostWorkspace<T> {
         );
     }
 
-    /// Backward of the last [`Self::forward_train`]: every parameter gradient, overwritten into `grads`.
-    pub fn backward(&mut self, params: &HostParams<T>, images: &[T], grads: &mut Stacked<T>) {
+    /// Evaluation forward (running statistics, blends as configured, nothing kept for a backward):
+    /// logits in `self.logits`.
+    pub fn forward_eval(&mut self, params: &HostParams<T>, bank: &SeedBank<T>, images: &[T]) {
+        self.check(params, images);
+        for b in 0..self.arch.n_blocks {
+            let (gamma, beta) = (params.gamma(b), params.beta(b));
+            let (mean, var) = (&params.running_mean[b], &params.running_var[b]);
+            let normalize = |norm, z: &[T], y: &mut [T], _: &mut [T], _: &mut [T]| {
+                ops::batch_norm_eval_forward(norm, z, gamma, beta, mean, var, y)
+            };
+            self.block_forward(b, images, params.conv(b), normalize, bank, false);
+        }
+        self.head_forward(params);
+    }
+
+    /// conv → batch norm (`normalize`, train or eval) → ReLU → slot r0 → pool → slot r1 for block `b`.
+    fn block_forward(
+        &mut self,
+        b: usize,
+        images: &[T],
+        conv_weight: &[T],
+        normalize: impl FnOnce(NormShape, &[T], &mut [T], &mut [T], &mut [T]),
+        bank: &SeedBank<T>,
+        train: bool,
+    ) {
+        let (conv, norm, pool) = (self.conv_shape(b), self.norm_shape(b), self.pool_shape(b));
+        let arch = self.arch;
+        let (done, rest) = self.blocks.split_at_mut(b);
+        let input = match done.last() {
+            Some(prev) => prev.final_output(arch.pools_after(b - 1)),
+            None => images,
+        };
+        let cur = &mut rest[0];
+        ops::conv2d_forward(conv, input, conv_weight, &mut cur.conv_out);
+        normalize(norm, &cur.conv_out, &mut cur.block_out, &mut cur.bn_mean, &mut cur.bn_inv_std);
+        ops::relu_forward_in_place(&mut cur.block_out);
+        if let (Some(ws), Some(p)) = (&mut cur.r0, &bank.r0[b]) {
+            ws.forward(p, &cur.block_out, train);
+        }
+        if arch.pools_after(b) {
+            let pool_in = match &cur.r0 {
+                Some(s) if s.active => &s.out,
+                _ => &cur.block_out,
+            };
+            ops::max_pool2x2_forward(pool, pool_in, &mut cur.pooled, &mut cur.argmax);
+            if let (Some(ws), Some(p)) = (&mut cur.r1, &bank.r1[b]) {
+                ws.forward(p, &cur.pooled, train);
+            }
+        }
+    }
+
+    fn head_forward(&mut self, params: &HostParams<T>) {
+        let (pool, head) = (self.last_pool_shape(), self.head_shape());
+        let last = self.arch.n_blocks - 1;
+        let out = self.blocks[last].final_output(self.arch.pools_after(last));
+        ops::global_avg_pool_forward(pool, out, &mut self.features);
+        ops::linear_forward(
+            head,
+            &self.features,
+            params.head_weight(),
+            Some(params.head_bias()),
+            &mut self.logits,
+        );
+    }
+
+    /// Backward of the last [`Self::forward_train`]: every host parameter gradient overwritten into
+    /// `grads`, and the seed/gate gradients of every active slot into `bank`'s pools.
+    pub fn backward(
+        &mut self,
+        params: &HostParams<T>,
+        bank: &mut SeedBank<T>,
+        images: &[T],
+        grads: &mut Stacked<T>,
+    ) {
         self.check(params, images);
         let n = self.arch.n_blocks;
         let head = 3 * n;
         let g = &mut grads.tensors;
-        let (head_w, rest) = g[head..].split_at_mut(1);
+        let (head_w, head_b) = g[head..].split_at_mut(1);
+        let hs = self.head_shape();
         ops::linear_backward_params(
-            self.head_shape(),
+            hs,
             &self.features,
             &self.grad_logits,
             &mut head_w[0],
-            Some(&mut rest[0]),
+            Some(&mut head_b[0]),
         );
-        ops::linear_backward_input(
-            self.head_shape(),
-            &self.grad_logits,
-            params.head_weight(),
-            &mut self.grad_features,
-        );
+        ops::linear_backward_input(hs, &self.grad_logits, params.head_weight(), &mut self.grad_features);
         // `grad_a` holds ∂L/∂(current activation); `grad_b` is scratch for the next one down.
-        let last_len = self.output_of(n - 1).len();
+        let last_len = self.blocks[n - 1].final_output(self.arch.pools_after(n - 1)).len();
         ops::global_avg_pool_backward(
             self.last_pool_shape(),
             &self.grad_features,
             &mut self.grad_a[..last_len],
         );
         for b in (0..n).rev() {
-            let act_len = self.block_out[b].len();
-            if self.arch.pools_after(b) {
-                let pooled_len = self.pooled[b].len();
-                ops::max_pool2x2_backward(
-                    self.pool_shape(b),
-                    &self.grad_a[..pooled_len],
-                    &self.argmax[b],
-                    &mut self.grad_b[..act_len],
-                );
+            let (conv, norm, pool) = (self.conv_shape(b), self.norm_shape(b), self.pool_shape(b));
+            let arch = self.arch;
+            let (done, rest) = self.blocks.split_at_mut(b);
+            let cur = &mut rest[0];
+            let act_len = cur.block_out.len();
+            if arch.pools_after(b) {
+                let pooled_len = cur.pooled.len();
+                if let (Some(ws), Some(p)) = (&mut cur.r1, &mut bank.r1[b])
+                    && ws.active
+                {
+                    ws.backward(p, &self.grad_a[..pooled_len], &mut self.grad_b[..pooled_len]);
+                    std::mem::swap(&mut self.grad_a, &mut self.grad_b);
+                }
+                let (dy, dx) = (&self.grad_a[..pooled_len], &mut self.grad_b[..act_len]);
+                ops::max_pool2x2_backward(pool, dy, &cur.argmax, dx);
                 std::mem::swap(&mut self.grad_a, &mut self.grad_b);
             }
-            ops::relu_backward_in_place(&self.block_out[b], &mut self.grad_a[..act_len]);
+            if let (Some(ws), Some(p)) = (&mut cur.r0, &mut bank.r0[b])
+                && ws.active
+            {
+                ws.backward(p, &self.grad_a[..act_len], &mut self.grad_b[..act_len]);
+                std::mem::swap(&mut self.grad_a, &mut self.grad_b);
+            }
+            ops::relu_backward_in_place(&cur.block_out, &mut self.grad_a[..act_len]);
             let (conv_w, bn) = g[3 * b..3 * b + 3].split_at_mut(1);
             let (gamma_grad, beta_grad) = bn.split_at_mut(1);
             ops::batch_norm_backward(
-                self.norm_shape(b),
-                &self.conv_out[b],
+                norm,
+                &cur.conv_out,
                 params.gamma(b),
-                &self.bn_mean[b],
-                &self.bn_inv_std[b],
+                &cur.bn_mean,
+                &cur.bn_inv_std,
                 &self.grad_a[..act_len],
                 &mut self.grad_b[..act_len],
                 &mut gamma_grad[0],
                 &mut beta_grad[0],
             );
-            let conv = self.conv_shape(b);
-            let input = block_input(&self.arch, images, &self.block_out, &self.pooled, b);
+            let input = match done.last() {
+                Some(prev) => prev.final_output(arch.pools_after(b - 1)),
+                None => images,
+            };
             ops::conv2d_backward_weight(conv, input, &self.grad_b[..act_len], &mut conv_w[0]);
             if b > 0 {
-                ops::conv2d_backward_input(
-                    conv,
-                    &self.grad_b[..act_len],
-                    params.conv(b),
-                    &mut self.grad_a[..input.len()],
-                );
+                let grad_in = &mut self.grad_a[..input.len()];
+                ops::conv2d_backward_input(conv, &self.grad_b[..act_len], params.conv(b), grad_in);
             }
         }
     }
-}
-
-/// Block `block`'s final output (after its pool, if any), borrowed from the workspace's fields.
-fn final_output<'a, T>(
-    arch: &HostArch,
-    block_out: &'a [Vec<T>],
-    pooled: &'a [Vec<T>],
-    block: usize,
-) -> &'a [T] {
-    if arch.pools_after(block) { &pooled[block] } else { &block_out[block] }
-}
-
-/// Block `block`'s input: the images for block 0, else the previous block's final output.
-fn block_input<'a, T>(
-    arch: &HostArch,
-    images: &'a [T],
-    block_out: &'a [Vec<T>],
-    pooled: &'a [Vec<T>],
-    block: usize,
-) -> &'a [T] {
-    if block == 0 { images } else { final_output(arch, block_out, pooled, block - 1) }
 }
