@@ -2,6 +2,7 @@
 //! evaluated as one computation over all envs.
 
 pub mod arch;
+pub mod counterfactual;
 pub mod network;
 pub mod params;
 pub mod seed_bank;
@@ -9,6 +10,7 @@ pub mod slot;
 pub mod train;
 
 pub use arch::HostArch;
+pub use counterfactual::{EnvConfigs, EnvCounterfactuals, FusedValidator};
 pub use network::HostWorkspace;
 pub use params::{HostParams, Stacked};
 pub use seed_bank::{Pool, SeedBank, SeedEnvState, SeedMode, SlotParams};

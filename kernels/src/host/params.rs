@@ -109,6 +109,17 @@ impl HostParams<f32> {
 }
 
 impl<T: Real> HostParams<T> {
+    /// All-zero parameters and statistics (a buffer to gather rows into).
+    pub fn zeros(arch: HostArch, n_envs: usize) -> Self {
+        let stats = || (0..arch.n_blocks).map(|b| vec![T::ZERO; n_envs * arch.block_channels(b)]).collect();
+        Self {
+            arch,
+            weights: Stacked::zeros(n_envs, &arch.tensor_lens()),
+            running_mean: stats(),
+            running_var: stats(),
+        }
+    }
+
     pub fn n_envs(&self) -> usize {
         self.weights.n_envs
     }

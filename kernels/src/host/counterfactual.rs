@@ -1,0 +1,306 @@
+//! Fused validation with counterfactual ablations (kasmina §8.3, simic §3.1).
+//!
+//! Each env's ablation configurations become extra rows of the env axis: configuration `k` of env `e`
+//! is a *virtual env* with env `e`'s parameters, env `e`'s test images and the alpha of every slot in
+//! the configuration's off-set forced to 0. All virtual envs run through one eval forward (in chunks of
+//! at most `max_virtual_envs` to bound memory). Because every op is env-parallel with a fixed
+//! reduction order, each virtual env's result is bit-identical to evaluating that configuration alone.
+//!
+//! An ablated seed at alpha 0 contributes exactly `h` (ADD `h + 0·(s − h)`, MULTIPLY `h·(1 + 0)`, GATE
+//! `a_eff = 0`), so it is switched off rather than evaluated. (The reference would propagate a NaN seed
+//! output through `0·NaN`; the governor catches such envs anyway.) Identical configurations are
+//! evaluated once: for one ablatable seed, solo-on is the main configuration, and committed is all-off
+//! while fossilized seeds are not ablatable.
+
+use super::arch::HostArch;
+use super::network::HostWorkspace;
+use super::params::HostParams;
+use super::seed_bank::{SeedBank, SeedMode, SlotParams};
+use super::train::{ValTotals, accumulate_validation};
+use crate::ops::Real;
+
+/// Most slots an ablation mask can name.
+pub const MAX_ABLATABLE: usize = 16;
+
+/// The configurations of one env, as indices into its list of distinct off-masks (index 0 = main).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EnvConfigs {
+    /// Ablatable slots (indices into the bank's canonical slot order), ascending.
+    pub slots: Vec<usize>,
+    /// Distinct off-masks (bit k = canonical slot k forced to alpha 0); `masks[0] == 0` (main).
+    pub masks: Vec<u16>,
+    /// `solo_off[i]`: slot `slots[i]` off (leave-one-out).
+    pub solo_off: Vec<usize>,
+    /// `solo_on[i]`: every ablatable slot but `slots[i]` off.
+    pub solo_on: Vec<usize>,
+    /// Every ablatable slot off, when 2 ≤ n ≤ 4.
+    pub all_off: Option<usize>,
+    /// `(i, j, config)`: all but `slots[i]`, `slots[j]` off, when 3 ≤ n ≤ 4.
+    pub pairs: Vec<(usize, usize, usize)>,
+    /// Every non-fossilized ablatable slot off (all of them: fossilized seeds are not ablatable).
+    pub committed: Option<usize>,
+}
+
+impl EnvConfigs {
+    /// The configurations for an env whose ablatable slots (alpha > 0, not FOSSILIZED) are `slots`.
+    pub fn new(slots: &[usize]) -> Self {
+        assert!(slots.iter().all(|&s| s < MAX_ABLATABLE), "at most {MAX_ABLATABLE} slots");
+        let mut c = EnvConfigs { slots: slots.to_vec(), masks: vec![0], ..Default::default() };
+        let bit = |i: usize| 1u16 << slots[i];
+        let all: u16 = (0..slots.len()).map(bit).fold(0, |a, b| a | b);
+        let n = slots.len();
+        c.solo_off = (0..n).map(|i| c.intern(bit(i))).collect();
+        c.solo_on = (0..n).map(|i| c.intern(all & !bit(i))).collect();
+        if (2..=4).contains(&n) {
+            c.all_off = Some(c.intern(all));
+        }
+        if (3..=4).contains(&n) {
+            for i in 0..n {
+                for j in i + 1..n {
+                    let k = c.intern(all & !bit(i) & !bit(j));
+                    c.pairs.push((i, j, k));
+                }
+            }
+        }
+        if n > 0 {
+            c.committed = Some(c.intern(all));
+        }
+        c
+    }
+
+    fn intern(&mut self, mask: u16) -> usize {
+        match self.masks.iter().position(|&m| m == mask) {
+            Some(k) => k,
+            None => {
+                self.masks.push(mask);
+                self.masks.len() - 1
+            }
+        }
+    }
+}
+
+/// Per-env results of one fused validation pass.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EnvCounterfactuals {
+    pub val_acc: f64,
+    pub val_loss: f64,
+    /// Accuracy of every configuration (`configs.masks` order; index 0 = main).
+    pub config_acc: Vec<f64>,
+    /// `contribution[i] = val_acc − acc(slot i off)`, for `configs.slots[i]`.
+    pub contribution: Vec<f64>,
+    pub solo_on_acc: Vec<f64>,
+    pub all_off_acc: Option<f64>,
+    pub committed_acc: Option<f64>,
+    /// `(i, j, I_ij)` with `I_ij = f({i,j}) − f({i}) − f({j}) + f(∅)`; f(∅) falls back to the lowest
+    /// leave-one-out accuracy when there is no all-off configuration.
+    pub interactions: Vec<(usize, usize, f64)>,
+}
+
+/// Runs the fused pass: owns the virtual-env parameters, workspace and totals, reused every epoch.
+#[derive(Debug)]
+pub struct FusedValidator<T> {
+    arch: HostArch,
+    slot_ids: Vec<(u8, u8)>,
+    chunk: usize,
+    batch: usize,
+    pub configs: Vec<EnvConfigs>,
+    /// `(env, mask)` of every virtual env.
+    virtual_envs: Vec<(usize, u16)>,
+    params: HostParams<T>,
+    bank: SeedBank<T>,
+    ws: HostWorkspace<T>,
+    images: Vec<T>,
+    labels: Vec<u8>,
+    counts: Vec<usize>,
+    chunk_totals: ValTotals,
+    totals: ValTotals,
+}
+
+impl<T: Real> FusedValidator<T> {
+    /// A validator for `bank`'s slots, evaluating at most `max_virtual_envs` virtual envs per forward
+    /// and `batch` test images per env per forward.
+    pub fn new(
+        arch: HostArch,
+        bank: &SeedBank<T>,
+        slot_ids: &[(u8, u8)],
+        max_virtual_envs: usize,
+        batch: usize,
+    ) -> Self {
+        let chunk = max_virtual_envs.max(1);
+        let params = HostParams::zeros(arch, chunk);
+        let chunk_bank = SeedBank::new(&arch, chunk, slot_ids);
+        assert_eq!(chunk_bank.slots().count(), bank.slots().count(), "slot list does not match the bank");
+        let ws = HostWorkspace::with_slots(arch, chunk, batch, &chunk_bank);
+        Self {
+            arch,
+            slot_ids: slot_ids.to_vec(),
+            chunk,
+            batch,
+            configs: vec![],
+            virtual_envs: vec![],
+            params,
+            bank: chunk_bank,
+            ws,
+            images: vec![T::ZERO; chunk * batch * arch.image_len()],
+            labels: vec![0; chunk * batch],
+            counts: vec![0; chunk],
+            chunk_totals: ValTotals::new(chunk),
+            totals: ValTotals::default(),
+        }
+    }
+
+    /// Plan this epoch's configurations from the bank's current states: a slot is ablatable in env `e`
+    /// when its seed blends (ADD / MULTIPLY / GATE) at alpha > 0 and `fossilized[slot][e]` is false.
+    #[allow(clippy::needless_range_loop)] // `e` indexes two [slot][env] tables
+    pub fn plan(&mut self, bank: &SeedBank<T>, fossilized: &[Vec<bool>]) {
+        let slots: Vec<&SlotParams<T>> = bank.slots().collect();
+        let n_envs = slots.first().map_or(0, |s| s.n_envs());
+        self.configs.clear();
+        self.virtual_envs.clear();
+        for e in 0..n_envs {
+            let ablatable: Vec<usize> = (0..slots.len())
+                .filter(|&k| {
+                    let st = slots[k].state[e];
+                    matches!(st.mode, SeedMode::Add | SeedMode::Multiply | SeedMode::Gate)
+                        && st.alpha > 0.0
+                        && !fossilized[k][e]
+                })
+                .collect();
+            let c = EnvConfigs::new(&ablatable);
+            self.virtual_envs.extend(c.masks.iter().map(|&m| (e, m)));
+            self.configs.push(c);
+        }
+        self.totals = ValTotals::new(self.virtual_envs.len());
+    }
+
+    /// Number of virtual envs (Σ configurations) this epoch.
+    pub fn virtual_env_count(&self) -> usize {
+        self.virtual_envs.len()
+    }
+
+    /// Evaluate one test batch (`images` `[E, B_in, C, H, W]`, `labels` `[E, B_in]`, `counts[e]` valid
+    /// rows of env `e`, at most this validator's batch) for every configuration.
+    pub fn run_batch(
+        &mut self,
+        params: &HostParams<T>,
+        bank: &SeedBank<T>,
+        images: &[T],
+        labels: &[u8],
+        batch_in: usize,
+        counts: &[usize],
+    ) {
+        let image_len = self.arch.image_len();
+        let (b, chunk) = (self.batch, self.chunk);
+        for start in (0..self.virtual_envs.len()).step_by(chunk) {
+            let group = &self.virtual_envs[start..(start + chunk).min(self.virtual_envs.len())];
+            let n = group.len();
+            for (v, &(e, mask)) in group.iter().enumerate() {
+                assert!(
+                    counts[e] <= b,
+                    "test batch of {} images per env exceeds the validator's {b}",
+                    counts[e]
+                );
+                copy_env_rows(params, &mut self.params, e, v);
+                for (k, (src, dst)) in bank.slots().zip(self.bank.slots_mut()).enumerate() {
+                    copy_slot_row(src, dst, e, v);
+                    if mask & (1 << k) != 0 {
+                        dst.state[v].mode = SeedMode::Off;
+                    }
+                }
+                let rows = counts[e];
+                let src = &images[e * batch_in * image_len..(e * batch_in + rows) * image_len];
+                self.images[v * b * image_len..(v * b + rows) * image_len].copy_from_slice(src);
+                self.labels[v * b..v * b + rows].copy_from_slice(&labels[e * batch_in..e * batch_in + rows]);
+                self.counts[v] = rows;
+            }
+            // Unused rows of a short last chunk: nothing to count, seeds off.
+            for v in n..chunk {
+                self.counts[v] = 0;
+                for slot in self.bank.slots_mut() {
+                    slot.state[v].mode = SeedMode::Off;
+                }
+            }
+            self.ws.forward_eval(&self.params, &self.bank, &self.images);
+            self.chunk_totals.reset();
+            accumulate_validation(
+                &self.ws.logits,
+                b,
+                self.arch.num_classes,
+                &self.labels,
+                &self.counts,
+                &mut self.chunk_totals,
+            );
+            for v in 0..n {
+                let t = &mut self.totals;
+                t.correct[start + v] += self.chunk_totals.correct[v];
+                t.total[start + v] += self.chunk_totals.total[v];
+                t.loss_sum[start + v] += self.chunk_totals.loss_sum[v];
+                t.batches[start + v] += self.chunk_totals.batches[v];
+            }
+        }
+    }
+
+    /// Per-env results of the pass so far.
+    pub fn results(&self) -> Vec<EnvCounterfactuals> {
+        let mut first = 0;
+        self.configs
+            .iter()
+            .map(|c| {
+                let acc: Vec<f64> = (0..c.masks.len()).map(|k| self.totals.accuracy(first + k)).collect();
+                let val_loss = self.totals.loss(first);
+                first += c.masks.len();
+                let val_acc = acc[0];
+                let solo_off: Vec<f64> = c.solo_off.iter().map(|&k| acc[k]).collect();
+                let solo_on_acc: Vec<f64> = c.solo_on.iter().map(|&k| acc[k]).collect();
+                let all_off_acc = c.all_off.map(|k| acc[k]);
+                let empty =
+                    all_off_acc.unwrap_or_else(|| solo_off.iter().copied().fold(f64::INFINITY, f64::min));
+                let interactions = c
+                    .pairs
+                    .iter()
+                    .map(|&(i, j, k)| (i, j, acc[k] - solo_on_acc[i] - solo_on_acc[j] + empty))
+                    .collect();
+                EnvCounterfactuals {
+                    val_acc,
+                    val_loss,
+                    contribution: solo_off.iter().map(|a| val_acc - a).collect(),
+                    solo_on_acc,
+                    all_off_acc,
+                    committed_acc: c.committed.map(|k| acc[k]),
+                    interactions,
+                    config_acc: acc,
+                }
+            })
+            .collect()
+    }
+
+    pub fn slot_ids(&self) -> &[(u8, u8)] {
+        &self.slot_ids
+    }
+}
+
+fn copy_env_rows<T: Real>(src: &HostParams<T>, dst: &mut HostParams<T>, from: usize, to: usize) {
+    for t in 0..src.weights.tensors.len() {
+        dst.weights.env_mut(t, to).copy_from_slice(src.weights.env(t, from));
+    }
+    for b in 0..src.arch.n_blocks {
+        let c = src.arch.block_channels(b);
+        dst.running_mean[b][to * c..(to + 1) * c]
+            .copy_from_slice(&src.running_mean[b][from * c..(from + 1) * c]);
+        dst.running_var[b][to * c..(to + 1) * c]
+            .copy_from_slice(&src.running_var[b][from * c..(from + 1) * c]);
+    }
+}
+
+fn copy_slot_row<T: Real>(src: &SlotParams<T>, dst: &mut SlotParams<T>, from: usize, to: usize) {
+    let st = src.state[from];
+    dst.state[to] = st;
+    if let Some(bp) = st.blueprint.filter(|_| st.mode != SeedMode::Off) {
+        let (s, d) = (src.pool(bp), dst.pool_mut(bp));
+        d.params[to * s.row_len..(to + 1) * s.row_len].copy_from_slice(s.row(from));
+        if st.mode == SeedMode::Gate {
+            let (s, d) = (&src.gate, &mut dst.gate);
+            d.params[to * s.row_len..(to + 1) * s.row_len].copy_from_slice(s.row(from));
+        }
+    }
+}
