@@ -7,11 +7,14 @@ pub mod alpha;
 pub mod config;
 pub mod env;
 pub mod gates;
+pub mod governor;
 pub mod handlers;
+pub mod heuristic;
 pub mod host_preset;
 pub mod lifecycle;
 pub mod masks;
 pub mod reference;
+pub mod signals;
 pub mod slot;
 pub mod slot_id;
 pub mod stage;
@@ -20,9 +23,15 @@ pub use actions::*;
 pub use alpha::{AlphaController, AlphaCurve, AlphaMode};
 pub use config::LifecycleConfig;
 pub use env::{EnvIndex, HostMetrics, LifecycleTally};
+pub use governor::{
+    BlockedFactor, GovernorConfig, GovernorState, PanicReason, PreflightRequest, RollbackReport, VitalSigns,
+    preflight_lifecycle_mutation, rollback_prune_slots, rollback_prune_states,
+};
 pub use handlers::{OpOutcome, apply_action, handler_precondition, outcome_without_slot};
+pub use heuristic::{HeuristicConfig, HeuristicDecision, HeuristicReason, HeuristicState, RunnerDifference};
 pub use host_preset::{CnnHostSpec, InjectionPoint, TaskPreset};
 pub use masks::{ActionMasks, MaskParams, MaskSeedInfo, compute_action_masks};
+pub use signals::{EpochObservation, SeedReport, SignalConfig, SignalTracker, TrainingSignals};
 pub use slot::*;
 pub use slot_id::{MAX_SLOTS, SlotConfig, SlotId, SlotIdError};
 pub use stage::{GateLevel, SeedStage};
