@@ -300,3 +300,29 @@ fn mixed_seed_envs_in_a_batch_equal_each_env_trained_alone() {
     // The run trained seeds: some seed parameters moved.
     assert_ne!(bank, mixed_bank(envs));
 }
+
+#[test]
+fn allocated_seed_buffers_have_the_spec_parameter_counts() {
+    // kasmina §7.1 at C = 8, 16, 32, 64, for the pools a slot allocates.
+    let expected: [(CnnBlueprint, [usize; 4]); 7] = [
+        (CnnBlueprint::Norm, [17, 33, 65, 129]),
+        (CnnBlueprint::Attention, [40, 144, 544, 2112]),
+        (CnnBlueprint::Depthwise, [152, 432, 1376, 4800]),
+        (CnnBlueprint::Bottleneck, [720, 864, 1152, 4480]),
+        (CnnBlueprint::ConvSmall, [80, 288, 1088, 4224]),
+        (CnnBlueprint::ConvLight, [592, 2336, 9280, 36992]),
+        (CnnBlueprint::ConvHeavy, [1184, 4672, 18560, 73984]),
+    ];
+    for (i, c) in [8, 16, 32, 64].into_iter().enumerate() {
+        let slot = SlotParams::<f32>::new(3, c, 4);
+        for (bp, counts) in expected {
+            let pool = slot.pool(bp);
+            assert_eq!(pool.row_len, counts[i], "{bp:?} at C={c}");
+            assert_eq!(
+                (pool.params.len(), pool.grads.len(), pool.momentum.len()),
+                (3 * counts[i], 3 * counts[i], 3 * counts[i])
+            );
+        }
+        assert_eq!(slot.gate.row_len, [81, 145, 273, 1057][i], "gate at C={c}");
+    }
+}

@@ -6,6 +6,7 @@ pub mod build_masks;
 pub mod record_accuracy;
 pub mod resources;
 pub mod schedule;
+pub mod seed_sync;
 pub mod slot_query;
 pub mod tally_lifecycle;
 pub mod tick;
