@@ -15,6 +15,10 @@ pub struct EnvIndex(pub u32);
 pub struct HostMetrics {
     pub val_accuracy: f64,
     pub val_loss: f64,
+    /// Mean of the epoch's batch-mean training losses.
+    pub train_loss: f64,
+    /// Training accuracy over the epoch's samples, in pp.
+    pub train_accuracy: f64,
 }
 
 /// Lifecycle counts over the episode and the last op's result.

@@ -289,4 +289,6 @@ pub struct SlotEvents {
     pub fossilized: bool,
     pub pruned: bool,
     pub emptied: bool,
+    /// A GatedBlend gate module came into existence (gated BLENDING entry, or a switch to GATE).
+    pub gate_created: bool,
 }

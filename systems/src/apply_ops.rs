@@ -31,7 +31,9 @@ pub fn apply_ops(
             continue;
         }
         let action = actions.get(env);
+        let had_gate = slot.blend.has_gate;
         let outcome = apply_action(&action, &masks.0[env], &mut slot.view(), &config);
+        slot.events.gate_created = !had_gate && slot.blend.has_gate;
         outcomes.0[env] = outcome;
         if outcome == OpOutcome::Succeeded {
             let op = LifecycleOp::from_index(action.op);

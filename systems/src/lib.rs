@@ -3,6 +3,10 @@
 
 pub mod apply_ops;
 pub mod build_masks;
+pub mod decide_heuristic;
+pub mod decide_random;
+pub mod gradient_telemetry;
+pub mod host_resources;
 pub mod record_accuracy;
 pub mod resources;
 pub mod schedule;
@@ -10,8 +14,13 @@ pub mod seed_sync;
 pub mod slot_query;
 pub mod tally_lifecycle;
 pub mod tick;
+pub mod train_hosts;
+pub mod update_signals;
+pub mod validate;
 pub mod world;
 
 pub use resources::{ActionBatch, EnvCount, MaskBatch, OpOutcomes};
-pub use schedule::{Step, StepSet, add_lifecycle_systems, empty_step_schedule};
+pub use schedule::{
+    DecideWith, Step, StepSet, add_lifecycle_systems, add_training_systems, empty_step_schedule,
+};
 pub use world::{build_world, insert_run_resources, spawn_env, spawn_slot};

@@ -3,7 +3,9 @@
 //! detection is an error so that parallel order can never change a result.
 
 use crate::{apply_ops::apply_ops, build_masks::build_masks, record_accuracy::record_accuracy};
-use crate::{tally_lifecycle::tally_lifecycle, tick::tick};
+use crate::{decide_heuristic::decide_heuristic, decide_random::decide_random};
+use crate::{gradient_telemetry::sync_gradient_telemetry, update_signals::update_signals};
+use crate::{tally_lifecycle::tally_lifecycle, tick::tick, train_hosts::train_hosts, validate::validate};
 use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::{LogLevel, ScheduleBuildSettings, ScheduleLabel};
 
@@ -68,4 +70,30 @@ pub fn add_lifecycle_systems(schedule: &mut Schedule) {
         tick.in_set(StepSet::Tick),
         tally_lifecycle.in_set(StepSet::Record),
     ));
+}
+
+/// Which policy fills the Decide stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecideWith {
+    Heuristic,
+    Random,
+}
+
+/// The whole training step: train every host, fused validation, observe (record accuracy, gradient
+/// telemetry, signals, masks), decide, apply the ops, tick, count. The app adds its Record-stage sinks.
+pub fn add_training_systems(schedule: &mut Schedule, policy: DecideWith) {
+    schedule.add_systems((
+        train_hosts.in_set(StepSet::TrainHosts),
+        validate.in_set(StepSet::Validate),
+        (record_accuracy, sync_gradient_telemetry, update_signals, build_masks)
+            .chain()
+            .in_set(StepSet::Observe),
+        apply_ops.in_set(StepSet::Act),
+        tick.in_set(StepSet::Tick),
+        tally_lifecycle.in_set(StepSet::Record),
+    ));
+    match policy {
+        DecideWith::Heuristic => schedule.add_systems(decide_heuristic.in_set(StepSet::Decide)),
+        DecideWith::Random => schedule.add_systems(decide_random.in_set(StepSet::Decide)),
+    };
 }

@@ -2,7 +2,9 @@
 //! epoch boundary (kasmina §4.3, §5.1–5.2, §8.2). The TrainHosts and Validate stages read the kernels'
 //! [`SeedEnvState`]s; this is the one place that decides them.
 
-use esper_components::{AlphaAlgorithm, SeedStage, SlotState};
+use esper_components::{
+    AlphaAlgorithm, BlendStyle, Blueprint, SeedAlpha, SeedStage, SlotFlags, SlotState, Stage,
+};
 use esper_kernels::host::{SeedEnvState, SeedMode};
 use esper_kernels::seeds::CnnBlueprint;
 
@@ -15,18 +17,28 @@ use esper_kernels::seeds::CnnBlueprint;
 ///   optimizer only when the optimizer is rebuilt at fossilization (§8.2 c);
 /// * gradient-health statistics are collected for TRAINING and BLENDING seeds.
 pub fn seed_env_state(slot: &SlotState) -> SeedEnvState {
-    let stage = slot.stage.current;
-    let blueprint =
-        if stage.has_seed() { CnnBlueprint::from_action_index(slot.blueprint.0 as u8) } else { None };
-    let alpha = slot.alpha.0;
-    let frozen = slot.flags.blend_out_frozen;
+    seed_env_state_of(&slot.stage, &slot.blueprint, &slot.alpha, &slot.blend, &slot.flags)
+}
+
+/// [`seed_env_state`] from the components a query reads.
+pub fn seed_env_state_of(
+    stage: &Stage,
+    blueprint: &Blueprint,
+    alpha: &SeedAlpha,
+    blend: &BlendStyle,
+    flags: &SlotFlags,
+) -> SeedEnvState {
+    let stage = stage.current;
+    let blueprint = if stage.has_seed() { CnnBlueprint::from_action_index(blueprint.0 as u8) } else { None };
+    let alpha = alpha.0;
+    let frozen = flags.blend_out_frozen;
     let mode = match stage {
         _ if blueprint.is_none() || !stage.is_active() => SeedMode::Off,
         SeedStage::Training if alpha == 0.0 => SeedMode::Incubator,
-        _ => match slot.blend.algorithm {
+        _ => match blend.algorithm {
             AlphaAlgorithm::Add => SeedMode::Add,
             AlphaAlgorithm::Multiply => SeedMode::Multiply,
-            AlphaAlgorithm::Gate if slot.blend.has_gate => SeedMode::Gate,
+            AlphaAlgorithm::Gate if blend.has_gate => SeedMode::Gate,
             // GATE without a gate module never happens in the lifecycle; blend as ADD rather than panic.
             AlphaAlgorithm::Gate => SeedMode::Add,
         },

@@ -8,7 +8,9 @@ use esper_components::lifecycle::step_epoch;
 
 pub fn tick(mut slots: Query<SlotQuery>, config: Res<LifecycleConfig>) {
     for mut slot in &mut slots {
+        let had_gate = slot.blend.has_gate;
         let outcome = step_epoch(&mut slot.view(), &config);
+        slot.events.gate_created |= !had_gate && slot.blend.has_gate;
         slot.events.pruned |= outcome.pruned;
         slot.events.emptied |= outcome.emptied;
     }

@@ -69,6 +69,8 @@ pub struct Trainer<T> {
     pub host_grad_norm: Vec<f64>,
     /// `[slot in canonical order][env]`: statistics of the last collection batch (None: not collected).
     pub seed_stats: Vec<Vec<Option<SeedGradStats>>>,
+    /// Per env: the host gradient norm of the last collection batch (for the seed/host ratio).
+    pub host_norm_at_collection: Vec<f64>,
     pub host: SgdConfig,
     pub seed: SgdConfig,
     clip: Vec<f64>,
@@ -86,6 +88,7 @@ impl<T: Real> Trainer<T> {
             momentum: Stacked::zeros(n, &lens),
             host_grad_norm: vec![0.0; n],
             seed_stats: bank.slots().map(|_| vec![None; n]).collect(),
+            host_norm_at_collection: vec![0.0; n],
             host: SgdConfig::HOST,
             seed: SgdConfig::SEED,
             clip: vec![1.0; n],
@@ -117,6 +120,9 @@ impl<T: Real> Trainer<T> {
             *norm = norm.sqrt();
             *clip = optim::clip_coefficient(*norm, MAX_GRAD_NORM);
         }
+        if collect_stats {
+            self.host_norm_at_collection.copy_from_slice(&self.host_grad_norm);
+        }
         let host =
             params.weights.tensors.iter_mut().zip(&mut self.grads.tensors).zip(&mut self.momentum.tensors);
         for ((p, g), m) in host {
@@ -131,6 +137,14 @@ impl<T: Real> Trainer<T> {
                 collect_seed_stats(slot, &mut self.seed_stats[s]);
             }
             self.step_seeds(slot);
+        }
+    }
+
+    /// Forget last epoch's gradient statistics (call at the start of an epoch: stats are kept only for
+    /// slots that had a collection batch this epoch).
+    pub fn clear_stats(&mut self) {
+        for slot in &mut self.seed_stats {
+            slot.fill(None);
         }
     }
 

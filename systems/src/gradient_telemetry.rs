@@ -1,0 +1,30 @@
+//! Observe: seed gradient telemetry of this epoch's collection batches into the slots (kasmina §5.3,
+//! §5.4): gradient norm and health, vanishing/exploding flags, and the seed/host gradient ratio EMA
+//! (first value = ratio, then 0.9·ema + 0.1·ratio). Slots without statistics this epoch keep what they
+//! had: unmeasured stays unmeasured, never "healthy".
+
+use crate::host_resources::Hosts;
+use bevy_ecs::prelude::*;
+use esper_components::{EnvIndex, GradientTelemetry, SeedMetrics, SlotIndex};
+
+pub fn sync_gradient_telemetry(
+    hosts: Res<Hosts>,
+    mut slots: Query<(&EnvIndex, &SlotIndex, &mut GradientTelemetry, &mut SeedMetrics)>,
+) {
+    let host_elements = hosts.arch.param_count();
+    for (env, index, mut telemetry, mut metrics) in &mut slots {
+        let e = env.0 as usize;
+        let Some(stats) = hosts.trainer.seed_stats[index.0 as usize][e] else { continue };
+        *telemetry = GradientTelemetry {
+            gradient_norm: Some(stats.norm),
+            gradient_health: Some(stats.health),
+            has_vanishing: Some(stats.has_vanishing),
+            has_exploding: Some(stats.has_exploding),
+        };
+        let ratio = stats.ratio_to_host(hosts.trainer.host_norm_at_collection[e], host_elements);
+        metrics.seed_gradient_norm_ratio = Some(match metrics.seed_gradient_norm_ratio {
+            None => ratio,
+            Some(ema) => 0.9 * ema + 0.1 * ratio,
+        });
+    }
+}

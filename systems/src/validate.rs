@@ -1,0 +1,75 @@
+//! Validate: one fused eval pass per test batch over every env and every counterfactual configuration;
+//! writes each env's validation accuracy and loss, and each seed's contribution, velocity, interaction
+//! terms and topology sums (kasmina §2.3, simic §3).
+
+use crate::host_resources::{Hosts, TrainData};
+use bevy_ecs::prelude::*;
+use esper_components::{EnvIndex, HostMetrics, SeedAlpha, SeedMetrics, SeedStage, SlotIndex, Stage};
+
+pub fn validate(
+    mut hosts: ResMut<Hosts>,
+    mut data: ResMut<TrainData>,
+    mut slots: Query<(&EnvIndex, &SlotIndex, &Stage, &SeedAlpha, &mut SeedMetrics)>,
+    mut envs: Query<(&EnvIndex, &mut HostMetrics)>,
+    mut fossilized: Local<Vec<Vec<bool>>>,
+    mut alphas: Local<Vec<Vec<f64>>>,
+) {
+    let hosts = &mut *hosts;
+    let data = &mut *data;
+    let (n_envs, n_slots) = (hosts.params.n_envs(), hosts.slot_ids.len());
+    fossilized.resize(n_slots, Vec::new());
+    alphas.resize(n_slots, Vec::new());
+    for k in 0..n_slots {
+        fossilized[k].clear();
+        fossilized[k].resize(n_envs, false);
+        alphas[k].clear();
+        alphas[k].resize(n_envs, 0.0);
+    }
+    for (env, index, stage, alpha, _) in &slots {
+        let (e, k) = (env.0 as usize, index.0 as usize);
+        fossilized[k][e] = stage.current == SeedStage::Fossilized;
+        alphas[k][e] = alpha.0;
+    }
+    let Hosts { params, bank, validator, .. } = hosts;
+    validator.plan(bank, &fossilized);
+    let batch_in = data.batcher.sharding().batch_per_env;
+    for b in 0..data.batcher.sharding().num_test_batches() {
+        data.batcher.fill_test(&data.dataset, b, &mut data.images, &mut data.labels, &mut data.counts);
+        validator.run_batch(params, bank, &data.images, &data.labels, batch_in, &data.counts);
+    }
+    let results = validator.results();
+    for (env, mut metrics) in &mut envs {
+        let r = &results[env.0 as usize];
+        metrics.val_accuracy = r.val_acc;
+        metrics.val_loss = r.val_loss;
+    }
+    for (env, index, _, _, mut m) in &mut slots {
+        let (e, k) = (env.0 as usize, index.0 as usize);
+        let (configs, r) = (&validator.configs[e], &results[e]);
+        m.interaction_sum = 0.0;
+        m.boost_received = 0.0;
+        m.upstream_alpha_sum = 0.0;
+        m.downstream_alpha_sum = 0.0;
+        let Some(i) = configs.slots.iter().position(|&s| s == k) else { continue };
+        let c = r.contribution[i];
+        if let Some(prev) = m.counterfactual_contribution {
+            m.contribution_velocity = 0.7 * m.contribution_velocity + 0.3 * (c - prev);
+        }
+        m.prev_contribution = m.counterfactual_contribution;
+        m.counterfactual_contribution = Some(c);
+        for &(a, b, interaction) in &r.interactions {
+            if a == i || b == i {
+                m.interaction_sum += interaction;
+                m.boost_received = m.boost_received.max(interaction);
+            }
+        }
+        // Canonical slot order is sorted slot-id order.
+        for &other in &configs.slots {
+            if other < k {
+                m.upstream_alpha_sum += alphas[other][e];
+            } else if other > k {
+                m.downstream_alpha_sum += alphas[other][e];
+            }
+        }
+    }
+}
