@@ -6,3 +6,6 @@
 
 pub use esper_components as components;
 pub use esper_systems as systems;
+pub mod cli;
+pub mod config;
+pub mod run;

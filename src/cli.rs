@@ -1,0 +1,209 @@
+//! The `esper-ecs` command line (clap derive). Every `train` flag is optional so that a flag given on
+//! the command line overrides the `--config` file, which overrides [`RunConfig::default`]; the help text
+//! states each default.
+//!
+//! Exit codes: 0 success (also a run stopped by Ctrl-C), 1 the run failed, 2 bad input (usage errors
+//! from clap, and every [`ConfigError`]); no subcommand prints the help to stderr with exit code 2.
+
+use crate::config::{ConfigError, DataKind, PolicyKind, RunConfig};
+use clap::{Args, Parser, Subcommand};
+use esper_components::TaskPreset;
+use std::fmt::Display;
+use std::path::PathBuf;
+
+/// Exit code of a run that started and failed.
+pub const EXIT_RUN_FAILED: u8 = 1;
+/// Exit code of bad input: usage errors and invalid configurations (clap uses 2 as well).
+pub const EXIT_BAD_INPUT: u8 = 2;
+
+/// Vectorized morphogenetic training: many small host networks train side by side, one per environment,
+/// while a policy grows, blends, keeps or prunes seed modules in fixed slots once per host epoch.
+///
+/// Every stage of an epoch runs as one batched operation over all environments, scheduled by bevy_ecs.
+/// The seed lifecycle (stages, gates, alpha ramps, action masks), the batched host kernels and fused
+/// validation are implemented; `esper-ecs train` runs them: N envs, a heuristic or random policy, on
+/// built-in synthetic data or CIFAR-10. `replay`, `profile` and `bench` arrive with later milestones.
+#[derive(Parser, Debug)]
+#[command(name = "esper-ecs", version, about, long_about, arg_required_else_help = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    Train(TrainArgs),
+}
+
+/// Train host networks in parallel envs while the policy drives the seed lifecycle.
+///
+/// Runs `--rounds` rounds of `--epochs` host epochs in `--envs` environments (fresh hosts every round),
+/// writes metrics.jsonl and summary.json to `--out` and prints a summary table. Every setting can also
+/// come from a TOML file (`--config`, keys as in the flags with `_` for `-`, plus
+/// synthetic_train_per_env and synthetic_test_per_env); flags override it. Relative paths are relative
+/// to the working directory. Ctrl-C stops after the current epoch and still writes the summary; a
+/// second Ctrl-C exits at once.
+#[derive(Args, Debug, Default)]
+#[command(after_help = "Exit codes: 0 done (also when stopped by Ctrl-C), 1 the run failed, 2 bad input.")]
+pub struct TrainArgs {
+    #[arg(long, value_name = "N", allow_negative_numbers = true,
+          help = with_default("Parallel environments, one host network each", d().envs))]
+    pub envs: Option<usize>,
+
+    #[arg(long, value_name = "R", allow_negative_numbers = true,
+          help = with_default("Rounds; every round starts fresh hosts", d().rounds))]
+    pub rounds: Option<usize>,
+
+    #[arg(long, value_name = "T", allow_negative_numbers = true,
+          help = with_default("Host epochs per episode (policy decisions per env per round)", d().epochs))]
+    pub epochs: Option<usize>,
+
+    #[arg(long, value_name = "PRESET", help = with_default(
+        &format!("Host preset: {}", TaskPreset::ALL.map(|t| t.name()).join(", ")), d().task))]
+    pub task: Option<String>,
+
+    #[arg(long, value_name = "KIND", value_parser = parse_data_kind, help = with_default(
+        &format!(
+            "Data: synthetic (built in, sized to the env count: {} train + {} test images per env) or \
+             cifar10 (needs --data-dir)",
+            d().synthetic_train_per_env, d().synthetic_test_per_env
+        ),
+        "synthetic"))]
+    pub data: Option<DataKind>,
+
+    #[arg(long, value_name = "DIR", help = with_default(
+        "Folder with the CIFAR-10 binary files (data_batch_1.bin … data_batch_5.bin, test_batch.bin), \
+         directly or in cifar-10-batches-bin/",
+        "none"))]
+    pub data_dir: Option<PathBuf>,
+
+    #[arg(long, value_name = "LIST", help = with_default(
+        "Enabled seed slots, comma-separated r<row>c<col> ids of the task's host", d().slots))]
+    pub slots: Option<String>,
+
+    #[arg(long, value_name = "POLICY", value_parser = parse_policy_kind,
+          help = with_default("Policy: heuristic or random", "heuristic"))]
+    pub policy: Option<PolicyKind>,
+
+    #[arg(long, value_name = "S", allow_negative_numbers = true,
+          help = with_default("Run seed; every random draw derives from it", d().seed))]
+    pub seed: Option<u64>,
+
+    #[arg(long, value_name = "B", allow_negative_numbers = true,
+          help = with_default("Training images per env per step", d().batch_per_env))]
+    pub batch_per_env: Option<usize>,
+
+    #[arg(long, value_name = "FILE", help = with_default(
+        "TOML file setting any run field (unknown keys are an error); flags override it", "none"))]
+    pub config: Option<PathBuf>,
+
+    #[arg(long, value_name = "DIR",
+          help = with_default("Output directory (must not exist unless --force)", "runs/<UTC timestamp>"))]
+    pub out: Option<PathBuf>,
+
+    #[arg(long, help = "Write into an existing --out directory")]
+    pub force: bool,
+
+    #[arg(long, help = "No progress bar and no summary table")]
+    pub quiet: bool,
+}
+
+impl TrainArgs {
+    /// The run config: [`RunConfig::default`], then the `--config` file, then the flags given.
+    /// `--data synthetic` on the command line also drops a `data_dir` that came from the file (it would
+    /// be an error with synthetic data); a `--data-dir` flag is kept and rejected by `resolve`.
+    pub fn to_config(&self) -> Result<RunConfig, ConfigError> {
+        let mut c = match &self.config {
+            Some(path) => RunConfig::from_toml_file(path)?,
+            None => RunConfig::default(),
+        };
+        set(&mut c.envs, self.envs);
+        set(&mut c.rounds, self.rounds);
+        set(&mut c.epochs, self.epochs);
+        set(&mut c.task, self.task.clone());
+        set(&mut c.data, self.data);
+        if self.data == Some(DataKind::Synthetic) {
+            c.data_dir = None;
+        }
+        if self.data_dir.is_some() {
+            c.data_dir = self.data_dir.clone();
+        }
+        set(&mut c.slots, self.slots.clone());
+        set(&mut c.policy, self.policy);
+        set(&mut c.seed, self.seed);
+        set(&mut c.batch_per_env, self.batch_per_env);
+        if self.out.is_some() {
+            c.out = self.out.clone();
+        }
+        Ok(c)
+    }
+}
+
+fn set<T>(field: &mut T, flag: Option<T>) {
+    if let Some(v) = flag {
+        *field = v;
+    }
+}
+
+fn d() -> RunConfig {
+    RunConfig::default()
+}
+
+fn with_default(text: &str, default: impl Display) -> String {
+    format!("{text} [default: {default}]")
+}
+
+fn parse_data_kind(s: &str) -> Result<DataKind, String> {
+    match s {
+        "synthetic" => Ok(DataKind::Synthetic),
+        "cifar10" => Ok(DataKind::Cifar10),
+        _ => Err("unknown data kind (known: synthetic, cifar10)".into()),
+    }
+}
+
+fn parse_policy_kind(s: &str) -> Result<PolicyKind, String> {
+    match s {
+        "heuristic" => Ok(PolicyKind::Heuristic),
+        "random" => Ok(PolicyKind::Random),
+        _ => Err("unknown policy (known: heuristic, random)".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        <Cli as clap::CommandFactory>::command().debug_assert();
+    }
+
+    #[test]
+    fn flags_override_the_config_file() {
+        let dir = std::env::temp_dir().join(format!("esper-cli-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("run.toml");
+        std::fs::write(&file, "envs = 4\nrounds = 3\ndata = \"cifar10\"\ndata_dir = \"/data\"\nseed = 5\n")
+            .unwrap();
+        let cli =
+            Cli::try_parse_from(["esper-ecs", "train", "--config", file.to_str().unwrap(), "--envs", "2"]);
+        let Command::Train(args) = cli.unwrap().command;
+        let c = args.to_config().unwrap();
+        assert_eq!((c.envs, c.rounds, c.seed, c.data), (2, 3, 5, DataKind::Cifar10));
+        assert_eq!(c.data_dir, Some(PathBuf::from("/data")));
+        assert_eq!(c.batch_per_env, RunConfig::default().batch_per_env);
+
+        let cli = Cli::try_parse_from([
+            "esper-ecs",
+            "train",
+            "--config",
+            file.to_str().unwrap(),
+            "--data",
+            "synthetic",
+        ]);
+        let Command::Train(args) = cli.unwrap().command;
+        let c = args.to_config().unwrap();
+        assert_eq!((c.data, c.data_dir), (DataKind::Synthetic, None));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

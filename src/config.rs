@@ -1,0 +1,505 @@
+//! The run configuration: every setting of `esper-ecs train`, with the defaults `--help` shows.
+//! A TOML file (`--config`) may set any field; command-line flags override it.
+
+use esper_components::host_preset::HostSlotError;
+use esper_components::{SlotConfig, SlotIdError, TaskPreset};
+use esper_kernels::data::{DataError, DataSource, Sharding, SyntheticSpec, cifar};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Which data the hosts train on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DataKind {
+    /// The embedded synthetic CIFAR-shaped task (no files needed), sized to the env count.
+    #[default]
+    Synthetic,
+    /// CIFAR-10 binary files from `data_dir`.
+    Cifar10,
+}
+
+/// Which policy decides the lifecycle ops.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyKind {
+    /// Heuristic Tamiyo (spec tamiyo §5).
+    #[default]
+    Heuristic,
+    /// Uniformly random legal actions (a baseline).
+    Random,
+}
+
+/// Every field of a training run. Unknown keys in a config file are an error.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunConfig {
+    /// Parallel environments (one host network each).
+    pub envs: usize,
+    /// Rounds (batches of episodes); every round starts fresh hosts.
+    pub rounds: usize,
+    /// Host epochs per episode (policy decisions per env per round).
+    pub epochs: usize,
+    /// Host preset: cifar_baseline, cifar_multichannel, cifar_scale, cifar_deep_multichannel,
+    /// cifar_impaired, cifar_minimal, cifar_postpool, cifar_highres, cifar_deep_impaired.
+    pub task: String,
+    pub data: DataKind,
+    /// Directory with the CIFAR-10 binary files (data = cifar10).
+    pub data_dir: Option<PathBuf>,
+    /// Enabled seed slots, comma-separated `r<row>c<col>` ids.
+    pub slots: String,
+    pub policy: PolicyKind,
+    /// Run seed: every random draw derives from it.
+    pub seed: u64,
+    /// Training images per env per step.
+    pub batch_per_env: usize,
+    /// Synthetic training images per env (the synthetic set is sized to the env count).
+    pub synthetic_train_per_env: usize,
+    /// Synthetic test images per env.
+    pub synthetic_test_per_env: usize,
+    /// Output directory (default `runs/<timestamp>`).
+    pub out: Option<PathBuf>,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        Self {
+            envs: 16,
+            rounds: 1,
+            epochs: 25,
+            task: "cifar_baseline".into(),
+            data: DataKind::Synthetic,
+            data_dir: None,
+            slots: "r0c0,r0c1,r0c2".into(),
+            policy: PolicyKind::Heuristic,
+            seed: 0,
+            batch_per_env: 128,
+            synthetic_train_per_env: 1024,
+            synthetic_test_per_env: 256,
+            out: None,
+        }
+    }
+}
+
+/// A validated run: the config plus everything resolved from it. Built by `RunConfig::resolve`.
+#[derive(Clone, Debug)]
+pub struct RunPlan {
+    pub config: RunConfig,
+    pub task: esper_components::TaskPreset,
+    /// Enabled slots, validated against the task's host, in canonical order.
+    pub slots: esper_components::SlotConfig,
+    pub data: esper_kernels::data::DataSource,
+    /// Where metrics.jsonl and summary.json go (created, empty or `--force`d).
+    pub out_dir: PathBuf,
+    /// No progress bar, no summary table.
+    pub quiet: bool,
+}
+
+/// Why a run configuration cannot be used. `Display` is the one-line message the CLI prints after
+/// `error: `; it names the flag or key, the bad value and what is accepted.
+#[derive(Debug)]
+pub enum ConfigError {
+    /// A count that must be positive is 0. `name` is the flag (and the config key where it differs).
+    Zero {
+        name: &'static str,
+    },
+    UnknownTask {
+        name: String,
+    },
+    /// The `slots` list does not parse (malformed or legacy id, empty, duplicate, too many).
+    BadSlots {
+        list: String,
+        source: SlotIdError,
+    },
+    /// A listed slot is not an injection point of the task's host.
+    SlotNotOnHost {
+        task: TaskPreset,
+        source: HostSlotError,
+    },
+    /// `data = cifar10` without `data_dir`.
+    NoDataDir,
+    /// `data_dir` given with synthetic data, where it would be silently ignored.
+    DataDirUnused {
+        dir: PathBuf,
+    },
+    /// The CIFAR-10 data directory is missing, incomplete or holds files of the wrong size.
+    DataDir(DataError),
+    /// The data cannot give every env a full batch and a validation slice.
+    CannotFeed(DataError),
+    /// The synthetic set sized to the env count would exceed 2^32 − 1 images.
+    SyntheticTooLarge {
+        envs: usize,
+        per_env: usize,
+        split: &'static str,
+    },
+    OutExists {
+        path: PathBuf,
+    },
+    OutNotDirectory {
+        path: PathBuf,
+    },
+    OutUnwritable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    ConfigRead {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The config file is not valid TOML, has an unknown key or a value of the wrong type.
+    ConfigParse {
+        path: PathBuf,
+        line: Option<usize>,
+        key: Option<String>,
+        message: String,
+    },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Zero { name } => write!(f, "{name} must be at least 1 (got 0)"),
+            Self::UnknownTask { name } => {
+                let known: Vec<&str> = TaskPreset::ALL.iter().map(|t| t.name()).collect();
+                write!(f, "unknown task '{name}' (known: {})", known.join(", "))
+            }
+            Self::BadSlots { list, source } => write!(f, "--slots '{list}': {source}"),
+            Self::SlotNotOnHost { task, source } => write!(
+                f,
+                "--slots: slot {} is not an injection point of the {task} host (it has {})",
+                source.id,
+                source.available.join(", ")
+            ),
+            Self::NoDataDir => write!(
+                f,
+                "--data cifar10 needs --data-dir DIR (a folder with {} … {} and {})",
+                cifar::TRAIN_FILES[0],
+                cifar::TRAIN_FILES[4],
+                cifar::TEST_FILE
+            ),
+            Self::DataDirUnused { dir } => {
+                write!(f, "--data-dir {} is only used with --data cifar10 (data is synthetic)", dir.display())
+            }
+            Self::DataDir(e) => write!(f, "--data-dir: {e}"),
+            Self::CannotFeed(e) => write!(f, "the data cannot feed the envs: {e}"),
+            Self::SyntheticTooLarge { envs, per_env, split } => write!(
+                f,
+                "synthetic data: {envs} envs × synthetic_{split}_per_env {per_env} exceeds {} {split} images",
+                u32::MAX
+            ),
+            Self::OutExists { path } => {
+                write!(f, "--out {} already exists (add --force to write into it)", path.display())
+            }
+            Self::OutNotDirectory { path } => {
+                write!(f, "--out {} exists and is not a directory", path.display())
+            }
+            Self::OutUnwritable { path, source } => {
+                write!(f, "--out {} is not writable: {source}", path.display())
+            }
+            Self::ConfigRead { path, source } => {
+                write!(f, "--config {}: cannot read: {source}", path.display())
+            }
+            Self::ConfigParse { path, line, key, message } => {
+                write!(f, "--config {}", path.display())?;
+                if let Some(line) = line {
+                    write!(f, ", line {line}")?;
+                }
+                if let Some(key) = key {
+                    write!(f, ", key `{key}`")?;
+                }
+                write!(f, ": {message}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::BadSlots { source, .. } => Some(source),
+            Self::SlotNotOnHost { source, .. } => Some(source),
+            Self::DataDir(e) | Self::CannotFeed(e) => Some(e),
+            Self::OutUnwritable { source, .. } | Self::ConfigRead { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+impl RunConfig {
+    /// Reads a TOML config file. Every key is optional (missing ones keep their defaults); an unknown
+    /// key, a value of the wrong type or invalid TOML is an error naming the file, the line and the key.
+    pub fn from_toml_file(path: &Path) -> Result<RunConfig, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::ConfigRead { path: path.to_path_buf(), source })?;
+        Self::from_toml_str(&text).map_err(|e| {
+            let (line, key) = match e.span() {
+                Some(span) => locate(&text, span.start),
+                None => (None, None),
+            };
+            let message = e.message().trim().replace('\n', " ");
+            // Unknown-field messages already name the key; do not repeat it.
+            let key = key.filter(|k| !message.contains(&format!("`{k}`")));
+            ConfigError::ConfigParse { path: path.to_path_buf(), line, key, message }
+        })
+    }
+
+    /// Parses TOML text (see [`RunConfig::from_toml_file`]).
+    pub fn from_toml_str(text: &str) -> Result<RunConfig, toml::de::Error> {
+        toml::from_str(text)
+    }
+
+    /// Validates the config and resolves everything a run needs; last of all creates the output
+    /// directory (so a config that fails validation leaves nothing behind).
+    ///
+    /// * `envs`, `rounds`, `epochs`, `batch_per_env` and the synthetic sizes must be at least 1.
+    /// * `task` must name a preset, `slots` must parse and be injection points of that task's host.
+    /// * `data = cifar10` needs a `data_dir` holding the six CIFAR-10 binary files (directly or in
+    ///   `cifar-10-batches-bin/`), each a non-empty whole number of records (checked from file sizes;
+    ///   labels are checked when the run loads them); synthetic data must not get a `data_dir`.
+    /// * The data must feed every env: `batch_per_env × envs` at most the training images and at
+    ///   least one test image per env (synthetic: `envs × synthetic_{train,test}_per_env` images).
+    /// * `out`: default `runs/<UTC yyyymmdd-HHMMSS>` (with `-2`, `-3`, … appended if that exists). An
+    ///   existing `out` is an error unless `force`; it is created and checked writable, and stored back
+    ///   into the plan's `config.out`.
+    pub fn resolve(mut self, force: bool, quiet: bool) -> Result<RunPlan, ConfigError> {
+        let positive = [
+            (self.envs, "--envs"),
+            (self.rounds, "--rounds"),
+            (self.epochs, "--epochs"),
+            (self.batch_per_env, "--batch-per-env (batch_per_env)"),
+            (self.synthetic_train_per_env, "synthetic_train_per_env"),
+            (self.synthetic_test_per_env, "synthetic_test_per_env"),
+        ];
+        if let Some(&(_, name)) = positive.iter().find(|(v, _)| *v == 0) {
+            return Err(ConfigError::Zero { name });
+        }
+        let task = TaskPreset::from_name(&self.task)
+            .ok_or_else(|| ConfigError::UnknownTask { name: self.task.clone() })?;
+        let slots = SlotConfig::parse_list(&self.slots)
+            .map_err(|source| ConfigError::BadSlots { list: self.slots.clone(), source })?;
+        let slots =
+            task.host().slot_config(&slots).map_err(|source| ConfigError::SlotNotOnHost { task, source })?;
+
+        let (data, n_train, n_test) = match (self.data, &self.data_dir) {
+            (DataKind::Synthetic, Some(dir)) => return Err(ConfigError::DataDirUnused { dir: dir.clone() }),
+            (DataKind::Cifar10, None) => return Err(ConfigError::NoDataDir),
+            (DataKind::Synthetic, None) => {
+                let size = |per_env: usize, split| {
+                    self.envs
+                        .checked_mul(per_env)
+                        .filter(|&n| n <= u32::MAX as usize)
+                        .ok_or(ConfigError::SyntheticTooLarge { envs: self.envs, per_env, split })
+                };
+                let n_train = size(self.synthetic_train_per_env, "train")?;
+                let n_test = size(self.synthetic_test_per_env, "test")?;
+                let spec = SyntheticSpec { n_train, n_test, seed: self.seed, ..SyntheticSpec::default() };
+                (DataSource::Synthetic(spec), n_train, n_test)
+            }
+            (DataKind::Cifar10, Some(dir)) => {
+                let (n_train, n_test) = cifar_sizes(dir).map_err(ConfigError::DataDir)?;
+                (DataSource::Cifar10 { dir: dir.clone() }, n_train, n_test)
+            }
+        };
+        Sharding::new(n_train, n_test, self.envs, self.batch_per_env).map_err(ConfigError::CannotFeed)?;
+
+        let out_dir = match &self.out {
+            Some(path) => prepare_out(path, force)?,
+            None => create_default_out(Path::new("runs"), SystemTime::now())?,
+        };
+        self.out = Some(out_dir.clone());
+        Ok(RunPlan { config: self, task, slots, data, out_dir, quiet })
+    }
+}
+
+/// The 1-based line of byte `offset` in `text` and the key set on that line (`key = …`), if any.
+fn locate(text: &str, offset: usize) -> (Option<usize>, Option<String>) {
+    let offset = offset.min(text.len());
+    let line_no = text.as_bytes()[..offset].iter().filter(|&&b| b == b'\n').count() + 1;
+    let line = text.lines().nth(line_no - 1).unwrap_or("");
+    let key = line
+        .split_once('=')
+        .map(|(k, _)| k.trim().trim_matches('"').to_string())
+        .filter(|k| !k.is_empty() && !k.starts_with('#') && !k.starts_with('['));
+    (Some(line_no), key)
+}
+
+/// Train and test image counts of the CIFAR-10 files in `dir` (or `dir/cifar-10-batches-bin`, as the
+/// loader looks there too), from the file sizes alone: the same checks and messages as
+/// [`cifar::load`] up to the label check, without reading ~180 MB.
+fn cifar_sizes(dir: &Path) -> Result<(usize, usize), DataError> {
+    if !dir.is_dir() {
+        return Err(DataError::NoDirectory { dir: dir.to_path_buf() });
+    }
+    let nested = dir.join(cifar::ARCHIVE_DIR);
+    let dir = if !dir.join(cifar::TEST_FILE).exists() && nested.join(cifar::TEST_FILE).exists() {
+        nested
+    } else {
+        dir.to_path_buf()
+    };
+    for name in cifar::TRAIN_FILES.iter().chain(std::iter::once(&cifar::TEST_FILE)) {
+        if !dir.join(name).is_file() {
+            return Err(DataError::MissingFile { file: (*name).to_string(), dir });
+        }
+    }
+    let records = |name: &str| -> Result<usize, DataError> {
+        let path = dir.join(name);
+        let size =
+            std::fs::metadata(&path).map_err(|source| DataError::Io { path: path.clone(), source })?.len();
+        if size == 0 {
+            return Err(DataError::EmptyFile { path });
+        }
+        if !size.is_multiple_of(cifar::RECORD_BYTES as u64) {
+            return Err(DataError::BadSize { path, size, record: cifar::RECORD_BYTES });
+        }
+        Ok((size / cifar::RECORD_BYTES as u64) as usize)
+    };
+    let mut n_train = 0;
+    for name in cifar::TRAIN_FILES {
+        n_train += records(name)?;
+    }
+    Ok((n_train, records(cifar::TEST_FILE)?))
+}
+
+/// Creates `root/<UTC yyyymmdd-HHMMSS>` for `now` (with `-2`, `-3`, … appended while that exists, so
+/// runs started in the same second never share a folder) and checks it is writable.
+fn create_default_out(root: &Path, now: SystemTime) -> Result<PathBuf, ConfigError> {
+    let stamp = utc_timestamp(now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()));
+    let mut n = 1;
+    loop {
+        let path = if n == 1 { root.join(&stamp) } else { root.join(format!("{stamp}-{n}")) };
+        match create_dir_new(&path) {
+            Ok(true) => return check_writable(path),
+            Ok(false) if n < 1000 => n += 1,
+            Ok(false) => return Err(ConfigError::OutExists { path }),
+            Err(source) => return Err(ConfigError::OutUnwritable { path, source }),
+        }
+    }
+}
+
+/// `yyyymmdd-HHMMSS` in UTC for seconds since the Unix epoch (proleptic Gregorian calendar).
+pub fn utc_timestamp(secs: u64) -> String {
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (H. Hinnant's `civil_from_days`), in u64 for secs ≥ 0.
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    format!("{year:04}{month:02}{day:02}-{:02}{:02}{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// Creates `path` (or, with `force`, accepts an existing directory) and checks a file can be written
+/// in it.
+fn prepare_out(path: &Path, force: bool) -> Result<PathBuf, ConfigError> {
+    let path = path.to_path_buf();
+    match create_dir_new(&path) {
+        Ok(true) => {}
+        Ok(false) if !path.is_dir() => return Err(ConfigError::OutNotDirectory { path }),
+        Ok(false) if !force => return Err(ConfigError::OutExists { path }),
+        Ok(false) => {}
+        Err(source) => return Err(ConfigError::OutUnwritable { path, source }),
+    }
+    check_writable(path)
+}
+
+/// Creates the directory `path` and its missing parents: `Ok(true)` if this call created it,
+/// `Ok(false)` if something already exists at `path` (atomic, unlike checking first).
+fn create_dir_new(path: &Path) -> std::io::Result<bool> {
+    use std::io::ErrorKind;
+    match std::fs::create_dir(path) {
+        Ok(()) => return Ok(true),
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => return Ok(false),
+        Err(e) if e.kind() == ErrorKind::NotFound => match path.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => std::fs::create_dir_all(parent)?,
+            _ => return Err(e),
+        },
+        Err(e) => return Err(e),
+    }
+    match std::fs::create_dir(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes and removes a probe file in the directory `path`.
+fn check_writable(path: PathBuf) -> Result<PathBuf, ConfigError> {
+    let probe = path.join(".esper-ecs-write-check");
+    let result = std::fs::write(&probe, b"").and_then(|()| std::fs::remove_file(&probe));
+    match result {
+        Ok(()) => Ok(path),
+        Err(source) => Err(ConfigError::OutUnwritable { path, source }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_timestamps_match_date_u() {
+        // Reference values from `date -u -d @SECS +%Y%m%d-%H%M%S`.
+        assert_eq!(utc_timestamp(0), "19700101-000000");
+        assert_eq!(utc_timestamp(951_782_400), "20000229-000000");
+        assert_eq!(utc_timestamp(1_795_469_695), "20261123-213455");
+        assert_eq!(utc_timestamp(4_107_542_399), "21000228-235959");
+    }
+
+    #[test]
+    fn parse_errors_name_line_and_key() {
+        let dir = std::env::temp_dir().join(format!("esper-config-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("bad.toml");
+        std::fs::write(&file, "rounds = 2\nenvs = \"many\"\n").unwrap();
+        let msg = RunConfig::from_toml_file(&file).unwrap_err().to_string();
+        assert!(msg.starts_with(&format!("--config {}, line 2, key `envs`: ", file.display())), "{msg}");
+        assert!(msg.contains("invalid type"), "{msg}");
+        assert!(!msg.contains('\n'), "{msg}");
+        std::fs::write(&file, "rounds = 2\nslots = \"r0c0\"\n").unwrap();
+        let cfg = RunConfig::from_toml_file(&file).unwrap();
+        assert_eq!((cfg.rounds, cfg.slots.as_str(), cfg.envs), (2, "r0c0", 16));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn default_out_dirs_never_collide() {
+        let root = std::env::temp_dir().join(format!("esper-config-unit-runs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let now = UNIX_EPOCH + std::time::Duration::from_secs(1_795_469_695);
+        let first = create_default_out(&root.join("runs"), now).unwrap();
+        let second = create_default_out(&root.join("runs"), now).unwrap();
+        let third = create_default_out(&root.join("runs"), now).unwrap();
+        assert_eq!(first, root.join("runs/20261123-213455"));
+        assert_eq!(second, root.join("runs/20261123-213455-2"));
+        assert_eq!(third, root.join("runs/20261123-213455-3"));
+        assert!(first.is_dir() && second.is_dir() && third.is_dir());
+        // Existing out: an error without force, accepted with it; nested missing parents are created.
+        assert!(matches!(prepare_out(&first, false), Err(ConfigError::OutExists { .. })));
+        assert_eq!(prepare_out(&first, true).unwrap(), first);
+        let nested = root.join("a/b/c");
+        assert_eq!(prepare_out(&nested, false).unwrap(), nested);
+        assert!(nested.is_dir());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn synthetic_sizes_follow_the_env_count() {
+        let out = std::env::temp_dir().join(format!("esper-config-unit-out-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&out);
+        let cfg = RunConfig { envs: 3, seed: 9, out: Some(out.clone()), ..RunConfig::default() };
+        let plan = cfg.resolve(false, true).unwrap();
+        match plan.data {
+            DataSource::Synthetic(spec) => assert_eq!((spec.n_train, spec.n_test, spec.seed), (3072, 768, 9)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(plan.slots, SlotConfig::default_three());
+        assert_eq!(plan.config.out.as_deref(), Some(out.as_path()));
+        assert!(out.is_dir());
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+}

@@ -1,0 +1,327 @@
+//! The training run behind `esper-ecs train`: builds the world for a [`RunPlan`], runs the step
+//! schedule for every epoch of every round (fresh hosts each round), streams `metrics.jsonl` and writes
+//! `summary.json`. A stop request (Ctrl-C) is honoured after the current epoch, with everything written
+//! so far intact.
+
+use crate::config::{DataKind, PolicyKind, RunPlan};
+use bevy_ecs::prelude::*;
+use esper_components::heuristic::{HeuristicConfig, HeuristicState};
+use esper_components::signals::{SignalConfig, SignalTracker};
+use esper_components::{
+    EnvIndex, HostMetrics, LifecycleConfig, LifecycleTally, SeedAlpha, SlotIndex, SlotState, Stage, Topology,
+};
+use esper_kernels::data::{Batcher, DataSource, Dataset};
+use esper_kernels::host::HostArch;
+use esper_systems::host_resources::{Hosts, StepClock, TrainData};
+use esper_systems::update_signals::{EnvSignals, SlotReports};
+use esper_systems::{ActionBatch, DecideWith, OpOutcomes, add_training_systems, empty_step_schedule};
+use esper_systems::{insert_run_resources, slot_query::SlotQuery, spawn_env, spawn_slot};
+use std::fmt;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+/// What a finished (or interrupted) run reports; also written as `summary.json`.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct RunSummary {
+    pub rounds_completed: usize,
+    pub epochs_completed: usize,
+    pub interrupted: bool,
+    pub wall_seconds: f64,
+    pub env_epochs_per_second: f64,
+    /// Each env's validation accuracy (pp) after its last epoch.
+    pub final_val_accuracy: Vec<f64>,
+    pub mean_final_val_accuracy: f64,
+    pub seeds_germinated: u64,
+    pub seeds_fossilized: u64,
+    pub seeds_pruned: u64,
+    pub failed_ops: u64,
+}
+
+/// A run that could not start or stopped on an error (I/O, data).
+#[derive(Debug)]
+pub struct RunError(pub String);
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for RunError {}
+
+fn io_error(what: &str, e: std::io::Error) -> RunError {
+    RunError(format!("{what}: {e}"))
+}
+
+/// The host architecture of a task preset.
+pub fn host_arch(plan: &RunPlan) -> HostArch {
+    let h = plan.task.host();
+    HostArch {
+        in_channels: h.in_channels as usize,
+        image_size: h.image_size as usize,
+        num_classes: h.num_classes as usize,
+        base_channels: h.base_channels as usize,
+        n_blocks: h.n_blocks as usize,
+        kernel_size: h.kernel_size as usize,
+        pool_layers: h.pool_layers as usize,
+    }
+}
+
+/// Build the world: resources, one entity per env and per (env, slot).
+fn build_world(plan: &RunPlan) -> Result<World, RunError> {
+    let cfg = &plan.config;
+    let n_envs = cfg.envs;
+    let dataset = Dataset::load(&plan.data).map_err(|e| RunError(e.to_string()))?;
+    let batcher =
+        Batcher::new(&dataset, cfg.seed, n_envs, cfg.batch_per_env).map_err(|e| RunError(e.to_string()))?;
+    let arch = host_arch(plan);
+    let slot_ids: Vec<(u8, u8)> = plan.slots.ids().iter().map(|id| (id.row, id.col)).collect();
+    let mut world = World::new();
+    let lifecycle = LifecycleConfig { topology: Topology::Cnn, ..LifecycleConfig::default() };
+    insert_run_resources(&mut world, n_envs, plan.slots.clone(), lifecycle);
+    world.insert_resource(StepClock { seed: cfg.seed, round: 0, epoch: 0 });
+    world.insert_resource(Hosts::new(arch, &slot_ids, n_envs, cfg.batch_per_env, cfg.seed, 0));
+    world.insert_resource(TrainData::new(dataset, batcher, n_envs, cfg.batch_per_env));
+    let signal_config = SignalConfig::default();
+    world.insert_resource(signal_config);
+    world.insert_resource(HeuristicConfig::new(Topology::Cnn).map_err(|e| RunError(e.to_string()))?);
+    world.insert_resource(SlotReports::default());
+    for e in 0..n_envs as u32 {
+        let env = spawn_env(&mut world, e);
+        world.entity_mut(env).insert((
+            SignalTracker::new(&signal_config),
+            EnvSignals::default(),
+            HeuristicState::default(),
+        ));
+        for s in 0..plan.slots.len() as u8 {
+            spawn_slot(&mut world, env, e, s);
+        }
+    }
+    Ok(world)
+}
+
+/// A new round: fresh hosts, empty slots, fresh trackers and heuristic state.
+fn start_round(world: &mut World, round: u64) {
+    let seed = world.resource::<StepClock>().seed;
+    world.resource_mut::<Hosts>().reset_round(seed, round);
+    let signal_config = *world.resource::<SignalConfig>();
+    let mut envs =
+        world.query::<(&mut HostMetrics, &mut SignalTracker, &mut EnvSignals, &mut HeuristicState)>();
+    for (mut metrics, mut tracker, mut signals, mut heuristic) in envs.iter_mut(world) {
+        *metrics = HostMetrics::default();
+        tracker.reset(&signal_config);
+        *signals = EnvSignals::default();
+        heuristic.reset();
+    }
+    let mut slots = world.query::<SlotQuery>();
+    for mut slot in slots.iter_mut(world) {
+        slot.view().write(&SlotState::default());
+    }
+}
+
+/// One `metrics.jsonl` line per env for the epoch just run.
+#[derive(serde::Serialize)]
+struct MetricsLine<'a> {
+    env: u32,
+    round: u64,
+    epoch: u64,
+    val_acc: f64,
+    val_loss: f64,
+    train_loss: f64,
+    train_acc: f64,
+    op: &'a str,
+    slot: String,
+    outcome: esper_components::OpOutcome,
+    stages: Vec<&'static str>,
+    alphas: Vec<f64>,
+}
+
+fn write_metrics(world: &mut World, out: &mut impl Write) -> Result<Vec<f64>, RunError> {
+    let clock = *world.resource::<StepClock>();
+    let slot_names: Vec<String> =
+        world.resource::<esper_components::SlotConfig>().ids().iter().map(|s| s.to_string()).collect();
+    let n_slots = slot_names.len();
+    let n_envs = world.resource::<esper_systems::EnvCount>().0;
+    let mut stages = vec!["DORMANT"; n_envs * n_slots];
+    let mut alphas = vec![0.0; n_envs * n_slots];
+    let mut slots = world.query::<(&EnvIndex, &SlotIndex, &Stage, &SeedAlpha)>();
+    for (env, index, stage, alpha) in slots.iter(world) {
+        let row = env.0 as usize * n_slots + index.0 as usize;
+        stages[row] = stage.current.name();
+        alphas[row] = alpha.0;
+    }
+    let actions = world.resource::<ActionBatch>().clone();
+    let outcomes = world.resource::<OpOutcomes>().0.clone();
+    let mut accuracy = vec![0.0; n_envs];
+    let mut envs = world.query::<(&EnvIndex, &HostMetrics)>();
+    let mut rows: Vec<(u32, HostMetrics)> = envs.iter(world).map(|(e, m)| (e.0, *m)).collect();
+    rows.sort_by_key(|(e, _)| *e);
+    for (e, m) in rows {
+        let i = e as usize;
+        let action = actions.get(i);
+        let op = esper_components::LifecycleOp::from_index(action.op).map_or("?", |o| o.name());
+        let line = MetricsLine {
+            env: e,
+            round: clock.round,
+            epoch: clock.epoch,
+            val_acc: m.val_accuracy,
+            val_loss: m.val_loss,
+            train_loss: m.train_loss,
+            train_acc: m.train_accuracy,
+            op,
+            slot: slot_names.get(action.slot as usize).cloned().unwrap_or_default(),
+            outcome: outcomes[i],
+            stages: stages[i * n_slots..(i + 1) * n_slots].to_vec(),
+            alphas: alphas[i * n_slots..(i + 1) * n_slots].to_vec(),
+        };
+        serde_json::to_writer(&mut *out, &line).map_err(|e| RunError(format!("metrics.jsonl: {e}")))?;
+        out.write_all(b"\n").map_err(|e| io_error("metrics.jsonl", e))?;
+        accuracy[i] = m.val_accuracy;
+    }
+    out.flush().map_err(|e| io_error("metrics.jsonl", e))?;
+    Ok(accuracy)
+}
+
+/// Run `plan` to completion, or until `stop` reads true after an epoch.
+pub fn train(plan: &RunPlan, stop: &AtomicBool) -> Result<RunSummary, RunError> {
+    let cfg = &plan.config;
+    let started = Instant::now();
+    let mut world = build_world(plan)?;
+    let mut schedule = empty_step_schedule();
+    let policy = match cfg.policy {
+        PolicyKind::Heuristic => DecideWith::Heuristic,
+        PolicyKind::Random => DecideWith::Random,
+    };
+    add_training_systems(&mut schedule, policy);
+    schedule.initialize(&mut world).map_err(|e| RunError(format!("schedule: {e:?}")))?;
+
+    let metrics_path = plan.out_dir.join("metrics.jsonl");
+    let file = File::create(&metrics_path).map_err(|e| io_error(&metrics_path.display().to_string(), e))?;
+    let mut metrics = BufWriter::new(file);
+    let progress = (!plan.quiet).then(|| progress_bar(cfg.rounds * cfg.epochs));
+
+    let mut summary = RunSummary::default();
+    let mut tallies = LifecycleTally::default();
+    'rounds: for round in 0..cfg.rounds as u64 {
+        if round > 0 {
+            start_round(&mut world, round);
+        }
+        world.resource_mut::<StepClock>().round = round;
+        for epoch in 1..=cfg.epochs as u64 {
+            world.resource_mut::<StepClock>().epoch = epoch;
+            schedule.run(&mut world);
+            summary.final_val_accuracy = write_metrics(&mut world, &mut metrics)?;
+            summary.epochs_completed += 1;
+            if let Some(bar) = &progress {
+                let mean = mean(&summary.final_val_accuracy);
+                bar.set_message(format!(
+                    "round {}/{} epoch {epoch}/{} | val acc {mean:5.1}%",
+                    round + 1,
+                    cfg.rounds,
+                    cfg.epochs
+                ));
+                bar.inc(1);
+            }
+            if stop.load(Ordering::SeqCst) {
+                summary.interrupted = true;
+                add_tallies(&mut world, &mut tallies);
+                break 'rounds;
+            }
+        }
+        add_tallies(&mut world, &mut tallies);
+        summary.rounds_completed += 1;
+    }
+    if let Some(bar) = progress {
+        bar.finish_and_clear();
+    }
+    summary.wall_seconds = started.elapsed().as_secs_f64();
+    summary.env_epochs_per_second =
+        (summary.epochs_completed * cfg.envs) as f64 / summary.wall_seconds.max(1e-9);
+    summary.mean_final_val_accuracy = mean(&summary.final_val_accuracy);
+    summary.seeds_germinated = tallies.germinated as u64;
+    summary.seeds_fossilized = tallies.fossilized as u64;
+    summary.seeds_pruned = tallies.pruned as u64;
+    summary.failed_ops = tallies.failed_ops as u64;
+    write_summary(plan, &summary)?;
+    if !plan.quiet {
+        print_table(plan, &summary);
+    }
+    Ok(summary)
+}
+
+/// Sum every env's lifecycle tally into `total` and clear them (one round's worth).
+fn add_tallies(world: &mut World, total: &mut LifecycleTally) {
+    let mut envs = world.query::<&mut LifecycleTally>();
+    for mut t in envs.iter_mut(world) {
+        total.germinated += t.germinated;
+        total.fossilized += t.fossilized;
+        total.pruned += t.pruned;
+        total.failed_ops += t.failed_ops;
+        *t = LifecycleTally::default();
+    }
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 }
+}
+
+fn progress_bar(len: usize) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(len as u64);
+    let style =
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} epochs  {per_sec}  eta {eta}  {msg}")
+            .expect("static template");
+    bar.set_style(style);
+    bar
+}
+
+#[derive(serde::Serialize)]
+struct SummaryFile<'a> {
+    config: &'a crate::config::RunConfig,
+    task: &'a str,
+    data: &'a str,
+    #[serde(flatten)]
+    summary: &'a RunSummary,
+}
+
+fn write_summary(plan: &RunPlan, summary: &RunSummary) -> Result<(), RunError> {
+    let path = plan.out_dir.join("summary.json");
+    let data = match (&plan.config.data, &plan.data) {
+        (DataKind::Synthetic, _) => "synthetic",
+        (DataKind::Cifar10, DataSource::Cifar10 { .. }) | (DataKind::Cifar10, _) => "cifar10",
+    };
+    let file = SummaryFile { config: &plan.config, task: plan.task.name(), data, summary };
+    let text = serde_json::to_string_pretty(&file).map_err(|e| RunError(format!("summary.json: {e}")))?;
+    // Write to a temporary file and rename, so an interrupted write never leaves a torn summary.
+    let tmp = plan.out_dir.join("summary.json.tmp");
+    std::fs::write(&tmp, text).map_err(|e| io_error(&tmp.display().to_string(), e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| io_error(&path.display().to_string(), e))
+}
+
+fn print_table(plan: &RunPlan, s: &RunSummary) {
+    let accs = &s.final_val_accuracy;
+    let (min, max) = accs.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
+    println!(
+        "esper-ecs train — {} envs, {} task, {} policy",
+        plan.config.envs,
+        plan.task.name(),
+        match plan.config.policy {
+            PolicyKind::Heuristic => "heuristic",
+            PolicyKind::Random => "random",
+        }
+    );
+    println!(
+        "  rounds {}  epochs {}{}",
+        s.rounds_completed,
+        s.epochs_completed,
+        if s.interrupted { "  (interrupted)" } else { "" }
+    );
+    println!("  wall {:.1} s  {:.2} env-epochs/s", s.wall_seconds, s.env_epochs_per_second);
+    println!("  final val acc  mean {:.1} %  min {min:.1} %  max {max:.1} %", s.mean_final_val_accuracy);
+    println!(
+        "  seeds  germinated {}  fossilized {}  pruned {}  failed ops {}",
+        s.seeds_germinated, s.seeds_fossilized, s.seeds_pruned, s.failed_ops
+    );
+    println!("  output {}", plan.out_dir.display());
+}
