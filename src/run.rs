@@ -5,6 +5,7 @@
 
 use crate::config::{DataKind, PolicyKind, RunPlan};
 use bevy_ecs::prelude::*;
+use esper_components::governor::{GovernorConfig, GovernorState};
 use esper_components::heuristic::{HeuristicConfig, HeuristicState};
 use esper_components::signals::{SignalConfig, SignalTracker};
 use esper_components::{
@@ -12,7 +13,8 @@ use esper_components::{
 };
 use esper_kernels::data::{Batcher, DataSource, Dataset};
 use esper_kernels::host::HostArch;
-use esper_systems::host_resources::{Hosts, StepClock, TrainData};
+use esper_systems::governor_check::GovernorVerdict;
+use esper_systems::host_resources::{Hosts, Snapshots, StepClock, TrainData};
 use esper_systems::update_signals::{EnvSignals, SlotReports};
 use esper_systems::{ActionBatch, DecideWith, OpOutcomes, add_training_systems, empty_step_schedule};
 use esper_systems::{insert_run_resources, slot_query::SlotQuery, spawn_env, spawn_slot};
@@ -37,6 +39,7 @@ pub struct RunSummary {
     pub seeds_fossilized: u64,
     pub seeds_pruned: u64,
     pub failed_ops: u64,
+    pub rollbacks: u64,
 }
 
 /// A run that could not start or stopped on an error (I/O, data).
@@ -82,7 +85,10 @@ fn build_world(plan: &RunPlan) -> Result<World, RunError> {
     let lifecycle = LifecycleConfig { topology: Topology::Cnn, ..LifecycleConfig::default() };
     insert_run_resources(&mut world, n_envs, plan.slots.clone(), lifecycle);
     world.insert_resource(StepClock { seed: cfg.seed, round: 0, epoch: 0 });
-    world.insert_resource(Hosts::new(arch, &slot_ids, n_envs, cfg.batch_per_env, cfg.seed, 0));
+    let hosts = Hosts::new(arch, &slot_ids, n_envs, cfg.batch_per_env, cfg.seed, 0);
+    world.insert_resource(Snapshots::of(&hosts));
+    world.insert_resource(hosts);
+    world.insert_resource(GovernorConfig::for_classes(arch.num_classes as u32));
     world.insert_resource(TrainData::new(dataset, batcher, n_envs, cfg.batch_per_env));
     let signal_config = SignalConfig::default();
     world.insert_resource(signal_config);
@@ -94,6 +100,8 @@ fn build_world(plan: &RunPlan) -> Result<World, RunError> {
             SignalTracker::new(&signal_config),
             EnvSignals::default(),
             HeuristicState::default(),
+            GovernorState::default(),
+            GovernorVerdict::default(),
         ));
         for s in 0..plan.slots.len() as u8 {
             spawn_slot(&mut world, env, e, s);
@@ -184,18 +192,46 @@ fn write_metrics(world: &mut World, out: &mut impl Write) -> Result<Vec<f64>, Ru
     Ok(accuracy)
 }
 
+/// A built world and its step schedule: what [`train`] drives, and what tests step by hand.
+pub struct Session {
+    pub world: World,
+    schedule: Schedule,
+}
+
+impl Session {
+    /// The world for `plan` at round 0, before its first epoch.
+    pub fn new(plan: &RunPlan) -> Result<Self, RunError> {
+        let mut world = build_world(plan)?;
+        let mut schedule = empty_step_schedule();
+        let policy = match plan.config.policy {
+            PolicyKind::Heuristic => DecideWith::Heuristic,
+            PolicyKind::Random => DecideWith::Random,
+        };
+        add_training_systems(&mut schedule, policy);
+        schedule.initialize(&mut world).map_err(|e| RunError(format!("schedule: {e:?}")))?;
+        Ok(Self { world, schedule })
+    }
+
+    /// Fresh hosts, empty slots and fresh per-env state for `round` (round 0 is set up by `new`).
+    pub fn start_round(&mut self, round: u64) {
+        if round > 0 {
+            start_round(&mut self.world, round);
+        }
+        self.world.resource_mut::<StepClock>().round = round;
+    }
+
+    /// One step: host epoch `epoch` (1-based) for every env.
+    pub fn run_epoch(&mut self, epoch: u64) {
+        self.world.resource_mut::<StepClock>().epoch = epoch;
+        self.schedule.run(&mut self.world);
+    }
+}
+
 /// Run `plan` to completion, or until `stop` reads true after an epoch.
 pub fn train(plan: &RunPlan, stop: &AtomicBool) -> Result<RunSummary, RunError> {
     let cfg = &plan.config;
     let started = Instant::now();
-    let mut world = build_world(plan)?;
-    let mut schedule = empty_step_schedule();
-    let policy = match cfg.policy {
-        PolicyKind::Heuristic => DecideWith::Heuristic,
-        PolicyKind::Random => DecideWith::Random,
-    };
-    add_training_systems(&mut schedule, policy);
-    schedule.initialize(&mut world).map_err(|e| RunError(format!("schedule: {e:?}")))?;
+    let mut session = Session::new(plan)?;
 
     let metrics_path = plan.out_dir.join("metrics.jsonl");
     let file = File::create(&metrics_path).map_err(|e| io_error(&metrics_path.display().to_string(), e))?;
@@ -205,14 +241,10 @@ pub fn train(plan: &RunPlan, stop: &AtomicBool) -> Result<RunSummary, RunError> 
     let mut summary = RunSummary::default();
     let mut tallies = LifecycleTally::default();
     'rounds: for round in 0..cfg.rounds as u64 {
-        if round > 0 {
-            start_round(&mut world, round);
-        }
-        world.resource_mut::<StepClock>().round = round;
+        session.start_round(round);
         for epoch in 1..=cfg.epochs as u64 {
-            world.resource_mut::<StepClock>().epoch = epoch;
-            schedule.run(&mut world);
-            summary.final_val_accuracy = write_metrics(&mut world, &mut metrics)?;
+            session.run_epoch(epoch);
+            summary.final_val_accuracy = write_metrics(&mut session.world, &mut metrics)?;
             summary.epochs_completed += 1;
             if let Some(bar) = &progress {
                 let mean = mean(&summary.final_val_accuracy);
@@ -226,11 +258,11 @@ pub fn train(plan: &RunPlan, stop: &AtomicBool) -> Result<RunSummary, RunError> 
             }
             if stop.load(Ordering::SeqCst) {
                 summary.interrupted = true;
-                add_tallies(&mut world, &mut tallies);
+                add_tallies(&mut session.world, &mut tallies);
                 break 'rounds;
             }
         }
-        add_tallies(&mut world, &mut tallies);
+        add_tallies(&mut session.world, &mut tallies);
         summary.rounds_completed += 1;
     }
     if let Some(bar) = progress {
@@ -244,6 +276,7 @@ pub fn train(plan: &RunPlan, stop: &AtomicBool) -> Result<RunSummary, RunError> 
     summary.seeds_fossilized = tallies.fossilized as u64;
     summary.seeds_pruned = tallies.pruned as u64;
     summary.failed_ops = tallies.failed_ops as u64;
+    summary.rollbacks = tallies.rollbacks as u64;
     write_summary(plan, &summary)?;
     if !plan.quiet {
         print_table(plan, &summary);
@@ -259,6 +292,7 @@ fn add_tallies(world: &mut World, total: &mut LifecycleTally) {
         total.fossilized += t.fossilized;
         total.pruned += t.pruned;
         total.failed_ops += t.failed_ops;
+        total.rollbacks += t.rollbacks;
         *t = LifecycleTally::default();
     }
 }
@@ -320,8 +354,8 @@ fn print_table(plan: &RunPlan, s: &RunSummary) {
     println!("  wall {:.1} s  {:.2} env-epochs/s", s.wall_seconds, s.env_epochs_per_second);
     println!("  final val acc  mean {:.1} %  min {min:.1} %  max {max:.1} %", s.mean_final_val_accuracy);
     println!(
-        "  seeds  germinated {}  fossilized {}  pruned {}  failed ops {}",
-        s.seeds_germinated, s.seeds_fossilized, s.seeds_pruned, s.failed_ops
+        "  seeds  germinated {}  fossilized {}  pruned {}  failed ops {}  rollbacks {}",
+        s.seeds_germinated, s.seeds_fossilized, s.seeds_pruned, s.failed_ops, s.rollbacks
     );
     println!("  output {}", plan.out_dir.display());
 }

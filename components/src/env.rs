@@ -28,6 +28,8 @@ pub struct LifecycleTally {
     pub fossilized: u32,
     pub pruned: u32,
     pub failed_ops: u32,
+    /// Governor rollbacks.
+    pub rollbacks: u32,
     pub last_op: LifecycleOp,
     pub last_outcome: OpOutcome,
 }

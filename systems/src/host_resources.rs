@@ -80,3 +80,18 @@ impl TrainData {
         }
     }
 }
+
+/// The governor's last known good weights of every env (host and seeds), refreshed per env when its
+/// governor says so (every 5 epochs and after a fossilization) and restored on a rollback.
+#[derive(Resource)]
+pub struct Snapshots {
+    pub params: HostParams<f32>,
+    pub bank: SeedBank<f32>,
+}
+
+impl Snapshots {
+    /// Every env's current weights (taken at the start of a round).
+    pub fn of(hosts: &Hosts) -> Self {
+        Self { params: hosts.params.clone(), bank: hosts.bank.clone() }
+    }
+}

@@ -2,8 +2,10 @@
 //! chained in order; systems inside a set run in parallel where their access allows, and ambiguity
 //! detection is an error so that parallel order can never change a result.
 
+use crate::note_fossilizations::note_fossilizations;
 use crate::{apply_ops::apply_ops, build_masks::build_masks, record_accuracy::record_accuracy};
 use crate::{decide_heuristic::decide_heuristic, decide_random::decide_random};
+use crate::{governor_check::governor_check, governor_rollback::governor_rollback};
 use crate::{gradient_telemetry::sync_gradient_telemetry, update_signals::update_signals};
 use crate::{tally_lifecycle::tally_lifecycle, tick::tick, train_hosts::train_hosts, validate::validate};
 use bevy_ecs::prelude::*;
@@ -79,18 +81,19 @@ pub enum DecideWith {
     Random,
 }
 
-/// The whole training step: train every host, fused validation, observe (record accuracy, gradient
-/// telemetry, signals, masks), decide, apply the ops, tick, count. The app adds its Record-stage sinks.
+/// The whole training step: train every host, fused validation, observe (governor check, record
+/// accuracy, gradient telemetry, signals, masks), decide, act (governor rollbacks, then the ops), tick,
+/// record (counts and fossilization snapshots, in parallel). The app adds its Record-stage sinks.
 pub fn add_training_systems(schedule: &mut Schedule, policy: DecideWith) {
     schedule.add_systems((
         train_hosts.in_set(StepSet::TrainHosts),
         validate.in_set(StepSet::Validate),
-        (record_accuracy, sync_gradient_telemetry, update_signals, build_masks)
+        (governor_check, record_accuracy, sync_gradient_telemetry, update_signals, build_masks)
             .chain()
             .in_set(StepSet::Observe),
-        apply_ops.in_set(StepSet::Act),
+        (governor_rollback, apply_ops).chain().in_set(StepSet::Act),
         tick.in_set(StepSet::Tick),
-        tally_lifecycle.in_set(StepSet::Record),
+        (tally_lifecycle, note_fossilizations).in_set(StepSet::Record),
     ));
     match policy {
         DecideWith::Heuristic => schedule.add_systems(decide_heuristic.in_set(StepSet::Decide)),

@@ -144,6 +144,20 @@ impl<T: Real> HostParams<T> {
         &self.weights.tensors[3 * self.arch.n_blocks + 1]
     }
 
+    /// Overwrite env `env`'s weights and running statistics with `other`'s env `env` (same shapes): a
+    /// governor snapshot or rollback of one env.
+    pub fn copy_env_from(&mut self, other: &Self, env: usize) {
+        for t in 0..self.weights.tensors.len() {
+            self.weights.env_mut(t, env).copy_from_slice(other.weights.env(t, env));
+        }
+        for b in 0..self.arch.n_blocks {
+            let c = self.arch.block_channels(b);
+            let rows = env * c..(env + 1) * c;
+            self.running_mean[b][rows.clone()].copy_from_slice(&other.running_mean[b][rows.clone()]);
+            self.running_var[b][rows.clone()].copy_from_slice(&other.running_var[b][rows]);
+        }
+    }
+
     /// A one-env copy of env `env` (weights and running statistics).
     pub fn extract_env(&self, env: usize) -> Self {
         let rows = |stats: &Vec<Vec<T>>| {

@@ -217,6 +217,18 @@ impl<T: Real> SeedBank<T> {
         Self { r0: one(&self.r0), r1: one(&self.r1) }
     }
 
+    /// Overwrite env `env`'s seed and gate parameters, in every pool of every slot, with `other`'s
+    /// (same shapes): a governor snapshot or rollback of one env. States are not copied.
+    pub fn copy_env_params_from(&mut self, other: &Self, env: usize) {
+        for (dst, src) in self.slots_mut().zip(other.slots()) {
+            for (d, s) in dst.pools.iter_mut().chain([&mut dst.gate]).zip(src.pools.iter().chain([&src.gate]))
+            {
+                let rows = env * s.row_len..(env + 1) * s.row_len;
+                d.params[rows.clone()].copy_from_slice(&s.params[rows]);
+            }
+        }
+    }
+
     /// No slots at all (the plain host).
     pub fn empty(arch: &super::HostArch) -> Self {
         Self { r0: vec![None; arch.n_blocks], r1: vec![None; arch.n_blocks] }

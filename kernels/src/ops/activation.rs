@@ -40,18 +40,26 @@ fn update_in_place<T: Real>(data: &mut [T], other: &[T], f: impl Fn(T, T) -> T +
     });
 }
 
-/// `y = max(x, 0)`.
+/// `y = max(x, 0)`, NaN propagating as in PyTorch (`relu(NaN) = NaN`: a broken env must show a
+/// non-finite loss to the governor, not be silently zeroed).
 pub fn relu_forward<T: Real>(x: &[T], y: &mut [T]) {
-    map_into(x, y, |v| if v > T::ZERO { v } else { T::ZERO });
+    map_into(x, y, relu);
 }
 
-/// `x = max(x, 0)` in place.
+/// `x = max(x, 0)` in place, NaN propagating.
 pub fn relu_forward_in_place<T: Real>(x: &mut [T]) {
     x.par_chunks_mut(CHUNK).for_each(|c| {
         for v in c {
-            *v = if *v > T::ZERO { *v } else { T::ZERO };
+            *v = relu(*v);
         }
     });
+}
+
+#[inline(always)]
+fn relu<T: Real>(v: T) -> T {
+    #[allow(clippy::neg_cmp_op_on_partial_ord)] // `!(v <= 0)` is true for NaN, which must pass through
+    let keep = !(v <= T::ZERO);
+    if keep { v } else { T::ZERO }
 }
 
 /// `dx = dy · [y > 0]` from the forward output `y` (the subgradient at 0 is 0, as in PyTorch).
@@ -158,5 +166,22 @@ mod tests {
         assert_eq!(sigmoid(-1000.0f32), 0.0);
         assert_eq!(sigmoid(1000.0f32), 1.0);
         assert_eq!(sigmoid(0.0f64), 0.5);
+    }
+}
+
+#[cfg(test)]
+mod nan_tests {
+    use super::*;
+
+    #[test]
+    fn relu_propagates_nan_like_pytorch() {
+        let x = [f32::NAN, -1.0, 0.0, 2.0];
+        let mut y = [0.0f32; 4];
+        relu_forward(&x, &mut y);
+        assert!(y[0].is_nan());
+        assert_eq!(&y[1..], &[0.0, 0.0, 2.0]);
+        let mut z = x;
+        relu_forward_in_place(&mut z);
+        assert!(z[0].is_nan() && z[3] == 2.0);
     }
 }

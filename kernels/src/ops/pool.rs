@@ -55,9 +55,12 @@ pub fn max_pool2x2_forward<T: Real>(shape: PoolShape, x: &[T], y: &mut [T], argm
                     for ox in 0..wo {
                         let window = [top[2 * ox], top[2 * ox + 1], bottom[2 * ox], bottom[2 * ox + 1]];
                         // Strictly greater: an equal later element never displaces the first maximum.
+                        // A NaN wins and stays (PyTorch propagates NaN through max-pool, and the governor
+                        // relies on a non-finite loss to see a broken env).
                         let mut best = 0;
                         for k in 1..4 {
-                            if window[k] > window[best] {
+                            let current = window[best];
+                            if !current.is_nan() && (window[k] > current || window[k].is_nan()) {
                                 best = k;
                             }
                         }
@@ -235,5 +238,21 @@ mod tests {
         global_avg_pool_forward(s, &x, &mut y);
         let direct: f64 = x[..15].iter().sum::<f64>() / 15.0;
         assert!((y[0] - direct).abs() < 1e-15);
+    }
+}
+
+#[cfg(test)]
+mod nan_tests {
+    use super::*;
+
+    #[test]
+    fn max_pool_propagates_nan_like_pytorch() {
+        let shape = PoolShape { envs: 1, batch: 1, channels: 1, h: 2, w: 4 };
+        // Window 1: a NaN after the maximum; window 2: a NaN first.
+        let x = [1.0f32, 5.0, f32::NAN, 2.0, 3.0, f32::NAN, 9.0, 1.0];
+        let (mut y, mut idx) = ([0.0f32; 2], [0u8; 2]);
+        max_pool2x2_forward(shape, &x, &mut y, &mut idx);
+        assert!(y[0].is_nan() && y[1].is_nan(), "{y:?}");
+        assert_eq!(idx, [3, 0]);
     }
 }

@@ -50,6 +50,7 @@ pub trait Real:
     fn mul_add(self, a: Self, b: Self) -> Self;
     /// The larger of the two (IEEE `maxNum`: a NaN loses to a number).
     fn max(self, other: Self) -> Self;
+    fn is_nan(self) -> bool;
     /// The smaller of the two (IEEE `minNum`).
     fn min(self, other: Self) -> Self;
 
@@ -107,6 +108,10 @@ macro_rules! impl_real {
             #[inline(always)]
             fn max(self, other: Self) -> Self {
                 <$t>::max(self, other)
+            }
+            #[inline(always)]
+            fn is_nan(self) -> bool {
+                <$t>::is_nan(self)
             }
             #[inline(always)]
             fn min(self, other: Self) -> Self {
