@@ -6,7 +6,7 @@
 use crate::config::{DataKind, PolicyKind, RunPlan};
 use bevy_ecs::prelude::*;
 use esper_components::governor::{GovernorConfig, GovernorState};
-use esper_components::heuristic::{HeuristicConfig, HeuristicState};
+use esper_components::heuristic::HeuristicConfig;
 use esper_components::signals::{SignalConfig, SignalTracker};
 use esper_components::{
     EnvIndex, HostMetrics, LifecycleConfig, LifecycleTally, SeedAlpha, SlotIndex, SlotState, Stage, Topology,
@@ -15,8 +15,9 @@ use esper_kernels::data::{Batcher, DataSource, Dataset};
 use esper_kernels::host::HostArch;
 use esper_systems::governor_check::GovernorVerdict;
 use esper_systems::host_resources::{Hosts, Snapshots, StepClock, TrainData};
+use esper_systems::policy::{ActivePolicy, HeuristicPolicy, Policy, RandomPolicy};
 use esper_systems::update_signals::{EnvSignals, SlotReports};
-use esper_systems::{ActionBatch, DecideWith, OpOutcomes, add_training_systems, empty_step_schedule};
+use esper_systems::{ActionBatch, OpOutcomes, add_training_systems, empty_step_schedule};
 use esper_systems::{insert_run_resources, slot_query::SlotQuery, spawn_env, spawn_slot};
 use std::fmt;
 use std::fs::File;
@@ -40,6 +41,7 @@ pub struct RunSummary {
     pub seeds_pruned: u64,
     pub failed_ops: u64,
     pub rollbacks: u64,
+    pub vetoed_ops: u64,
 }
 
 /// A run that could not start or stopped on an error (I/O, data).
@@ -92,14 +94,20 @@ fn build_world(plan: &RunPlan) -> Result<World, RunError> {
     world.insert_resource(TrainData::new(dataset, batcher, n_envs, cfg.batch_per_env));
     let signal_config = SignalConfig::default();
     world.insert_resource(signal_config);
-    world.insert_resource(HeuristicConfig::new(Topology::Cnn).map_err(|e| RunError(e.to_string()))?);
+    let policy: Box<dyn Policy> = match cfg.policy {
+        PolicyKind::Heuristic => {
+            let config = HeuristicConfig::new(Topology::Cnn).map_err(|e| RunError(e.to_string()))?;
+            Box::new(HeuristicPolicy::new(config, n_envs))
+        }
+        PolicyKind::Random => Box::new(RandomPolicy),
+    };
+    world.insert_resource(ActivePolicy(policy));
     world.insert_resource(SlotReports::default());
     for e in 0..n_envs as u32 {
         let env = spawn_env(&mut world, e);
         world.entity_mut(env).insert((
             SignalTracker::new(&signal_config),
             EnvSignals::default(),
-            HeuristicState::default(),
             GovernorState::default(),
             GovernorVerdict::default(),
         ));
@@ -110,18 +118,28 @@ fn build_world(plan: &RunPlan) -> Result<World, RunError> {
     Ok(world)
 }
 
-/// A new round: fresh hosts, empty slots, fresh trackers and heuristic state.
+/// A new round: fresh hosts (and their snapshot), empty slots, fresh trackers, governors and policy state.
 fn start_round(world: &mut World, round: u64) {
     let seed = world.resource::<StepClock>().seed;
     world.resource_mut::<Hosts>().reset_round(seed, round);
+    let snapshots = Snapshots::of(world.resource::<Hosts>());
+    world.insert_resource(snapshots);
+    world.resource_mut::<ActivePolicy>().0.reset();
     let signal_config = *world.resource::<SignalConfig>();
-    let mut envs =
-        world.query::<(&mut HostMetrics, &mut SignalTracker, &mut EnvSignals, &mut HeuristicState)>();
-    for (mut metrics, mut tracker, mut signals, mut heuristic) in envs.iter_mut(world) {
+    type EnvState<'a> = (
+        &'a mut HostMetrics,
+        &'a mut SignalTracker,
+        &'a mut EnvSignals,
+        &'a mut GovernorState,
+        &'a mut GovernorVerdict,
+    );
+    let mut envs = world.query::<EnvState>();
+    for (mut metrics, mut tracker, mut signals, mut governor, mut verdict) in envs.iter_mut(world) {
         *metrics = HostMetrics::default();
         tracker.reset(&signal_config);
         *signals = EnvSignals::default();
-        heuristic.reset();
+        governor.reset();
+        *verdict = GovernorVerdict::default();
     }
     let mut slots = world.query::<SlotQuery>();
     for mut slot in slots.iter_mut(world) {
@@ -203,11 +221,7 @@ impl Session {
     pub fn new(plan: &RunPlan) -> Result<Self, RunError> {
         let mut world = build_world(plan)?;
         let mut schedule = empty_step_schedule();
-        let policy = match plan.config.policy {
-            PolicyKind::Heuristic => DecideWith::Heuristic,
-            PolicyKind::Random => DecideWith::Random,
-        };
-        add_training_systems(&mut schedule, policy);
+        add_training_systems(&mut schedule);
         schedule.initialize(&mut world).map_err(|e| RunError(format!("schedule: {e:?}")))?;
         Ok(Self { world, schedule })
     }
@@ -277,6 +291,7 @@ pub fn train(plan: &RunPlan, stop: &AtomicBool) -> Result<RunSummary, RunError> 
     summary.seeds_pruned = tallies.pruned as u64;
     summary.failed_ops = tallies.failed_ops as u64;
     summary.rollbacks = tallies.rollbacks as u64;
+    summary.vetoed_ops = tallies.vetoed as u64;
     write_summary(plan, &summary)?;
     if !plan.quiet {
         print_table(plan, &summary);
@@ -293,6 +308,7 @@ fn add_tallies(world: &mut World, total: &mut LifecycleTally) {
         total.pruned += t.pruned;
         total.failed_ops += t.failed_ops;
         total.rollbacks += t.rollbacks;
+        total.vetoed += t.vetoed;
         *t = LifecycleTally::default();
     }
 }

@@ -30,6 +30,8 @@ pub struct LifecycleTally {
     pub failed_ops: u32,
     /// Governor rollbacks.
     pub rollbacks: u32,
+    /// Mutations the governor's preflight refused.
+    pub vetoed: u32,
     pub last_op: LifecycleOp,
     pub last_outcome: OpOutcome,
 }

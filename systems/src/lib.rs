@@ -3,13 +3,13 @@
 
 pub mod apply_ops;
 pub mod build_masks;
-pub mod decide_heuristic;
-pub mod decide_random;
+pub mod decide;
 pub mod governor_check;
 pub mod governor_rollback;
 pub mod gradient_telemetry;
 pub mod host_resources;
 pub mod note_fossilizations;
+pub mod policy;
 pub mod record_accuracy;
 pub mod resources;
 pub mod schedule;
@@ -23,7 +23,5 @@ pub mod validate;
 pub mod world;
 
 pub use resources::{ActionBatch, EnvCount, MaskBatch, OpOutcomes};
-pub use schedule::{
-    DecideWith, Step, StepSet, add_lifecycle_systems, add_training_systems, empty_step_schedule,
-};
+pub use schedule::{Step, StepSet, add_lifecycle_systems, add_training_systems, empty_step_schedule};
 pub use world::{build_world, insert_run_resources, spawn_env, spawn_slot};

@@ -2,9 +2,9 @@
 //! chained in order; systems inside a set run in parallel where their access allows, and ambiguity
 //! detection is an error so that parallel order can never change a result.
 
+use crate::decide::decide;
 use crate::note_fossilizations::note_fossilizations;
 use crate::{apply_ops::apply_ops, build_masks::build_masks, record_accuracy::record_accuracy};
-use crate::{decide_heuristic::decide_heuristic, decide_random::decide_random};
 use crate::{governor_check::governor_check, governor_rollback::governor_rollback};
 use crate::{gradient_telemetry::sync_gradient_telemetry, update_signals::update_signals};
 use crate::{tally_lifecycle::tally_lifecycle, tick::tick, train_hosts::train_hosts, validate::validate};
@@ -74,17 +74,10 @@ pub fn add_lifecycle_systems(schedule: &mut Schedule) {
     ));
 }
 
-/// Which policy fills the Decide stage.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DecideWith {
-    Heuristic,
-    Random,
-}
-
 /// The whole training step: train every host, fused validation, observe (governor check, record
-/// accuracy, gradient telemetry, signals, masks), decide, act (governor rollbacks, then the ops), tick,
+/// accuracy, gradient telemetry, signals, masks), decide (the installed `ActivePolicy`), act (governor rollbacks, then the ops), tick,
 /// record (counts and fossilization snapshots, in parallel). The app adds its Record-stage sinks.
-pub fn add_training_systems(schedule: &mut Schedule, policy: DecideWith) {
+pub fn add_training_systems(schedule: &mut Schedule) {
     schedule.add_systems((
         train_hosts.in_set(StepSet::TrainHosts),
         validate.in_set(StepSet::Validate),
@@ -93,10 +86,7 @@ pub fn add_training_systems(schedule: &mut Schedule, policy: DecideWith) {
             .in_set(StepSet::Observe),
         (governor_rollback, apply_ops).chain().in_set(StepSet::Act),
         tick.in_set(StepSet::Tick),
+        decide.in_set(StepSet::Decide),
         (tally_lifecycle, note_fossilizations).in_set(StepSet::Record),
     ));
-    match policy {
-        DecideWith::Heuristic => schedule.add_systems(decide_heuristic.in_set(StepSet::Decide)),
-        DecideWith::Random => schedule.add_systems(decide_random.in_set(StepSet::Decide)),
-    };
 }

@@ -1,0 +1,31 @@
+//! Decide: the installed [`Policy`](crate::policy::Policy) reads every env's observations and masks and
+//! writes the batch of factored actions — one call per step for all envs.
+
+use crate::host_resources::StepClock;
+use crate::policy::{ActivePolicy, Observations};
+use crate::resources::{ActionBatch, MaskBatch};
+use crate::update_signals::{EnvSignals, SlotReports};
+use bevy_ecs::prelude::*;
+use esper_components::signals::TrainingSignals;
+use esper_components::{EnvIndex, SlotConfig};
+
+#[allow(clippy::too_many_arguments)] // a system: each parameter is one resource or query it reads
+pub fn decide(
+    envs: Query<(&EnvIndex, &EnvSignals)>,
+    reports: Res<SlotReports>,
+    masks: Res<MaskBatch>,
+    slot_config: Res<SlotConfig>,
+    clock: Res<StepClock>,
+    mut policy: ResMut<ActivePolicy>,
+    mut actions: ResMut<ActionBatch>,
+    mut signals: Local<Vec<Option<TrainingSignals>>>,
+) {
+    signals.clear();
+    signals.resize(masks.0.len(), None);
+    for (env, s) in &envs {
+        signals[env.0 as usize] = s.0;
+    }
+    let obs =
+        Observations { clock: *clock, signals: &signals, reports: &reports.0, n_slots: slot_config.len() };
+    policy.0.decide(&obs, &masks.0, &mut actions);
+}
