@@ -9,16 +9,17 @@ use esper_components::governor::{GovernorConfig, GovernorState};
 use esper_components::heuristic::HeuristicConfig;
 use esper_components::signals::{SignalConfig, SignalTracker};
 use esper_components::{
-    EnvIndex, HostMetrics, LifecycleConfig, LifecycleTally, SeedAlpha, SlotIndex, SlotState, Stage, Topology,
+    EnvIndex, HostMetrics, LifecycleConfig, LifecycleTally, SeedAlpha, SlotIndex, Stage, Topology,
 };
 use esper_kernels::data::{Batcher, DataSource, Dataset};
 use esper_kernels::host::HostArch;
+use esper_systems::episode_end::episode_end_schedule;
 use esper_systems::governor_check::GovernorVerdict;
 use esper_systems::host_resources::{Hosts, Snapshots, StepClock, TrainData};
 use esper_systems::policy::{ActivePolicy, HeuristicPolicy, Policy, RandomPolicy};
 use esper_systems::update_signals::{EnvSignals, SlotReports};
 use esper_systems::{ActionBatch, OpOutcomes, add_training_systems, empty_step_schedule};
-use esper_systems::{insert_run_resources, slot_query::SlotQuery, spawn_env, spawn_slot};
+use esper_systems::{insert_run_resources, spawn_env, spawn_slot};
 use std::fmt;
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -118,35 +119,6 @@ fn build_world(plan: &RunPlan) -> Result<World, RunError> {
     Ok(world)
 }
 
-/// A new round: fresh hosts (and their snapshot), empty slots, fresh trackers, governors and policy state.
-fn start_round(world: &mut World, round: u64) {
-    let seed = world.resource::<StepClock>().seed;
-    world.resource_mut::<Hosts>().reset_round(seed, round);
-    let snapshots = Snapshots::of(world.resource::<Hosts>());
-    world.insert_resource(snapshots);
-    world.resource_mut::<ActivePolicy>().0.reset();
-    let signal_config = *world.resource::<SignalConfig>();
-    type EnvState<'a> = (
-        &'a mut HostMetrics,
-        &'a mut SignalTracker,
-        &'a mut EnvSignals,
-        &'a mut GovernorState,
-        &'a mut GovernorVerdict,
-    );
-    let mut envs = world.query::<EnvState>();
-    for (mut metrics, mut tracker, mut signals, mut governor, mut verdict) in envs.iter_mut(world) {
-        *metrics = HostMetrics::default();
-        tracker.reset(&signal_config);
-        *signals = EnvSignals::default();
-        governor.reset();
-        *verdict = GovernorVerdict::default();
-    }
-    let mut slots = world.query::<SlotQuery>();
-    for mut slot in slots.iter_mut(world) {
-        slot.view().write(&SlotState::default());
-    }
-}
-
 /// One `metrics.jsonl` line per env for the epoch just run.
 #[derive(serde::Serialize)]
 struct MetricsLine<'a> {
@@ -214,6 +186,7 @@ fn write_metrics(world: &mut World, out: &mut impl Write) -> Result<Vec<f64>, Ru
 pub struct Session {
     pub world: World,
     schedule: Schedule,
+    episode_end: Schedule,
 }
 
 impl Session {
@@ -223,15 +196,17 @@ impl Session {
         let mut schedule = empty_step_schedule();
         add_training_systems(&mut schedule);
         schedule.initialize(&mut world).map_err(|e| RunError(format!("schedule: {e:?}")))?;
-        Ok(Self { world, schedule })
+        let mut episode_end = episode_end_schedule();
+        episode_end.initialize(&mut world).map_err(|e| RunError(format!("episode-end schedule: {e:?}")))?;
+        Ok(Self { world, schedule, episode_end })
     }
 
     /// Fresh hosts, empty slots and fresh per-env state for `round` (round 0 is set up by `new`).
     pub fn start_round(&mut self, round: u64) {
-        if round > 0 {
-            start_round(&mut self.world, round);
-        }
         self.world.resource_mut::<StepClock>().round = round;
+        if round > 0 {
+            self.episode_end.run(&mut self.world);
+        }
     }
 
     /// One step: host epoch `epoch` (1-based) for every env.

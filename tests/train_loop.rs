@@ -179,3 +179,30 @@ fn training_schedule_builds_with_ambiguity_detection_at_error() {
     let mut world = bevy_ecs::world::World::new();
     schedule.initialize(&mut world).expect("no ambiguities in the training step");
 }
+
+/// The episode-end schedule gives every env a fresh host for the new round (its own stream for that
+/// round), empty slots and a fresh snapshot.
+#[test]
+fn a_new_round_starts_from_fresh_hosts_and_empty_slots() {
+    use esper_components::{SlotState, Stage};
+    use esper_ecs::run::{Session, host_arch};
+    use esper_kernels::host::HostParams;
+    use esper_systems::host_resources::{Hosts, Snapshots};
+    let plan = tiny_plan("rounds", PolicyKind::Random, 2, 6);
+    let mut session = Session::new(&plan).unwrap();
+    session.start_round(0);
+    for epoch in 1..=6 {
+        session.run_epoch(epoch);
+    }
+    let mut stages = session.world.query::<&Stage>();
+    assert!(
+        stages.iter(&session.world).any(|s| s.current != SlotState::default().stage.current),
+        "random ops germinated"
+    );
+    session.start_round(1);
+    let fresh = HostParams::init(host_arch(&plan), plan.config.seed, 1, &[0, 1, 2, 3]);
+    assert_eq!(session.world.resource::<Hosts>().params, fresh);
+    assert_eq!(session.world.resource::<Snapshots>().params, fresh);
+    let mut stages = session.world.query::<&Stage>();
+    assert!(stages.iter(&session.world).all(|s| *s == SlotState::default().stage));
+}

@@ -4,6 +4,7 @@
 pub mod apply_ops;
 pub mod build_masks;
 pub mod decide;
+pub mod episode_end;
 pub mod governor_check;
 pub mod governor_rollback;
 pub mod gradient_telemetry;

@@ -1,0 +1,62 @@
+//! The episode-end schedule: runs once between rounds. Every env gets a fresh host (drawn from its
+//! stream for the new round) and its snapshot, empty slots, and fresh trackers, governors and policy
+//! state — the reference builds new environments for every batch of episodes (simic §1.1).
+
+use crate::governor_check::GovernorVerdict;
+use crate::host_resources::{Hosts, Snapshots, StepClock};
+use crate::policy::ActivePolicy;
+use crate::slot_query::SlotQuery;
+use crate::update_signals::EnvSignals;
+use bevy_ecs::prelude::*;
+use bevy_ecs::schedule::ScheduleLabel;
+use esper_components::governor::GovernorState;
+use esper_components::signals::{SignalConfig, SignalTracker};
+use esper_components::{HostMetrics, SlotState};
+
+#[derive(ScheduleLabel, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct EpisodeEnd;
+
+type EnvState<'a> = (
+    &'a mut HostMetrics,
+    &'a mut SignalTracker,
+    &'a mut EnvSignals,
+    &'a mut GovernorState,
+    &'a mut GovernorVerdict,
+);
+
+/// Fresh state for the round in [`StepClock`] (set it before running the schedule).
+#[allow(clippy::too_many_arguments)] // a system: each parameter is one resource or query it touches
+pub fn reset_episode(
+    clock: Res<StepClock>,
+    signal_config: Res<SignalConfig>,
+    mut hosts: ResMut<Hosts>,
+    mut snapshots: ResMut<Snapshots>,
+    mut policy: ResMut<ActivePolicy>,
+    mut envs: Query<EnvState>,
+    mut slots: Query<SlotQuery>,
+) {
+    hosts.reset_round(clock.seed, clock.round);
+    *snapshots = Snapshots::of(&hosts);
+    policy.0.reset();
+    for (mut metrics, mut tracker, mut signals, mut governor, mut verdict) in &mut envs {
+        *metrics = HostMetrics::default();
+        tracker.reset(&signal_config);
+        *signals = EnvSignals::default();
+        governor.reset();
+        *verdict = GovernorVerdict::default();
+    }
+    for mut slot in &mut slots {
+        slot.view().write(&SlotState::default());
+    }
+}
+
+/// The episode-end schedule (ambiguity detection at error, like the step's).
+pub fn episode_end_schedule() -> Schedule {
+    let mut schedule = Schedule::new(EpisodeEnd);
+    schedule.set_build_settings(bevy_ecs::schedule::ScheduleBuildSettings {
+        ambiguity_detection: bevy_ecs::schedule::LogLevel::Error,
+        ..Default::default()
+    });
+    schedule.add_systems(reset_episode);
+    schedule
+}
