@@ -200,7 +200,7 @@ impl<T: Real> FusedValidator<T> {
                     "test batch of {} images per env exceeds the validator's {b}",
                     counts[e]
                 );
-                copy_env_rows(params, &mut self.params, e, v);
+                self.params.copy_env_row_from(params, e, v);
                 for (k, (src, dst)) in bank.slots().zip(self.bank.slots_mut()).enumerate() {
                     copy_slot_row(src, dst, e, v);
                     if mask & (1 << k) != 0 {
@@ -276,19 +276,6 @@ impl<T: Real> FusedValidator<T> {
 
     pub fn slot_ids(&self) -> &[(u8, u8)] {
         &self.slot_ids
-    }
-}
-
-fn copy_env_rows<T: Real>(src: &HostParams<T>, dst: &mut HostParams<T>, from: usize, to: usize) {
-    for t in 0..src.weights.tensors.len() {
-        dst.weights.env_mut(t, to).copy_from_slice(src.weights.env(t, from));
-    }
-    for b in 0..src.arch.n_blocks {
-        let c = src.arch.block_channels(b);
-        dst.running_mean[b][to * c..(to + 1) * c]
-            .copy_from_slice(&src.running_mean[b][from * c..(from + 1) * c]);
-        dst.running_var[b][to * c..(to + 1) * c]
-            .copy_from_slice(&src.running_var[b][from * c..(from + 1) * c]);
     }
 }
 

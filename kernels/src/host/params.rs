@@ -147,14 +147,20 @@ impl<T: Real> HostParams<T> {
     /// Overwrite env `env`'s weights and running statistics with `other`'s env `env` (same shapes): a
     /// governor snapshot or rollback of one env.
     pub fn copy_env_from(&mut self, other: &Self, env: usize) {
+        self.copy_env_row_from(other, env, env);
+    }
+
+    /// Overwrite env `to`'s weights and running statistics with `src`'s env `from` (same architecture;
+    /// the env counts may differ).
+    pub fn copy_env_row_from(&mut self, src: &Self, from: usize, to: usize) {
         for t in 0..self.weights.tensors.len() {
-            self.weights.env_mut(t, env).copy_from_slice(other.weights.env(t, env));
+            self.weights.env_mut(t, to).copy_from_slice(src.weights.env(t, from));
         }
         for b in 0..self.arch.n_blocks {
             let c = self.arch.block_channels(b);
-            let rows = env * c..(env + 1) * c;
-            self.running_mean[b][rows.clone()].copy_from_slice(&other.running_mean[b][rows.clone()]);
-            self.running_var[b][rows.clone()].copy_from_slice(&other.running_var[b][rows]);
+            let (dst, src_rows) = (to * c..(to + 1) * c, from * c..(from + 1) * c);
+            self.running_mean[b][dst.clone()].copy_from_slice(&src.running_mean[b][src_rows.clone()]);
+            self.running_var[b][dst].copy_from_slice(&src.running_var[b][src_rows]);
         }
     }
 
