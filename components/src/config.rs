@@ -1,6 +1,7 @@
 //! Lifecycle configuration shared by every env of a run.
 
 use crate::actions::Topology;
+use crate::masks::MaskParams;
 use bevy_ecs::resource::Resource;
 use serde::{Deserialize, Serialize};
 
@@ -40,5 +41,15 @@ impl LifecycleConfig {
     /// ADVANCE is masked out entirely only when all three auto-forward gates are on.
     pub fn disable_advance(&self) -> bool {
         self.auto_forward_g1 && self.auto_forward_g2 && self.auto_forward_g3
+    }
+
+    /// The env-wide inputs of the action masks this configuration implies.
+    pub fn mask_params(&self) -> MaskParams {
+        MaskParams {
+            topology: self.topology,
+            max_seeds: self.max_seeds,
+            allow_governor_override: self.allow_governor_override,
+            disable_advance: self.disable_advance(),
+        }
     }
 }

@@ -6,18 +6,8 @@ use crate::actions::FactoredAction;
 use crate::config::LifecycleConfig;
 use crate::handlers::{OpOutcome, apply_action, outcome_without_slot};
 use crate::lifecycle::{TickOutcome, record_accuracy, step_epoch};
-use crate::masks::{ActionMasks, MaskParams, MaskSeedInfo, compute_action_masks, count_seeds};
+use crate::masks::{ActionMasks, MaskSeedInfo, compute_action_masks, count_seeds};
 use crate::slot::SlotState;
-
-/// Mask parameters implied by a lifecycle configuration.
-pub fn mask_params(config: &LifecycleConfig) -> MaskParams {
-    MaskParams {
-        topology: config.topology,
-        max_seeds: config.max_seeds,
-        allow_governor_override: config.allow_governor_override,
-        disable_advance: config.disable_advance(),
-    }
-}
 
 /// What the mask sees of one slot (None = empty).
 pub fn mask_info(slot: &SlotState) -> Option<MaskSeedInfo> {
@@ -31,7 +21,7 @@ pub fn mask_info(slot: &SlotState) -> Option<MaskSeedInfo> {
 /// Masks of one env from its slots in canonical order.
 pub fn env_masks(slots: &[SlotState], config: &LifecycleConfig) -> ActionMasks {
     let infos: Vec<Option<MaskSeedInfo>> = slots.iter().map(mask_info).collect();
-    compute_action_masks(&infos, count_seeds(slots.iter().map(|s| s.stage.current)), &mask_params(config))
+    compute_action_masks(&infos, count_seeds(slots.iter().map(|s| s.stage.current)), &config.mask_params())
 }
 
 /// Every env's slots, `slots[e * n_slots + s]`.

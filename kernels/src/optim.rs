@@ -100,12 +100,6 @@ pub fn sgd_step<T: Real>(param: &mut [T], grad: &[T], momentum: &mut [T], active
         });
 }
 
-/// Zero env `env`'s slice of an `[E, n]` buffer (momentum reset, gradient clear).
-pub fn zero_env<T: Real>(buffer: &mut [T], n_envs: usize, env: usize) {
-    let per_env = buffer.len() / n_envs;
-    buffer[env * per_env..(env + 1) * per_env].fill(T::ZERO);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,12 +153,5 @@ mod tests {
         assert_eq!((a[1], b[1]), (0.3, 0.4));
         let k = (1.0 / (5.0 + 1e-6)) as f32;
         assert_eq!((a[0], b[0]), (3.0 * k, 4.0 * k));
-    }
-
-    #[test]
-    fn zero_env_touches_one_env() {
-        let mut buf = vec![1.0f32; 6];
-        zero_env(&mut buf, 3, 1);
-        assert_eq!(buf, [1.0, 1.0, 0.0, 0.0, 1.0, 1.0]);
     }
 }

@@ -3,7 +3,7 @@
 
 use crate::resources::{EnvCount, MaskBatch};
 use bevy_ecs::prelude::*;
-use esper_components::masks::{MaskParams, MaskSeedInfo, compute_action_masks, count_seeds};
+use esper_components::masks::{MaskSeedInfo, compute_action_masks, count_seeds};
 use esper_components::{
     AlphaController, EnvIndex, LifecycleConfig, SlotConfig, SlotIndex, Stage, StageCounters,
 };
@@ -29,12 +29,7 @@ pub fn build_masks(
             });
         }
     }
-    let params = MaskParams {
-        topology: config.topology,
-        max_seeds: config.max_seeds,
-        allow_governor_override: config.allow_governor_override,
-        disable_advance: config.disable_advance(),
-    };
+    let params = config.mask_params();
     for (env_masks, env_slots) in masks.0.iter_mut().zip(infos.chunks_exact(n_slots)) {
         let total_seeds = count_seeds(env_slots.iter().flatten().map(|s| s.stage));
         *env_masks = compute_action_masks(env_slots, total_seeds, &params);

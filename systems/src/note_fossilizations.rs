@@ -1,6 +1,7 @@
 //! Record: a successful FOSSILIZE asks the env's governor for a snapshot at its next healthy check (the
 //! fossil's weights must be in the last-known-good copy). Runs beside the other Record systems.
 
+use crate::resources::EnvCount;
 use bevy_ecs::prelude::*;
 use esper_components::governor::GovernorState;
 use esper_components::{EnvIndex, SlotEvents};
@@ -8,11 +9,16 @@ use esper_components::{EnvIndex, SlotEvents};
 pub fn note_fossilizations(
     slots: Query<(&EnvIndex, &SlotEvents)>,
     mut envs: Query<(&EnvIndex, &mut GovernorState)>,
+    n_envs: Res<EnvCount>,
+    mut fossilized: Local<Vec<bool>>,
 ) {
+    fossilized.clear();
+    fossilized.resize(n_envs.0, false);
     for (env, events) in &slots {
-        if events.fossilized
-            && let Some((_, mut governor)) = envs.iter_mut().find(|(e, _)| e.0 == env.0)
-        {
+        fossilized[env.0 as usize] |= events.fossilized;
+    }
+    for (env, mut governor) in &mut envs {
+        if fossilized[env.0 as usize] {
             governor.note_fossilization();
         }
     }

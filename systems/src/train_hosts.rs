@@ -37,9 +37,9 @@ pub fn train_hosts(
     mut epoch_totals: Local<Vec<(f64, u64)>>,
 ) {
     let hosts = &mut *hosts;
-    let mut bank_slots: Vec<_> = hosts.bank.slots_mut().collect();
     for (env, index, events, stage, blueprint, alpha, blend, flags) in &slots {
-        let (e, slot) = (env.0 as usize, &mut bank_slots[index.0 as usize]);
+        let e = env.0 as usize;
+        let slot = hosts.bank.slot_mut(index.0 as usize).expect("every slot entity has its bank slot");
         // Every draw of a seed's birth is keyed by (run seed, round, env, SeedInit), counted by slot and
         // epoch, so it never depends on the env count or on other envs' lifecycles.
         let key = StreamKey::new(clock.seed, clock.round, e as u64, Purpose::SeedInit);
@@ -57,7 +57,6 @@ pub fn train_hosts(
         }
         slot.state[e] = seed_env_state_of(stage, blueprint, alpha, blend, flags);
     }
-    drop(bank_slots);
 
     let data = &mut *data;
     let n_envs = hosts.params.n_envs();

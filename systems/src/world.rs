@@ -2,7 +2,7 @@
 
 use crate::resources::{ActionBatch, EnvCount, MaskBatch, OpOutcomes};
 use bevy_ecs::prelude::*;
-use esper_components::masks::{MaskParams, compute_action_masks};
+use esper_components::masks::compute_action_masks;
 use esper_components::{
     EnvIndex, HostMetrics, LifecycleConfig, LifecycleTally, OpOutcome, SlotConfig, SlotEvents, SlotIndex,
     SlotOf, SlotState,
@@ -10,13 +10,7 @@ use esper_components::{
 
 /// Insert the run's configuration and `[E]`-shaped batch resources.
 pub fn insert_run_resources(world: &mut World, n_envs: usize, slots: SlotConfig, config: LifecycleConfig) {
-    let params = MaskParams {
-        topology: config.topology,
-        max_seeds: config.max_seeds,
-        allow_governor_override: config.allow_governor_override,
-        disable_advance: config.disable_advance(),
-    };
-    let empty_masks = compute_action_masks(&vec![None; slots.len()], 0, &params);
+    let empty_masks = compute_action_masks(&vec![None; slots.len()], 0, &config.mask_params());
     world.insert_resource(EnvCount(n_envs));
     world.insert_resource(ActionBatch::new(n_envs));
     world.insert_resource(MaskBatch(vec![empty_masks; n_envs]));

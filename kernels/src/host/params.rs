@@ -37,14 +37,6 @@ impl<T: Real> Stacked<T> {
         Self { n_envs: 1, tensors: (0..self.tensors.len()).map(|t| self.env(t, env).to_vec()).collect() }
     }
 
-    /// Overwrite env `env`'s rows with the rows of a one-env `other`.
-    pub fn insert_env(&mut self, env: usize, other: &Self) {
-        assert_eq!(other.n_envs, 1);
-        for t in 0..self.tensors.len() {
-            self.env_mut(t, env).copy_from_slice(&other.tensors[t]);
-        }
-    }
-
     /// Zero env `env`'s rows of every tensor (momentum reset at rollback, say).
     pub fn zero_env(&mut self, env: usize) {
         for t in 0..self.tensors.len() {

@@ -61,10 +61,6 @@ impl<T: Real> Pool<T> {
         &self.params[env * self.row_len..(env + 1) * self.row_len]
     }
 
-    pub fn row_mut(&mut self, env: usize) -> &mut [T] {
-        &mut self.params[env * self.row_len..(env + 1) * self.row_len]
-    }
-
     pub fn grad_row(&self, env: usize) -> &[T] {
         &self.grads[env * self.row_len..(env + 1) * self.row_len]
     }
@@ -247,6 +243,11 @@ impl<T: Real> SeedBank<T> {
     /// Every enabled slot, in canonical (row, col) order.
     pub fn slots(&self) -> impl Iterator<Item = &SlotParams<T>> {
         self.r0.iter().chain(&self.r1).flatten()
+    }
+
+    /// The enabled slot with canonical index `k` (its `SlotIndex`).
+    pub fn slot_mut(&mut self, k: usize) -> Option<&mut SlotParams<T>> {
+        self.slots_mut().nth(k)
     }
 
     pub fn slots_mut(&mut self) -> impl Iterator<Item = &mut SlotParams<T>> {
