@@ -3,6 +3,7 @@
 
 use crate::resources::{ActionBatch, MaskBatch, OpOutcomes};
 use crate::slot_query::SlotQuery;
+use crate::step_span::StepInfo;
 use bevy_ecs::prelude::*;
 use esper_components::{
     LifecycleConfig, LifecycleOp, OpOutcome, SeedStage, SlotEvents, apply_action, outcome_without_slot,
@@ -15,7 +16,9 @@ pub fn apply_ops(
     config: Res<LifecycleConfig>,
     mut outcomes: ResMut<OpOutcomes>,
     mut pending: Local<Vec<bool>>,
+    info: StepInfo,
 ) {
+    let _span = crate::system_span!(info, "Act::apply_ops");
     // Masked actions and WAIT are settled without a slot; the rest run on their target slot below.
     pending.clear();
     for (env, outcome) in outcomes.0.iter_mut().enumerate() {

@@ -2,6 +2,7 @@
 //! column followed by a per-env pass over small host-side scalars.
 
 use crate::resources::{EnvCount, MaskBatch};
+use crate::step_span::StepInfo;
 use bevy_ecs::prelude::*;
 use esper_components::masks::{MaskSeedInfo, compute_action_masks, count_seeds};
 use esper_components::{
@@ -16,7 +17,9 @@ pub fn build_masks(
     n_envs: Res<EnvCount>,
     mut masks: ResMut<MaskBatch>,
     mut infos: Local<Vec<Option<MaskSeedInfo>>>,
+    info: StepInfo,
 ) {
+    let _span = crate::system_span!(info, "Observe::build_masks");
     let n_slots = slot_config.len();
     infos.clear();
     infos.resize(n_envs.0 * n_slots, None);

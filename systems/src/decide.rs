@@ -4,6 +4,7 @@
 use crate::host_resources::StepClock;
 use crate::policy::{ActivePolicy, Observations};
 use crate::resources::{ActionBatch, MaskBatch};
+use crate::step_span::StepInfo;
 use crate::update_signals::{EnvSignals, SlotReports};
 use bevy_ecs::prelude::*;
 use esper_components::signals::TrainingSignals;
@@ -19,7 +20,9 @@ pub fn decide(
     mut policy: ResMut<ActivePolicy>,
     mut actions: ResMut<ActionBatch>,
     mut signals: Local<Vec<Option<TrainingSignals>>>,
+    info: StepInfo,
 ) {
+    let _span = crate::system_span!(info, "Decide::decide");
     signals.clear();
     signals.resize(masks.0.len(), None);
     for (env, s) in &envs {

@@ -6,6 +6,7 @@ use crate::governor_check::GovernorVerdict;
 use crate::host_resources::{Hosts, Snapshots, StepClock};
 use crate::policy::ActivePolicy;
 use crate::slot_query::SlotQuery;
+use crate::step_span::StepInfo;
 use crate::update_signals::EnvSignals;
 use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::ScheduleLabel;
@@ -34,7 +35,9 @@ pub fn reset_episode(
     mut policy: ResMut<ActivePolicy>,
     mut envs: Query<EnvState>,
     mut slots: Query<SlotQuery>,
+    info: StepInfo,
 ) {
+    let _span = crate::system_span!(info, "EpisodeEnd::reset_episode");
     hosts.reset_round(clock.seed, clock.round);
     *snapshots = Snapshots::of(&hosts);
     policy.0.reset();

@@ -3,6 +3,7 @@
 //! Act stage ([`crate::governor_rollback`]).
 
 use crate::host_resources::{Hosts, Snapshots, StepClock};
+use crate::step_span::StepInfo;
 use bevy_ecs::prelude::*;
 use esper_components::governor::{GovernorConfig, GovernorState, PanicReason};
 use esper_components::{EnvIndex, HostMetrics};
@@ -19,7 +20,9 @@ pub fn governor_check(
     clock: Res<StepClock>,
     hosts: Res<Hosts>,
     mut snapshots: ResMut<Snapshots>,
+    info: StepInfo,
 ) {
+    let _span = crate::system_span!(info, "Observe::governor_check");
     let snapshots = &mut *snapshots;
     for (env, metrics, mut governor, mut verdict) in &mut envs {
         let signs = governor.check_and_snapshot(&config, clock.epoch as u32, metrics.val_loss);

@@ -9,6 +9,7 @@ use crate::governor_check::GovernorVerdict;
 use crate::host_resources::{Hosts, Snapshots};
 use crate::resources::ActionBatch;
 use crate::slot_query::SlotQuery;
+use crate::step_span::StepInfo;
 use bevy_ecs::prelude::*;
 use esper_components::governor::{
     GovernorConfig, GovernorState, PanicReason, PreflightRequest, preflight_lifecycle_mutation,
@@ -27,7 +28,9 @@ pub fn governor_rollback(
     mut actions: ResMut<ActionBatch>,
     mut reasons: Local<Vec<Option<PanicReason>>>,
     mut targets: Local<Vec<(SeedStage, u32)>>,
+    info: StepInfo,
 ) {
+    let _span = crate::system_span!(info, "Act::governor_rollback");
     let n_envs = actions.n_envs();
     reasons.clear();
     reasons.resize(n_envs, None);

@@ -4,13 +4,16 @@
 //! had: unmeasured stays unmeasured, never "healthy".
 
 use crate::host_resources::Hosts;
+use crate::step_span::StepInfo;
 use bevy_ecs::prelude::*;
 use esper_components::{EnvIndex, GradientTelemetry, SeedMetrics, SlotIndex};
 
 pub fn sync_gradient_telemetry(
     hosts: Res<Hosts>,
     mut slots: Query<(&EnvIndex, &SlotIndex, &mut GradientTelemetry, &mut SeedMetrics)>,
+    info: StepInfo,
 ) {
+    let _span = crate::system_span!(info, "Observe::sync_gradient_telemetry");
     let host_elements = hosts.arch.param_count();
     for (env, index, mut telemetry, mut metrics) in &mut slots {
         let e = env.0 as usize;

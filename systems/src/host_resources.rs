@@ -7,12 +7,14 @@ use esper_kernels::data::{Batcher, Dataset};
 use esper_kernels::host::train::Trainer;
 use esper_kernels::host::{FusedValidator, HostArch, HostParams, HostWorkspace, SeedBank};
 
-/// Where the step is: the run seed, the round (fresh hosts each round) and the epoch (1-based).
+/// Where the step is: the run seed, the round (fresh hosts each round), the epoch (1-based) and the
+/// step index (0-based, counting every step of the run across rounds; the profile's step axis).
 #[derive(Resource, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StepClock {
     pub seed: u64,
     pub round: u64,
     pub epoch: u64,
+    pub step: u64,
 }
 
 /// Every env's host and seeds with what trains and validates them.

@@ -16,6 +16,7 @@ pub mod resources;
 pub mod schedule;
 pub mod seed_sync;
 pub mod slot_query;
+pub mod step_span;
 pub mod tally_lifecycle;
 pub mod tick;
 pub mod train_hosts;
@@ -24,5 +25,8 @@ pub mod validate;
 pub mod world;
 
 pub use resources::{ActionBatch, EnvCount, MaskBatch, OpOutcomes};
-pub use schedule::{Step, StepSet, add_lifecycle_systems, add_training_systems, empty_step_schedule};
+pub use schedule::{
+    Step, StepSet, add_act_record_systems, add_host_systems, add_lifecycle_systems,
+    add_observe_decide_systems, add_training_systems, empty_step_schedule,
+};
 pub use world::{build_world, insert_run_resources, spawn_env, spawn_slot};

@@ -2,6 +2,7 @@
 //! fossil's weights must be in the last-known-good copy). Runs beside the other Record systems.
 
 use crate::resources::EnvCount;
+use crate::step_span::StepInfo;
 use bevy_ecs::prelude::*;
 use esper_components::governor::GovernorState;
 use esper_components::{EnvIndex, SlotEvents};
@@ -11,7 +12,9 @@ pub fn note_fossilizations(
     mut envs: Query<(&EnvIndex, &mut GovernorState)>,
     n_envs: Res<EnvCount>,
     mut fossilized: Local<Vec<bool>>,
+    info: StepInfo,
 ) {
+    let _span = crate::system_span!(info, "Record::note_fossilizations");
     fossilized.clear();
     fossilized.resize(n_envs.0, false);
     for (env, events) in &slots {

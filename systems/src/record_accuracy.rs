@@ -3,6 +3,7 @@
 
 use crate::resources::EnvCount;
 use crate::slot_query::SlotQuery;
+use crate::step_span::StepInfo;
 use bevy_ecs::prelude::*;
 use esper_components::lifecycle;
 use esper_components::{EnvIndex, HostMetrics};
@@ -12,7 +13,9 @@ pub fn record_accuracy(
     mut slots: Query<SlotQuery>,
     n_envs: Res<EnvCount>,
     mut val_accuracy: Local<Vec<f64>>,
+    info: StepInfo,
 ) {
+    let _span = crate::system_span!(info, "Observe::record_accuracy");
     val_accuracy.clear();
     val_accuracy.resize(n_envs.0, 0.0);
     for (env, metrics) in &envs {

@@ -74,19 +74,38 @@ pub fn add_lifecycle_systems(schedule: &mut Schedule) {
     ));
 }
 
-/// The whole training step: train every host, fused validation, observe (governor check, record
-/// accuracy, gradient telemetry, signals, masks), decide (the installed `ActivePolicy`), act (governor rollbacks, then the ops), tick,
-/// record (counts and fossilization snapshots, in parallel). The app adds its Record-stage sinks.
-pub fn add_training_systems(schedule: &mut Schedule) {
+/// The host part of a step: train every host (TrainHosts) and the fused validation (Validate).
+pub fn add_host_systems(schedule: &mut Schedule) {
+    schedule.add_systems((train_hosts.in_set(StepSet::TrainHosts), validate.in_set(StepSet::Validate)));
+}
+
+/// Observe (governor check, record accuracy, gradient telemetry, signals, masks) and Decide (the
+/// installed `ActivePolicy`): what policy inference needs after validation.
+pub fn add_observe_decide_systems(schedule: &mut Schedule) {
     schedule.add_systems((
-        train_hosts.in_set(StepSet::TrainHosts),
-        validate.in_set(StepSet::Validate),
         (governor_check, record_accuracy, sync_gradient_telemetry, update_signals, build_masks)
             .chain()
             .in_set(StepSet::Observe),
+        decide.in_set(StepSet::Decide),
+    ));
+}
+
+/// Act (governor rollbacks, then the ops), Tick, Record (counts and fossilization snapshots, in
+/// parallel).
+pub fn add_act_record_systems(schedule: &mut Schedule) {
+    schedule.add_systems((
         (governor_rollback, apply_ops).chain().in_set(StepSet::Act),
         tick.in_set(StepSet::Tick),
-        decide.in_set(StepSet::Decide),
         (tally_lifecycle, note_fossilizations).in_set(StepSet::Record),
     ));
+}
+
+/// The whole training step: [`add_host_systems`], [`add_observe_decide_systems`] and
+/// [`add_act_record_systems`]. Everything after Validate is the epoch boundary; the bench times the
+/// parts as separate schedules over the same world (the sets are chained, so that is the same order).
+/// The app adds its Record-stage sinks.
+pub fn add_training_systems(schedule: &mut Schedule) {
+    add_host_systems(schedule);
+    add_observe_decide_systems(schedule);
+    add_act_record_systems(schedule);
 }

@@ -2,6 +2,7 @@
 //! events and op outcomes.
 
 use crate::resources::{ActionBatch, EnvCount, OpOutcomes};
+use crate::step_span::StepInfo;
 use bevy_ecs::prelude::*;
 use esper_components::{EnvIndex, Head, LifecycleOp, LifecycleTally, SlotEvents};
 
@@ -12,7 +13,9 @@ pub fn tally_lifecycle(
     actions: Res<ActionBatch>,
     n_envs: Res<EnvCount>,
     mut events_per_env: Local<Vec<SlotEvents>>,
+    info: StepInfo,
 ) {
+    let _span = crate::system_span!(info, "Record::tally_lifecycle");
     events_per_env.clear();
     events_per_env.resize(n_envs.0, SlotEvents::default());
     for (env, events) in &slots {

@@ -4,6 +4,7 @@
 
 use crate::host_resources::{Hosts, StepClock, TrainData};
 use crate::seed_sync::seed_env_state_of;
+use crate::step_span::StepInfo;
 use bevy_ecs::prelude::*;
 use esper_components::{
     AlphaAlgorithm, BlendStyle, Blueprint, EnvIndex, HostMetrics, SeedAlpha, SlotEvents, SlotFlags,
@@ -27,6 +28,7 @@ type SlotView<'a> = (
     &'a SlotFlags,
 );
 
+#[allow(clippy::too_many_arguments)] // a system: each parameter is one resource or query it touches
 pub fn train_hosts(
     mut hosts: ResMut<Hosts>,
     mut data: ResMut<TrainData>,
@@ -35,7 +37,9 @@ pub fn train_hosts(
     mut envs: Query<(&EnvIndex, &mut HostMetrics)>,
     mut correct: Local<Vec<u32>>,
     mut epoch_totals: Local<Vec<(f64, u64)>>,
+    info: StepInfo,
 ) {
+    let _span = crate::system_span!(info, "TrainHosts::train_hosts");
     let hosts = &mut *hosts;
     for (env, index, events, stage, blueprint, alpha, blend, flags) in &slots {
         let e = env.0 as usize;

@@ -3,6 +3,7 @@
 
 use crate::host_resources::StepClock;
 use crate::resources::EnvCount;
+use crate::step_span::StepInfo;
 use bevy_ecs::prelude::*;
 use esper_components::signals::{EpochObservation, SeedReport, SignalConfig, SignalTracker, TrainingSignals};
 use esper_components::{
@@ -44,7 +45,9 @@ pub fn update_signals(
     slot_config: Res<SlotConfig>,
     n_envs: Res<EnvCount>,
     clock: Res<StepClock>,
+    info: StepInfo,
 ) {
+    let _span = crate::system_span!(info, "Observe::update_signals");
     let n_slots = slot_config.len();
     reports.0.clear();
     reports.0.resize(n_envs.0 * n_slots, SeedReport::default());

@@ -3,6 +3,7 @@
 //! terms and topology sums (kasmina §2.3, simic §3).
 
 use crate::host_resources::{Hosts, TrainData};
+use crate::step_span::StepInfo;
 use bevy_ecs::prelude::*;
 use esper_components::{EnvIndex, HostMetrics, SeedAlpha, SeedMetrics, SeedStage, SlotIndex, Stage};
 
@@ -13,7 +14,9 @@ pub fn validate(
     mut envs: Query<(&EnvIndex, &mut HostMetrics)>,
     mut fossilized: Local<Vec<Vec<bool>>>,
     mut alphas: Local<Vec<Vec<f64>>>,
+    info: StepInfo,
 ) {
+    let _span = crate::system_span!(info, "Validate::validate");
     let hosts = &mut *hosts;
     let data = &mut *data;
     let (n_envs, n_slots) = (hosts.params.n_envs(), hosts.slot_ids.len());

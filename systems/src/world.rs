@@ -1,5 +1,6 @@
 //! Building the world: one entity per env and one per (env, slot), plus the run's batch resources.
 
+use crate::host_resources::StepClock;
 use crate::resources::{ActionBatch, EnvCount, MaskBatch, OpOutcomes};
 use bevy_ecs::prelude::*;
 use esper_components::masks::compute_action_masks;
@@ -8,10 +9,11 @@ use esper_components::{
     SlotOf, SlotState,
 };
 
-/// Insert the run's configuration and `[E]`-shaped batch resources.
+/// Insert the run's configuration, a [`StepClock`] at step 0 and the `[E]`-shaped batch resources.
 pub fn insert_run_resources(world: &mut World, n_envs: usize, slots: SlotConfig, config: LifecycleConfig) {
     let empty_masks = compute_action_masks(&vec![None; slots.len()], 0, &config.mask_params());
     world.insert_resource(EnvCount(n_envs));
+    world.insert_resource(StepClock::default());
     world.insert_resource(ActionBatch::new(n_envs));
     world.insert_resource(MaskBatch(vec![empty_masks; n_envs]));
     world.insert_resource(OpOutcomes(vec![OpOutcome::Succeeded; n_envs]));
