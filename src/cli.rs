@@ -22,7 +22,8 @@ pub const EXIT_BAD_INPUT: u8 = 2;
 /// Every stage of an epoch runs as one batched operation over all environments, scheduled by bevy_ecs.
 /// The seed lifecycle (stages, gates, alpha ramps, action masks), the batched host kernels and fused
 /// validation are implemented; `esper-ecs train` runs them: N envs, a heuristic or random policy, on
-/// built-in synthetic data or CIFAR-10. `replay`, `profile` and `bench` arrive with later milestones.
+/// built-in synthetic data or CIFAR-10. `esper-ecs profile` reads a run's trace as a per-system
+/// table, `esper-ecs bench` measures step throughput. `replay` arrives with a later milestone.
 #[derive(Parser, Debug)]
 #[command(name = "esper-ecs", version, about, long_about, arg_required_else_help = true)]
 pub struct Cli {
@@ -33,6 +34,118 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     Train(TrainArgs),
+    Profile(ProfileArgs),
+    Bench(BenchArgs),
+}
+
+/// What `train --profile` records and prints.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProfileMode {
+    /// Print the per-system table at the end (the trace goes to `<out>/trace.json`).
+    Table,
+    /// Write the Chrome/Perfetto trace to this file.
+    Chrome(PathBuf),
+}
+
+fn parse_profile_mode(s: &str) -> Result<ProfileMode, String> {
+    match s.split_once('=') {
+        None if s == "table" => Ok(ProfileMode::Table),
+        Some(("chrome", path)) if !path.is_empty() => Ok(ProfileMode::Chrome(PathBuf::from(path))),
+        Some(("chrome", _)) => Err("chrome=FILE needs a file name".into()),
+        _ => Err("expected `table` or `chrome=FILE.json`".into()),
+    }
+}
+
+/// Read saved traces: a per-system table, or two runs compared system by system.
+///
+/// With one file: calls, mean, p50, p95, total and share of the step for every system (span
+/// `<Set>::<system>`), sorted by total, and the share of the step spent in the epoch boundary (end
+/// of Validate to the end of the step). With two: the mean per call of each system in A and B and the
+/// ratio B / A. The files are Chrome traces written by `esper-ecs train --profile chrome=FILE` or
+/// `--profile table` (`<out>/trace.json`); see docs/profiling.md.
+#[derive(Args, Debug)]
+#[command(after_help = "Exit codes: 0 done, 2 a file is missing or not a trace of esper-ecs train.")]
+pub struct ProfileArgs {
+    /// The trace to read (A when comparing).
+    #[arg(value_name = "TRACE.json")]
+    pub trace: PathBuf,
+    /// A second trace (B) to compare with the first.
+    #[arg(value_name = "OTHER.json")]
+    pub other: Option<PathBuf>,
+}
+
+/// Measure the throughput of one step at several env counts, in three tiers.
+///
+/// Tier 1 trains the hosts only; tier 2 adds fused validation (with its counterfactual
+/// configurations), observation and the policy's decision; tier 3 is the full loop (+ lifecycle ops,
+/// tick, record). The workload is fixed: synthetic data giving every env `--train-batches` batches of
+/// `--batch-per-env` images per step and `--test-per-env` validation images, and three BLENDING seeds
+/// per env at alpha 0.5 (conv_light, attention, conv_heavy) restored before every step. Prints a
+/// table (median ms per step, spread, ms per env, training images/s, env-epochs/s) and the epoch
+/// boundary's host time per step with its growth from 16 to 256 envs, and writes it all as JSON. An
+/// env count that would not fit in memory is skipped with the reason.
+#[derive(Args, Debug)]
+#[command(after_help = "Exit codes: 0 done, 1 the bench failed, 2 bad input.")]
+pub struct BenchArgs {
+    #[arg(long, value_name = "LIST", default_value = "1,4,16,64,256", value_parser = parse_env_list,
+          help = "Env counts, comma-separated")]
+    pub envs: EnvList,
+
+    #[arg(long, value_name = "PRESET", default_value = "cifar_baseline", help = "Host preset")]
+    pub task: String,
+
+    #[arg(
+        long,
+        value_name = "DEVICE",
+        default_value = "cpu",
+        help = "Device: cpu (cuda needs a build with --features cuda)"
+    )]
+    pub device: String,
+
+    #[arg(long, value_name = "B", default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..),
+          help = "Training images per env per batch")]
+    pub batch_per_env: u32,
+
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..),
+          help = "Training batches per env per step")]
+    pub train_batches: u32,
+
+    #[arg(long, value_name = "N", default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..),
+          help = "Validation images per env per step")]
+    pub test_per_env: u32,
+
+    #[arg(long, value_name = "N", default_value_t = 1, help = "Unmeasured warm-up steps per tier")]
+    pub warmup: u32,
+
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..),
+          help = "Timed steps per tier (median and spread are over these)")]
+    pub reps: u32,
+
+    #[arg(long, value_name = "S", default_value_t = 0, help = "Seed of the synthetic data and the hosts")]
+    pub seed: u64,
+
+    #[arg(
+        long,
+        value_name = "FILE",
+        help = "Where to write the JSON report [default: runs/bench-<UTC timestamp>.json]"
+    )]
+    pub json: Option<PathBuf>,
+}
+
+/// A comma-separated list of env counts, each at least 1.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvList(pub Vec<usize>);
+
+fn parse_env_list(s: &str) -> Result<EnvList, String> {
+    let mut out = Vec::new();
+    for part in s.split(',') {
+        let n: usize = part.trim().parse().map_err(|_| format!("'{part}' is not a whole number"))?;
+        if n == 0 {
+            return Err("every env count must be at least 1".into());
+        }
+        out.push(n);
+    }
+    Ok(EnvList(out))
 }
 
 /// Train host networks in parallel envs while the policy drives the seed lifecycle.
@@ -106,6 +219,12 @@ pub struct TrainArgs {
 
     #[arg(long, help = "No progress bar and no summary table")]
     pub quiet: bool,
+
+    #[arg(long, value_name = "MODE", value_parser = parse_profile_mode, help = with_default(
+        "Profile the run: `table` prints a per-system timing table at the end (trace in <out>/trace.json); \
+         `chrome=FILE.json` writes a Chrome/Perfetto trace (open it in ui.perfetto.dev). May be given twice",
+        "off"))]
+    pub profile: Vec<ProfileMode>,
 }
 
 impl TrainArgs {
@@ -187,7 +306,7 @@ mod tests {
             .unwrap();
         let cli =
             Cli::try_parse_from(["esper-ecs", "train", "--config", file.to_str().unwrap(), "--envs", "2"]);
-        let Command::Train(args) = cli.unwrap().command;
+        let Command::Train(args) = cli.unwrap().command else { panic!("not train") };
         let c = args.to_config().unwrap();
         assert_eq!((c.envs, c.rounds, c.seed, c.data), (2, 3, 5, DataKind::Cifar10));
         assert_eq!(c.data_dir, Some(PathBuf::from("/data")));
@@ -201,7 +320,7 @@ mod tests {
             "--data",
             "synthetic",
         ]);
-        let Command::Train(args) = cli.unwrap().command;
+        let Command::Train(args) = cli.unwrap().command else { panic!("not train") };
         let c = args.to_config().unwrap();
         assert_eq!((c.data, c.data_dir), (DataKind::Synthetic, None));
         std::fs::remove_dir_all(&dir).unwrap();

@@ -1,9 +1,15 @@
-//! The `esper-ecs` binary: parses the command line (see [`esper_ecs::cli`]), validates the run config
-//! and runs it. Exit codes: 0 success (also after Ctrl-C), 1 the run failed, 2 bad input.
+//! The `esper-ecs` binary: parses the command line (see [`esper_ecs::cli`]) and runs the subcommand.
+//! Exit codes: 0 success (also after Ctrl-C), 1 the run failed, 2 bad input.
 
 use clap::Parser;
-use esper_ecs::cli::{Cli, Command, EXIT_BAD_INPUT, EXIT_RUN_FAILED, TrainArgs};
+use esper_components::TaskPreset;
+use esper_ecs::bench::{self, BenchConfig, Device};
+use esper_ecs::cli::{
+    BenchArgs, Cli, Command, EXIT_BAD_INPUT, EXIT_RUN_FAILED, ProfileArgs, ProfileMode, TrainArgs,
+};
+use esper_ecs::profile;
 use esper_ecs::run;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,16 +20,39 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Train(args) => train(&args),
+        Command::Profile(args) => profile_command(&args),
+        Command::Bench(args) => bench_command(&args),
     }
+}
+
+fn bad_input(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::from(EXIT_BAD_INPUT)
+}
+
+fn failed(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::from(EXIT_RUN_FAILED)
 }
 
 fn train(args: &TrainArgs) -> ExitCode {
     let plan = match args.to_config().and_then(|config| config.resolve(args.force, args.quiet)) {
         Ok(plan) => plan,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(EXIT_BAD_INPUT);
-        }
+        Err(e) => return bad_input(e),
+    };
+    // The trace goes to the chrome=FILE given, else (for `table`) into the run's folder.
+    let chrome = args.profile.iter().find_map(|m| match m {
+        ProfileMode::Chrome(path) => Some(path.clone()),
+        ProfileMode::Table => None,
+    });
+    let table = args.profile.contains(&ProfileMode::Table);
+    let trace_path = chrome.or_else(|| table.then(|| plan.out_dir.join("trace.json")));
+    let guard = match &trace_path {
+        Some(path) => match profile::install_chrome_trace(path) {
+            Ok(guard) => Some(guard),
+            Err(e) => return bad_input(format!("--profile: {e}")),
+        },
+        None => None,
     };
     // First Ctrl-C: finish the current epoch, then write the summary. Second: exit at once.
     let stop = Arc::new(AtomicBool::new(false));
@@ -36,14 +65,111 @@ fn train(args: &TrainArgs) -> ExitCode {
         eprintln!("\nstopping after the current epoch (Ctrl-C again to exit now)");
     });
     if let Err(e) = handler {
-        eprintln!("error: cannot install the Ctrl-C handler: {e}");
-        return ExitCode::from(EXIT_RUN_FAILED);
+        return failed(format!("cannot install the Ctrl-C handler: {e}"));
     }
-    match run::train(&plan, &stop) {
-        Ok(_) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::from(EXIT_RUN_FAILED)
+    let result = run::train(&plan, &stop);
+    drop(guard); // flushes and closes the trace
+    if let Err(e) = result {
+        return failed(e);
+    }
+    if let Some(path) = &trace_path {
+        if table {
+            match profile::read_trace(path).and_then(|spans| {
+                profile::analyze(&spans)
+                    .map_err(|message| profile::ProfileError::Parse { path: path.clone(), message })
+            }) {
+                Ok(p) => {
+                    let text = profile::format_table(&path.display().to_string(), &p);
+                    print!("{text}");
+                    let saved = plan.out_dir.join("profile.txt");
+                    if let Err(e) = std::fs::write(&saved, &text) {
+                        return failed(format!("{}: {e}", saved.display()));
+                    }
+                }
+                Err(e) => return failed(e),
+            }
+        }
+        if !args.quiet {
+            println!("trace: {} (open in ui.perfetto.dev, or `esper-ecs profile {0}`)", path.display());
         }
     }
+    ExitCode::SUCCESS
+}
+
+fn load_profile(path: &Path) -> Result<profile::Profile, profile::ProfileError> {
+    let spans = profile::read_trace(path)?;
+    profile::analyze(&spans)
+        .map_err(|message| profile::ProfileError::Parse { path: path.to_path_buf(), message })
+}
+
+fn profile_command(args: &ProfileArgs) -> ExitCode {
+    let a = match load_profile(&args.trace) {
+        Ok(p) => p,
+        Err(e) => return bad_input(e),
+    };
+    match &args.other {
+        None => print!("{}", profile::format_table(&args.trace.display().to_string(), &a)),
+        Some(other) => {
+            let b = match load_profile(other) {
+                Ok(p) => p,
+                Err(e) => return bad_input(e),
+            };
+            let (a_name, b_name) = (args.trace.display().to_string(), other.display().to_string());
+            print!("{}", profile::format_comparison(&a_name, &a, &b_name, &b));
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+fn bench_command(args: &BenchArgs) -> ExitCode {
+    let Some(task) = TaskPreset::from_name(&args.task) else {
+        let known: Vec<&str> = TaskPreset::ALL.iter().map(|t| t.name()).collect();
+        return bad_input(format!("unknown task '{}' (known: {})", args.task, known.join(", ")));
+    };
+    let device = match args.device.as_str() {
+        "cpu" => Device::Cpu,
+        "cuda" => {
+            return bad_input(
+                "--device cuda: this binary was built without CUDA (build with --features cuda)",
+            );
+        }
+        other => return bad_input(format!("unknown device '{other}' (known: cpu, cuda)")),
+    };
+    let json_path = args.json.clone().unwrap_or_else(|| {
+        PathBuf::from("runs").join(format!(
+            "bench-{}.json",
+            esper_ecs::config::utc_timestamp(
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+            )
+        ))
+    });
+    if let Some(parent) = json_path.parent().filter(|p| !p.as_os_str().is_empty())
+        && let Err(e) = std::fs::create_dir_all(parent)
+    {
+        return bad_input(format!("--json {}: cannot create {}: {e}", json_path.display(), parent.display()));
+    }
+    let config = BenchConfig {
+        envs: args.envs.0.clone(),
+        task,
+        device,
+        batch_per_env: args.batch_per_env as usize,
+        train_batches: args.train_batches as usize,
+        test_per_env: args.test_per_env as usize,
+        warmup: args.warmup as usize,
+        reps: args.reps as usize,
+        seed: args.seed,
+    };
+    let report = match bench::run(&config, |line| println!("{line}")) {
+        Ok(report) => report,
+        Err(e) => return failed(e),
+    };
+    let text = match serde_json::to_string_pretty(&report) {
+        Ok(text) => text,
+        Err(e) => return failed(format!("bench report: {e}")),
+    };
+    if let Err(e) = std::fs::write(&json_path, text) {
+        return failed(format!("{}: {e}", json_path.display()));
+    }
+    println!("report: {}", json_path.display());
+    ExitCode::SUCCESS
 }

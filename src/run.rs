@@ -76,7 +76,7 @@ pub fn host_arch(plan: &RunPlan) -> HostArch {
 }
 
 /// Build the world: resources, one entity per env and per (env, slot).
-fn build_world(plan: &RunPlan) -> Result<World, RunError> {
+pub fn build_world(plan: &RunPlan) -> Result<World, RunError> {
     let cfg = &plan.config;
     let n_envs = cfg.envs;
     let dataset = Dataset::load(&plan.data).map_err(|e| RunError(e.to_string()))?;
@@ -87,7 +87,7 @@ fn build_world(plan: &RunPlan) -> Result<World, RunError> {
     let mut world = World::new();
     let lifecycle = LifecycleConfig { topology: Topology::Cnn, ..LifecycleConfig::default() };
     insert_run_resources(&mut world, n_envs, plan.slots.clone(), lifecycle);
-    world.insert_resource(StepClock { seed: cfg.seed, round: 0, epoch: 0 });
+    world.insert_resource(StepClock { seed: cfg.seed, round: 0, epoch: 0, step: 0 });
     let hosts = Hosts::new(arch, &slot_ids, n_envs, cfg.batch_per_env, cfg.seed, 0);
     world.insert_resource(Snapshots::of(&hosts));
     world.insert_resource(hosts);
@@ -209,10 +209,19 @@ impl Session {
         }
     }
 
-    /// One step: host epoch `epoch` (1-based) for every env.
+    /// One step: host epoch `epoch` (1-based) for every env. The step index advances after it.
     pub fn run_epoch(&mut self, epoch: u64) {
         self.world.resource_mut::<StepClock>().epoch = epoch;
         self.schedule.run(&mut self.world);
+        self.world.resource_mut::<StepClock>().step += 1;
+    }
+
+    /// The names of the step schedule's systems (module path included), in execution order.
+    pub fn system_names(&self) -> Vec<String> {
+        match self.schedule.systems() {
+            Ok(systems) => systems.map(|(_, s)| s.name().to_string()).collect(),
+            Err(_) => Vec::new(),
+        }
     }
 }
 
@@ -230,10 +239,22 @@ pub fn train(plan: &RunPlan, stop: &AtomicBool) -> Result<RunSummary, RunError> 
     let mut summary = RunSummary::default();
     let mut tallies = LifecycleTally::default();
     'rounds: for round in 0..cfg.rounds as u64 {
+        let _round_span = tracing::info_span!(target: "esper", "round", round).entered();
         session.start_round(round);
         for epoch in 1..=cfg.epochs as u64 {
+            // The step span covers the schedule and the run's own Record sink (metrics.jsonl), so the
+            // profile's epoch boundary (end of Validate → end of step) includes both.
+            let step = session.world.resource::<StepClock>().step;
+            let step_span =
+                tracing::info_span!(target: "esper", "step", round, epoch, step, envs = cfg.envs).entered();
             session.run_epoch(epoch);
-            summary.final_val_accuracy = write_metrics(&mut session.world, &mut metrics)?;
+            {
+                let _span =
+                    tracing::info_span!(target: "esper", "Record::write_metrics", envs = cfg.envs, step)
+                        .entered();
+                summary.final_val_accuracy = write_metrics(&mut session.world, &mut metrics)?;
+            }
+            drop(step_span);
             summary.epochs_completed += 1;
             if let Some(bar) = &progress {
                 let mean = mean(&summary.final_val_accuracy);

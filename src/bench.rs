@@ -1,0 +1,504 @@
+//! `esper-ecs bench` (and `benches/throughput.rs`): the throughput of one step at several env counts,
+//! in three tiers as Isaac Lab reports them.
+//!
+//! 1. **train**: host training only (the TrainHosts system).
+//! 2. **+ validate & policy**: + fused validation with its counterfactual configurations, Observe and
+//!    the policy's decision (inference).
+//! 3. **full loop**: + Act, Tick and Record — the whole step. Rewards and the policy update join this
+//!    tier with the learned policy; with the heuristic there is neither.
+//!
+//! The workload is fixed: synthetic data sized so that every env count runs `train_batches` batches of
+//! `batch_per_env` images per env per step and one validation pass over `test_per_env` images per
+//! env, and a forced lifecycle state — three BLENDING seeds (conv_light at the first enabled slot,
+//! attention at the second, conv_heavy at the third; ADD, held at alpha 0.5) in every env — restored
+//! before every step outside the timing, so each step has the same number of counterfactual
+//! configurations whatever the policy did. Each measurement is `warmup` unmeasured steps, then
+//! `reps` timed steps; the table shows the median and the spread (min–max).
+//!
+//! Tier 3 runs as two schedules, the host part (TrainHosts, Validate) then the epoch boundary
+//! (Observe … Record), timed separately: the boundary's host time per step is reported at every env
+//! count with its growth from 16 to 256 envs.
+
+use crate::config::{DataKind, PolicyKind, RunConfig, RunPlan};
+use crate::run::{RunError, build_world};
+use bevy_ecs::prelude::*;
+use esper_components::{
+    AlphaAlgorithm, AlphaController, BlendId, BlendStyle, Blueprint, BlueprintAction, SeedAlpha, SeedStage,
+    SlotConfig, SlotEvents, SlotState, TaskPreset,
+};
+use esper_kernels::data::{DataSource, SyntheticSpec};
+use esper_systems::host_resources::{Hosts, StepClock};
+use esper_systems::slot_query::SlotQuery;
+use esper_systems::{
+    StepSet, add_act_record_systems, add_host_systems, add_observe_decide_systems, empty_step_schedule,
+};
+use std::fmt::Write as _;
+use std::time::Instant;
+
+/// The blueprints of the forced state, one per slot in canonical slot order.
+pub const FORCED_BLUEPRINTS: [BlueprintAction; 3] =
+    [BlueprintAction::ConvLight, BlueprintAction::Attention, BlueprintAction::ConvHeavy];
+/// The forced seeds' alpha.
+pub const FORCED_ALPHA: f64 = 0.5;
+
+/// Where the bench runs. Only the CPU exists in this build; CUDA arrives with its issue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Device {
+    Cpu,
+}
+
+impl Device {
+    pub fn name(self) -> &'static str {
+        match self {
+            Device::Cpu => "cpu",
+        }
+    }
+}
+
+/// The bench's settings (the CLI's defaults are [`BenchConfig::default`]).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct BenchConfig {
+    pub envs: Vec<usize>,
+    pub task: TaskPreset,
+    pub device: Device,
+    pub batch_per_env: usize,
+    /// Training batches per env per step.
+    pub train_batches: usize,
+    /// Validation images per env per step.
+    pub test_per_env: usize,
+    pub warmup: usize,
+    pub reps: usize,
+    pub seed: u64,
+}
+
+impl Default for BenchConfig {
+    fn default() -> Self {
+        Self {
+            envs: vec![1, 4, 16, 64, 256],
+            task: TaskPreset::CifarBaseline,
+            device: Device::Cpu,
+            batch_per_env: 128,
+            train_batches: 2,
+            test_per_env: 128,
+            warmup: 1,
+            reps: 3,
+            seed: 0,
+        }
+    }
+}
+
+/// The three tiers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    Train,
+    ValidatePolicy,
+    FullLoop,
+}
+
+impl Tier {
+    pub const ALL: [Tier; 3] = [Tier::Train, Tier::ValidatePolicy, Tier::FullLoop];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Tier::Train => "1 train",
+            Tier::ValidatePolicy => "2 +validate+policy",
+            Tier::FullLoop => "3 full loop",
+        }
+    }
+}
+
+/// Median and spread of repeated timings, in milliseconds.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Timing {
+    pub median_ms: f64,
+    pub min_ms: f64,
+    pub max_ms: f64,
+}
+
+impl Timing {
+    pub fn of(samples_ms: &[f64]) -> Self {
+        let mut v = samples_ms.to_vec();
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let median_ms = if n == 0 {
+            0.0
+        } else if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            0.5 * (v[n / 2 - 1] + v[n / 2])
+        };
+        Self {
+            median_ms,
+            min_ms: v.first().copied().unwrap_or(0.0),
+            max_ms: v.last().copied().unwrap_or(0.0),
+        }
+    }
+
+    /// (max − min) / median.
+    pub fn spread(&self) -> f64 {
+        if self.median_ms > 0.0 { (self.max_ms - self.min_ms) / self.median_ms } else { 0.0 }
+    }
+}
+
+/// One tier at one env count.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct TierResult {
+    pub envs: usize,
+    pub tier: Tier,
+    pub step: Timing,
+    pub ms_per_env: f64,
+    /// Training images per second (the step's training images over its median time).
+    pub train_images_per_s: f64,
+    /// Env-epochs (env-steps) per second.
+    pub env_epochs_per_s: f64,
+}
+
+/// The epoch boundary (tier 3, Observe … Record) at one env count.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct BoundaryResult {
+    pub envs: usize,
+    pub step: Timing,
+    pub us_per_env: f64,
+}
+
+/// An env count that was not run, and why.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Skipped {
+    pub envs: usize,
+    pub reason: String,
+}
+
+/// Everything the bench measured; also written as JSON.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct BenchReport {
+    pub config: BenchConfig,
+    pub threads: usize,
+    pub forced_state: String,
+    /// Validation configurations per env (the full model, each seed off, all off, pairs, …).
+    pub counterfactual_configs: usize,
+    pub tiers: Vec<TierResult>,
+    pub boundary: Vec<BoundaryResult>,
+    /// Boundary time per step at 256 envs over that at 16 (when both ran).
+    pub boundary_growth_16_to_256: Option<f64>,
+    pub skipped: Vec<Skipped>,
+}
+
+/// The run plan of one env count: synthetic data sized to exactly `train_batches` training batches
+/// and `test_per_env` validation images per env, every slot of the preset enabled up to three.
+fn plan_for(config: &BenchConfig, envs: usize) -> Result<RunPlan, RunError> {
+    let host = config.task.host();
+    let ids: Vec<String> = host.injection_points().iter().map(|p| p.id.to_string()).collect();
+    let slots = SlotConfig::parse_list(&ids.iter().take(3).cloned().collect::<Vec<_>>().join(","))
+        .map_err(|e| RunError(format!("slots of {}: {e}", config.task.name())))?;
+    let train_per_env = config.batch_per_env * config.train_batches;
+    let run = RunConfig {
+        envs,
+        task: config.task.name().to_string(),
+        data: DataKind::Synthetic,
+        slots: slots.ids().iter().map(|s| s.to_string()).collect::<Vec<_>>().join(","),
+        policy: PolicyKind::Heuristic,
+        seed: config.seed,
+        batch_per_env: config.batch_per_env,
+        synthetic_train_per_env: train_per_env,
+        synthetic_test_per_env: config.test_per_env,
+        ..RunConfig::default()
+    };
+    let too_large = || RunError(format!("{envs} envs: the synthetic set would exceed {} images", u32::MAX));
+    let n_train =
+        envs.checked_mul(train_per_env).filter(|&n| n <= u32::MAX as usize).ok_or_else(too_large)?;
+    let n_test =
+        envs.checked_mul(config.test_per_env).filter(|&n| n <= u32::MAX as usize).ok_or_else(too_large)?;
+    let data = DataSource::Synthetic(SyntheticSpec {
+        n_train,
+        n_test,
+        seed: config.seed,
+        ..SyntheticSpec::default()
+    });
+    Ok(RunPlan { config: run, task: config.task, slots, data, out_dir: std::env::temp_dir(), quiet: true })
+}
+
+fn forced_slot(blueprint: BlueprintAction) -> SlotState {
+    let mut s = SlotState::default();
+    s.stage.current = SeedStage::Blending;
+    s.stage.previous = SeedStage::Training;
+    s.blueprint = Blueprint(blueprint);
+    s.blend = BlendStyle {
+        blend: BlendId::Linear,
+        algorithm: AlphaAlgorithm::Add,
+        alpha_target: FORCED_ALPHA,
+        has_gate: false,
+    };
+    s.alpha = SeedAlpha(FORCED_ALPHA);
+    s.controller = AlphaController::holding_at(FORCED_ALPHA);
+    s.counters.epochs_total = 10;
+    s.flags.isolate_gradients = true;
+    s
+}
+
+/// Put every slot that left the forced state back into it (a germination event, so the kernels give
+/// it a fresh seed); clear the events of the others. Returns how many slots were re-forced.
+fn force_state(world: &mut World) -> usize {
+    let mut forced = 0;
+    let mut slots = world.query::<SlotQuery>();
+    for mut slot in slots.iter_mut(world) {
+        let bp = FORCED_BLUEPRINTS[(slot.index.0 as usize).min(FORCED_BLUEPRINTS.len() - 1)];
+        let same = slot.stage.current == SeedStage::Blending
+            && slot.alpha.0 == FORCED_ALPHA
+            && slot.blueprint.0 == bp;
+        if same {
+            *slot.events = SlotEvents::default();
+        } else {
+            slot.view().write(&forced_slot(bp));
+            *slot.events = SlotEvents { germinated: true, ..SlotEvents::default() };
+            forced += 1;
+        }
+    }
+    forced
+}
+
+fn schedule_with(add: &[fn(&mut Schedule)]) -> Schedule {
+    let mut schedule = empty_step_schedule();
+    for f in add {
+        f(&mut schedule);
+    }
+    schedule
+}
+
+fn add_train_only(schedule: &mut Schedule) {
+    schedule.add_systems(esper_systems::train_hosts::train_hosts.in_set(StepSet::TrainHosts));
+}
+
+/// Resident set size of this process in bytes (Linux), for the memory check.
+fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+/// Memory the system can still give (MemAvailable, Linux).
+fn available_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+fn gib(bytes: f64) -> f64 {
+    bytes / (1u64 << 30) as f64
+}
+
+/// One env count, all three tiers (and the boundary). Returns the tiers, the boundary, the number of
+/// counterfactual configurations per env and the resident memory after the run.
+fn bench_envs(
+    config: &BenchConfig,
+    envs: usize,
+    mut on_line: impl FnMut(&str),
+) -> Result<(Vec<TierResult>, BoundaryResult, usize, Option<u64>), RunError> {
+    let plan = plan_for(config, envs)?;
+    let mut world = build_world(&plan)?;
+    world.resource_mut::<StepClock>().epoch = 1;
+    let train_images = (envs * config.batch_per_env * config.train_batches) as f64;
+    let mut tiers = Vec::new();
+    let mut boundary = None;
+    let mut configs = 0;
+    for tier in Tier::ALL {
+        let mut parts: Vec<Schedule> = match tier {
+            Tier::Train => vec![schedule_with(&[add_train_only])],
+            Tier::ValidatePolicy => vec![schedule_with(&[add_host_systems, add_observe_decide_systems])],
+            Tier::FullLoop => vec![
+                schedule_with(&[add_host_systems]),
+                schedule_with(&[add_observe_decide_systems, add_act_record_systems]),
+            ],
+        };
+        for part in &mut parts {
+            part.initialize(&mut world).map_err(|e| RunError(format!("bench schedule: {e:?}")))?;
+        }
+        let (mut totals, mut boundaries) = (Vec::new(), Vec::new());
+        for rep in 0..config.warmup + config.reps {
+            force_state(&mut world);
+            let mut part_ms = Vec::with_capacity(parts.len());
+            for part in &mut parts {
+                let started = Instant::now();
+                part.run(&mut world);
+                part_ms.push(started.elapsed().as_secs_f64() * 1e3);
+            }
+            {
+                let mut clock = world.resource_mut::<StepClock>();
+                clock.epoch += 1;
+                clock.step += 1;
+            }
+            if rep >= config.warmup {
+                totals.push(part_ms.iter().sum::<f64>());
+                if tier == Tier::FullLoop {
+                    boundaries.push(part_ms[1]);
+                }
+            }
+        }
+        if tier != Tier::Train {
+            configs = world.resource::<Hosts>().validator.configs.first().map_or(0, |c| c.masks.len());
+        }
+        let step = Timing::of(&totals);
+        let result = TierResult {
+            envs,
+            tier,
+            step,
+            ms_per_env: step.median_ms / envs as f64,
+            train_images_per_s: train_images / (step.median_ms / 1e3),
+            env_epochs_per_s: envs as f64 / (step.median_ms / 1e3),
+        };
+        on_line(&format_tier_row(&result));
+        tiers.push(result);
+        if tier == Tier::FullLoop {
+            let step = Timing::of(&boundaries);
+            boundary = Some(BoundaryResult { envs, step, us_per_env: 1e3 * step.median_ms / envs as f64 });
+        }
+    }
+    let boundary = boundary.expect("the full-loop tier always runs");
+    Ok((tiers, boundary, configs, resident_bytes()))
+}
+
+const HEADER: &str = "  envs  tier                  ms/step   spread   ms/env   train img/s  env-epochs/s";
+
+fn format_tier_row(r: &TierResult) -> String {
+    format!(
+        "{:>6}  {:<20} {:>9.1} {:>7.1}% {:>8.2} {:>13.0} {:>13.2}",
+        r.envs,
+        r.tier.label(),
+        r.step.median_ms,
+        100.0 * r.step.spread(),
+        r.ms_per_env,
+        r.train_images_per_s,
+        r.env_epochs_per_s
+    )
+}
+
+/// Run the bench. `on_line` receives each table line as soon as it is measured (the CLI prints them).
+pub fn run(config: &BenchConfig, mut on_line: impl FnMut(&str)) -> Result<BenchReport, RunError> {
+    if config.reps == 0 {
+        return Err(RunError("--reps must be at least 1".into()));
+    }
+    let forced_state = format!(
+        "{} BLENDING seeds per env ({}; ADD, held at alpha {FORCED_ALPHA}), restored before every step",
+        FORCED_BLUEPRINTS.len(),
+        FORCED_BLUEPRINTS.iter().map(|b| format!("{b:?}")).collect::<Vec<_>>().join(", ")
+    );
+    let threads = rayon::current_num_threads();
+    on_line(&format!(
+        "esper-ecs bench — {} host on {}, {threads} threads; per env per step: {} × {} training images, {} \
+         validation images",
+        config.task.name(),
+        config.device.name(),
+        config.train_batches,
+        config.batch_per_env,
+        config.test_per_env
+    ));
+    on_line(&format!("forced state: {forced_state}"));
+    on_line(&format!(
+        "{} warm-up + {} timed steps per tier; median, spread = (max − min) / median",
+        config.warmup, config.reps
+    ));
+    on_line(HEADER);
+    let mut report = BenchReport {
+        config: config.clone(),
+        threads,
+        forced_state,
+        counterfactual_configs: 0,
+        tiers: Vec::new(),
+        boundary: Vec::new(),
+        boundary_growth_16_to_256: None,
+        skipped: Vec::new(),
+    };
+    // Memory per env, learnt from the env counts already run: (resident bytes, envs) of the last two.
+    let mut seen: Vec<(usize, u64)> = Vec::new();
+    let base = resident_bytes().unwrap_or(0);
+    for &envs in &config.envs {
+        if let Some(need) = estimate_bytes(base, &seen, envs)
+            && let Some(avail) = available_bytes()
+            && need as f64 > 0.9 * avail as f64
+        {
+            let reason = format!(
+                "will not fit in memory: needs about {:.1} GiB, {:.1} GiB available",
+                gib(need as f64),
+                gib(avail as f64)
+            );
+            on_line(&format!("{envs:>6}  skipped: {reason}"));
+            report.skipped.push(Skipped { envs, reason });
+            continue;
+        }
+        let (tiers, boundary, configs, resident) = bench_envs(config, envs, &mut on_line)?;
+        report.counterfactual_configs = configs;
+        report.tiers.extend(tiers);
+        report.boundary.push(boundary);
+        if let Some(r) = resident {
+            seen.push((envs, r));
+        }
+    }
+    let boundary_at = |n: usize| report.boundary.iter().find(|b| b.envs == n).map(|b| b.step.median_ms);
+    if let (Some(b16), Some(b256)) = (boundary_at(16), boundary_at(256)) {
+        report.boundary_growth_16_to_256 = Some(b256 / b16);
+    }
+    on_line(&format!("validation configurations per env: {}", report.counterfactual_configs));
+    on_line(&format_boundary(&report));
+    Ok(report)
+}
+
+/// Expected resident bytes at `envs`, extrapolated linearly from the env counts run so far.
+fn estimate_bytes(base: u64, seen: &[(usize, u64)], envs: usize) -> Option<u64> {
+    let per_env = match seen {
+        [] => return None,
+        [(n, r)] => r.saturating_sub(base) as f64 / *n as f64,
+        [.., (n0, r0), (n1, r1)] if n1 > n0 => (*r1 as f64 - *r0 as f64).max(0.0) / (n1 - n0) as f64,
+        [.., (n, r)] => r.saturating_sub(base) as f64 / *n as f64,
+    };
+    Some(base + (per_env * envs as f64) as u64)
+}
+
+/// The epoch boundary's table: host time per step, per env, and the growth from 16 to 256 envs.
+pub fn format_boundary(report: &BenchReport) -> String {
+    let mut out = String::from("epoch boundary (Observe … Record, host time per step):\n");
+    for b in &report.boundary {
+        let _ = writeln!(
+            out,
+            "{:>6} envs  {:>9.3} ms/step  {:>8.2} µs/env  spread {:.1}%",
+            b.envs,
+            b.step.median_ms,
+            b.us_per_env,
+            100.0 * b.step.spread()
+        );
+    }
+    match report.boundary_growth_16_to_256 {
+        Some(g) => {
+            let _ = write!(
+                out,
+                "growth 16 → 256 envs: {g:.2}× (the design goal on a GPU device: ≤ 1.5×; on CPU the \
+                boundary is per-env work, so read µs/env)"
+            );
+        }
+        None => {
+            let _ = write!(out, "growth 16 → 256 envs: needs both env counts");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timing_median_and_spread() {
+        let t = Timing::of(&[3.0, 1.0, 2.0]);
+        assert_eq!((t.median_ms, t.min_ms, t.max_ms), (2.0, 1.0, 3.0));
+        assert_eq!(t.spread(), 1.0);
+        assert_eq!(Timing::of(&[4.0, 1.0, 2.0, 3.0]).median_ms, 2.5);
+    }
+
+    #[test]
+    fn memory_estimate_extrapolates_per_env_growth() {
+        assert_eq!(estimate_bytes(100, &[], 4), None);
+        assert_eq!(estimate_bytes(100, &[(1, 200)], 4), Some(500));
+        assert_eq!(estimate_bytes(100, &[(1, 200), (4, 500)], 16), Some(100 + 1600));
+    }
+}

@@ -1,0 +1,441 @@
+//! Profiling a run (DESIGN §8): the Chrome/Perfetto trace `train --profile` writes, and the per-system
+//! table `train --profile table` and `esper-ecs profile` print from such a trace.
+//!
+//! Every system opens a span `<Set>::<system>` (target `esper`) carrying the env count and the step
+//! index; the run driver adds `round`, `step` (the schedule plus the run's metrics writer) and
+//! `Record::write_metrics`. Only spans of target `esper` are traced: bevy_ecs's own `trace` spans are
+//! all named "system" and would double the file without telling more.
+//!
+//! The table is built from the trace file alone, so a saved trace can be read again later and two
+//! runs can be compared. Device time (CUDA events, recorded as a span's `device_us` argument) has its
+//! own columns; on CPU they show `–`.
+
+use serde_json::Value;
+use std::collections::HashMap;
+use std::fmt::{self, Write as _};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use tracing_subscriber::Layer as _;
+use tracing_subscriber::layer::SubscriberExt as _;
+
+/// The span target of everything esper-ecs traces.
+pub const TARGET: &str = "esper";
+/// The span that wraps one step.
+pub const STEP_SPAN: &str = "step";
+/// The system whose end starts the epoch boundary.
+pub const VALIDATE_SPAN: &str = "Validate::validate";
+
+/// Why a trace cannot be written or read.
+#[derive(Debug)]
+pub enum ProfileError {
+    Create {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// Not a Chrome trace (a JSON array of events), or one without a single `step` span.
+    Parse {
+        path: PathBuf,
+        message: String,
+    },
+    /// A tracing subscriber is already installed in this process.
+    AlreadyInstalled,
+}
+
+impl fmt::Display for ProfileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Create { path, source } => {
+                write!(f, "cannot create the trace {}: {source}", path.display())
+            }
+            Self::Read { path, source } => write!(f, "cannot read {}: {source}", path.display()),
+            Self::Parse { path, message } => write!(f, "{}: {message}", path.display()),
+            Self::AlreadyInstalled => write!(f, "a tracing subscriber is already installed"),
+        }
+    }
+}
+
+impl std::error::Error for ProfileError {}
+
+/// Keeps the trace writer alive; dropping it flushes and closes the file.
+pub struct TraceGuard(#[allow(dead_code)] tracing_chrome::FlushGuard);
+
+/// Install a process-wide subscriber that writes every `esper` span to the Chrome trace `path`, one
+/// track per thread. Process-wide because systems and kernels run on worker threads.
+pub fn install_chrome_trace(path: &Path) -> Result<TraceGuard, ProfileError> {
+    let file =
+        File::create(path).map_err(|source| ProfileError::Create { path: path.to_path_buf(), source })?;
+    let (layer, guard) = tracing_chrome::ChromeLayerBuilder::new()
+        .writer(file)
+        .include_args(true)
+        .include_locations(false)
+        .build();
+    let only_ours = tracing_subscriber::filter::filter_fn(|meta| meta.target() == TARGET);
+    let subscriber = tracing_subscriber::registry().with(layer.with_filter(only_ours));
+    tracing::subscriber::set_global_default(subscriber).map_err(|_| ProfileError::AlreadyInstalled)?;
+    Ok(TraceGuard(guard))
+}
+
+/// One closed span of the trace.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SpanRecord {
+    pub name: String,
+    pub tid: u64,
+    pub start_us: f64,
+    pub end_us: f64,
+    /// The span's fields (`envs`, `step`, …; `device_us` on a CUDA device).
+    pub args: serde_json::Map<String, Value>,
+}
+
+impl SpanRecord {
+    pub fn duration_us(&self) -> f64 {
+        self.end_us - self.start_us
+    }
+}
+
+/// Read a Chrome trace file (see [`parse_trace`]).
+pub fn read_trace(path: &Path) -> Result<Vec<SpanRecord>, ProfileError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| ProfileError::Read { path: path.to_path_buf(), source })?;
+    parse_trace(&text).map_err(|message| ProfileError::Parse { path: path.to_path_buf(), message })
+}
+
+/// The closed spans of a Chrome trace: `B`/`E` pairs matched per thread, and `X` complete events. A
+/// trace cut short (a run killed before its writer closed the array) is read up to its last whole
+/// event; spans still open at the end are dropped.
+pub fn parse_trace(text: &str) -> Result<Vec<SpanRecord>, String> {
+    let events: Vec<Value> = match serde_json::from_str(text) {
+        Ok(events) => events,
+        Err(first) => {
+            let cut = text.trim_end().trim_end_matches(',');
+            serde_json::from_str(&format!("{cut}\n]"))
+                .map_err(|_| format!("not a Chrome trace (a JSON array of events): {first}"))?
+        }
+    };
+    let mut open: HashMap<u64, Vec<SpanRecord>> = HashMap::new();
+    let mut spans = Vec::new();
+    for event in &events {
+        let field = |key: &str| event.get(key);
+        let (Some(ph), Some(ts)) = (field("ph").and_then(Value::as_str), field("ts").and_then(Value::as_f64))
+        else {
+            continue; // metadata (thread names) and anything without a time
+        };
+        let tid = field("tid").and_then(Value::as_u64).unwrap_or(0);
+        let name = field("name").and_then(Value::as_str).unwrap_or("").to_string();
+        let args = field("args").and_then(Value::as_object).cloned().unwrap_or_default();
+        match ph {
+            "B" => {
+                open.entry(tid).or_default().push(SpanRecord { name, tid, start_us: ts, end_us: ts, args })
+            }
+            "E" => {
+                let stack = open.entry(tid).or_default();
+                // Spans close innermost first; tolerate a missing end by closing back to the name.
+                if let Some(i) = stack.iter().rposition(|s| s.name == name) {
+                    let mut span = stack.remove(i);
+                    stack.truncate(i);
+                    span.end_us = ts;
+                    spans.push(span);
+                }
+            }
+            "X" => {
+                let dur = field("dur").and_then(Value::as_f64).unwrap_or(0.0);
+                spans.push(SpanRecord { name, tid, start_us: ts, end_us: ts + dur, args });
+            }
+            _ => {}
+        }
+    }
+    spans.sort_by(|a, b| a.start_us.total_cmp(&b.start_us));
+    Ok(spans)
+}
+
+/// One system's (or driver stage's) timings over the run, in milliseconds.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct SystemRow {
+    pub name: String,
+    pub calls: usize,
+    pub mean_ms: f64,
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+    pub total_ms: f64,
+    /// `total_ms` over the total step time.
+    pub share_of_step: f64,
+    /// Device time (CUDA events), where the trace has it.
+    pub device_mean_ms: Option<f64>,
+    pub device_total_ms: Option<f64>,
+}
+
+/// What a trace says about a run.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Profile {
+    pub steps: usize,
+    pub envs: Option<u64>,
+    pub step_mean_ms: f64,
+    pub step_p50_ms: f64,
+    pub step_total_ms: f64,
+    /// Sorted by total time, largest first.
+    pub systems: Vec<SystemRow>,
+    /// Host time per step from the end of Validate to the end of the step (Observe … Record and the
+    /// metrics writer): the epoch boundary that the batched design keeps small.
+    pub boundary_mean_ms: Option<f64>,
+    pub boundary_share: Option<f64>,
+}
+
+/// A span argument as a number: tracing-chrome writes recorded fields as strings ("16"); a number is
+/// accepted too.
+pub fn arg_f64(args: &serde_json::Map<String, Value>, key: &str) -> Option<f64> {
+    match args.get(key)? {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+/// Nearest-rank percentile of sorted values.
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 }
+}
+
+/// The per-system table of a trace. Systems are the spans named `<Set>::<name>`.
+pub fn analyze(spans: &[SpanRecord]) -> Result<Profile, String> {
+    let steps: Vec<&SpanRecord> = spans.iter().filter(|s| s.name == STEP_SPAN).collect();
+    if steps.is_empty() {
+        return Err("the trace holds no `step` span (was it written by `esper-ecs train --profile`?)".into());
+    }
+    let mut step_ms: Vec<f64> = steps.iter().map(|s| s.duration_us() / 1e3).collect();
+    let step_total_ms: f64 = step_ms.iter().sum();
+    let envs = arg_f64(&steps[0].args, "envs").map(|e| e as u64);
+
+    let mut by_name: HashMap<&str, (Vec<f64>, Vec<f64>)> = HashMap::new();
+    for span in spans.iter().filter(|s| s.name.contains("::")) {
+        let (host, device) = by_name.entry(&span.name).or_default();
+        host.push(span.duration_us() / 1e3);
+        if let Some(d) = arg_f64(&span.args, "device_us") {
+            device.push(d / 1e3);
+        }
+    }
+    let mut systems: Vec<SystemRow> = by_name
+        .into_iter()
+        .map(|(name, (mut host, device))| {
+            host.sort_by(f64::total_cmp);
+            let total_ms: f64 = host.iter().sum();
+            SystemRow {
+                name: name.to_string(),
+                calls: host.len(),
+                mean_ms: mean(&host),
+                p50_ms: percentile(&host, 0.5),
+                p95_ms: percentile(&host, 0.95),
+                total_ms,
+                share_of_step: total_ms / step_total_ms.max(f64::MIN_POSITIVE),
+                device_mean_ms: (!device.is_empty()).then(|| mean(&device)),
+                device_total_ms: (!device.is_empty()).then(|| device.iter().sum()),
+            }
+        })
+        .collect();
+    systems.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms).then_with(|| a.name.cmp(&b.name)));
+
+    // The epoch boundary of each step: from the end of its (last) Validate to the step's end.
+    let validates: Vec<&SpanRecord> = spans.iter().filter(|s| s.name == VALIDATE_SPAN).collect();
+    let (mut boundary, mut boundary_steps_ms) = (Vec::new(), 0.0);
+    for step in &steps {
+        let validate_end = validates
+            .iter()
+            .filter(|v| v.start_us >= step.start_us && v.end_us <= step.end_us)
+            .map(|v| v.end_us)
+            .fold(None, |acc: Option<f64>, end| Some(acc.map_or(end, |a| a.max(end))));
+        if let Some(end) = validate_end {
+            boundary.push((step.end_us - end) / 1e3);
+            boundary_steps_ms += step.duration_us() / 1e3;
+        }
+    }
+    let boundary_total: f64 = boundary.iter().sum();
+    step_ms.sort_by(f64::total_cmp);
+    Ok(Profile {
+        steps: steps.len(),
+        envs,
+        step_mean_ms: step_total_ms / steps.len() as f64,
+        step_p50_ms: percentile(&step_ms, 0.5),
+        step_total_ms,
+        systems,
+        boundary_mean_ms: (!boundary.is_empty()).then(|| boundary_total / boundary.len() as f64),
+        boundary_share: (!boundary.is_empty())
+            .then(|| boundary_total / boundary_steps_ms.max(f64::MIN_POSITIVE)),
+    })
+}
+
+fn opt_ms(v: Option<f64>) -> String {
+    v.map_or_else(|| "–".to_string(), |v| format!("{v:.3}"))
+}
+
+/// The per-system table: calls, mean, p50, p95, total, share of the step (host time), then device
+/// time, sorted by total; then the step and the epoch boundary.
+pub fn format_table(source: &str, p: &Profile) -> String {
+    let mut out = String::new();
+    let envs = p.envs.map_or_else(String::new, |e| format!(" × {e} envs"));
+    let _ = writeln!(
+        out,
+        "profile of {source}: {} steps{envs}, step mean {:.2} ms (p50 {:.2}), total {:.1} s",
+        p.steps,
+        p.step_mean_ms,
+        p.step_p50_ms,
+        p.step_total_ms / 1e3
+    );
+    let w = p.systems.iter().map(|r| r.name.len()).max().unwrap_or(6).max(6);
+    let _ = writeln!(out, "{:w$}  {:>6}  {:-^56}  {:-^22}", "", "", " host ms ", " device ms ");
+    let _ = writeln!(
+        out,
+        "{:w$}  {:>6}  {:>10} {:>10} {:>10} {:>11} {:>7}  {:>10} {:>11}",
+        "system", "calls", "mean", "p50", "p95", "total", "share", "mean", "total"
+    );
+    for r in &p.systems {
+        let _ = writeln!(
+            out,
+            "{:w$}  {:>6}  {:>10.3} {:>10.3} {:>10.3} {:>11.3} {:>6.2}%  {:>10} {:>11}",
+            r.name,
+            r.calls,
+            r.mean_ms,
+            r.p50_ms,
+            r.p95_ms,
+            r.total_ms,
+            100.0 * r.share_of_step,
+            opt_ms(r.device_mean_ms),
+            opt_ms(r.device_total_ms),
+        );
+    }
+    match (p.boundary_mean_ms, p.boundary_share) {
+        (Some(ms), Some(share)) => {
+            let _ = writeln!(
+                out,
+                "epoch boundary (end of Validate → end of step): {ms:.3} ms per step, {:.2} % of the step",
+                100.0 * share
+            );
+        }
+        _ => {
+            let _ = writeln!(out, "epoch boundary: no Validate span inside the steps");
+        }
+    }
+    out
+}
+
+/// Two runs side by side, system by system: mean per call in each and the ratio B / A (below 1: B is
+/// faster). Rows in A's order (by total), then the systems only B has.
+pub fn format_comparison(a_name: &str, a: &Profile, b_name: &str, b: &Profile) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "A = {a_name} ({} steps)\nB = {b_name} ({} steps)", a.steps, b.steps);
+    let mut names: Vec<&str> = a.systems.iter().map(|r| r.name.as_str()).collect();
+    names.extend(
+        b.systems.iter().map(|r| r.name.as_str()).filter(|n| !a.systems.iter().any(|r| r.name == *n)),
+    );
+    let w = names.iter().map(|n| n.len()).max().unwrap_or(6).max("epoch boundary".len());
+    let _ = writeln!(out, "{:w$}  {:>12} {:>12} {:>8}", "mean ms per call", "A", "B", "B/A");
+    let row = |out: &mut String, name: &str, x: Option<f64>, y: Option<f64>| {
+        let ratio = match (x, y) {
+            (Some(x), Some(y)) if x > 0.0 => format!("{:.3}", y / x),
+            _ => "–".to_string(),
+        };
+        let _ = writeln!(out, "{name:w$}  {:>12} {:>12} {ratio:>8}", opt_ms(x), opt_ms(y));
+    };
+    row(&mut out, "step", Some(a.step_mean_ms), Some(b.step_mean_ms));
+    row(&mut out, "epoch boundary", a.boundary_mean_ms, b.boundary_mean_ms);
+    let find = |p: &Profile, n: &str| p.systems.iter().find(|r| r.name == n).map(|r| r.mean_ms);
+    for name in names {
+        row(&mut out, name, find(a, name), find(b, name));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(ph: &str, name: &str, tid: u64, ts: f64) -> String {
+        format!(r#"{{"ph":"{ph}","pid":1,"name":"{name}","tid":{tid},"ts":{ts},"args":{{"envs":"4"}}}}"#)
+    }
+
+    /// Two steps by hand: step 0 = [0, 100] µs with train 0–60, validate 60–80, masks 85–90 on another
+    /// thread; step 1 = [100, 300] with train 100–200, validate 200–250, masks 260–280.
+    fn two_steps() -> String {
+        let events = [
+            r#"{"ph":"M","pid":1,"name":"thread_name","tid":1,"args":{"name":"main"}}"#.to_string(),
+            ev("B", "step", 1, 0.0),
+            ev("B", "TrainHosts::train_hosts", 1, 0.0),
+            ev("E", "TrainHosts::train_hosts", 1, 60.0),
+            ev("B", "Validate::validate", 1, 60.0),
+            ev("E", "Validate::validate", 1, 80.0),
+            ev("B", "Observe::build_masks", 2, 85.0),
+            ev("E", "Observe::build_masks", 2, 90.0),
+            ev("E", "step", 1, 100.0),
+            ev("B", "step", 1, 100.0),
+            ev("B", "TrainHosts::train_hosts", 1, 100.0),
+            ev("E", "TrainHosts::train_hosts", 1, 200.0),
+            ev("B", "Validate::validate", 2, 200.0),
+            ev("E", "Validate::validate", 2, 250.0),
+            ev("B", "Observe::build_masks", 1, 260.0),
+            ev("E", "Observe::build_masks", 1, 280.0),
+            ev("E", "step", 1, 300.0),
+        ];
+        format!("[\n{}\n]", events.join(",\n"))
+    }
+
+    #[test]
+    fn table_numbers_match_a_hand_built_trace() {
+        let spans = parse_trace(&two_steps()).unwrap();
+        assert_eq!(spans.len(), 8);
+        let p = analyze(&spans).unwrap();
+        assert_eq!((p.steps, p.envs), (2, Some(4)));
+        assert!((p.step_total_ms - 0.3).abs() < 1e-12 && (p.step_mean_ms - 0.15).abs() < 1e-12);
+        let names: Vec<&str> = p.systems.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["TrainHosts::train_hosts", "Validate::validate", "Observe::build_masks"]);
+        let train = &p.systems[0];
+        assert_eq!(train.calls, 2);
+        assert!((train.total_ms - 0.16).abs() < 1e-12 && (train.mean_ms - 0.08).abs() < 1e-12);
+        assert!((train.p50_ms - 0.06).abs() < 1e-12 && (train.p95_ms - 0.1).abs() < 1e-12);
+        assert!((train.share_of_step - 0.16 / 0.3).abs() < 1e-12);
+        assert_eq!(train.device_mean_ms, None);
+        // Boundary: (100 − 80) and (300 − 250) µs, over 300 µs of steps.
+        assert!((p.boundary_mean_ms.unwrap() - 0.035).abs() < 1e-12);
+        assert!((p.boundary_share.unwrap() - 0.07 / 0.3).abs() < 1e-12);
+        let table = format_table("t.json", &p);
+        assert!(table.contains("Observe::build_masks") && table.contains("23.33 % of the step"), "{table}");
+    }
+
+    #[test]
+    fn a_cut_trace_is_read_to_its_last_whole_event() {
+        let full = two_steps();
+        let cut = &full[..full.rfind(",\n").unwrap() + 1]; // the last `E step` and `]` lost
+        let spans = parse_trace(cut).unwrap();
+        assert_eq!(spans.iter().filter(|s| s.name == "step").count(), 1, "the open step is dropped");
+        assert!(parse_trace("not json").is_err());
+        assert!(analyze(&[]).is_err(), "no step span is an error, not an empty table");
+    }
+
+    #[test]
+    fn comparison_ratios_are_b_over_a() {
+        let a = analyze(&parse_trace(&two_steps()).unwrap()).unwrap();
+        let mut b = a.clone();
+        b.step_mean_ms *= 0.5;
+        b.systems[0].mean_ms *= 2.0;
+        let text = format_comparison("a", &a, "b", &b);
+        let line = |n: &str| text.lines().find(|l| l.starts_with(n)).unwrap().to_string();
+        assert!(line("step ").ends_with("0.500"), "{text}");
+        assert!(line("TrainHosts::train_hosts").ends_with("2.000"), "{text}");
+        assert!(line("Validate::validate").ends_with("1.000"), "{text}");
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let v: Vec<f64> = (1..=20).map(f64::from).collect();
+        assert_eq!((percentile(&v, 0.5), percentile(&v, 0.95)), (10.0, 19.0));
+        assert_eq!(percentile(&[7.0], 0.95), 7.0);
+    }
+}

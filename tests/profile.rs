@@ -1,0 +1,237 @@
+//! Profiling end to end through the real binary: `train --profile chrome=…` writes a trace with a span
+//! for every system of the schedule at every step, `profile` reads it back as a table (and compares
+//! two), `train --profile table` prints it; `bench` measures its three tiers on a tiny workload.
+
+use esper_components::{SlotConfig, TaskPreset};
+use esper_ecs::config::{RunConfig, RunPlan};
+use esper_ecs::run::Session;
+use esper_kernels::data::{DataSource, SyntheticSpec};
+use esper_systems::step_span::TRAINING_SYSTEM_SPANS;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const EPOCHS: u64 = 3;
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("esper-profile-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn esper(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_esper-ecs")).args(args).output().expect("the binary runs")
+}
+
+/// A tiny run: 2 envs, 3 epochs, 2 batches of 16 images per epoch.
+fn tiny_train(dir: &Path, profile: &[&str]) -> Output {
+    let config = dir.join("tiny.toml");
+    std::fs::write(
+        &config,
+        "synthetic_train_per_env = 32\nsynthetic_test_per_env = 16\nbatch_per_env = 16\n",
+    )
+    .unwrap();
+    let out = dir.join("run");
+    let epochs = EPOCHS.to_string();
+    let mut args = vec![
+        "train",
+        "--envs",
+        "2",
+        "--epochs",
+        &epochs,
+        "--config",
+        config.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--quiet",
+    ];
+    for p in profile {
+        args.extend(["--profile", p]);
+    }
+    esper(&args)
+}
+
+/// A span argument (tracing-chrome writes fields as strings).
+fn arg(event: &Value, key: &str) -> u64 {
+    let v = &event["args"][key];
+    v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok())).unwrap_or(u64::MAX)
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn the_span_list_has_one_name_per_system_of_the_schedule() {
+    let config = RunConfig {
+        envs: 2,
+        synthetic_train_per_env: 16,
+        synthetic_test_per_env: 8,
+        batch_per_env: 8,
+        ..RunConfig::default()
+    };
+    let plan = RunPlan {
+        task: TaskPreset::CifarBaseline,
+        slots: SlotConfig::parse_list(&config.slots).unwrap(),
+        data: DataSource::Synthetic(SyntheticSpec { n_train: 32, n_test: 16, ..SyntheticSpec::with_seed(0) }),
+        out_dir: std::env::temp_dir(),
+        quiet: true,
+        config,
+    };
+    let session = Session::new(&plan).unwrap();
+    // bevy_ecs gives system names only with its `debug` feature; the count plus the trace test below
+    // (each listed span exactly once per step) pins one span per system.
+    assert_eq!(session.system_names().len(), TRAINING_SYSTEM_SPANS.len());
+}
+
+#[test]
+fn chrome_trace_has_every_system_at_every_step_and_profile_reads_it() {
+    let dir = scratch("chrome");
+    let trace = dir.join("trace.json");
+    let run = tiny_train(&dir, &[&format!("chrome={}", trace.display())]);
+    assert!(run.status.success(), "train failed: {}", stderr(&run));
+
+    let events: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let begins: Vec<&Value> = events.iter().filter(|e| e["ph"] == "B").collect();
+    let ends = events.iter().filter(|e| e["ph"] == "E").count();
+    assert_eq!(begins.len(), ends, "every span is closed");
+    for step in 0..EPOCHS {
+        for name in TRAINING_SYSTEM_SPANS.iter().chain(&["step", "Record::write_metrics"]) {
+            let found = begins.iter().filter(|e| e["name"] == *name && arg(e, "step") == step).count();
+            assert_eq!(found, 1, "span {name} at step {step}");
+        }
+    }
+    let train = begins.iter().find(|e| e["name"] == "TrainHosts::train_hosts").unwrap();
+    assert_eq!(arg(train, "envs"), 2);
+    assert!(!begins.iter().any(|e| e["name"] == "system"), "bevy's own spans are filtered out");
+
+    // `profile` on the file: every system, called once per step, with plausible numbers.
+    let out = esper(&["profile", trace.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let table = stdout(&out);
+    assert!(table.contains(&format!("{EPOCHS} steps × 2 envs")), "{table}");
+    let mut total_share = 0.0;
+    for name in TRAINING_SYSTEM_SPANS {
+        let line = table.lines().find(|l| l.split_whitespace().next() == Some(name)).unwrap_or_else(|| {
+            panic!("{name} missing from\n{table}");
+        });
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(cols[1].parse::<u64>().unwrap(), EPOCHS, "{line}");
+        let num = |i: usize| cols[i].trim_end_matches('%').parse::<f64>().unwrap();
+        let (mean, p50, p95, total, share) = (num(2), num(3), num(4), num(5), num(6));
+        assert!(
+            mean >= 0.0 && p50 <= p95 && (mean * EPOCHS as f64 - total).abs() <= 0.1 + 1e-3 * total,
+            "{line}"
+        );
+        assert!((0.0..=100.0).contains(&share), "{line}");
+        assert_eq!(cols[7], "–", "no device time on CPU: {line}");
+        total_share += share;
+    }
+    assert!(total_share <= 100.5, "systems run inside the step: {total_share}");
+    let train_line = table.lines().find(|l| l.starts_with("TrainHosts::train_hosts")).unwrap();
+    let first_row = table.lines().nth(3).unwrap();
+    assert_eq!(first_row, train_line, "sorted by total: training dominates\n{table}");
+    assert!(table.contains("epoch boundary (end of Validate → end of step)"), "{table}");
+
+    // Comparing the trace with itself gives ratio 1 everywhere.
+    let out = esper(&["profile", trace.to_str().unwrap(), trace.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let cmp = stdout(&out);
+    for name in TRAINING_SYSTEM_SPANS {
+        let line = cmp.lines().find(|l| l.starts_with(name)).unwrap();
+        assert!(line.ends_with("1.000"), "{line}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn profile_table_prints_at_the_end_of_train() {
+    let dir = scratch("table");
+    let run = tiny_train(&dir, &["table"]);
+    assert!(run.status.success(), "train failed: {}", stderr(&run));
+    let text = stdout(&run);
+    assert!(text.contains("TrainHosts::train_hosts") && text.contains("epoch boundary"), "{text}");
+    assert!(dir.join("run/trace.json").is_file() && dir.join("run/profile.txt").is_file());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn profile_bad_input_is_one_line_and_exit_2() {
+    let dir = scratch("bad");
+    let missing = dir.join("missing.json");
+    let out = esper(&["profile", missing.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("cannot read") && stderr(&out).contains("missing.json"),
+        "{}",
+        stderr(&out)
+    );
+
+    let not_trace = dir.join("x.json");
+    std::fs::write(&not_trace, "[{\"ph\":\"B\",\"name\":\"a\",\"ts\":1,\"tid\":1}]").unwrap();
+    let out = esper(&["profile", not_trace.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("no `step` span"), "{}", stderr(&out));
+
+    let out = esper(&["train", "--profile", "flamegraph"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("expected `table` or `chrome=FILE.json`"), "{}", stderr(&out));
+
+    let out = esper(&["bench", "--envs", "4,0"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = esper(&["bench", "--device", "tpu"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("unknown device 'tpu'"), "{}", stderr(&out));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bench_reports_three_tiers_per_env_count() {
+    let dir = scratch("bench");
+    let json = dir.join("bench.json");
+    let out = esper(&[
+        "bench",
+        "--envs",
+        "1,2",
+        "--batch-per-env",
+        "8",
+        "--test-per-env",
+        "8",
+        "--train-batches",
+        "1",
+        "--warmup",
+        "0",
+        "--reps",
+        "2",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("validation configurations per env: 8"), "{text}");
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let tiers = report["tiers"].as_array().unwrap();
+    assert_eq!(tiers.len(), 6);
+    for (i, t) in tiers.iter().enumerate() {
+        assert_eq!(t["envs"], [1, 1, 1, 2, 2, 2][i]);
+        assert_eq!(t["tier"], ["train", "validate_policy", "full_loop"][i % 3]);
+        let (median, min, max) = (
+            t["step"]["median_ms"].as_f64().unwrap(),
+            t["step"]["min_ms"].as_f64().unwrap(),
+            t["step"]["max_ms"].as_f64().unwrap(),
+        );
+        assert!(0.0 < min && min <= median && median <= max, "{t}");
+        let envs = t["envs"].as_f64().unwrap();
+        let images = t["train_images_per_s"].as_f64().unwrap();
+        assert!((images - envs * 8.0 / (median / 1e3)).abs() < 1e-6 * images, "{t}");
+    }
+    assert_eq!(report["boundary"].as_array().unwrap().len(), 2);
+    assert_eq!(report["counterfactual_configs"], 8);
+    assert!(report["boundary_growth_16_to_256"].is_null());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
