@@ -153,6 +153,9 @@ pub struct TierResult {
     pub train_images_per_s: f64,
     /// Env-epochs (env-steps) per second.
     pub env_epochs_per_s: f64,
+    /// Slots put back into the forced state per timed step (after the policy or the lifecycle moved
+    /// them): their seeds were re-initialised inside the timed step.
+    pub reforced_slots_per_step: f64,
 }
 
 /// The epoch boundary (tier 3, Observe … Record) at one env count.
@@ -315,9 +318,9 @@ fn bench_envs(
         for part in &mut parts {
             part.initialize(&mut world).map_err(|e| RunError(format!("bench schedule: {e:?}")))?;
         }
-        let (mut totals, mut boundaries) = (Vec::new(), Vec::new());
+        let (mut totals, mut boundaries, mut reforced) = (Vec::new(), Vec::new(), 0);
         for rep in 0..config.warmup + config.reps {
-            force_state(&mut world);
+            let forced = force_state(&mut world);
             let mut part_ms = Vec::with_capacity(parts.len());
             for part in &mut parts {
                 let started = Instant::now();
@@ -331,6 +334,7 @@ fn bench_envs(
             }
             if rep >= config.warmup {
                 totals.push(part_ms.iter().sum::<f64>());
+                reforced += forced;
                 if tier == Tier::FullLoop {
                     boundaries.push(part_ms[1]);
                 }
@@ -347,6 +351,7 @@ fn bench_envs(
             ms_per_env: step.median_ms / envs as f64,
             train_images_per_s: train_images / (step.median_ms / 1e3),
             env_epochs_per_s: envs as f64 / (step.median_ms / 1e3),
+            reforced_slots_per_step: reforced as f64 / config.reps as f64,
         };
         on_line(&format_tier_row(&result));
         tiers.push(result);
