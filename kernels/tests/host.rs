@@ -137,3 +137,40 @@ fn host_init_matches_pytorch_defaults() {
     assert_ne!(p.weights.env(0, 0), p.weights.env(0, 1), "envs draw their own init");
     assert!(p.running_var.iter().all(|v| v.iter().all(|&x| x == 1.0)));
 }
+
+/// The fused batch norm → ReLU → pool blocks give the same bits as the op-by-op blocks (the path a block
+/// takes when a seed sits between its ReLU and its pool), so a seed in one env never changes another's.
+#[test]
+fn fused_blocks_equal_op_by_op_blocks_bit_for_bit() {
+    // Odd sizes after the first pool: 10 → 5 → 2 (the pools drop a row and a column).
+    let arch = HostArch { image_size: 10, ..HostArch::CIFAR_BASELINE };
+    let (envs, batch, steps) = (3, 4, 3);
+    let ids: Vec<u64> = (0..envs as u64).collect();
+    let data: Vec<(Vec<f32>, Vec<u8>)> =
+        (0..steps).map(|s| random_batch(arch, envs, batch, 40 + s)).collect();
+    let run = |fuse: bool| {
+        let mut params = HostParams::init(arch, 9, 0, &ids);
+        let mut ws = HostWorkspace::<f32>::new(arch, envs, batch);
+        ws.set_fusion(fuse);
+        let mut bank = SeedBank::empty(&arch);
+        let mut trainer = Trainer::new(&params, &bank);
+        let mut losses = vec![];
+        for (images, labels) in &data {
+            trainer.step(&mut params, &mut bank, &mut ws, images, labels, false);
+            losses.extend_from_slice(&ws.loss);
+        }
+        ws.forward_eval(&params, &bank, &data[0].0);
+        (params, losses, ws.logits.clone())
+    };
+    let (fused, fused_losses, fused_logits) = run(true);
+    let (plain, plain_losses, plain_logits) = run(false);
+    assert_eq!(bits(&fused_losses), bits(&plain_losses), "losses");
+    assert_eq!(bits(&fused_logits), bits(&plain_logits), "eval logits");
+    for t in 0..fused.weights.tensors.len() {
+        assert_eq!(bits(&fused.weights.tensors[t]), bits(&plain.weights.tensors[t]), "tensor {t}");
+    }
+    for b in 0..arch.n_blocks {
+        assert_eq!(bits(&fused.running_mean[b]), bits(&plain.running_mean[b]), "running mean {b}");
+        assert_eq!(bits(&fused.running_var[b]), bits(&plain.running_var[b]), "running var {b}");
+    }
+}

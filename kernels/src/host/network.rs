@@ -1,7 +1,9 @@
 //! The batched host network: a static layer sequence whose forward keeps what the backward needs in
 //! preallocated buffers and whose backward walks the same sequence in reverse. Every op runs once per
 //! layer over all envs (the env is a parallel dimension inside the op). Seed slots sit after a block's
-//! ReLU (row 0) and after its pool (row 1); a slot with no active seed in any env is skipped.
+//! ReLU (row 0) and after its pool (row 1); a slot with no active seed in any env is skipped. A block with
+//! a pool and no active seed at its row-0 slot runs batch norm → ReLU → pool fused ([`ops::fused`]); the
+//! op-by-op path it takes otherwise gives every env the same bits.
 
 use super::arch::HostArch;
 use super::params::{HostParams, Stacked};
@@ -20,7 +22,14 @@ struct BlockActs<T> {
     bn_inv_std: Vec<T>,
     /// Pooled output (the host activation at slot r1c<b>); empty without a pool.
     pooled: Vec<T>,
+    /// The max-pool's winner per window; after a fused forward, the fused code (see [`ops::fused`]).
     argmax: Vec<u8>,
+    /// Per-plane `(mean, M2)` of `conv_out` (`[E, B, C, 2]`): the batch statistics' source.
+    plane_stats: Vec<T>,
+    /// Fused path: each window's winning `conv_out` value (pooled-size); empty without a pool.
+    winner: Vec<T>,
+    /// The last forward took the fused batch norm → ReLU → pool path (`block_out` was not written).
+    fused: bool,
     r0: Option<SlotWorkspace<T>>,
     r1: Option<SlotWorkspace<T>>,
 }
@@ -62,6 +71,8 @@ pub struct HostWorkspace<T> {
     grad_features: Vec<T>,
     grad_a: Vec<T>,
     grad_b: Vec<T>,
+    /// Run batch norm → ReLU → pool fused where a block allows it (the default).
+    fuse: bool,
 }
 
 impl<T: Real> HostWorkspace<T> {
@@ -73,7 +84,10 @@ impl<T: Real> HostWorkspace<T> {
     /// A workspace with a slot workspace for every enabled slot of `bank`.
     pub fn with_slots(arch: HostArch, envs: usize, batch: usize, bank: &SeedBank<T>) -> Self {
         let act = |b: usize| envs * batch * arch.block_channels(b) * arch.block_size(b).pow(2);
-        let pooled = |b: usize| if arch.pools_after(b) { act(b) / 4 } else { 0 };
+        let pooled = |b: usize| {
+            let out = arch.block_output_size(b);
+            if arch.pools_after(b) { envs * batch * arch.block_channels(b) * out * out } else { 0 }
+        };
         let slot = |p: &Option<SlotParams<T>>| {
             p.as_ref().map(|p| SlotWorkspace::new(envs, batch, p.channels, p.size))
         };
@@ -85,6 +99,9 @@ impl<T: Real> HostWorkspace<T> {
                 bn_inv_std: vec![T::ZERO; envs * arch.block_channels(b)],
                 pooled: vec![T::ZERO; pooled(b)],
                 argmax: vec![0u8; pooled(b)],
+                plane_stats: vec![T::ZERO; 2 * envs * batch * arch.block_channels(b)],
+                winner: vec![T::ZERO; pooled(b)],
+                fused: false,
                 r0: slot(&bank.r0[b]),
                 r1: slot(&bank.r1[b]),
             })
@@ -102,7 +119,14 @@ impl<T: Real> HostWorkspace<T> {
             grad_features: vec![T::ZERO; envs * batch * arch.head_in()],
             grad_a: vec![T::ZERO; max_act],
             grad_b: vec![T::ZERO; max_act],
+            fuse: true,
         }
+    }
+
+    /// Whether blocks may run batch norm → ReLU → pool fused (default true). Off, every block runs op by
+    /// op, as the reference the tests and the benchmark compare the fused path with.
+    pub fn set_fusion(&mut self, fuse: bool) {
+        self.fuse = fuse;
     }
 
     fn conv_shape(&self, block: usize) -> Conv2dShape {
@@ -179,10 +203,7 @@ impl<T: Real> HostWorkspace<T> {
             let w = &params.weights.tensors;
             let (conv_w, gamma, beta) = (&w[3 * b], &w[3 * b + 1], &w[3 * b + 2]);
             let (mean, var) = (&mut params.running_mean[b], &mut params.running_var[b]);
-            let normalize = |norm, z: &[T], y: &mut [T], m: &mut [T], s: &mut [T]| {
-                ops::batch_norm_train_forward(norm, z, gamma, beta, y, m, s, mean, var)
-            };
-            self.block_forward(b, images, conv_w, normalize, bank, true);
+            self.block_forward(b, images, conv_w, Norm::Train { gamma, beta, mean, var }, bank);
         }
         self.head_forward(params);
         let shape = ClassifierShape { envs: self.envs, batch: self.batch, classes: self.arch.num_classes };
@@ -202,47 +223,128 @@ impl<T: Real> HostWorkspace<T> {
         for b in 0..self.arch.n_blocks {
             let (gamma, beta) = (params.gamma(b), params.beta(b));
             let (mean, var) = (&params.running_mean[b], &params.running_var[b]);
-            let normalize = |norm, z: &[T], y: &mut [T], _: &mut [T], _: &mut [T]| {
-                ops::batch_norm_eval_forward(norm, z, gamma, beta, mean, var, y)
-            };
-            self.block_forward(b, images, params.conv(b), normalize, bank, false);
+            self.block_forward(b, images, params.conv(b), Norm::Eval { gamma, beta, mean, var }, bank);
         }
         self.head_forward(params);
     }
 
-    /// conv → batch norm (`normalize`, train or eval) → ReLU → slot r0 → pool → slot r1 for block `b`.
+    /// conv → batch norm (train or eval) → ReLU → slot r0 → pool → slot r1 for block `b`. With a pool
+    /// and no active seed at slot r0, batch norm, ReLU and pool run fused (see [`ops::fused`]).
     fn block_forward(
         &mut self,
         b: usize,
         images: &[T],
         conv_weight: &[T],
-        normalize: impl FnOnce(NormShape, &[T], &mut [T], &mut [T], &mut [T]),
+        norm: Norm<'_, T>,
         bank: &SeedBank<T>,
-        train: bool,
     ) {
-        let (conv, norm, pool) = (self.conv_shape(b), self.norm_shape(b), self.pool_shape(b));
+        let (conv, shape, pool) = (self.conv_shape(b), self.norm_shape(b), self.pool_shape(b));
         let arch = self.arch;
+        let train = matches!(norm, Norm::Train { .. });
+        let fuse = self.fuse;
         let (done, rest) = self.blocks.split_at_mut(b);
         let input = match done.last() {
             Some(prev) => prev.final_output(arch.pools_after(b - 1)),
             None => images,
         };
         let cur = &mut rest[0];
-        ops::conv2d_forward(conv, input, conv_weight, &mut cur.conv_out);
-        normalize(norm, &cur.conv_out, &mut cur.block_out, &mut cur.bn_mean, &mut cur.bn_inv_std);
-        ops::relu_forward_in_place(&mut cur.block_out);
-        if let (Some(ws), Some(p)) = (&mut cur.r0, &bank.r0[b]) {
-            ws.forward(p, &cur.block_out, train);
-        }
-        if arch.pools_after(b) {
-            let pool_in = match &cur.r0 {
-                Some(s) if s.active => &s.out,
-                _ => &cur.block_out,
-            };
-            ops::max_pool2x2_forward(pool, pool_in, &mut cur.pooled, &mut cur.argmax);
-            if let (Some(ws), Some(p)) = (&mut cur.r1, &bank.r1[b]) {
-                ws.forward(p, &cur.pooled, train);
+        let r0_active = cur.r0.is_some() && bank.r0[b].as_ref().is_some_and(|p| p.any_active());
+        cur.fused = fuse && arch.pools_after(b) && !r0_active;
+        if cur.fused {
+            match norm {
+                Norm::Train { gamma, beta, mean, var } => {
+                    ops::conv2d_forward_with_plane_stats(
+                        conv,
+                        input,
+                        conv_weight,
+                        &mut cur.conv_out,
+                        &mut cur.plane_stats,
+                    );
+                    ops::batch_norm_relu_max_pool_train_forward(
+                        shape,
+                        &cur.conv_out,
+                        &cur.plane_stats,
+                        gamma,
+                        beta,
+                        &mut cur.bn_mean,
+                        &mut cur.bn_inv_std,
+                        mean,
+                        var,
+                        &mut cur.pooled,
+                        &mut cur.argmax,
+                        &mut cur.winner,
+                    );
+                }
+                Norm::Eval { gamma, beta, mean, var } => {
+                    ops::conv2d_forward(conv, input, conv_weight, &mut cur.conv_out);
+                    ops::batch_norm_relu_max_pool_eval_forward(
+                        shape,
+                        &cur.conv_out,
+                        gamma,
+                        beta,
+                        mean,
+                        var,
+                        &mut cur.pooled,
+                    );
+                }
             }
+            if let (Some(ws), Some(p)) = (&mut cur.r0, &bank.r0[b]) {
+                // No env active: this only records that the slot was skipped (`block_out` is not read).
+                ws.forward(p, &cur.block_out, train);
+            }
+        } else {
+            // The same arithmetic as the fused path, op by op: an env gets the same bits either way.
+            match norm {
+                Norm::Train { gamma, beta, mean, var } => {
+                    ops::conv2d_forward_with_plane_stats(
+                        conv,
+                        input,
+                        conv_weight,
+                        &mut cur.conv_out,
+                        &mut cur.plane_stats,
+                    );
+                    ops::batch_norm_relu_train_forward(
+                        shape,
+                        &cur.conv_out,
+                        &cur.plane_stats,
+                        gamma,
+                        beta,
+                        &mut cur.block_out,
+                        &mut cur.bn_mean,
+                        &mut cur.bn_inv_std,
+                        mean,
+                        var,
+                    );
+                }
+                Norm::Eval { gamma, beta, mean, var } => {
+                    ops::conv2d_forward(conv, input, conv_weight, &mut cur.conv_out);
+                    ops::batch_norm_eval_forward(
+                        shape,
+                        &cur.conv_out,
+                        gamma,
+                        beta,
+                        mean,
+                        var,
+                        &mut cur.block_out,
+                    );
+                    ops::relu_forward_in_place(&mut cur.block_out);
+                }
+            }
+            if let (Some(ws), Some(p)) = (&mut cur.r0, &bank.r0[b]) {
+                ws.forward(p, &cur.block_out, train);
+            }
+            if arch.pools_after(b) {
+                let pool_in = match &cur.r0 {
+                    Some(s) if s.active => &s.out,
+                    _ => &cur.block_out,
+                };
+                ops::max_pool2x2_forward(pool, pool_in, &mut cur.pooled, &mut cur.argmax);
+            }
+        }
+        if arch.pools_after(b)
+            && let (Some(ws), Some(p)) = (&mut cur.r1, &bank.r1[b])
+        {
+            ws.forward(p, &cur.pooled, train);
         }
     }
 
@@ -291,12 +393,14 @@ impl<T: Real> HostWorkspace<T> {
             &mut self.grad_a[..last_len],
         );
         for b in (0..n).rev() {
-            let (conv, norm, pool) = (self.conv_shape(b), self.norm_shape(b), self.pool_shape(b));
+            let (conv, norm) = (self.conv_shape(b), self.norm_shape(b));
             let arch = self.arch;
-            let (done, rest) = self.blocks.split_at_mut(b);
-            let cur = &mut rest[0];
+            let cur = &mut self.blocks[b];
             let act_len = cur.block_out.len();
-            if arch.pools_after(b) {
+            let (conv_w, bn) = g[3 * b..3 * b + 3].split_at_mut(1);
+            let (gamma_grad, beta_grad) = bn.split_at_mut(1);
+            // Into `grad_b`: the gradient at the batch norm's input.
+            if cur.fused {
                 let pooled_len = cur.pooled.len();
                 if let (Some(ws), Some(p)) = (&mut cur.r1, &mut bank.r1[b])
                     && ws.active
@@ -304,33 +408,25 @@ impl<T: Real> HostWorkspace<T> {
                     ws.backward(p, &self.grad_a[..pooled_len], &mut self.grad_b[..pooled_len]);
                     std::mem::swap(&mut self.grad_a, &mut self.grad_b);
                 }
-                let (dy, dx) = (&self.grad_a[..pooled_len], &mut self.grad_b[..act_len]);
-                ops::max_pool2x2_backward(pool, dy, &cur.argmax, dx);
-                std::mem::swap(&mut self.grad_a, &mut self.grad_b);
+                ops::batch_norm_relu_max_pool_backward(
+                    norm,
+                    &cur.conv_out,
+                    params.gamma(b),
+                    &cur.bn_mean,
+                    &cur.bn_inv_std,
+                    &self.grad_a[..pooled_len],
+                    &cur.argmax,
+                    &cur.winner,
+                    &mut self.grad_b[..act_len],
+                    &mut gamma_grad[0],
+                    &mut beta_grad[0],
+                );
+            } else {
+                self.unfused_block_backward(b, params, bank, &mut gamma_grad[0], &mut beta_grad[0]);
             }
-            if let (Some(ws), Some(p)) = (&mut cur.r0, &mut bank.r0[b])
-                && ws.active
-            {
-                ws.backward(p, &self.grad_a[..act_len], &mut self.grad_b[..act_len]);
-                std::mem::swap(&mut self.grad_a, &mut self.grad_b);
-            }
-            ops::relu_backward_in_place(&cur.block_out, &mut self.grad_a[..act_len]);
-            let (conv_w, bn) = g[3 * b..3 * b + 3].split_at_mut(1);
-            let (gamma_grad, beta_grad) = bn.split_at_mut(1);
-            ops::batch_norm_backward(
-                norm,
-                &cur.conv_out,
-                params.gamma(b),
-                &cur.bn_mean,
-                &cur.bn_inv_std,
-                &self.grad_a[..act_len],
-                &mut self.grad_b[..act_len],
-                &mut gamma_grad[0],
-                &mut beta_grad[0],
-            );
-            let input = match done.last() {
-                Some(prev) => prev.final_output(arch.pools_after(b - 1)),
-                None => images,
+            let input = match b {
+                0 => images,
+                _ => self.blocks[b - 1].final_output(arch.pools_after(b - 1)),
             };
             ops::conv2d_backward_weight(conv, input, &self.grad_b[..act_len], &mut conv_w[0]);
             if b > 0 {
@@ -339,4 +435,62 @@ impl<T: Real> HostWorkspace<T> {
             }
         }
     }
+
+    /// Block `b`'s backward from the gradient at its output (in `grad_a`) to the gradient at its batch
+    /// norm's input (in `grad_b`), op by op: slot r1, pool, slot r0, ReLU, batch norm.
+    fn unfused_block_backward(
+        &mut self,
+        b: usize,
+        params: &HostParams<T>,
+        bank: &mut SeedBank<T>,
+        gamma_grad: &mut [T],
+        beta_grad: &mut [T],
+    ) {
+        let (norm, pool) = (self.norm_shape(b), self.pool_shape(b));
+        let arch = self.arch;
+        let cur = &mut self.blocks[b];
+        let act_len = cur.block_out.len();
+        if arch.pools_after(b) {
+            let pooled_len = cur.pooled.len();
+            if let (Some(ws), Some(p)) = (&mut cur.r1, &mut bank.r1[b])
+                && ws.active
+            {
+                ws.backward(p, &self.grad_a[..pooled_len], &mut self.grad_b[..pooled_len]);
+                std::mem::swap(&mut self.grad_a, &mut self.grad_b);
+            }
+            let (dy, dx) = (&self.grad_a[..pooled_len], &mut self.grad_b[..act_len]);
+            ops::max_pool2x2_backward(pool, dy, &cur.argmax, dx);
+            std::mem::swap(&mut self.grad_a, &mut self.grad_b);
+        }
+        if let (Some(ws), Some(p)) = (&mut cur.r0, &mut bank.r0[b])
+            && ws.active
+        {
+            ws.backward(p, &self.grad_a[..act_len], &mut self.grad_b[..act_len]);
+            std::mem::swap(&mut self.grad_a, &mut self.grad_b);
+        }
+        ops::relu_backward_in_place(&cur.block_out, &mut self.grad_a[..act_len]);
+        // With a pool, the sums in the fused backward's order: the same bits on either path.
+        let backward = if arch.pools_after(b) {
+            ops::batch_norm_backward_window_order
+        } else {
+            ops::batch_norm_backward
+        };
+        backward(
+            norm,
+            &cur.conv_out,
+            params.gamma(b),
+            &cur.bn_mean,
+            &cur.bn_inv_std,
+            &self.grad_a[..act_len],
+            &mut self.grad_b[..act_len],
+            gamma_grad,
+            beta_grad,
+        );
+    }
+}
+
+/// The batch norm of a block forward: training (batch statistics; running statistics updated) or eval.
+enum Norm<'a, T> {
+    Train { gamma: &'a [T], beta: &'a [T], mean: &'a mut [T], var: &'a mut [T] },
+    Eval { gamma: &'a [T], beta: &'a [T], mean: &'a [T], var: &'a [T] },
 }

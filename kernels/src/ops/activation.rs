@@ -56,7 +56,7 @@ pub fn relu_forward_in_place<T: Real>(x: &mut [T]) {
 }
 
 #[inline(always)]
-fn relu<T: Real>(v: T) -> T {
+pub(crate) fn relu<T: Real>(v: T) -> T {
     #[allow(clippy::neg_cmp_op_on_partial_ord)] // `!(v <= 0)` is true for NaN, which must pass through
     let keep = !(v <= T::ZERO);
     if keep { v } else { T::ZERO }

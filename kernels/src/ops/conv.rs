@@ -21,6 +21,7 @@
 
 use rayon::prelude::*;
 
+use super::norm::plane_mean_and_m2;
 use super::real::{LANES, Real, tree_sum};
 
 /// Output positions computed together (two AVX2 vectors of f32).
@@ -335,6 +336,31 @@ fn check_lengths<T>(shape: &Conv2dShape, input: &[T], weight: &[T], output: &[T]
 
 /// `output = conv(input, weight)` per env (overwrites `output`).
 pub fn conv2d_forward<T: Real>(shape: Conv2dShape, input: &[T], weight: &[T], output: &mut [T]) {
+    forward(shape, input, weight, output, None);
+}
+
+/// [`conv2d_forward`] that also writes the statistics of every output plane while it is still in cache:
+/// `plane_stats[e, b, c] = (mean, Σ (v − mean)²)` over the `h_out·w_out` values of plane `(e, b, c)`, as
+/// [`plane_mean_and_m2`] computes them (`plane_stats` is `[E, B, c_out, 2]`). A batch norm that follows
+/// combines them into its batch statistics without reading the output again.
+pub fn conv2d_forward_with_plane_stats<T: Real>(
+    shape: Conv2dShape,
+    input: &[T],
+    weight: &[T],
+    output: &mut [T],
+    plane_stats: &mut [T],
+) {
+    assert_eq!(plane_stats.len(), 2 * shape.envs * shape.batch * shape.c_out, "conv plane statistics length");
+    forward(shape, input, weight, output, Some(plane_stats));
+}
+
+fn forward<T: Real>(
+    shape: Conv2dShape,
+    input: &[T],
+    weight: &[T],
+    output: &mut [T],
+    plane_stats: Option<&mut [T]>,
+) {
     check_lengths(&shape, input, weight, output);
     if output.is_empty() {
         return;
@@ -351,11 +377,28 @@ pub fn conv2d_forward<T: Real>(shape: Conv2dShape, input: &[T], weight: &[T], ou
         layout: WeightLayout::forward(&shape),
         accumulate: false,
     };
-    output.par_chunks_mut(out_image).enumerate().for_each(|(i, out)| {
+    let image = |i: usize, out: &mut [T], stats: Option<&mut [T]>| {
         let e = i / shape.batch;
         let src = &input[i * in_image..(i + 1) * in_image];
-        dispatch_correlate(&correlation, src, out, &weight[e * w_env..(e + 1) * w_env]);
-    });
+        dispatch_correlate_with_stats(&correlation, src, out, &weight[e * w_env..(e + 1) * w_env], stats);
+    };
+    match plane_stats {
+        None => output.par_chunks_mut(out_image).enumerate().for_each(|(i, out)| image(i, out, None)),
+        Some(stats) => output
+            .par_chunks_mut(out_image)
+            .zip(stats.par_chunks_mut(2 * shape.c_out))
+            .enumerate()
+            .for_each(|(i, (out, stats))| image(i, out, Some(stats))),
+    }
+}
+
+/// Per-plane `(mean, M2)` of one output image into `stats` (`[c_out, 2]`).
+#[inline(always)]
+fn image_plane_stats<T: Real>(c: &Correlation, out: &[T], stats: &mut [T]) {
+    let plane = c.geo.dst_h * c.geo.dst_w;
+    for (values, s) in out.chunks_exact(plane).zip(stats.chunks_exact_mut(2)) {
+        (s[0], s[1]) = plane_mean_and_m2(values);
+    }
 }
 
 /// `grad_input = ∂L/∂input` given `grad_output = ∂L/∂output` (overwrites `grad_input`).
@@ -489,11 +532,14 @@ fn weight_grad_block<T: Real, const N: usize>(job: &WeightGradJob<'_, T>, dw: &m
             for (j, row) in dy_padded.chunks_exact_mut(geo.q_round).enumerate() {
                 let channel = b * s.c_out + job.first_out + j;
                 let dy = &job.grad_output[channel * hw_out..(channel + 1) * hw_out];
-                row.fill(T::ZERO);
                 for y in 0..geo.dst_h {
-                    row[y * geo.wp..y * geo.wp + geo.dst_w]
-                        .copy_from_slice(&dy[y * geo.dst_w..(y + 1) * geo.dst_w]);
+                    let (data, junk) = row[y * geo.wp..(y + 1) * geo.wp].split_at_mut(geo.dst_w);
+                    copy_short(data, &dy[y * geo.dst_w..(y + 1) * geo.dst_w]);
+                    for v in junk {
+                        *v = T::ZERO;
+                    }
                 }
+                row[geo.dst_h * geo.wp..].fill(T::ZERO);
             }
             for c in 0..cin_g {
                 let plane = &padded[c * geo.plane..(c + 1) * geo.plane];
@@ -599,10 +645,49 @@ fn dispatch_correlate<T: Real>(c: &Correlation, src: &[T], dst: &mut [T], weight
     });
 }
 
+/// [`dispatch_correlate`], then the output's per-plane statistics (if asked) while it is in cache.
+#[inline]
+fn dispatch_correlate_with_stats<T: Real>(
+    c: &Correlation,
+    src: &[T],
+    dst: &mut [T],
+    weight: &[T],
+    stats: Option<&mut [T]>,
+) {
+    T::with_scratch(c.scratch_len(), |scratch| {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+            unsafe { correlate_image_stats_avx2(c, src, dst, weight, scratch, stats) };
+            return;
+        }
+        correlate_image(c, src, dst, weight, scratch);
+        if let Some(stats) = stats {
+            image_plane_stats(c, dst, stats);
+        }
+    });
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn correlate_image_avx2<T: Real>(c: &Correlation, src: &[T], dst: &mut [T], weight: &[T], scratch: &mut [T]) {
     correlate_image(c, src, dst, weight, scratch);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn correlate_image_stats_avx2<T: Real>(
+    c: &Correlation,
+    src: &[T],
+    dst: &mut [T],
+    weight: &[T],
+    scratch: &mut [T],
+    stats: Option<&mut [T]>,
+) {
+    correlate_image(c, src, dst, weight, scratch);
+    if let Some(stats) = stats {
+        image_plane_stats(c, dst, stats);
+    }
 }
 
 #[inline]

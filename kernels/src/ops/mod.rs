@@ -15,6 +15,7 @@
 pub mod activation;
 pub mod blend;
 pub mod conv;
+pub mod fused;
 pub mod linear;
 pub mod loss;
 pub mod norm;
@@ -34,13 +35,19 @@ pub use blend::{
 };
 pub use conv::{
     Conv2dShape, conv2d_backward_input, conv2d_backward_input_accumulate, conv2d_backward_weight,
-    conv2d_forward,
+    conv2d_forward, conv2d_forward_with_plane_stats,
+};
+pub use fused::{
+    NO_GRADIENT, batch_norm_backward_window_order, batch_norm_relu_max_pool_backward,
+    batch_norm_relu_max_pool_eval_forward, batch_norm_relu_max_pool_train_forward,
+    batch_norm_relu_train_forward,
 };
 pub use linear::{LinearShape, linear_backward_input, linear_backward_params, linear_forward};
 pub use loss::{ClassifierShape, count_correct, softmax_cross_entropy};
 pub use norm::{
     BATCH_NORM_MOMENTUM, NORM_EPS, NormShape, batch_norm_backward, batch_norm_eval_forward,
     batch_norm_train_forward, group_norm_backward, group_norm_backward_accumulate, group_norm_forward,
+    plane_mean_and_m2,
 };
 pub use pool::{
     PoolShape, global_avg_pool_backward, global_avg_pool_backward_accumulate, global_avg_pool_forward,

@@ -130,6 +130,17 @@ pub fn batch_norm_train_forward<T: Real>(
     });
 }
 
+/// `(mean, Σ (v − mean)²)` of one plane, both with [`LaneSums`] (two passes: the plane is in cache).
+#[inline]
+pub fn plane_mean_and_m2<T: Real>(values: &[T]) -> (T, T) {
+    let mut sum = LaneSums::new();
+    sum.add_map(values, |v| v);
+    let mean = sum.total() / T::from_usize(values.len().max(1));
+    let mut squares = LaneSums::new();
+    squares.add_map(values, |v| (v - mean) * (v - mean));
+    (mean, squares.total())
+}
+
 /// `y = (x − mean)·scale + shift` over one plane.
 #[inline(always)]
 fn affine_plane<T: Real>(x: &[T], y: &mut [T], mean: T, scale: T, shift: T) {

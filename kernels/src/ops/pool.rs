@@ -50,28 +50,85 @@ pub fn max_pool2x2_forward<T: Real>(shape: PoolShape, x: &[T], y: &mut [T], argm
             for c in 0..shape.channels {
                 let plane = &x_img[c * h * w..(c + 1) * h * w];
                 for oy in 0..ho {
-                    let top = &plane[2 * oy * w..(2 * oy + 1) * w];
-                    let bottom = &plane[(2 * oy + 1) * w..(2 * oy + 2) * w];
-                    for ox in 0..wo {
-                        let window = [top[2 * ox], top[2 * ox + 1], bottom[2 * ox], bottom[2 * ox + 1]];
-                        // Strictly greater: an equal later element never displaces the first maximum.
-                        // A NaN wins and stays (PyTorch propagates NaN through max-pool, and the governor
-                        // relies on a non-finite loss to see a broken env).
-                        let mut best = 0;
-                        for k in 1..4 {
-                            let current = window[best];
-                            if !current.is_nan() && (window[k] > current || window[k].is_nan()) {
-                                best = k;
-                            }
-                        }
-                        let o = (c * ho + oy) * wo + ox;
-                        y_img[o] = window[best];
-                        idx_img[o] = best as u8;
-                    }
+                    let (top, bottom) = plane[2 * oy * w..(2 * oy + 2) * w].split_at(w);
+                    let out = (c * ho + oy) * wo..(c * ho + oy + 1) * wo;
+                    pool_rows(top, bottom, &mut y_img[out.clone()], &mut idx_img[out]);
                 }
             }
         },
     );
+}
+
+/// Pools one pair of rows into `out` and `index`: `V` windows at a time, then `V/2`, then one.
+#[inline(always)]
+fn pool_rows<T: Real>(top: &[T], bottom: &[T], out: &mut [T], index: &mut [u8]) {
+    let mut ox0 = 0;
+    while ox0 < out.len() {
+        ox0 += match out.len() - ox0 {
+            n if n >= V => pool_windows::<T, V>(top, bottom, out, index, ox0),
+            n if n >= V / 2 => pool_windows::<T, { V / 2 }>(top, bottom, out, index, ox0),
+            _ => pool_windows::<T, 1>(top, bottom, out, index, ox0),
+        };
+    }
+}
+
+#[inline(always)]
+fn pool_windows<T: Real, const N: usize>(
+    top: &[T],
+    bottom: &[T],
+    out: &mut [T],
+    index: &mut [u8],
+    ox0: usize,
+) -> usize {
+    let windows = gather_windows::<T, N>(top, bottom, ox0);
+    let (best, k, _) = winners(&windows, &windows);
+    out[ox0..ox0 + N].copy_from_slice(&best);
+    for l in 0..N {
+        index[ox0 + l] = k[l] as u8;
+    }
+    N
+}
+
+/// Windows pooled together (one AVX2 vector of f32).
+pub(crate) const V: usize = 8;
+
+/// Element `k` (row-major) of `V` consecutive 2×2 windows starting at window `ox0` of a row pair:
+/// `[k][l]` for window `ox0 + l`.
+#[inline(always)]
+pub(crate) fn gather_windows<T: Real, const N: usize>(top: &[T], bottom: &[T], ox0: usize) -> [[T; N]; 4] {
+    let (t, b) = (&top[2 * ox0..2 * ox0 + 2 * N], &bottom[2 * ox0..2 * ox0 + 2 * N]);
+    let mut windows = [[T::ZERO; N]; 4];
+    for l in 0..N {
+        windows[0][l] = t[2 * l];
+        windows[1][l] = t[2 * l + 1];
+        windows[2][l] = b[2 * l];
+        windows[3][l] = b[2 * l + 1];
+    }
+    windows
+}
+
+/// Each of `N` windows' winner, without branches so the loop vectorises: `(winning values, their indices,
+/// the elements of `companion` at those indices)`. Strictly greater: an equal later element never displaces
+/// the first maximum (ties give the whole gradient to the first). A NaN wins and stays (PyTorch propagates
+/// NaN through max-pool, and the governor relies on a non-finite loss to see a broken env).
+#[inline(always)]
+pub(crate) fn winners<T: Real, const N: usize>(
+    windows: &[[T; N]; 4],
+    companion: &[[T; N]; 4],
+) -> ([T; N], [u32; N], [T; N]) {
+    let mut best = windows[0];
+    let mut other = companion[0];
+    let mut index = [0u32; N];
+    for k in 1..4 {
+        for l in 0..N {
+            let v = windows[k][l];
+            let take = !best[l].is_nan() & ((v > best[l]) | v.is_nan());
+            best[l] = if take { v } else { best[l] };
+            other[l] = if take { companion[k][l] } else { other[l] };
+            index[l] = if take { k as u32 } else { index[l] };
+        }
+    }
+    (best, index, other)
 }
 
 /// Routes each output gradient to the window element that won. Overwrites `grad_input` (zero elsewhere,
@@ -244,6 +301,44 @@ mod tests {
 #[cfg(test)]
 mod nan_tests {
     use super::*;
+
+    /// The window rule written out one window at a time, with branches: the reference for the
+    /// vectorised pool on rows of 8, 4 and 1 windows, with ties, zeros and NaNs.
+    #[test]
+    fn vectorised_pool_matches_the_scalar_rule() {
+        let shape = PoolShape { envs: 2, batch: 2, channels: 3, h: 6, w: 27 };
+        let mut s = crate::rng::StreamKey::new(5, 0, 0, crate::rng::Purpose::Test).stream(0);
+        let x: Vec<f32> = (0..shape.input_len())
+            .map(|_| match s.below(10) {
+                0 => f32::NAN,
+                1..=3 => 0.0,
+                _ => (s.below(5) as f32) * 0.5,
+            })
+            .collect();
+        let (mut y, mut idx) =
+            (vec![0.0f32; shape.max_pool_output_len()], vec![9u8; shape.max_pool_output_len()]);
+        max_pool2x2_forward(shape, &x, &mut y, &mut idx);
+        let (ho, wo) = (shape.h / 2, shape.w / 2);
+        for p in 0..shape.envs * shape.batch * shape.channels {
+            for oy in 0..ho {
+                for ox in 0..wo {
+                    let at = |dy: usize, dx: usize| {
+                        x[p * shape.h * shape.w + (2 * oy + dy) * shape.w + 2 * ox + dx]
+                    };
+                    let window = [at(0, 0), at(0, 1), at(1, 0), at(1, 1)];
+                    let mut best = 0;
+                    for k in 1..4 {
+                        if !window[best].is_nan() && (window[k] > window[best] || window[k].is_nan()) {
+                            best = k;
+                        }
+                    }
+                    let o = (p * ho + oy) * wo + ox;
+                    assert_eq!(idx[o] as usize, best, "window {o}");
+                    assert_eq!(y[o].to_bits(), window[best].to_bits(), "window {o}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn max_pool_propagates_nan_like_pytorch() {
