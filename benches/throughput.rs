@@ -1,5 +1,5 @@
 //! The throughput bench (`cargo bench --bench throughput`): the same code as `esper-ecs bench`, at
-//! 1, 4, 16 and 64 envs with its default workload (2 training batches of 128 images and 128
+//! 1, 4, 16 and 64 envs with its default workload (2 training batches of 64 images and 128
 //! validation images per env per step, three BLENDING seeds per env), printing the table. For 256
 //! envs, other presets or the JSON report use `esper-ecs bench` (see docs/profiling.md).
 

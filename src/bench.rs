@@ -78,7 +78,7 @@ impl Default for BenchConfig {
             envs: vec![1, 4, 16, 64, 256],
             task: TaskPreset::CifarBaseline,
             device: Device::Cpu,
-            batch_per_env: 128,
+            batch_per_env: 64,
             train_batches: 2,
             test_per_env: 128,
             warmup: 1,

@@ -102,8 +102,8 @@ pub struct BenchArgs {
     )]
     pub device: String,
 
-    #[arg(long, value_name = "B", default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..),
-          help = "Training images per env per batch")]
+    #[arg(long, value_name = "B", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..),
+          help = "Training images per env per batch (64 keeps 256 envs within 24 GiB with three seeds each)")]
     pub batch_per_env: u32,
 
     #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..),
