@@ -153,9 +153,9 @@ pub struct TierResult {
     pub train_images_per_s: f64,
     /// Env-epochs (env-steps) per second.
     pub env_epochs_per_s: f64,
-    /// Slots put back into the forced state per timed step (after the policy or the lifecycle moved
-    /// them): their seeds were re-initialised inside the timed step.
-    pub reforced_slots_per_step: f64,
+    /// Slots the policy or the lifecycle moved out of the forced state, per timed step: their seeds
+    /// were re-initialised inside the timed step (0 once the warm-up has germinated every seed).
+    pub regerminated_slots_per_step: f64,
 }
 
 /// The epoch boundary (tier 3, Observe … Record) at one env count.
@@ -240,25 +240,23 @@ fn forced_slot(blueprint: BlueprintAction) -> SlotState {
     s
 }
 
-/// Put every slot that left the forced state back into it (a germination event, so the kernels give
-/// it a fresh seed); clear the events of the others. Returns how many slots were re-forced.
+/// Write the forced state into every slot (so counters, controller and flags — the policy's input —
+/// are the same every step). A slot that the policy or the lifecycle moved out of it (stage, alpha or
+/// blueprint changed) also gets a germination event, so the kernels give it a fresh seed; the others'
+/// events are cleared. Returns how many slots were re-germinated.
 fn force_state(world: &mut World) -> usize {
-    let mut forced = 0;
+    let mut regerminated = 0;
     let mut slots = world.query::<SlotQuery>();
     for mut slot in slots.iter_mut(world) {
         let bp = FORCED_BLUEPRINTS[(slot.index.0 as usize).min(FORCED_BLUEPRINTS.len() - 1)];
-        let same = slot.stage.current == SeedStage::Blending
-            && slot.alpha.0 == FORCED_ALPHA
-            && slot.blueprint.0 == bp;
-        if same {
-            *slot.events = SlotEvents::default();
-        } else {
-            slot.view().write(&forced_slot(bp));
-            *slot.events = SlotEvents { germinated: true, ..SlotEvents::default() };
-            forced += 1;
-        }
+        let moved = slot.stage.current != SeedStage::Blending
+            || slot.alpha.0 != FORCED_ALPHA
+            || slot.blueprint.0 != bp;
+        slot.view().write(&forced_slot(bp));
+        *slot.events = SlotEvents { germinated: moved, ..SlotEvents::default() };
+        regerminated += usize::from(moved);
     }
-    forced
+    regerminated
 }
 
 fn schedule_with(add: &[fn(&mut Schedule)]) -> Schedule {
@@ -273,11 +271,12 @@ fn add_train_only(schedule: &mut Schedule) {
     schedule.add_systems(esper_systems::train_hosts::train_hosts.in_set(StepSet::TrainHosts));
 }
 
-/// Resident set size of this process in bytes (Linux), for the memory check.
+/// Resident set size of this process in bytes (Linux `VmRSS`), for the memory check.
 fn resident_bytes() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    Some(pages * 4096)
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// Memory the system can still give (MemAvailable, Linux).
@@ -318,7 +317,7 @@ fn bench_envs(
         for part in &mut parts {
             part.initialize(&mut world).map_err(|e| RunError(format!("bench schedule: {e:?}")))?;
         }
-        let (mut totals, mut boundaries, mut reforced) = (Vec::new(), Vec::new(), 0);
+        let (mut totals, mut boundaries, mut regerminated) = (Vec::new(), Vec::new(), 0);
         for rep in 0..config.warmup + config.reps {
             let forced = force_state(&mut world);
             let mut part_ms = Vec::with_capacity(parts.len());
@@ -334,7 +333,7 @@ fn bench_envs(
             }
             if rep >= config.warmup {
                 totals.push(part_ms.iter().sum::<f64>());
-                reforced += forced;
+                regerminated += forced;
                 if tier == Tier::FullLoop {
                     boundaries.push(part_ms[1]);
                 }
@@ -351,7 +350,7 @@ fn bench_envs(
             ms_per_env: step.median_ms / envs as f64,
             train_images_per_s: train_images / (step.median_ms / 1e3),
             env_epochs_per_s: envs as f64 / (step.median_ms / 1e3),
-            reforced_slots_per_step: reforced as f64 / config.reps as f64,
+            regerminated_slots_per_step: regerminated as f64 / config.reps as f64,
         };
         on_line(&format_tier_row(&result));
         tiers.push(result);
@@ -364,18 +363,20 @@ fn bench_envs(
     Ok((tiers, boundary, configs, resident_bytes()))
 }
 
-const HEADER: &str = "  envs  tier                  ms/step   spread   ms/env   train img/s  env-epochs/s";
+const HEADER: &str =
+    "  envs  tier                  ms/step   spread   ms/env   train img/s  env-epochs/s  re-germinated/step";
 
 fn format_tier_row(r: &TierResult) -> String {
     format!(
-        "{:>6}  {:<20} {:>9.1} {:>7.1}% {:>8.2} {:>13.0} {:>13.2}",
+        "{:>6}  {:<20} {:>9.1} {:>7.1}% {:>8.2} {:>13.0} {:>13.2} {:>19.1}",
         r.envs,
         r.tier.label(),
         r.step.median_ms,
         100.0 * r.step.spread(),
         r.ms_per_env,
         r.train_images_per_s,
-        r.env_epochs_per_s
+        r.env_epochs_per_s,
+        r.regerminated_slots_per_step
     )
 }
 
@@ -419,25 +420,35 @@ pub fn run(config: &BenchConfig, mut on_line: impl FnMut(&str)) -> Result<BenchR
     let mut seen: Vec<(usize, u64)> = Vec::new();
     let base = resident_bytes().unwrap_or(0);
     for &envs in &config.envs {
+        // What this process holds now is freed before the next count is built, so only the difference
+        // has to come from MemAvailable.
+        let held = resident_bytes().unwrap_or(0);
         if let Some(need) = estimate_bytes(base, &seen, envs)
             && let Some(avail) = available_bytes()
-            && need as f64 > 0.9 * avail as f64
+            && need.saturating_sub(held) as f64 > 0.9 * avail as f64
         {
             let reason = format!(
                 "will not fit in memory: needs about {:.1} GiB, {:.1} GiB available",
                 gib(need as f64),
-                gib(avail as f64)
+                gib((avail + held) as f64)
             );
             on_line(&format!("{envs:>6}  skipped: {reason}"));
             report.skipped.push(Skipped { envs, reason });
             continue;
         }
-        let (tiers, boundary, configs, resident) = bench_envs(config, envs, &mut on_line)?;
-        report.counterfactual_configs = configs;
-        report.tiers.extend(tiers);
-        report.boundary.push(boundary);
-        if let Some(r) = resident {
-            seen.push((envs, r));
+        match bench_envs(config, envs, &mut on_line) {
+            Ok((tiers, boundary, configs, resident)) => {
+                report.counterfactual_configs = configs;
+                report.tiers.extend(tiers);
+                report.boundary.push(boundary);
+                if let Some(r) = resident {
+                    seen.push((envs, r));
+                }
+            }
+            Err(e) => {
+                on_line(&format!("{envs:>6}  skipped: {e}"));
+                report.skipped.push(Skipped { envs, reason: e.to_string() });
+            }
         }
     }
     let boundary_at = |n: usize| report.boundary.iter().find(|b| b.envs == n).map(|b| b.step.median_ms);
@@ -449,15 +460,16 @@ pub fn run(config: &BenchConfig, mut on_line: impl FnMut(&str)) -> Result<BenchR
     Ok(report)
 }
 
-/// Expected resident bytes at `envs`, extrapolated linearly from the env counts run so far.
+/// Expected resident bytes at `envs`, extrapolated linearly from the env counts run so far (the line
+/// through the last two, or through `base` and the only one).
 fn estimate_bytes(base: u64, seen: &[(usize, u64)], envs: usize) -> Option<u64> {
-    let per_env = match seen {
-        [] => return None,
-        [(n, r)] => r.saturating_sub(base) as f64 / *n as f64,
-        [.., (n0, r0), (n1, r1)] if n1 > n0 => (*r1 as f64 - *r0 as f64).max(0.0) / (n1 - n0) as f64,
-        [.., (n, r)] => r.saturating_sub(base) as f64 / *n as f64,
+    let (n1, r1) = *seen.last()?;
+    let (n0, r0) = match seen {
+        [.., (n0, r0), _] if *n0 < n1 => (*n0, *r0),
+        _ => (0, base),
     };
-    Some(base + (per_env * envs as f64) as u64)
+    let per_env = (r1 as f64 - r0 as f64).max(0.0) / (n1 - n0) as f64;
+    Some((r1 as f64 + per_env * (envs as f64 - n1 as f64)).max(base as f64) as u64)
 }
 
 /// The epoch boundary's table: host time per step, per env, and the growth from 16 to 256 envs.
@@ -504,6 +516,8 @@ mod tests {
     fn memory_estimate_extrapolates_per_env_growth() {
         assert_eq!(estimate_bytes(100, &[], 4), None);
         assert_eq!(estimate_bytes(100, &[(1, 200)], 4), Some(500));
-        assert_eq!(estimate_bytes(100, &[(1, 200), (4, 500)], 16), Some(100 + 1600));
+        // Through the last two points, intercept kept: 500 + 100·(16 − 4).
+        assert_eq!(estimate_bytes(100, &[(1, 200), (4, 500)], 16), Some(1700));
+        assert_eq!(estimate_bytes(1000, &[(1, 1100), (4, 1400), (16, 3000)], 64), Some(3000 + 400 * 48 / 3));
     }
 }

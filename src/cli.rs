@@ -222,7 +222,7 @@ pub struct TrainArgs {
 
     #[arg(long, value_name = "MODE", value_parser = parse_profile_mode, help = with_default(
         "Profile the run: `table` prints a per-system timing table at the end (trace in <out>/trace.json); \
-         `chrome=FILE.json` writes a Chrome/Perfetto trace (open it in ui.perfetto.dev). May be given twice",
+         `chrome=FILE.json` writes a Chrome/Perfetto trace (open it in ui.perfetto.dev). Give both to get both",
         "off"))]
     pub profile: Vec<ProfileMode>,
 }

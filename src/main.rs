@@ -11,8 +11,8 @@ use esper_ecs::profile;
 use esper_ecs::run;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 fn main() -> ExitCode {
     // Usage errors (unknown flags, non-numeric values, unknown --data / --policy) exit 2 here, and no
@@ -35,31 +35,54 @@ fn failed(message: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(EXIT_RUN_FAILED)
 }
 
+/// The trace writer of a profiled run, where the second Ctrl-C can flush it before exiting.
+static TRACE_GUARD: Mutex<Option<profile::TraceGuard>> = Mutex::new(None);
+
 fn train(args: &TrainArgs) -> ExitCode {
+    let chromes: Vec<&PathBuf> = args
+        .profile
+        .iter()
+        .filter_map(|m| match m {
+            ProfileMode::Chrome(path) => Some(path),
+            ProfileMode::Table => None,
+        })
+        .collect();
+    if chromes.len() > 1 {
+        return bad_input("--profile chrome=FILE may be given once (add --profile table for the table)");
+    }
+    // A chrome=FILE that cannot be created is bad input: found before the run's folder is created.
+    if let Some(path) = chromes.first()
+        && let Err(e) = std::fs::File::create(path)
+    {
+        return bad_input(format!("--profile chrome={}: {e}", path.display()));
+    }
     let plan = match args.to_config().and_then(|config| config.resolve(args.force, args.quiet)) {
         Ok(plan) => plan,
-        Err(e) => return bad_input(e),
+        Err(e) => {
+            if let Some(path) = chromes.first() {
+                let _ = std::fs::remove_file(path);
+            }
+            return bad_input(e);
+        }
     };
     // The trace goes to the chrome=FILE given, else (for `table`) into the run's folder.
-    let chrome = args.profile.iter().find_map(|m| match m {
-        ProfileMode::Chrome(path) => Some(path.clone()),
-        ProfileMode::Table => None,
-    });
     let table = args.profile.contains(&ProfileMode::Table);
-    let trace_path = chrome.or_else(|| table.then(|| plan.out_dir.join("trace.json")));
-    let guard = match &trace_path {
-        Some(path) => match profile::install_chrome_trace(path) {
-            Ok(guard) => Some(guard),
+    let trace_path =
+        chromes.first().map(|p| p.to_path_buf()).or_else(|| table.then(|| plan.out_dir.join("trace.json")));
+    if let Some(path) = &trace_path {
+        match profile::install_chrome_trace(path) {
+            Ok(guard) => *TRACE_GUARD.lock().unwrap_or_else(|e| e.into_inner()) = Some(guard),
             Err(e) => return bad_input(format!("--profile: {e}")),
-        },
-        None => None,
-    };
-    // First Ctrl-C: finish the current epoch, then write the summary. Second: exit at once.
+        }
+    }
+    // First Ctrl-C: finish the current epoch, then write the summary. Second: exit at once (the trace,
+    // if any, is flushed first so that it stays readable).
     let stop = Arc::new(AtomicBool::new(false));
     let handler_stop = Arc::clone(&stop);
     let handler = ctrlc::set_handler(move || {
         if handler_stop.swap(true, Ordering::SeqCst) {
             eprintln!("\ninterrupted again: exiting now");
+            drop(TRACE_GUARD.lock().ok().and_then(|mut g| g.take()));
             std::process::exit(130);
         }
         eprintln!("\nstopping after the current epoch (Ctrl-C again to exit now)");
@@ -68,16 +91,13 @@ fn train(args: &TrainArgs) -> ExitCode {
         return failed(format!("cannot install the Ctrl-C handler: {e}"));
     }
     let result = run::train(&plan, &stop);
-    drop(guard); // flushes and closes the trace
+    drop(TRACE_GUARD.lock().ok().and_then(|mut g| g.take())); // flushes and closes the trace
     if let Err(e) = result {
         return failed(e);
     }
     if let Some(path) = &trace_path {
         if table {
-            match profile::read_trace(path).and_then(|spans| {
-                profile::analyze(&spans)
-                    .map_err(|message| profile::ProfileError::Parse { path: path.clone(), message })
-            }) {
+            match load_profile(path) {
                 Ok(p) => {
                     let text = profile::format_table(&path.display().to_string(), &p);
                     print!("{text}");
@@ -148,6 +168,11 @@ fn bench_command(args: &BenchArgs) -> ExitCode {
     {
         return bad_input(format!("--json {}: cannot create {}: {e}", json_path.display(), parent.display()));
     }
+    // Open the report now: a path that cannot be written is found before the measuring, not after.
+    let mut json_file = match std::fs::File::create(&json_path) {
+        Ok(file) => file,
+        Err(e) => return bad_input(format!("--json {}: {e}", json_path.display())),
+    };
     let config = BenchConfig {
         envs: args.envs.0.clone(),
         task,
@@ -167,7 +192,7 @@ fn bench_command(args: &BenchArgs) -> ExitCode {
         Ok(text) => text,
         Err(e) => return failed(format!("bench report: {e}")),
     };
-    if let Err(e) = std::fs::write(&json_path, text) {
+    if let Err(e) = std::io::Write::write_all(&mut json_file, text.as_bytes()) {
         return failed(format!("{}: {e}", json_path.display()));
     }
     println!("report: {}", json_path.display());

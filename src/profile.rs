@@ -22,6 +22,8 @@ use tracing_subscriber::layer::SubscriberExt as _;
 pub const TARGET: &str = "esper";
 /// The span that wraps one step.
 pub const STEP_SPAN: &str = "step";
+/// The system whose start ends the epoch boundary.
+pub const TRAIN_SPAN: &str = "TrainHosts::train_hosts";
 /// The system whose end starts the epoch boundary.
 pub const VALIDATE_SPAN: &str = "Validate::validate";
 
@@ -104,15 +106,22 @@ pub fn read_trace(path: &Path) -> Result<Vec<SpanRecord>, ProfileError> {
 }
 
 /// The closed spans of a Chrome trace: `B`/`E` pairs matched per thread, and `X` complete events. A
-/// trace cut short (a run killed before its writer closed the array) is read up to its last whole
-/// event; spans still open at the end are dropped.
+/// trace cut short (a run killed while its writer was mid-file) is read up to its last whole event —
+/// tracing-chrome writes one event per line, so the lines are read one by one until one does not parse;
+/// spans still open at the end are dropped.
 pub fn parse_trace(text: &str) -> Result<Vec<SpanRecord>, String> {
     let events: Vec<Value> = match serde_json::from_str(text) {
         Ok(events) => events,
         Err(first) => {
-            let cut = text.trim_end().trim_end_matches(',');
-            serde_json::from_str(&format!("{cut}\n]"))
-                .map_err(|_| format!("not a Chrome trace (a JSON array of events): {first}"))?
+            let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+            if lines.next() != Some("[") {
+                return Err(format!("not a Chrome trace (a JSON array of events): {first}"));
+            }
+            lines
+                .map(|l| l.trim_end_matches(','))
+                .take_while(|l| *l != "]")
+                .map_while(|l| serde_json::from_str::<Value>(l).ok())
+                .collect()
         }
     };
     let mut open: HashMap<u64, Vec<SpanRecord>> = HashMap::new();
@@ -177,9 +186,10 @@ pub struct Profile {
     pub step_total_ms: f64,
     /// Sorted by total time, largest first.
     pub systems: Vec<SystemRow>,
-    /// Host time per step from the end of Validate to the end of the step (Observe … Record and the
-    /// metrics writer): the epoch boundary that the batched design keeps small.
+    /// Host time per step from the end of Validate up to the next TrainHosts (Observe … Record, the
+    /// metrics writer, an episode-end reset; the end of the last step): the epoch boundary.
     pub boundary_mean_ms: Option<f64>,
+    /// The boundaries' total over the run's time from the first step's start to the last step's end.
     pub boundary_share: Option<f64>,
 }
 
@@ -244,20 +254,24 @@ pub fn analyze(spans: &[SpanRecord]) -> Result<Profile, String> {
         .collect();
     systems.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms).then_with(|| a.name.cmp(&b.name)));
 
-    // The epoch boundary of each step: from the end of its (last) Validate to the step's end.
+    // The epoch boundary of each step: from the end of its (last) Validate up to the start of the next
+    // TrainHosts (so an episode-end reset between rounds counts), or to the end of the run's last step.
     let validates: Vec<&SpanRecord> = spans.iter().filter(|s| s.name == VALIDATE_SPAN).collect();
-    let (mut boundary, mut boundary_steps_ms) = (Vec::new(), 0.0);
-    for step in &steps {
+    let trains: Vec<&SpanRecord> = spans.iter().filter(|s| s.name == TRAIN_SPAN).collect();
+    let mut boundary = Vec::new();
+    for (k, step) in steps.iter().enumerate() {
         let validate_end = validates
             .iter()
             .filter(|v| v.start_us >= step.start_us && v.end_us <= step.end_us)
             .map(|v| v.end_us)
             .fold(None, |acc: Option<f64>, end| Some(acc.map_or(end, |a| a.max(end))));
-        if let Some(end) = validate_end {
-            boundary.push((step.end_us - end) / 1e3);
-            boundary_steps_ms += step.duration_us() / 1e3;
-        }
+        let Some(from) = validate_end else { continue };
+        let next_train =
+            trains.iter().map(|t| t.start_us).filter(|&t| t >= from).fold(f64::INFINITY, f64::min);
+        let to = if k + 1 < steps.len() { next_train.min(steps[k + 1].end_us) } else { step.end_us };
+        boundary.push((to - from) / 1e3);
     }
+    let run_ms = (steps[steps.len() - 1].end_us - steps[0].start_us) / 1e3;
     let boundary_total: f64 = boundary.iter().sum();
     step_ms.sort_by(f64::total_cmp);
     Ok(Profile {
@@ -268,8 +282,7 @@ pub fn analyze(spans: &[SpanRecord]) -> Result<Profile, String> {
         step_total_ms,
         systems,
         boundary_mean_ms: (!boundary.is_empty()).then(|| boundary_total / boundary.len() as f64),
-        boundary_share: (!boundary.is_empty())
-            .then(|| boundary_total / boundary_steps_ms.max(f64::MIN_POSITIVE)),
+        boundary_share: (!boundary.is_empty()).then(|| boundary_total / run_ms.max(f64::MIN_POSITIVE)),
     })
 }
 
@@ -291,7 +304,7 @@ pub fn format_table(source: &str, p: &Profile) -> String {
         p.step_total_ms / 1e3
     );
     let w = p.systems.iter().map(|r| r.name.len()).max().unwrap_or(6).max(6);
-    let _ = writeln!(out, "{:w$}  {:>6}  {:-^56}  {:-^22}", "", "", " host ms ", " device ms ");
+    let _ = writeln!(out, "{:w$}  {:>6}  {:-^52}  {:-^22}", "", "", " host ms ", " device ms ");
     let _ = writeln!(
         out,
         "{:w$}  {:>6}  {:>10} {:>10} {:>10} {:>11} {:>7}  {:>10} {:>11}",
@@ -316,7 +329,7 @@ pub fn format_table(source: &str, p: &Profile) -> String {
         (Some(ms), Some(share)) => {
             let _ = writeln!(
                 out,
-                "epoch boundary (end of Validate → end of step): {ms:.3} ms per step, {:.2} % of the step",
+                "epoch boundary (end of Validate → next TrainHosts): {ms:.3} ms per step, {:.2} % of the run",
                 100.0 * share
             );
         }
@@ -363,7 +376,8 @@ mod tests {
     }
 
     /// Two steps by hand: step 0 = [0, 100] µs with train 0–60, validate 60–80, masks 85–90 on another
-    /// thread; step 1 = [100, 300] with train 100–200, validate 200–250, masks 260–280.
+    /// thread; 10 µs between steps; step 1 = [110, 310] with train 110–210, validate 210–260, masks
+    /// 270–290.
     fn two_steps() -> String {
         let events = [
             r#"{"ph":"M","pid":1,"name":"thread_name","tid":1,"args":{"name":"main"}}"#.to_string(),
@@ -375,14 +389,14 @@ mod tests {
             ev("B", "Observe::build_masks", 2, 85.0),
             ev("E", "Observe::build_masks", 2, 90.0),
             ev("E", "step", 1, 100.0),
-            ev("B", "step", 1, 100.0),
-            ev("B", "TrainHosts::train_hosts", 1, 100.0),
-            ev("E", "TrainHosts::train_hosts", 1, 200.0),
-            ev("B", "Validate::validate", 2, 200.0),
-            ev("E", "Validate::validate", 2, 250.0),
-            ev("B", "Observe::build_masks", 1, 260.0),
-            ev("E", "Observe::build_masks", 1, 280.0),
-            ev("E", "step", 1, 300.0),
+            ev("B", "step", 1, 110.0),
+            ev("B", "TrainHosts::train_hosts", 1, 110.0),
+            ev("E", "TrainHosts::train_hosts", 1, 210.0),
+            ev("B", "Validate::validate", 2, 210.0),
+            ev("E", "Validate::validate", 2, 260.0),
+            ev("B", "Observe::build_masks", 1, 270.0),
+            ev("E", "Observe::build_masks", 1, 290.0),
+            ev("E", "step", 1, 310.0),
         ];
         format!("[\n{}\n]", events.join(",\n"))
     }
@@ -402,11 +416,13 @@ mod tests {
         assert!((train.p50_ms - 0.06).abs() < 1e-12 && (train.p95_ms - 0.1).abs() < 1e-12);
         assert!((train.share_of_step - 0.16 / 0.3).abs() < 1e-12);
         assert_eq!(train.device_mean_ms, None);
-        // Boundary: (100 − 80) and (300 − 250) µs, over 300 µs of steps.
-        assert!((p.boundary_mean_ms.unwrap() - 0.035).abs() < 1e-12);
-        assert!((p.boundary_share.unwrap() - 0.07 / 0.3).abs() < 1e-12);
+        // Boundary: (110 − 80) up to the next TrainHosts and (310 − 260) to the end, over the 310 µs run.
+        assert!((p.boundary_mean_ms.unwrap() - 0.04).abs() < 1e-12);
+        assert!((p.boundary_share.unwrap() - 0.08 / 0.31).abs() < 1e-12);
         let table = format_table("t.json", &p);
-        assert!(table.contains("Observe::build_masks") && table.contains("23.33 % of the step"), "{table}");
+        assert!(table.contains("Observe::build_masks") && table.contains("25.81 % of the run"), "{table}");
+        let widths: Vec<usize> = table.lines().skip(1).take(3).map(|l| l.chars().count()).collect();
+        assert!(widths.iter().all(|&w| w == widths[0]), "header and rows align: {widths:?}\n{table}");
     }
 
     #[test]
@@ -415,6 +431,11 @@ mod tests {
         let cut = &full[..full.rfind(",\n").unwrap() + 1]; // the last `E step` and `]` lost
         let spans = parse_trace(cut).unwrap();
         assert_eq!(spans.iter().filter(|s| s.name == "step").count(), 1, "the open step is dropped");
+        // Cut in the middle of an event, as a killed writer leaves it.
+        let mid = full.find("\"E\",\"pid\":1,\"name\":\"Observe::build_masks\",\"tid\":1").unwrap();
+        let spans = parse_trace(&full[..mid]).unwrap();
+        assert_eq!(spans.iter().filter(|s| s.name == "Validate::validate").count(), 2, "{spans:?}");
+        assert_eq!(spans.iter().filter(|s| s.name == "step").count(), 1);
         assert!(parse_trace("not json").is_err());
         assert!(analyze(&[]).is_err(), "no step span is an error, not an empty table");
     }
