@@ -24,9 +24,8 @@ use crate::run::{RunError, build_world};
 use bevy_ecs::prelude::*;
 use esper_components::{
     AlphaAlgorithm, AlphaController, BlendId, BlendStyle, Blueprint, BlueprintAction, SeedAlpha, SeedStage,
-    SlotConfig, SlotEvents, SlotState, TaskPreset,
+    SlotEvents, SlotState, TaskPreset,
 };
-use esper_kernels::data::{DataSource, SyntheticSpec};
 use esper_systems::host_resources::{Hosts, StepClock};
 use esper_systems::slot_query::SlotQuery;
 use esper_systems::{
@@ -189,37 +188,24 @@ pub struct BenchReport {
 }
 
 /// The run plan of one env count: synthetic data sized to exactly `train_batches` training batches
-/// and `test_per_env` validation images per env, every slot of the preset enabled up to three.
+/// and `test_per_env` validation images per env, the first three injection points of the preset as
+/// slots; validated like any run.
 fn plan_for(config: &BenchConfig, envs: usize) -> Result<RunPlan, RunError> {
-    let host = config.task.host();
-    let ids: Vec<String> = host.injection_points().iter().map(|p| p.id.to_string()).collect();
-    let slots = SlotConfig::parse_list(&ids.iter().take(3).cloned().collect::<Vec<_>>().join(","))
-        .map_err(|e| RunError(format!("slots of {}: {e}", config.task.name())))?;
-    let train_per_env = config.batch_per_env * config.train_batches;
+    let points = config.task.host().injection_points();
+    let slots: Vec<String> = points.iter().take(FORCED_BLUEPRINTS.len()).map(|p| p.id.to_string()).collect();
     let run = RunConfig {
         envs,
         task: config.task.name().to_string(),
         data: DataKind::Synthetic,
-        slots: slots.ids().iter().map(|s| s.to_string()).collect::<Vec<_>>().join(","),
+        slots: slots.join(","),
         policy: PolicyKind::Heuristic,
         seed: config.seed,
         batch_per_env: config.batch_per_env,
-        synthetic_train_per_env: train_per_env,
+        synthetic_train_per_env: config.batch_per_env * config.train_batches,
         synthetic_test_per_env: config.test_per_env,
         ..RunConfig::default()
     };
-    let too_large = || RunError(format!("{envs} envs: the synthetic set would exceed {} images", u32::MAX));
-    let n_train =
-        envs.checked_mul(train_per_env).filter(|&n| n <= u32::MAX as usize).ok_or_else(too_large)?;
-    let n_test =
-        envs.checked_mul(config.test_per_env).filter(|&n| n <= u32::MAX as usize).ok_or_else(too_large)?;
-    let data = DataSource::Synthetic(SyntheticSpec {
-        n_train,
-        n_test,
-        seed: config.seed,
-        ..SyntheticSpec::default()
-    });
-    Ok(RunPlan { config: run, task: config.task, slots, data, out_dir: std::env::temp_dir(), quiet: true })
+    run.plan_in(std::env::temp_dir(), true).map_err(|e| RunError(format!("{envs} envs: {e}")))
 }
 
 fn forced_slot(blueprint: BlueprintAction) -> SlotState {
@@ -271,20 +257,22 @@ fn add_train_only(schedule: &mut Schedule) {
     schedule.add_systems(esper_systems::train_hosts::train_hosts.in_set(StepSet::TrainHosts));
 }
 
-/// Resident set size of this process in bytes (Linux `VmRSS`), for the memory check.
-fn resident_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+/// A `Key:   N kB` line of a /proc file, in bytes (Linux).
+fn proc_kib_bytes(file: &str, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(file).ok()?;
+    let line = text.lines().find(|l| l.strip_prefix(key).is_some_and(|rest| rest.starts_with(':')))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }
 
-/// Memory the system can still give (MemAvailable, Linux).
+/// Resident set size of this process, for the memory check.
+fn resident_bytes() -> Option<u64> {
+    proc_kib_bytes("/proc/self/status", "VmRSS")
+}
+
+/// Memory the system can still give.
 fn available_bytes() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    proc_kib_bytes("/proc/meminfo", "MemAvailable")
 }
 
 fn gib(bytes: f64) -> f64 {

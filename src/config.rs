@@ -262,7 +262,21 @@ impl RunConfig {
     /// * `out`: default `runs/<UTC yyyymmdd-HHMMSS>` (with `-2`, `-3`, … appended if that exists). An
     ///   existing `out` is an error unless `force`; it is created and checked writable, and stored back
     ///   into the plan's `config.out`.
-    pub fn resolve(mut self, force: bool, quiet: bool) -> Result<RunPlan, ConfigError> {
+    pub fn resolve(self, force: bool, quiet: bool) -> Result<RunPlan, ConfigError> {
+        let out = self.out.clone();
+        let mut plan = self.plan_in(PathBuf::new(), quiet)?;
+        let out_dir = match &out {
+            Some(path) => prepare_out(path, force)?,
+            None => create_default_out(Path::new("runs"), SystemTime::now())?,
+        };
+        plan.config.out = Some(out_dir.clone());
+        plan.out_dir = out_dir;
+        Ok(plan)
+    }
+
+    /// Every check of [`RunConfig::resolve`] except the output directory, which is taken as given and
+    /// neither created nor checked: for runs that write nothing there (the bench, tests).
+    pub fn plan_in(self, out_dir: PathBuf, quiet: bool) -> Result<RunPlan, ConfigError> {
         let positive = [
             (self.envs, "--envs"),
             (self.rounds, "--rounds"),
@@ -302,12 +316,6 @@ impl RunConfig {
             }
         };
         Sharding::new(n_train, n_test, self.envs, self.batch_per_env).map_err(ConfigError::CannotFeed)?;
-
-        let out_dir = match &self.out {
-            Some(path) => prepare_out(path, force)?,
-            None => create_default_out(Path::new("runs"), SystemTime::now())?,
-        };
-        self.out = Some(out_dir.clone());
         Ok(RunPlan { config: self, task, slots, data, out_dir, quiet })
     }
 }

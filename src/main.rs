@@ -9,7 +9,7 @@ use esper_ecs::cli::{
 };
 use esper_ecs::profile;
 use esper_ecs::run;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -97,7 +97,7 @@ fn train(args: &TrainArgs) -> ExitCode {
     }
     if let Some(path) = &trace_path {
         if table {
-            match load_profile(path) {
+            match profile::load(path) {
                 Ok(p) => {
                     let text = profile::format_table(&path.display().to_string(), &p);
                     print!("{text}");
@@ -116,21 +116,15 @@ fn train(args: &TrainArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn load_profile(path: &Path) -> Result<profile::Profile, profile::ProfileError> {
-    let spans = profile::read_trace(path)?;
-    profile::analyze(&spans)
-        .map_err(|message| profile::ProfileError::Parse { path: path.to_path_buf(), message })
-}
-
 fn profile_command(args: &ProfileArgs) -> ExitCode {
-    let a = match load_profile(&args.trace) {
+    let a = match profile::load(&args.trace) {
         Ok(p) => p,
         Err(e) => return bad_input(e),
     };
     match &args.other {
         None => print!("{}", profile::format_table(&args.trace.display().to_string(), &a)),
         Some(other) => {
-            let b = match load_profile(other) {
+            let b = match profile::load(other) {
                 Ok(p) => p,
                 Err(e) => return bad_input(e),
             };

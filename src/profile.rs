@@ -98,6 +98,12 @@ impl SpanRecord {
     }
 }
 
+/// The profile of a trace file: [`read_trace`], then [`analyze`].
+pub fn load(path: &Path) -> Result<Profile, ProfileError> {
+    let spans = read_trace(path)?;
+    analyze(&spans).map_err(|message| ProfileError::Parse { path: path.to_path_buf(), message })
+}
+
 /// Read a Chrome trace file (see [`parse_trace`]).
 pub fn read_trace(path: &Path) -> Result<Vec<SpanRecord>, ProfileError> {
     let text = std::fs::read_to_string(path)
@@ -212,7 +218,8 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-fn mean(v: &[f64]) -> f64 {
+/// The arithmetic mean; 0 for no values.
+pub fn mean(v: &[f64]) -> f64 {
     if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 }
 }
 

@@ -4,6 +4,7 @@
 //! so far intact.
 
 use crate::config::{DataKind, PolicyKind, RunPlan};
+use crate::profile::mean;
 use bevy_ecs::prelude::*;
 use esper_components::governor::{GovernorConfig, GovernorState};
 use esper_components::heuristic::HeuristicConfig;
@@ -130,56 +131,81 @@ struct MetricsLine<'a> {
     train_loss: f64,
     train_acc: f64,
     op: &'a str,
-    slot: String,
+    slot: &'a str,
     outcome: esper_components::OpOutcome,
-    stages: Vec<&'static str>,
-    alphas: Vec<f64>,
+    stages: &'a [&'static str],
+    alphas: &'a [f64],
 }
 
-fn write_metrics(world: &mut World, out: &mut impl Write) -> Result<Vec<f64>, RunError> {
-    let clock = *world.resource::<StepClock>();
-    let slot_names: Vec<String> =
-        world.resource::<esper_components::SlotConfig>().ids().iter().map(|s| s.to_string()).collect();
-    let n_slots = slot_names.len();
-    let n_envs = world.resource::<esper_systems::EnvCount>().0;
-    let mut stages = vec!["DORMANT"; n_envs * n_slots];
-    let mut alphas = vec![0.0; n_envs * n_slots];
-    let mut slots = world.query::<(&EnvIndex, &SlotIndex, &Stage, &SeedAlpha)>();
-    for (env, index, stage, alpha) in slots.iter(world) {
-        let row = env.0 as usize * n_slots + index.0 as usize;
-        stages[row] = stage.current.name();
-        alphas[row] = alpha.0;
+type SlotColumns = (&'static EnvIndex, &'static SlotIndex, &'static Stage, &'static SeedAlpha);
+
+/// The run's own Record sink: one `metrics.jsonl` line per env per epoch. Its queries, slot names and
+/// `[E × S]` buffers are built once per run, so writing a step's lines allocates nothing.
+struct MetricsWriter {
+    out: BufWriter<File>,
+    slot_names: Vec<String>,
+    slots: QueryState<SlotColumns>,
+    envs: QueryState<(&'static EnvIndex, &'static HostMetrics)>,
+    stages: Vec<&'static str>,
+    alphas: Vec<f64>,
+    metrics: Vec<HostMetrics>,
+}
+
+impl MetricsWriter {
+    fn new(world: &mut World, out: BufWriter<File>) -> Self {
+        let slot_names: Vec<String> =
+            world.resource::<esper_components::SlotConfig>().ids().iter().map(|s| s.to_string()).collect();
+        let n_envs = world.resource::<esper_systems::EnvCount>().0;
+        let rows = n_envs * slot_names.len();
+        Self {
+            out,
+            slot_names,
+            slots: world.query(),
+            envs: world.query(),
+            stages: vec!["DORMANT"; rows],
+            alphas: vec![0.0; rows],
+            metrics: vec![HostMetrics::default(); n_envs],
+        }
     }
-    let actions = world.resource::<ActionBatch>().clone();
-    let outcomes = world.resource::<OpOutcomes>().0.clone();
-    let mut accuracy = vec![0.0; n_envs];
-    let mut envs = world.query::<(&EnvIndex, &HostMetrics)>();
-    let mut rows: Vec<(u32, HostMetrics)> = envs.iter(world).map(|(e, m)| (e.0, *m)).collect();
-    rows.sort_by_key(|(e, _)| *e);
-    for (e, m) in rows {
-        let i = e as usize;
-        let action = actions.get(i);
-        let op = esper_components::LifecycleOp::from_index(action.op).map_or("?", |o| o.name());
-        let line = MetricsLine {
-            env: e,
-            round: clock.round,
-            epoch: clock.epoch,
-            val_acc: m.val_accuracy,
-            val_loss: m.val_loss,
-            train_loss: m.train_loss,
-            train_acc: m.train_accuracy,
-            op,
-            slot: slot_names.get(action.slot as usize).cloned().unwrap_or_default(),
-            outcome: outcomes[i],
-            stages: stages[i * n_slots..(i + 1) * n_slots].to_vec(),
-            alphas: alphas[i * n_slots..(i + 1) * n_slots].to_vec(),
-        };
-        serde_json::to_writer(&mut *out, &line).map_err(|e| RunError(format!("metrics.jsonl: {e}")))?;
-        out.write_all(b"\n").map_err(|e| io_error("metrics.jsonl", e))?;
-        accuracy[i] = m.val_accuracy;
+
+    /// Write the epoch's lines (env order) and each env's validation accuracy into `accuracy`.
+    fn write(&mut self, world: &World, accuracy: &mut Vec<f64>) -> Result<(), RunError> {
+        let clock = *world.resource::<StepClock>();
+        let n_slots = self.slot_names.len();
+        for (env, index, stage, alpha) in self.slots.iter(world) {
+            let row = env.0 as usize * n_slots + index.0 as usize;
+            self.stages[row] = stage.current.name();
+            self.alphas[row] = alpha.0;
+        }
+        for (env, m) in self.envs.iter(world) {
+            self.metrics[env.0 as usize] = *m;
+        }
+        let actions = world.resource::<ActionBatch>();
+        let outcomes = &world.resource::<OpOutcomes>().0;
+        accuracy.clear();
+        for (i, m) in self.metrics.iter().enumerate() {
+            let action = actions.get(i);
+            let line = MetricsLine {
+                env: i as u32,
+                round: clock.round,
+                epoch: clock.epoch,
+                val_acc: m.val_accuracy,
+                val_loss: m.val_loss,
+                train_loss: m.train_loss,
+                train_acc: m.train_accuracy,
+                op: esper_components::LifecycleOp::from_index(action.op).map_or("?", |o| o.name()),
+                slot: self.slot_names.get(action.slot as usize).map_or("", String::as_str),
+                outcome: outcomes[i],
+                stages: &self.stages[i * n_slots..(i + 1) * n_slots],
+                alphas: &self.alphas[i * n_slots..(i + 1) * n_slots],
+            };
+            serde_json::to_writer(&mut self.out, &line)
+                .map_err(|e| RunError(format!("metrics.jsonl: {e}")))?;
+            self.out.write_all(b"\n").map_err(|e| io_error("metrics.jsonl", e))?;
+            accuracy.push(m.val_accuracy);
+        }
+        self.out.flush().map_err(|e| io_error("metrics.jsonl", e))
     }
-    out.flush().map_err(|e| io_error("metrics.jsonl", e))?;
-    Ok(accuracy)
 }
 
 /// A built world and its step schedule: what [`train`] drives, and what tests step by hand.
@@ -233,7 +259,7 @@ pub fn train(plan: &RunPlan, stop: &AtomicBool) -> Result<RunSummary, RunError> 
 
     let metrics_path = plan.out_dir.join("metrics.jsonl");
     let file = File::create(&metrics_path).map_err(|e| io_error(&metrics_path.display().to_string(), e))?;
-    let mut metrics = BufWriter::new(file);
+    let mut metrics = MetricsWriter::new(&mut session.world, BufWriter::new(file));
     let progress = (!plan.quiet).then(|| progress_bar(cfg.rounds * cfg.epochs));
 
     let mut summary = RunSummary::default();
@@ -252,7 +278,7 @@ pub fn train(plan: &RunPlan, stop: &AtomicBool) -> Result<RunSummary, RunError> 
                 let _span =
                     tracing::info_span!(target: "esper", "Record::write_metrics", envs = cfg.envs, step)
                         .entered();
-                summary.final_val_accuracy = write_metrics(&mut session.world, &mut metrics)?;
+                metrics.write(&session.world, &mut summary.final_val_accuracy)?;
             }
             drop(step_span);
             summary.epochs_completed += 1;
@@ -307,10 +333,6 @@ fn add_tallies(world: &mut World, total: &mut LifecycleTally) {
         total.vetoed += t.vetoed;
         *t = LifecycleTally::default();
     }
-}
-
-fn mean(v: &[f64]) -> f64 {
-    if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 }
 }
 
 fn progress_bar(len: usize) -> indicatif::ProgressBar {

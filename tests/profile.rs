@@ -2,10 +2,8 @@
 //! for every system of the schedule at every step, `profile` reads it back as a table (and compares
 //! two), `train --profile table` prints it; `bench` measures its three tiers on a tiny workload.
 
-use esper_components::{SlotConfig, TaskPreset};
-use esper_ecs::config::{RunConfig, RunPlan};
+use esper_ecs::config::RunConfig;
 use esper_ecs::run::Session;
-use esper_kernels::data::{DataSource, SyntheticSpec};
 use esper_systems::step_span::TRAINING_SYSTEM_SPANS;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -75,14 +73,7 @@ fn the_span_list_has_one_name_per_system_of_the_schedule() {
         batch_per_env: 8,
         ..RunConfig::default()
     };
-    let plan = RunPlan {
-        task: TaskPreset::CifarBaseline,
-        slots: SlotConfig::parse_list(&config.slots).unwrap(),
-        data: DataSource::Synthetic(SyntheticSpec { n_train: 32, n_test: 16, ..SyntheticSpec::with_seed(0) }),
-        out_dir: std::env::temp_dir(),
-        quiet: true,
-        config,
-    };
+    let plan = config.plan_in(std::env::temp_dir(), true).unwrap();
     let session = Session::new(&plan).unwrap();
     // bevy_ecs gives system names only with its `debug` feature; the count plus the trace test below
     // (each listed span exactly once per step) pins one span per system.

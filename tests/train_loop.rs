@@ -1,10 +1,9 @@
 //! The training loop end to end through the library: a tiny heuristic run on synthetic data writes one
 //! metrics line per env per epoch, a summary, and its hosts learn over the episode.
 
-use esper_components::{SlotConfig, TaskPreset};
 use esper_ecs::config::{PolicyKind, RunConfig, RunPlan};
 use esper_ecs::run;
-use esper_kernels::data::{DataSource, SyntheticSpec};
+use esper_kernels::data::DataSource;
 use std::sync::atomic::AtomicBool;
 
 fn tiny_plan(name: &str, policy: PolicyKind, rounds: usize, epochs: usize) -> RunPlan {
@@ -21,19 +20,7 @@ fn tiny_plan(name: &str, policy: PolicyKind, rounds: usize, epochs: usize) -> Ru
         synthetic_test_per_env: 128,
         ..RunConfig::default()
     };
-    let spec = SyntheticSpec {
-        n_train: config.envs * config.synthetic_train_per_env,
-        n_test: config.envs * config.synthetic_test_per_env,
-        ..SyntheticSpec::with_seed(config.seed)
-    };
-    RunPlan {
-        task: TaskPreset::CifarBaseline,
-        slots: SlotConfig::parse_list(&config.slots).unwrap(),
-        data: DataSource::Synthetic(spec),
-        out_dir: out,
-        quiet: true,
-        config,
-    }
+    config.plan_in(out, true).expect("a valid tiny config")
 }
 
 fn metrics(plan: &RunPlan) -> Vec<serde_json::Value> {
