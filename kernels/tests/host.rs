@@ -64,11 +64,20 @@ fn host_gradients_match_finite_differences() {
 
 fn train_steps(params: &mut HostParams<f32>, data: &[(Vec<f32>, Vec<u8>)], batch: usize) -> Vec<f32> {
     let mut ws = HostWorkspace::<f32>::new(params.arch, params.n_envs(), batch);
+    train_steps_in(params, &mut ws, data)
+}
+
+/// One training step (no seeds) per batch of `data` in workspace `ws`: every step's per-env losses.
+fn train_steps_in(
+    params: &mut HostParams<f32>,
+    ws: &mut HostWorkspace<f32>,
+    data: &[(Vec<f32>, Vec<u8>)],
+) -> Vec<f32> {
     let mut bank = SeedBank::empty(&params.arch);
     let mut trainer = Trainer::new(params, &bank);
     let mut losses = vec![];
     for (images, labels) in data {
-        trainer.step(params, &mut bank, &mut ws, images, labels, false);
+        trainer.step(params, &mut bank, ws, images, labels, false);
         losses.extend_from_slice(&ws.loss);
     }
     losses
@@ -152,14 +161,8 @@ fn fused_blocks_equal_op_by_op_blocks_bit_for_bit() {
         let mut params = HostParams::init(arch, 9, 0, &ids);
         let mut ws = HostWorkspace::<f32>::new(arch, envs, batch);
         ws.set_fusion(fuse);
-        let mut bank = SeedBank::empty(&arch);
-        let mut trainer = Trainer::new(&params, &bank);
-        let mut losses = vec![];
-        for (images, labels) in &data {
-            trainer.step(&mut params, &mut bank, &mut ws, images, labels, false);
-            losses.extend_from_slice(&ws.loss);
-        }
-        ws.forward_eval(&params, &bank, &data[0].0);
+        let losses = train_steps_in(&mut params, &mut ws, &data);
+        ws.forward_eval(&params, &SeedBank::empty(&arch), &data[0].0);
         (params, losses, ws.logits.clone())
     };
     let (fused, fused_losses, fused_logits) = run(true);

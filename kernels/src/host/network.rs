@@ -250,101 +250,84 @@ impl<T: Real> HostWorkspace<T> {
         let cur = &mut rest[0];
         let r0_active = cur.r0.is_some() && bank.r0[b].as_ref().is_some_and(|p| p.any_active());
         cur.fused = fuse && arch.pools_after(b) && !r0_active;
-        if cur.fused {
-            match norm {
-                Norm::Train { gamma, beta, mean, var } => {
-                    ops::conv2d_forward_with_plane_stats(
-                        conv,
-                        input,
-                        conv_weight,
-                        &mut cur.conv_out,
-                        &mut cur.plane_stats,
-                    );
-                    ops::batch_norm_relu_max_pool_train_forward(
-                        shape,
-                        &cur.conv_out,
-                        &cur.plane_stats,
-                        gamma,
-                        beta,
-                        &mut cur.bn_mean,
-                        &mut cur.bn_inv_std,
-                        mean,
-                        var,
-                        &mut cur.pooled,
-                        &mut cur.argmax,
-                        &mut cur.winner,
-                    );
-                }
-                Norm::Eval { gamma, beta, mean, var } => {
-                    ops::conv2d_forward(conv, input, conv_weight, &mut cur.conv_out);
-                    ops::batch_norm_relu_max_pool_eval_forward(
-                        shape,
-                        &cur.conv_out,
-                        gamma,
-                        beta,
-                        mean,
-                        var,
-                        &mut cur.pooled,
-                    );
-                }
-            }
-            if let (Some(ws), Some(p)) = (&mut cur.r0, &bank.r0[b]) {
-                // No env active: this only records that the slot was skipped (`block_out` is not read).
-                ws.forward(p, &cur.block_out, train);
-            }
+        // Training also takes each output plane's statistics while the conv has it in cache.
+        if train {
+            ops::conv2d_forward_with_plane_stats(
+                conv,
+                input,
+                conv_weight,
+                &mut cur.conv_out,
+                &mut cur.plane_stats,
+            );
         } else {
-            // The same arithmetic as the fused path, op by op: an env gets the same bits either way.
-            match norm {
-                Norm::Train { gamma, beta, mean, var } => {
-                    ops::conv2d_forward_with_plane_stats(
-                        conv,
-                        input,
-                        conv_weight,
-                        &mut cur.conv_out,
-                        &mut cur.plane_stats,
-                    );
-                    ops::batch_norm_relu_train_forward(
-                        shape,
-                        &cur.conv_out,
-                        &cur.plane_stats,
-                        gamma,
-                        beta,
-                        &mut cur.block_out,
-                        &mut cur.bn_mean,
-                        &mut cur.bn_inv_std,
-                        mean,
-                        var,
-                    );
-                }
-                Norm::Eval { gamma, beta, mean, var } => {
-                    ops::conv2d_forward(conv, input, conv_weight, &mut cur.conv_out);
-                    ops::batch_norm_eval_forward(
-                        shape,
-                        &cur.conv_out,
-                        gamma,
-                        beta,
-                        mean,
-                        var,
-                        &mut cur.block_out,
-                    );
-                    ops::relu_forward_in_place(&mut cur.block_out);
-                }
+            ops::conv2d_forward(conv, input, conv_weight, &mut cur.conv_out);
+        }
+        // Fused into `pooled`, or op by op into `block_out` with the same arithmetic: an env gets the same
+        // bits either way.
+        match (cur.fused, norm) {
+            (true, Norm::Train { gamma, beta, mean, var }) => ops::batch_norm_relu_max_pool_train_forward(
+                shape,
+                &cur.conv_out,
+                &cur.plane_stats,
+                gamma,
+                beta,
+                &mut cur.bn_mean,
+                &mut cur.bn_inv_std,
+                mean,
+                var,
+                &mut cur.pooled,
+                &mut cur.argmax,
+                &mut cur.winner,
+            ),
+            (true, Norm::Eval { gamma, beta, mean, var }) => ops::batch_norm_relu_max_pool_eval_forward(
+                shape,
+                &cur.conv_out,
+                gamma,
+                beta,
+                mean,
+                var,
+                &mut cur.pooled,
+            ),
+            (false, Norm::Train { gamma, beta, mean, var }) => ops::batch_norm_relu_train_forward(
+                shape,
+                &cur.conv_out,
+                &cur.plane_stats,
+                gamma,
+                beta,
+                &mut cur.block_out,
+                &mut cur.bn_mean,
+                &mut cur.bn_inv_std,
+                mean,
+                var,
+            ),
+            (false, Norm::Eval { gamma, beta, mean, var }) => {
+                ops::batch_norm_eval_forward(
+                    shape,
+                    &cur.conv_out,
+                    gamma,
+                    beta,
+                    mean,
+                    var,
+                    &mut cur.block_out,
+                );
+                ops::relu_forward_in_place(&mut cur.block_out);
             }
-            if let (Some(ws), Some(p)) = (&mut cur.r0, &bank.r0[b]) {
-                ws.forward(p, &cur.block_out, train);
-            }
-            if arch.pools_after(b) {
+        }
+        if let (Some(ws), Some(p)) = (&mut cur.r0, &bank.r0[b]) {
+            // Fused, no env is active: this only records that the slot was skipped (`block_out` is not read).
+            ws.forward(p, &cur.block_out, train);
+        }
+        if arch.pools_after(b) {
+            if !cur.fused {
                 let pool_in = match &cur.r0 {
                     Some(s) if s.active => &s.out,
                     _ => &cur.block_out,
                 };
                 ops::max_pool2x2_forward(pool, pool_in, &mut cur.pooled, &mut cur.argmax);
             }
-        }
-        if arch.pools_after(b)
-            && let (Some(ws), Some(p)) = (&mut cur.r1, &bank.r1[b])
-        {
-            ws.forward(p, &cur.pooled, train);
+            if let (Some(ws), Some(p)) = (&mut cur.r1, &bank.r1[b]) {
+                ws.forward(p, &cur.pooled, train);
+            }
         }
     }
 
@@ -399,15 +382,16 @@ impl<T: Real> HostWorkspace<T> {
             let act_len = cur.block_out.len();
             let (conv_w, bn) = g[3 * b..3 * b + 3].split_at_mut(1);
             let (gamma_grad, beta_grad) = bn.split_at_mut(1);
+            let pooled_len = cur.pooled.len();
+            if arch.pools_after(b)
+                && let (Some(ws), Some(p)) = (&mut cur.r1, &mut bank.r1[b])
+                && ws.active
+            {
+                ws.backward(p, &self.grad_a[..pooled_len], &mut self.grad_b[..pooled_len]);
+                std::mem::swap(&mut self.grad_a, &mut self.grad_b);
+            }
             // Into `grad_b`: the gradient at the batch norm's input.
             if cur.fused {
-                let pooled_len = cur.pooled.len();
-                if let (Some(ws), Some(p)) = (&mut cur.r1, &mut bank.r1[b])
-                    && ws.active
-                {
-                    ws.backward(p, &self.grad_a[..pooled_len], &mut self.grad_b[..pooled_len]);
-                    std::mem::swap(&mut self.grad_a, &mut self.grad_b);
-                }
                 ops::batch_norm_relu_max_pool_backward(
                     norm,
                     &cur.conv_out,
@@ -436,8 +420,8 @@ impl<T: Real> HostWorkspace<T> {
         }
     }
 
-    /// Block `b`'s backward from the gradient at its output (in `grad_a`) to the gradient at its batch
-    /// norm's input (in `grad_b`), op by op: slot r1, pool, slot r0, ReLU, batch norm.
+    /// Block `b`'s backward from the gradient below its slot r1 (in `grad_a`) to the gradient at its batch
+    /// norm's input (in `grad_b`), op by op: pool, slot r0, ReLU, batch norm.
     fn unfused_block_backward(
         &mut self,
         b: usize,
@@ -451,14 +435,7 @@ impl<T: Real> HostWorkspace<T> {
         let cur = &mut self.blocks[b];
         let act_len = cur.block_out.len();
         if arch.pools_after(b) {
-            let pooled_len = cur.pooled.len();
-            if let (Some(ws), Some(p)) = (&mut cur.r1, &mut bank.r1[b])
-                && ws.active
-            {
-                ws.backward(p, &self.grad_a[..pooled_len], &mut self.grad_b[..pooled_len]);
-                std::mem::swap(&mut self.grad_a, &mut self.grad_b);
-            }
-            let (dy, dx) = (&self.grad_a[..pooled_len], &mut self.grad_b[..act_len]);
+            let (dy, dx) = (&self.grad_a[..cur.pooled.len()], &mut self.grad_b[..act_len]);
             ops::max_pool2x2_backward(pool, dy, &cur.argmax, dx);
             std::mem::swap(&mut self.grad_a, &mut self.grad_b);
         }

@@ -380,7 +380,7 @@ fn forward<T: Real>(
     let image = |i: usize, out: &mut [T], stats: Option<&mut [T]>| {
         let e = i / shape.batch;
         let src = &input[i * in_image..(i + 1) * in_image];
-        dispatch_correlate_with_stats(&correlation, src, out, &weight[e * w_env..(e + 1) * w_env], stats);
+        dispatch_correlate(&correlation, src, out, &weight[e * w_env..(e + 1) * w_env], stats);
     };
     match plane_stats {
         None => output.par_chunks_mut(out_image).enumerate().for_each(|(i, out)| image(i, out, None)),
@@ -448,7 +448,7 @@ fn backward_input<T: Real>(
     grad_input.par_chunks_mut(in_image).enumerate().for_each(|(i, dx)| {
         let e = i / shape.batch;
         let dy = &grad_output[i * out_image..(i + 1) * out_image];
-        dispatch_correlate(&correlation, dy, dx, &weight[e * w_env..(e + 1) * w_env]);
+        dispatch_correlate(&correlation, dy, dx, &weight[e * w_env..(e + 1) * w_env], None);
     });
 }
 
@@ -632,22 +632,9 @@ fn weight_grad_scratch_len(job: &WeightGradJob<'_, impl Real>, n: usize) -> usiz
 // exactly rounded IEEE operations either way (Rust never reorders float ops, and `mul_add` is fused on
 // every platform), so results are bit-identical with and without AVX2; only the speed changes.
 
+/// [`correlate_image`], then (with `stats`) the output's per-plane statistics while it is in cache.
 #[inline]
-fn dispatch_correlate<T: Real>(c: &Correlation, src: &[T], dst: &mut [T], weight: &[T]) {
-    T::with_scratch(c.scratch_len(), |scratch| {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU supports AVX2 and FMA (checked just above).
-            unsafe { correlate_image_avx2(c, src, dst, weight, scratch) };
-            return;
-        }
-        correlate_image(c, src, dst, weight, scratch);
-    });
-}
-
-/// [`dispatch_correlate`], then the output's per-plane statistics (if asked) while it is in cache.
-#[inline]
-fn dispatch_correlate_with_stats<T: Real>(
+fn dispatch_correlate<T: Real>(
     c: &Correlation,
     src: &[T],
     dst: &mut [T],
@@ -658,25 +645,15 @@ fn dispatch_correlate_with_stats<T: Real>(
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
             // SAFETY: the CPU supports AVX2 and FMA (checked just above).
-            unsafe { correlate_image_stats_avx2(c, src, dst, weight, scratch, stats) };
+            unsafe { correlate_image_avx2(c, src, dst, weight, scratch, stats) };
             return;
         }
-        correlate_image(c, src, dst, weight, scratch);
-        if let Some(stats) = stats {
-            image_plane_stats(c, dst, stats);
-        }
+        correlate_image_with_stats(c, src, dst, weight, scratch, stats);
     });
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn correlate_image_avx2<T: Real>(c: &Correlation, src: &[T], dst: &mut [T], weight: &[T], scratch: &mut [T]) {
-    correlate_image(c, src, dst, weight, scratch);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn correlate_image_stats_avx2<T: Real>(
+#[inline(always)]
+fn correlate_image_with_stats<T: Real>(
     c: &Correlation,
     src: &[T],
     dst: &mut [T],
@@ -688,6 +665,19 @@ fn correlate_image_stats_avx2<T: Real>(
     if let Some(stats) = stats {
         image_plane_stats(c, dst, stats);
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn correlate_image_avx2<T: Real>(
+    c: &Correlation,
+    src: &[T],
+    dst: &mut [T],
+    weight: &[T],
+    scratch: &mut [T],
+    stats: Option<&mut [T]>,
+) {
+    correlate_image_with_stats(c, src, dst, weight, scratch, stats);
 }
 
 #[inline]
@@ -895,7 +885,7 @@ mod tests {
         let mut scratch = vec![0.0f32; correlation.scratch_len()];
         correlate_image(&correlation, &x[..image], &mut portable, &w, &mut scratch);
         let mut dispatched = vec![0.0f32; out_image];
-        dispatch_correlate(&correlation, &x[..image], &mut dispatched, &w);
+        dispatch_correlate(&correlation, &x[..image], &mut dispatched, &w, None);
         assert_eq!(bits(&portable), bits(&dispatched));
 
         let job = WeightGradJob {

@@ -29,7 +29,10 @@
 use rayon::prelude::*;
 
 use super::activation::relu;
-use super::norm::{BATCH_NORM_MOMENTUM, NORM_EPS, NormShape};
+use super::norm::{
+    DxConsts, NORM_EPS, NormShape, batch_norm_backward_with_sums, batch_norm_param_grads, normalize,
+    save_batch_stats,
+};
 use super::pool::{V, gather_windows, winners};
 use super::real::{LANES, LaneSums, Real};
 
@@ -65,9 +68,8 @@ fn combine_plane_stats<T: Real>(shape: &NormShape, plane_stats: &[T], e: usize, 
     (mean, m2.total() / T::from_usize(shape.batch * shape.plane()))
 }
 
-/// The batch statistics of every (env, channel) from the conv's per-plane statistics: saves `mean` and
-/// `1/sqrt(var + eps)`, and updates the running statistics with momentum 0.1 (the running variance with the
-/// unbiased batch variance), like [`batch_norm_train_forward`](super::batch_norm_train_forward).
+/// The batch statistics of every (env, channel) from the conv's per-plane statistics, saved and tracked
+/// like [`batch_norm_train_forward`](super::batch_norm_train_forward)'s.
 fn batch_stats_from_planes<T: Real>(
     shape: NormShape,
     plane_stats: &[T],
@@ -77,27 +79,9 @@ fn batch_stats_from_planes<T: Real>(
     running_var: &mut [T],
 ) {
     assert_eq!(plane_stats.len(), 2 * shape.envs * shape.batch * shape.channels, "plane statistics length");
-    for p in [&*save_mean, &*save_inv_std, &*running_mean, &*running_var] {
-        assert_eq!(p.len(), shape.params_len(), "batch norm parameter length");
-    }
-    let count = shape.batch * shape.plane();
-    assert!(count > 1, "batch norm in training needs more than one value per channel");
-    let eps = T::from_f64(NORM_EPS);
-    let momentum = T::from_f64(BATCH_NORM_MOMENTUM);
-    let unbiased = T::from_usize(count) / T::from_usize(count - 1);
     let c = shape.channels;
-    save_mean
-        .par_iter_mut()
-        .zip(save_inv_std.par_iter_mut())
-        .zip(running_mean.par_iter_mut().zip(running_var.par_iter_mut()))
-        .enumerate()
-        .for_each(|(i, ((mean, inv_std), (r_mean, r_var)))| {
-            let (m, var) = combine_plane_stats(&shape, plane_stats, i / c, i % c);
-            *mean = m;
-            *inv_std = T::ONE / (var + eps).sqrt();
-            *r_mean = (T::ONE - momentum) * *r_mean + momentum * m;
-            *r_var = (T::ONE - momentum) * *r_var + momentum * var * unbiased;
-        });
+    let stats = |i: usize| combine_plane_stats(&shape, plane_stats, i / c, i % c);
+    save_batch_stats(&shape, stats, save_mean, save_inv_std, running_mean, running_var);
 }
 
 /// Training batch norm → ReLU without a pool (for a block whose pool input is a seed's output): the batch
@@ -116,28 +100,12 @@ pub fn batch_norm_relu_train_forward<T: Real>(
     running_mean: &mut [T],
     running_var: &mut [T],
 ) {
-    assert_eq!(x.len(), shape.len(), "batch norm input length");
-    assert_eq!(y.len(), shape.len(), "batch norm output length");
     for p in [gamma, beta] {
         assert_eq!(p.len(), shape.params_len(), "batch norm parameter length");
     }
     batch_stats_from_planes(shape, plane_stats, save_mean, save_inv_std, running_mean, running_var);
-    if shape.is_empty() {
-        return;
-    }
-    let (mean, inv_std, c, plane) = (&*save_mean, &*save_inv_std, shape.channels, shape.plane());
-    y.par_chunks_mut(shape.image()).enumerate().for_each(|(i, y_img)| {
-        let e = i / shape.batch;
-        let x_img = &x[i * shape.image()..(i + 1) * shape.image()];
-        for ch in 0..c {
-            let p = e * c + ch;
-            let (mean, scale, shift) = (mean[p], inv_std[p] * gamma[p], beta[p]);
-            let range = ch * plane..(ch + 1) * plane;
-            for (out, &v) in y_img[range.clone()].iter_mut().zip(&x_img[range]) {
-                *out = relu((v - mean) * scale + shift);
-            }
-        }
-    });
+    let (mean, inv_std) = (&*save_mean, &*save_inv_std);
+    normalize(&shape, x, y, |p| (mean[p], inv_std[p] * gamma[p], beta[p]), relu);
 }
 
 /// Training forward of batch norm → ReLU → 2×2 max-pool from the conv output `x` and its per-plane
@@ -345,9 +313,26 @@ pub fn batch_norm_relu_max_pool_backward<T: Real>(
     grad_gamma: &mut [T],
     grad_beta: &mut [T],
 ) {
-    assert_eq!(grad_input.len(), shape.len(), "fused batch norm activation length");
-    backward_params(shape, save_mean, save_inv_std, grad_pooled, code, winner, grad_gamma, grad_beta);
-    let grad = BatchNormPoolGrad::new(
+    for a in [x, &*grad_input] {
+        assert_eq!(a.len(), shape.len(), "fused batch norm activation length");
+    }
+    for len in [grad_pooled.len(), code.len(), winner.len()] {
+        assert_eq!(len, shape.pooled_len(), "fused max pool output length");
+    }
+    assert_eq!(gamma.len(), shape.params_len(), "batch norm parameter length");
+    // `dβ`, `dγ` from pooled-size data only: `dy` is non-zero only at coded winners.
+    let c = shape.channels;
+    let sums = |e: usize, ch: usize, mean: T| {
+        let planes =
+            PooledPlanes { grad: grad_pooled, code, winner, first: e * shape.batch * c + ch, stride: c };
+        dispatch_channel_sums(&shape, &planes, mean)
+    };
+    batch_norm_param_grads(&shape, save_mean, save_inv_std, grad_gamma, grad_beta, sums);
+    if shape.is_empty() {
+        return;
+    }
+    let (grad_gamma, grad_beta) = (&*grad_gamma, &*grad_beta);
+    let grad = BatchNormPoolGrad {
         shape,
         x,
         gamma,
@@ -357,10 +342,7 @@ pub fn batch_norm_relu_max_pool_backward<T: Real>(
         grad_beta,
         grad_pooled,
         code,
-    );
-    if shape.is_empty() {
-        return;
-    }
+    };
     let plane = shape.plane();
     grad_input.par_chunks_mut(shape.image()).enumerate().for_each(|(i, dx_img)| {
         T::with_scratch(plane + 1, |scratch| {
@@ -368,37 +350,6 @@ pub fn batch_norm_relu_max_pool_backward<T: Real>(
                 dispatch_dx_plane(&grad, i, ch, scratch, dx);
             }
         });
-    });
-}
-
-/// The parameter half of [`batch_norm_relu_max_pool_backward`]: overwrites `grad_gamma` and
-/// `grad_beta` (`dβ = Σ dy`, `dγ = Σ dy·x̂`) from pooled-size data only.
-#[allow(clippy::too_many_arguments)]
-fn backward_params<T: Real>(
-    shape: NormShape,
-    save_mean: &[T],
-    save_inv_std: &[T],
-    grad_pooled: &[T],
-    code: &[u8],
-    winner: &[T],
-    grad_gamma: &mut [T],
-    grad_beta: &mut [T],
-) {
-    for len in [grad_pooled.len(), code.len(), winner.len()] {
-        assert_eq!(len, shape.pooled_len(), "fused max pool output length");
-    }
-    for p in [save_mean, save_inv_std, &*grad_gamma, &*grad_beta] {
-        assert_eq!(p.len(), shape.params_len(), "batch norm parameter length");
-    }
-    let c = shape.channels;
-    grad_gamma.par_iter_mut().zip(grad_beta.par_iter_mut()).enumerate().for_each(|(i, (d_gamma, d_beta))| {
-        let (e, ch) = (i / c, i % c);
-        let mean = save_mean[i];
-        let planes =
-            PooledPlanes { grad: grad_pooled, code, winner, first: e * shape.batch * c + ch, stride: c };
-        let (sum_dy, sum_dy_centered) = dispatch_channel_sums(&shape, &planes, mean);
-        *d_beta = sum_dy.total();
-        *d_gamma = sum_dy_centered.total() * save_inv_std[i];
     });
 }
 
@@ -417,37 +368,22 @@ struct BatchNormPoolGrad<'a, T> {
     code: &'a [u8],
 }
 
-impl<'a, T: Real> BatchNormPoolGrad<'a, T> {
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        shape: NormShape,
-        x: &'a [T],
-        gamma: &'a [T],
-        save_mean: &'a [T],
-        save_inv_std: &'a [T],
-        grad_gamma: &'a [T],
-        grad_beta: &'a [T],
-        grad_pooled: &'a [T],
-        code: &'a [u8],
-    ) -> Self {
-        assert_eq!(x.len(), shape.len(), "fused batch norm activation length");
-        for len in [grad_pooled.len(), code.len()] {
-            assert_eq!(len, shape.pooled_len(), "fused max pool output length");
-        }
-        for p in [gamma, save_mean, save_inv_std, grad_gamma, grad_beta] {
-            assert_eq!(p.len(), shape.params_len(), "batch norm parameter length");
-        }
-        Self { shape, x, gamma, save_mean, save_inv_std, grad_gamma, grad_beta, grad_pooled, code }
-    }
-
+impl<T: Real> BatchNormPoolGrad<'_, T> {
     /// Writes plane `(image, channel)` of the input gradient into `dx`; `scratch` holds `H·W + 1`.
     #[inline(always)]
     fn write_plane(&self, image: usize, channel: usize, scratch: &mut [T], dx: &mut [T]) {
         let s = &self.shape;
         let p = (image / s.batch) * s.channels + channel;
         let n = T::from_usize(s.batch * s.plane());
-        let consts =
-            dx_consts(self.gamma, self.save_mean, self.save_inv_std, self.grad_gamma, self.grad_beta, n, p);
+        let consts = DxConsts::new(
+            self.gamma,
+            self.save_mean,
+            self.save_inv_std,
+            self.grad_gamma,
+            self.grad_beta,
+            n,
+            p,
+        );
         let (plane, po) = (image * s.channels + channel, s.pooled_plane());
         let x = &self.x[plane * s.plane()..(plane + 1) * s.plane()];
         let pooled = plane * po..(plane + 1) * po;
@@ -472,16 +408,6 @@ fn for_each_winner(shape: &NormShape, code: &[u8], mut f: impl FnMut(usize, usiz
     }
 }
 
-/// What the input gradient of one (env, channel) needs.
-#[derive(Clone, Copy)]
-struct DxConsts<T> {
-    mean: T,
-    inv_std: T,
-    scale: T,
-    mean_dy: T,
-    mean_dy_xhat: T,
-}
-
 /// `dx` of one plane. `dy` is rebuilt in `dy` (a cached scratch plane plus one spare element): zero, then
 /// each window's `g` stored at its coded winner (at the spare element when no gradient flows, so the
 /// scatter has no branch); the rows and columns the pool dropped keep `dy = 0`.
@@ -497,7 +423,7 @@ fn dx_plane<T: Real>(
 ) {
     dy.fill(T::ZERO);
     for_each_winner(shape, code, |o, pos| dy[pos] = g[o]);
-    dx_dense(k, x, &dy[..x.len()], dx);
+    k.input_grad(x, &dy[..x.len()], dx);
 }
 
 /// [`batch_norm_backward`](super::batch_norm_backward) with its two sums in window order, for a batch
@@ -519,42 +445,30 @@ pub fn batch_norm_backward_window_order<T: Real>(
     grad_gamma: &mut [T],
     grad_beta: &mut [T],
 ) {
-    for a in [x, grad_output, &*grad_input] {
-        assert_eq!(a.len(), shape.len(), "batch norm activation length");
-    }
-    for p in [gamma, save_mean, save_inv_std, &*grad_gamma, &*grad_beta] {
-        assert_eq!(p.len(), shape.params_len(), "batch norm parameter length");
-    }
     let (c, plane) = (shape.channels, shape.plane());
-    grad_gamma.par_iter_mut().zip(grad_beta.par_iter_mut()).enumerate().for_each(|(i, (d_gamma, d_beta))| {
-        let (e, ch) = (i / c, i % c);
+    let sums = |e: usize, ch: usize, mean: T| {
         let mut sum_dy = LaneSums::new();
         let mut sum_dy_centered = LaneSums::new();
         for b in 0..shape.batch {
             let start = ((e * shape.batch + b) * c + ch) * plane;
             let range = start..start + plane;
             let sums = (&mut sum_dy, &mut sum_dy_centered);
-            window_order_sums(&shape, &grad_output[range.clone()], &x[range], save_mean[i], sums);
+            window_order_sums(&shape, &grad_output[range.clone()], &x[range], mean, sums);
         }
-        *d_beta = sum_dy.total();
-        *d_gamma = sum_dy_centered.total() * save_inv_std[i];
-    });
-    if shape.is_empty() {
-        return;
-    }
-    let n = T::from_usize(shape.batch * plane);
-    let (d_gamma, d_beta) = (&*grad_gamma, &*grad_beta);
-    grad_input.par_chunks_mut(shape.image()).enumerate().for_each(|(i, dx_img)| {
-        let e = i / shape.batch;
-        let range = i * shape.image()..(i + 1) * shape.image();
-        let (x_img, dy_img) = (&x[range.clone()], &grad_output[range]);
-        for ch in 0..c {
-            let p = e * c + ch;
-            let k = dx_consts(gamma, save_mean, save_inv_std, d_gamma, d_beta, n, p);
-            let range = ch * plane..(ch + 1) * plane;
-            dx_dense(&k, &x_img[range.clone()], &dy_img[range.clone()], &mut dx_img[range]);
-        }
-    });
+        (sum_dy, sum_dy_centered)
+    };
+    batch_norm_backward_with_sums(
+        shape,
+        x,
+        gamma,
+        save_mean,
+        save_inv_std,
+        grad_output,
+        grad_input,
+        grad_gamma,
+        grad_beta,
+        sums,
+    );
 }
 
 /// Adds one plane's `dy` and `dy·(x − mean)` to the lane sums in window order (see
@@ -623,36 +537,6 @@ fn add_windows<T: Real, const N: usize>(
         }
     }
     N
-}
-
-/// The per-(env, channel) constants of the input gradient.
-#[inline(always)]
-fn dx_consts<T: Real>(
-    gamma: &[T],
-    save_mean: &[T],
-    save_inv_std: &[T],
-    d_gamma: &[T],
-    d_beta: &[T],
-    n: T,
-    p: usize,
-) -> DxConsts<T> {
-    DxConsts {
-        mean: save_mean[p],
-        inv_std: save_inv_std[p],
-        scale: gamma[p] * save_inv_std[p],
-        mean_dy: d_beta[p] / n,
-        mean_dy_xhat: d_gamma[p] / n,
-    }
-}
-
-/// `dx = γ·inv_std·(dy − dβ/N − x̂·dγ/N)` over one plane (the formula of
-/// [`batch_norm_backward`](super::batch_norm_backward)).
-#[inline(always)]
-fn dx_dense<T: Real>(k: &DxConsts<T>, x: &[T], dy: &[T], dx: &mut [T]) {
-    for ((dx, &v), &dy) in dx.iter_mut().zip(x).zip(dy) {
-        let x_hat = (v - k.mean) * k.inv_std;
-        *dx = k.scale * (dy - k.mean_dy - x_hat * k.mean_dy_xhat);
-    }
 }
 
 // Runtime dispatch to AVX2 builds of the two per-plane loops, as in `conv`: the same exactly rounded
@@ -811,7 +695,7 @@ mod tests {
         PoolShape { envs: s.envs, batch: s.batch, channels: s.channels, h: s.h, w: s.w }
     }
 
-    fn plane_stats(s: &NormShape, x: &[f64]) -> Vec<f64> {
+    fn plane_stats<T: Real>(s: &NormShape, x: &[T]) -> Vec<T> {
         x.chunks_exact(s.plane())
             .flat_map(|plane| {
                 let (m, m2) = plane_mean_and_m2(plane);
@@ -820,27 +704,43 @@ mod tests {
             .collect()
     }
 
+    /// The running statistics the f64 tests start from.
+    fn running_stats(p: usize) -> [Vec<f64>; 2] {
+        [uniform(7, p, -0.5, 0.5), uniform(8, p, 0.5, 2.0)]
+    }
+
     /// Values on a grid of 0.25: many exact ties inside windows, and exact zeros after the norm's shift.
     fn tied(seed: u64, n: usize) -> Vec<f64> {
         uniform(seed, n, -2.0, 2.0).iter().map(|v| (v * 4.0).round() / 4.0).collect()
     }
 
     /// What the fused training forward saves, and the running statistics it updated.
-    struct Fused {
-        pooled: Vec<f64>,
+    struct Fused<T> {
+        pooled: Vec<T>,
         code: Vec<u8>,
-        winner: Vec<f64>,
-        mean: Vec<f64>,
-        inv_std: Vec<f64>,
-        running: [Vec<f64>; 2],
+        winner: Vec<T>,
+        mean: Vec<T>,
+        inv_std: Vec<T>,
+        running: [Vec<T>; 2],
     }
 
-    fn fused_forward(s: &NormShape, x: &[f64], gamma: &[f64], beta: &[f64]) -> Fused {
+    fn fused_forward(s: &NormShape, x: &[f64], gamma: &[f64], beta: &[f64]) -> Fused<f64> {
+        fused_forward_from(s, x, gamma, beta, running_stats(s.params_len()))
+    }
+
+    /// The fused training forward from the running statistics `running` (mean, var), the plane statistics
+    /// taken from `x`.
+    fn fused_forward_from<T: Real>(
+        s: &NormShape,
+        x: &[T],
+        gamma: &[T],
+        beta: &[T],
+        mut running: [Vec<T>; 2],
+    ) -> Fused<T> {
         let p = s.params_len();
-        let (mut mean, mut inv_std) = (vec![0.0; p], vec![0.0; p]);
-        let mut running = [uniform(7, p, -0.5, 0.5), uniform(8, p, 0.5, 2.0)];
+        let (mut mean, mut inv_std) = (vec![T::ZERO; p], vec![T::ZERO; p]);
         let (mut pooled, mut code, mut winner) =
-            (vec![0.0; s.pooled_len()], vec![0; s.pooled_len()], vec![0.0; s.pooled_len()]);
+            (vec![T::ZERO; s.pooled_len()], vec![0; s.pooled_len()], vec![T::ZERO; s.pooled_len()]);
         let [r_mean, r_var] = &mut running;
         batch_norm_relu_max_pool_train_forward(
             *s,
@@ -885,7 +785,7 @@ mod tests {
             // Reference: the unfused ops (two-pass batch statistics over the whole channel).
             let p = s.params_len();
             let (mut mean, mut inv_std) = (vec![0.0; p], vec![0.0; p]);
-            let [mut r_mean, mut r_var] = [uniform(7, p, -0.5, 0.5), uniform(8, p, 0.5, 2.0)];
+            let [mut r_mean, mut r_var] = running_stats(p);
             let mut y = vec![0.0; s.len()];
             batch_norm_train_forward(
                 s,
@@ -934,7 +834,7 @@ mod tests {
             // The op-by-op path of the host (block with a seed between ReLU and pool).
             let p = s.params_len();
             let (mut mean, mut inv_std) = (vec![0.0; p], vec![0.0; p]);
-            let [mut r_mean, mut r_var] = [uniform(7, p, -0.5, 0.5), uniform(8, p, 0.5, 2.0)];
+            let [mut r_mean, mut r_var] = running_stats(p);
             let mut y = vec![0.0; s.len()];
             let stats = plane_stats(&s, &x);
             batch_norm_relu_train_forward(
@@ -969,20 +869,20 @@ mod tests {
     }
 
     /// The unfused backward of the fused forward: pool, ReLU, batch norm, from the same statistics.
-    fn unfused_backward(
+    fn unfused_backward<T: Real>(
         s: &NormShape,
-        x: &[f64],
-        gamma: &[f64],
-        f: &Fused,
-        g: &[f64],
+        x: &[T],
+        gamma: &[T],
+        f: &Fused<T>,
+        g: &[T],
         window_order: bool,
-    ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-        let mut y = vec![0.0; s.len()];
+    ) -> (Vec<T>, Vec<T>, Vec<T>) {
+        let mut y = vec![T::ZERO; s.len()];
         let stats = plane_stats(s, x);
         let p = s.params_len();
         let [mut r_mean, mut r_var, mut mean, mut inv_std] =
-            [vec![0.0; p], vec![1.0; p], vec![0.0; p], vec![0.0; p]];
-        let beta = vec![0.0; p];
+            [vec![T::ZERO; p], vec![T::ONE; p], vec![T::ZERO; p], vec![T::ZERO; p]];
+        let beta = vec![T::ZERO; p];
         batch_norm_relu_train_forward(
             *s,
             x,
@@ -995,26 +895,27 @@ mod tests {
             &mut r_mean,
             &mut r_var,
         );
-        let (mut pooled, mut argmax) = (vec![0.0; s.pooled_len()], vec![0; s.pooled_len()]);
+        let (mut pooled, mut argmax) = (vec![T::ZERO; s.pooled_len()], vec![0; s.pooled_len()]);
         max_pool2x2_forward(pool_shape(s), &y, &mut pooled, &mut argmax);
-        let mut dy = vec![f64::NAN; s.len()];
+        let mut dy = vec![T::from_f64(f64::NAN); s.len()];
         max_pool2x2_backward(pool_shape(s), g, &argmax, &mut dy);
         relu_backward_in_place(&y, &mut dy);
-        let (mut dx, mut dg, mut db) = (vec![0.0; s.len()], vec![0.0; p], vec![0.0; p]);
+        let (mut dx, mut dg, mut db) = (vec![T::ZERO; s.len()], vec![T::ZERO; p], vec![T::ZERO; p]);
         let backward = if window_order { batch_norm_backward_window_order } else { batch_norm_backward };
         backward(*s, x, gamma, &f.mean, &f.inv_std, &dy, &mut dx, &mut dg, &mut db);
         (dx, dg, db)
     }
 
-    fn fused_backward(
+    fn fused_backward<T: Real>(
         s: &NormShape,
-        x: &[f64],
-        gamma: &[f64],
-        f: &Fused,
-        g: &[f64],
-    ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+        x: &[T],
+        gamma: &[T],
+        f: &Fused<T>,
+        g: &[T],
+    ) -> (Vec<T>, Vec<T>, Vec<T>) {
         let p = s.params_len();
-        let (mut dx, mut dg, mut db) = (vec![f64::NAN; s.len()], vec![0.0; p], vec![0.0; p]);
+        let (mut dx, mut dg, mut db) =
+            (vec![T::from_f64(f64::NAN); s.len()], vec![T::ZERO; p], vec![T::ZERO; p]);
         batch_norm_relu_max_pool_backward(
             *s, x, gamma, &f.mean, &f.inv_std, g, &f.code, &f.winner, &mut dx, &mut dg, &mut db,
         );
@@ -1053,45 +954,13 @@ mod tests {
                 unfused_backward(&s, &x, &gamma, &f, &g, true)
             );
             // The same in f32, where rounding would show any difference in order.
-            let x32: Vec<f32> = to_f32(&uniform(h as u64 + 50, s.len(), -1.0, 3.0));
-            let (gamma32, beta32) = (vec![1.25f32; s.params_len()], vec![0.0f32; s.params_len()]);
-            let stats: Vec<f32> =
-                x32.chunks_exact(s.plane()).flat_map(|p| <[f32; 2]>::from(plane_mean_and_m2(p))).collect();
+            let x32 = to_f32(&uniform(h as u64 + 50, s.len(), -1.0, 3.0));
             let pl = s.params_len();
-            let [mut m, mut is, mut rm, mut rv] =
-                [vec![0f32; pl], vec![0f32; pl], vec![0f32; pl], vec![1f32; pl]];
-            let (mut pooled, mut code, mut winner) =
-                (vec![0f32; s.pooled_len()], vec![0; s.pooled_len()], vec![0f32; s.pooled_len()]);
-            batch_norm_relu_max_pool_train_forward(
-                s,
-                &x32,
-                &stats,
-                &gamma32,
-                &beta32,
-                &mut m,
-                &mut is,
-                &mut rm,
-                &mut rv,
-                &mut pooled,
-                &mut code,
-                &mut winner,
-            );
+            let (gamma32, beta32) = (vec![1.25f32; pl], vec![0.0f32; pl]);
+            let f = fused_forward_from(&s, &x32, &gamma32, &beta32, [vec![0f32; pl], vec![1f32; pl]]);
             let g32 = to_f32(&g);
-            let (mut dx, mut dg, mut db) = (vec![0f32; s.len()], vec![0f32; pl], vec![0f32; pl]);
-            batch_norm_relu_max_pool_backward(
-                s, &x32, &gamma32, &m, &is, &g32, &code, &winner, &mut dx, &mut dg, &mut db,
-            );
-            let mut y = vec![0f32; s.len()];
-            batch_norm_relu_train_forward(
-                s, &x32, &stats, &gamma32, &beta32, &mut y, &mut m, &mut is, &mut rm, &mut rv,
-            );
-            let mut argmax = vec![0; s.pooled_len()];
-            max_pool2x2_forward(pool_shape(&s), &y, &mut pooled, &mut argmax);
-            let mut dy = vec![0f32; s.len()];
-            max_pool2x2_backward(pool_shape(&s), &g32, &argmax, &mut dy);
-            relu_backward_in_place(&y, &mut dy);
-            let (mut dx2, mut dg2, mut db2) = (vec![0f32; s.len()], vec![0f32; pl], vec![0f32; pl]);
-            batch_norm_backward_window_order(s, &x32, &gamma32, &m, &is, &dy, &mut dx2, &mut dg2, &mut db2);
+            let (dx, dg, db) = fused_backward(&s, &x32, &gamma32, &f, &g32);
+            let (dx2, dg2, db2) = unfused_backward(&s, &x32, &gamma32, &f, &g32, true);
             assert_eq!(
                 (bits(&dx), bits(&dg), bits(&db)),
                 (bits(&dx2), bits(&dg2), bits(&db2)),
@@ -1109,32 +978,11 @@ mod tests {
         let beta = to_f32(&signed(62, s.params_len()));
         let g = to_f32(&signed(63, s.pooled_len()));
         let run = |s: NormShape, x: &[f32], gamma: &[f32], beta: &[f32], g: &[f32]| {
-            let stats: Vec<f32> =
-                x.chunks_exact(s.plane()).flat_map(|p| <[f32; 2]>::from(plane_mean_and_m2(p))).collect();
             let pl = s.params_len();
-            let [mut m, mut is, mut rm, mut rv] =
-                [vec![0f32; pl], vec![0f32; pl], vec![0f32; pl], vec![1f32; pl]];
-            let (mut pooled, mut code, mut winner) =
-                (vec![0f32; s.pooled_len()], vec![0; s.pooled_len()], vec![0f32; s.pooled_len()]);
-            batch_norm_relu_max_pool_train_forward(
-                s,
-                x,
-                &stats,
-                gamma,
-                beta,
-                &mut m,
-                &mut is,
-                &mut rm,
-                &mut rv,
-                &mut pooled,
-                &mut code,
-                &mut winner,
-            );
-            let (mut dx, mut dg, mut db) = (vec![0f32; s.len()], vec![0f32; pl], vec![0f32; pl]);
-            batch_norm_relu_max_pool_backward(
-                s, x, gamma, &m, &is, g, &code, &winner, &mut dx, &mut dg, &mut db,
-            );
-            [pooled, winner, rm, rv, dx, dg, db].map(|v| bits(&v))
+            let f = fused_forward_from(&s, x, gamma, beta, [vec![0f32; pl], vec![1f32; pl]]);
+            let (dx, dg, db) = fused_backward(&s, x, gamma, &f, g);
+            let [rm, rv] = f.running;
+            [f.pooled, f.winner, rm, rv, dx, dg, db].map(|v| bits(&v))
         };
         let all = run(s, &x, &gamma, &beta, &g);
         assert_eq!(all, with_threads(1, || run(s, &x, &gamma, &beta, &g)), "thread count changed the bits");
@@ -1179,25 +1027,7 @@ mod tests {
         assert!(pooled[0].is_nan() && pooled[1..].iter().all(|v| v.is_finite()), "{pooled:?}");
         // Training: the NaN poisons its channel's statistics, so every window of that channel is NaN and
         // passes no gradient.
-        let stats: Vec<f32> =
-            x.chunks_exact(s.plane()).flat_map(|p| <[f32; 2]>::from(plane_mean_and_m2(p))).collect();
-        let [mut m, mut is, mut r_mean, mut r_var] =
-            [vec![0f32; 2], vec![0f32; 2], vec![0f32; 2], vec![1f32; 2]];
-        let (mut code, mut winner) = (vec![0u8; 4], vec![0f32; 4]);
-        batch_norm_relu_max_pool_train_forward(
-            s,
-            &x,
-            &stats,
-            &gamma,
-            &beta,
-            &mut m,
-            &mut is,
-            &mut r_mean,
-            &mut r_var,
-            &mut pooled,
-            &mut code,
-            &mut winner,
-        );
+        let Fused { pooled, code, .. } = fused_forward_from(&s, &x, &gamma, &beta, [rm, rv]);
         assert!(pooled[0].is_nan() && pooled[1].is_nan() && pooled[2..].iter().all(|v| v.is_finite()));
         assert_eq!(code[..2], [NO_GRADIENT, NO_GRADIENT]);
     }

@@ -74,60 +74,61 @@ pub fn batch_norm_train_forward<T: Real>(
     running_var: &mut [T],
 ) {
     assert_eq!(x.len(), shape.len(), "batch norm input length");
-    assert_eq!(y.len(), shape.len(), "batch norm output length");
-    for p in [gamma, beta, &*save_mean, &*save_inv_std, &*running_mean, &*running_var] {
+    for p in [gamma, beta] {
+        assert_eq!(p.len(), shape.params_len(), "batch norm parameter length");
+    }
+    let n = T::from_usize(shape.batch * shape.plane());
+    let c = shape.channels;
+    let batch_stats = |i: usize| {
+        let (e, ch) = (i / c, i % c);
+        let mut sum = LaneSums::new();
+        for b in 0..shape.batch {
+            sum.add_map(shape.plane_of(x, e, b, ch), |v| v);
+        }
+        let m = sum.total() / n;
+        // Two passes: the variance from deviations, not E[x²] − m², which cancels badly in f32.
+        let mut squares = LaneSums::new();
+        for b in 0..shape.batch {
+            squares.add_map(shape.plane_of(x, e, b, ch), |v| (v - m) * (v - m));
+        }
+        (m, squares.total() / n)
+    };
+    save_batch_stats(&shape, batch_stats, save_mean, save_inv_std, running_mean, running_var);
+    let (mean, inv_std) = (&*save_mean, &*save_inv_std);
+    normalize(&shape, x, y, |p| (mean[p], inv_std[p] * gamma[p], beta[p]), |v| v);
+}
+
+/// Saves the batch statistics `stats(e·C + c) = (mean, biased variance)` of every (env, channel) as `mean`
+/// and `1/sqrt(var + eps)`, and updates the running statistics with momentum 0.1 (the running variance
+/// with the unbiased batch variance). Shared by every training batch norm, whatever the statistics' source.
+pub(crate) fn save_batch_stats<T: Real>(
+    shape: &NormShape,
+    stats: impl Fn(usize) -> (T, T) + Sync,
+    save_mean: &mut [T],
+    save_inv_std: &mut [T],
+    running_mean: &mut [T],
+    running_var: &mut [T],
+) {
+    for p in [&*save_mean, &*save_inv_std, &*running_mean, &*running_var] {
         assert_eq!(p.len(), shape.params_len(), "batch norm parameter length");
     }
     let count = shape.batch * shape.plane();
     assert!(count > 1, "batch norm in training needs more than one value per channel");
-    let n = T::from_usize(count);
     let eps = T::from_f64(NORM_EPS);
     let momentum = T::from_f64(BATCH_NORM_MOMENTUM);
     let unbiased = T::from_usize(count) / T::from_usize(count - 1);
-    let c = shape.channels;
-
     save_mean
         .par_iter_mut()
         .zip(save_inv_std.par_iter_mut())
         .zip(running_mean.par_iter_mut().zip(running_var.par_iter_mut()))
         .enumerate()
         .for_each(|(i, ((mean, inv_std), (r_mean, r_var)))| {
-            let (e, ch) = (i / c, i % c);
-            let mut sum = LaneSums::new();
-            for b in 0..shape.batch {
-                sum.add_map(shape.plane_of(x, e, b, ch), |v| v);
-            }
-            let m = sum.total() / n;
-            // Two passes: the variance from deviations, not E[x²] − m², which cancels badly in f32.
-            let mut squares = LaneSums::new();
-            for b in 0..shape.batch {
-                squares.add_map(shape.plane_of(x, e, b, ch), |v| (v - m) * (v - m));
-            }
-            let var = squares.total() / n;
+            let (m, var) = stats(i);
             *mean = m;
             *inv_std = T::ONE / (var + eps).sqrt();
             *r_mean = (T::ONE - momentum) * *r_mean + momentum * m;
             *r_var = (T::ONE - momentum) * *r_var + momentum * var * unbiased;
         });
-
-    if shape.is_empty() {
-        return;
-    }
-    let (mean, inv_std) = (&*save_mean, &*save_inv_std);
-    y.par_chunks_mut(shape.image()).enumerate().for_each(|(i, y_img)| {
-        let e = i / shape.batch;
-        let x_img = &x[i * shape.image()..(i + 1) * shape.image()];
-        for ch in 0..c {
-            let p = e * c + ch;
-            affine_plane(
-                &x_img[ch * shape.plane()..(ch + 1) * shape.plane()],
-                &mut y_img[ch * shape.plane()..(ch + 1) * shape.plane()],
-                mean[p],
-                inv_std[p] * gamma[p],
-                beta[p],
-            );
-        }
-    });
 }
 
 /// `(mean, Σ (v − mean)²)` of one plane, both with [`LaneSums`] (two passes: the plane is in cache).
@@ -139,6 +140,35 @@ pub fn plane_mean_and_m2<T: Real>(values: &[T]) -> (T, T) {
     let mut squares = LaneSums::new();
     squares.add_map(values, |v| (v - mean) * (v - mean));
     (mean, squares.total())
+}
+
+/// The element-wise pass of a batch norm, one task per (env, image): `y = act((x − mean)·scale + shift)`
+/// with `(mean, scale, shift) = per_channel(e·C + c)`. `act` is the identity, or ReLU for batch norm →
+/// ReLU in one pass.
+pub(crate) fn normalize<T: Real>(
+    shape: &NormShape,
+    x: &[T],
+    y: &mut [T],
+    per_channel: impl Fn(usize) -> (T, T, T) + Sync,
+    act: impl Fn(T) -> T + Sync,
+) {
+    assert_eq!(x.len(), shape.len(), "batch norm input length");
+    assert_eq!(y.len(), shape.len(), "batch norm output length");
+    if shape.is_empty() {
+        return;
+    }
+    let (c, plane) = (shape.channels, shape.plane());
+    y.par_chunks_mut(shape.image()).enumerate().for_each(|(i, y_img)| {
+        let e = i / shape.batch;
+        let x_img = &x[i * shape.image()..(i + 1) * shape.image()];
+        for ch in 0..c {
+            let (mean, scale, shift) = per_channel(e * c + ch);
+            let range = ch * plane..(ch + 1) * plane;
+            for (out, &v) in y_img[range.clone()].iter_mut().zip(&x_img[range]) {
+                *out = act((v - mean) * scale + shift);
+            }
+        }
+    });
 }
 
 /// `y = (x − mean)·scale + shift` over one plane.
@@ -159,31 +189,12 @@ pub fn batch_norm_eval_forward<T: Real>(
     running_var: &[T],
     y: &mut [T],
 ) {
-    assert_eq!(x.len(), shape.len(), "batch norm input length");
-    assert_eq!(y.len(), shape.len(), "batch norm output length");
     for p in [gamma, beta, running_mean, running_var] {
         assert_eq!(p.len(), shape.params_len(), "batch norm parameter length");
     }
-    if shape.is_empty() {
-        return;
-    }
     let eps = T::from_f64(NORM_EPS);
-    let c = shape.channels;
-    y.par_chunks_mut(shape.image()).enumerate().for_each(|(i, y_img)| {
-        let e = i / shape.batch;
-        let x_img = &x[i * shape.image()..(i + 1) * shape.image()];
-        for ch in 0..c {
-            let p = e * c + ch;
-            let scale = gamma[p] / (running_var[p] + eps).sqrt();
-            affine_plane(
-                &x_img[ch * shape.plane()..(ch + 1) * shape.plane()],
-                &mut y_img[ch * shape.plane()..(ch + 1) * shape.plane()],
-                running_mean[p],
-                scale,
-                beta[p],
-            );
-        }
-    });
+    let per_channel = |p: usize| (running_mean[p], gamma[p] / (running_var[p] + eps).sqrt(), beta[p]);
+    normalize(&shape, x, y, per_channel, |v| v);
 }
 
 /// Backward of [`batch_norm_train_forward`] from its input and saved statistics. Overwrites
@@ -201,16 +212,7 @@ pub fn batch_norm_backward<T: Real>(
     grad_gamma: &mut [T],
     grad_beta: &mut [T],
 ) {
-    for a in [x, grad_output, &*grad_input] {
-        assert_eq!(a.len(), shape.len(), "batch norm activation length");
-    }
-    for p in [gamma, save_mean, save_inv_std, &*grad_gamma, &*grad_beta] {
-        assert_eq!(p.len(), shape.params_len(), "batch norm parameter length");
-    }
-    let c = shape.channels;
-    grad_gamma.par_iter_mut().zip(grad_beta.par_iter_mut()).enumerate().for_each(|(i, (d_gamma, d_beta))| {
-        let (e, ch) = (i / c, i % c);
-        let mean = save_mean[i];
+    let sums = |e: usize, ch: usize, mean: T| {
         let mut sum_dy = LaneSums::new();
         let mut sum_dy_centered = LaneSums::new();
         for b in 0..shape.batch {
@@ -218,33 +220,122 @@ pub fn batch_norm_backward<T: Real>(
             sum_dy.add_map(dy, |g| g);
             sum_dy_centered.add_zip(dy, shape.plane_of(x, e, b, ch), |g, v| g * (v - mean));
         }
-        *d_beta = sum_dy.total();
-        *d_gamma = sum_dy_centered.total() * save_inv_std[i];
-    });
+        (sum_dy, sum_dy_centered)
+    };
+    batch_norm_backward_with_sums(
+        shape,
+        x,
+        gamma,
+        save_mean,
+        save_inv_std,
+        grad_output,
+        grad_input,
+        grad_gamma,
+        grad_beta,
+        sums,
+    );
+}
+
+/// [`batch_norm_backward`] with the two per-(env, channel) sums `(Σ dy, Σ dy·(x − mean))` from
+/// `sums(e, c, mean)`: callers differ only in the order of those sums. Overwrites `grad_input`,
+/// `grad_gamma`, `grad_beta`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn batch_norm_backward_with_sums<T: Real>(
+    shape: NormShape,
+    x: &[T],
+    gamma: &[T],
+    save_mean: &[T],
+    save_inv_std: &[T],
+    grad_output: &[T],
+    grad_input: &mut [T],
+    grad_gamma: &mut [T],
+    grad_beta: &mut [T],
+    sums: impl Fn(usize, usize, T) -> (LaneSums<T>, LaneSums<T>) + Sync,
+) {
+    for a in [x, grad_output, &*grad_input] {
+        assert_eq!(a.len(), shape.len(), "batch norm activation length");
+    }
+    assert_eq!(gamma.len(), shape.params_len(), "batch norm parameter length");
+    batch_norm_param_grads(&shape, save_mean, save_inv_std, grad_gamma, grad_beta, sums);
     if shape.is_empty() {
         return;
     }
-    let n = T::from_usize(shape.batch * shape.plane());
+    let (c, plane) = (shape.channels, shape.plane());
+    let n = T::from_usize(shape.batch * plane);
     let (d_gamma, d_beta) = (&*grad_gamma, &*grad_beta);
     grad_input.par_chunks_mut(shape.image()).enumerate().for_each(|(i, dx_img)| {
         let e = i / shape.batch;
         let range = i * shape.image()..(i + 1) * shape.image();
         let (x_img, dy_img) = (&x[range.clone()], &grad_output[range]);
         for ch in 0..c {
-            let p = e * c + ch;
-            let (mean, inv_std) = (save_mean[p], save_inv_std[p]);
-            let scale = gamma[p] * inv_std;
-            let mean_dy = d_beta[p] / n;
-            let mean_dy_xhat = d_gamma[p] / n;
-            let plane = ch * shape.plane()..(ch + 1) * shape.plane();
-            for ((dx, &dy), &v) in
-                dx_img[plane.clone()].iter_mut().zip(&dy_img[plane.clone()]).zip(&x_img[plane])
-            {
-                let x_hat = (v - mean) * inv_std;
-                *dx = scale * (dy - mean_dy - x_hat * mean_dy_xhat);
-            }
+            let k = DxConsts::new(gamma, save_mean, save_inv_std, d_gamma, d_beta, n, e * c + ch);
+            let range = ch * plane..(ch + 1) * plane;
+            k.input_grad(&x_img[range.clone()], &dy_img[range.clone()], &mut dx_img[range]);
         }
     });
+}
+
+/// The parameter half of a batch-norm backward: `dβ = Σ dy` and `dγ = Σ dy·(x − mean) · inv_std` for
+/// every (env, channel) `i = e·C + c`, from `sums(e, c, mean) = (Σ dy, Σ dy·(x − mean))`. Overwrites
+/// `grad_gamma` and `grad_beta`.
+pub(crate) fn batch_norm_param_grads<T: Real>(
+    shape: &NormShape,
+    save_mean: &[T],
+    save_inv_std: &[T],
+    grad_gamma: &mut [T],
+    grad_beta: &mut [T],
+    sums: impl Fn(usize, usize, T) -> (LaneSums<T>, LaneSums<T>) + Sync,
+) {
+    for p in [save_mean, save_inv_std, &*grad_gamma, &*grad_beta] {
+        assert_eq!(p.len(), shape.params_len(), "batch norm parameter length");
+    }
+    let c = shape.channels;
+    grad_gamma.par_iter_mut().zip(grad_beta.par_iter_mut()).enumerate().for_each(|(i, (d_gamma, d_beta))| {
+        let (sum_dy, sum_dy_centered) = sums(i / c, i % c, save_mean[i]);
+        *d_beta = sum_dy.total();
+        *d_gamma = sum_dy_centered.total() * save_inv_std[i];
+    });
+}
+
+/// What the input gradient of one (env, channel) needs.
+#[derive(Clone, Copy)]
+pub(crate) struct DxConsts<T> {
+    mean: T,
+    inv_std: T,
+    scale: T,
+    mean_dy: T,
+    mean_dy_xhat: T,
+}
+
+impl<T: Real> DxConsts<T> {
+    /// The constants of (env, channel) `p` over `n = B·H·W` values, from the parameter gradients.
+    #[inline(always)]
+    pub(crate) fn new(
+        gamma: &[T],
+        save_mean: &[T],
+        save_inv_std: &[T],
+        d_gamma: &[T],
+        d_beta: &[T],
+        n: T,
+        p: usize,
+    ) -> Self {
+        Self {
+            mean: save_mean[p],
+            inv_std: save_inv_std[p],
+            scale: gamma[p] * save_inv_std[p],
+            mean_dy: d_beta[p] / n,
+            mean_dy_xhat: d_gamma[p] / n,
+        }
+    }
+
+    /// `dx = γ·inv_std·(dy − dβ/N − x̂·dγ/N)` over one plane.
+    #[inline(always)]
+    pub(crate) fn input_grad(&self, x: &[T], dy: &[T], dx: &mut [T]) {
+        for ((dx, &v), &dy) in dx.iter_mut().zip(x).zip(dy) {
+            let x_hat = (v - self.mean) * self.inv_std;
+            *dx = self.scale * (dy - self.mean_dy - x_hat * self.mean_dy_xhat);
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------
