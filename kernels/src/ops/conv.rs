@@ -15,9 +15,11 @@
 //! junk positions) with a shifted run of the padded input, summed over the env's images in order.
 //!
 //! Parallelism and determinism: forward and input gradient run one task per (env, image); the weight
-//! gradient one task per (env, block of output channels), each summing over the env's images in a fixed
-//! order with [`LANES`] interleaved partial sums. No value's summation order depends on the env count or on
-//! how rayon splits the work.
+//! gradient one task per env when there are at least two envs per thread (the input is then padded and
+//! read once per image for all output channels: this is where a batch of envs beats one env), else one
+//! task per (env, block of output channels) so that the threads share an env. Either way each element
+//! sums over the env's images in a fixed order with [`LANES`] interleaved partial sums. No value's
+//! summation order depends on the env count or on how rayon splits the work.
 
 use rayon::prelude::*;
 
@@ -477,17 +479,26 @@ pub fn conv2d_backward_weight<T: Real>(
         1
     };
     let blocks_per_env = shape.c_out / block;
-    let chunk = block * shape.c_in_per_group() * shape.k * shape.k;
+    // With enough envs to keep every thread busy (or one thread), a task takes a whole env: its input
+    // planes are padded and read once per image for all output channels instead of once per block. With
+    // fewer envs than that, a task takes one block of an env so that the threads share an env's work.
+    // Each weight-gradient element is summed in the same order either way: the split changes only speed.
+    let threads = rayon::current_num_threads();
+    let whole_envs = threads == 1 || shape.envs >= 2 * threads;
+    let blocks_per_task = if whole_envs { blocks_per_env } else { 1 };
+    let chunk = blocks_per_task * block * shape.c_in_per_group() * shape.k * shape.k;
     let in_env = shape.batch * shape.c_in * shape.h * shape.w;
     let out_env = shape.batch * shape.c_out * shape.h_out() * shape.w_out();
+    let tasks_per_env = blocks_per_env / blocks_per_task;
     grad_weight.par_chunks_mut(chunk).enumerate().for_each(|(task, dw)| {
-        let e = task / blocks_per_env;
+        let e = task / tasks_per_env;
         let job = WeightGradJob {
             shape: &shape,
             geo: Geometry::new(shape.h, shape.w, shape.k, shape.pad),
             input: &input[e * in_env..(e + 1) * in_env],
             grad_output: &grad_output[e * out_env..(e + 1) * out_env],
-            first_out: (task % blocks_per_env) * block,
+            first_out: (task % tasks_per_env) * blocks_per_task * block,
+            blocks: blocks_per_task,
         };
         match block {
             BLOCK => dispatch_weight_grad::<T, BLOCK>(&job, dw),
@@ -497,7 +508,7 @@ pub fn conv2d_backward_weight<T: Real>(
     });
 }
 
-/// One env's images and one block of output channels.
+/// One env's images and `blocks` consecutive blocks of output channels.
 struct WeightGradJob<'a, T> {
     shape: &'a Conv2dShape,
     geo: Geometry,
@@ -506,31 +517,45 @@ struct WeightGradJob<'a, T> {
     /// `[B, c_out, h_out, w_out]` of this env.
     grad_output: &'a [T],
     first_out: usize,
+    blocks: usize,
 }
 
-/// `dw[j, s, tap] = Σ_images Σ_q dy_padded[j][q] · x_padded[s][q + offset(tap)]`, for `N` output channels.
+impl<T> WeightGradJob<'_, T> {
+    /// The groups the job's output channels belong to, as a range.
+    fn groups<const N: usize>(&self) -> std::ops::Range<usize> {
+        let cout_g = self.shape.c_out_per_group();
+        let last_out = self.first_out + self.blocks * N - 1;
+        self.first_out / cout_g..last_out / cout_g + 1
+    }
+}
+
+/// `dw[j, s, tap] = Σ_images Σ_q dy_padded[j][q] · x_padded[s][q + offset(tap)]`, for the job's output
+/// channels (`blocks` blocks of `N`): per image, the input planes of the job's groups are padded once and
+/// serve every block.
 #[inline(always)]
 fn weight_grad_block<T: Real, const N: usize>(job: &WeightGradJob<'_, T>, dw: &mut [T], scratch: &mut [T]) {
     let s = job.shape;
     let geo = job.geo;
-    let cin_g = s.c_in_per_group();
+    let (cin_g, cout_g) = (s.c_in_per_group(), s.c_out_per_group());
     let kk = s.k * s.k;
-    let group = job.first_out / s.c_out_per_group();
+    let groups = job.groups::<N>();
     let taps = geo.tap_offsets();
     let (hw, hw_out) = (s.h * s.w, s.h_out() * s.w_out());
-    let lanes_len = N * cin_g * kk * LANES;
-    {
-        let (lanes, rest) = scratch.split_at_mut(lanes_len);
-        let (padded, dy_padded) = rest.split_at_mut(cin_g * geo.plane);
-        lanes.fill(T::ZERO);
-        for b in 0..s.batch {
-            for (c, plane) in padded.chunks_exact_mut(geo.plane).enumerate() {
-                let channel = b * s.c_in + group * cin_g + c;
-                geo.pad_plane(&job.input[channel * hw..(channel + 1) * hw], plane);
-            }
+    let block_lanes = N * cin_g * kk * LANES;
+    let (lanes, rest) = scratch.split_at_mut(job.blocks * block_lanes);
+    let (padded, dy_padded) = rest.split_at_mut(groups.len() * cin_g * geo.plane);
+    lanes.fill(T::ZERO);
+    for b in 0..s.batch {
+        let first_channel = b * s.c_in + groups.start * cin_g;
+        for (c, plane) in padded.chunks_exact_mut(geo.plane).enumerate() {
+            let channel = first_channel + c;
+            geo.pad_plane(&job.input[channel * hw..(channel + 1) * hw], plane);
+        }
+        for (block, lanes) in lanes.chunks_exact_mut(block_lanes).enumerate() {
+            let first_out = job.first_out + block * N;
             // The output gradient in the padded-width layout, zero on the junk positions so they add nothing.
             for (j, row) in dy_padded.chunks_exact_mut(geo.q_round).enumerate() {
-                let channel = b * s.c_out + job.first_out + j;
+                let channel = b * s.c_out + first_out + j;
                 let dy = &job.grad_output[channel * hw_out..(channel + 1) * hw_out];
                 for y in 0..geo.dst_h {
                     let (data, junk) = row[y * geo.wp..(y + 1) * geo.wp].split_at_mut(geo.dst_w);
@@ -541,8 +566,9 @@ fn weight_grad_block<T: Real, const N: usize>(job: &WeightGradJob<'_, T>, dw: &m
                 }
                 row[geo.dst_h * geo.wp..].fill(T::ZERO);
             }
+            let group_planes = (first_out / cout_g - groups.start) * cin_g;
             for c in 0..cin_g {
-                let plane = &padded[c * geo.plane..(c + 1) * geo.plane];
+                let plane = &padded[(group_planes + c) * geo.plane..(group_planes + c + 1) * geo.plane];
                 for ky in 0..s.k {
                     let row = TapRow {
                         plane,
@@ -566,9 +592,9 @@ fn weight_grad_block<T: Real, const N: usize>(job: &WeightGradJob<'_, T>, dw: &m
                 }
             }
         }
-        for (value, partial) in dw.iter_mut().zip(lanes.chunks_exact(LANES)) {
-            *value = tree_sum(partial.try_into().unwrap());
-        }
+    }
+    for (value, partial) in dw.iter_mut().zip(lanes.chunks_exact(LANES)) {
+        *value = tree_sum(partial.try_into().unwrap());
     }
 }
 
@@ -623,9 +649,12 @@ fn tap_row_partials<T: Real, const N: usize, const KX: usize>(
 }
 
 /// Scratch elements [`weight_grad_block`] needs.
-fn weight_grad_scratch_len(job: &WeightGradJob<'_, impl Real>, n: usize) -> usize {
+fn weight_grad_scratch_len<T, const N: usize>(job: &WeightGradJob<'_, T>) -> usize {
     let s = job.shape;
-    n * s.c_in_per_group() * s.k * s.k * LANES + s.c_in_per_group() * job.geo.plane + n * job.geo.q_round
+    let cin_g = s.c_in_per_group();
+    job.blocks * N * cin_g * s.k * s.k * LANES
+        + job.groups::<N>().len() * cin_g * job.geo.plane
+        + N * job.geo.q_round
 }
 
 // Runtime dispatch to AVX2+FMA builds of the two hot loops. The arithmetic is the same sequence of
@@ -682,7 +711,7 @@ fn correlate_image_avx2<T: Real>(
 
 #[inline]
 fn dispatch_weight_grad<T: Real, const N: usize>(job: &WeightGradJob<'_, T>, dw: &mut [T]) {
-    T::with_scratch(weight_grad_scratch_len(job, N), |scratch| {
+    T::with_scratch(weight_grad_scratch_len::<T, N>(job), |scratch| {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
             // SAFETY: the CPU supports AVX2 and FMA (checked just above).
@@ -866,6 +895,45 @@ mod tests {
     }
 
     #[test]
+    fn weight_gradient_per_env_tasks_equal_per_block_tasks_bit_for_bit() {
+        // Two envs: on one thread each task takes a whole env, on four threads one block of an env.
+        let shapes = [
+            shape(2, 3, 8, 16, 6, 6, 3, 1, 1),
+            shape(2, 3, 8, 12, 6, 6, 3, 1, 2),
+            shape(2, 3, 8, 8, 6, 6, 3, 1, 8),
+            shape(2, 3, 6, 10, 5, 5, 1, 0, 1),
+            shape(2, 3, 3, 5, 5, 5, 3, 1, 1),
+        ];
+        for (i, s) in shapes.into_iter().enumerate() {
+            let x = to_f32(&signed(80 + i as u64, s.input_len()));
+            let dy = to_f32(&signed(90 + i as u64, s.output_len()));
+            let weight_grad = |threads| {
+                with_threads(threads, || {
+                    let mut dw = vec![0.0f32; s.weight_len()];
+                    conv2d_backward_weight(s, &x, &dy, &mut dw);
+                    dw
+                })
+            };
+            let (per_env, per_block) = (weight_grad(1), weight_grad(4));
+            assert_eq!(bits(&per_env), bits(&per_block), "{s:?}");
+            // And the per-env path against finite differences on its own (in f64).
+            let (x, w, r) = (
+                signed(100 + i as u64, s.input_len()),
+                signed(110, s.weight_len()),
+                signed(120, s.output_len()),
+            );
+            let mut dw = vec![f64::NAN; s.weight_len()];
+            with_threads(1, || conv2d_backward_weight(s, &x, &r, &mut dw));
+            let mut y = vec![0.0; s.output_len()];
+            let numeric = numeric_gradient(&w, |wp| {
+                conv2d_forward(s, &x, wp, &mut y);
+                project(&r, &y)
+            });
+            assert_gradient(&format!("per-env conv dw {s:?}"), &dw, &numeric);
+        }
+    }
+
+    #[test]
     fn simd_dispatch_and_portable_code_agree_bit_for_bit() {
         let s = shape(1, 2, 8, 12, 6, 7, 3, 1, 2);
         let x = to_f32(&signed(80, s.input_len()));
@@ -893,13 +961,15 @@ mod tests {
             geo: Geometry::new(s.h, s.w, s.k, s.pad),
             input: &x,
             grad_output: &r,
-            first_out: 4,
+            // The second group's six output channels, as three blocks of two.
+            first_out: 6,
+            blocks: 3,
         };
-        let len = 4 * s.c_in_per_group() * 9;
+        let len = 3 * 2 * s.c_in_per_group() * 9;
         let (mut portable, mut dispatched) = (vec![0.0f32; len], vec![0.0f32; len]);
-        let mut scratch = vec![0.0f32; weight_grad_scratch_len(&job, 4)];
-        weight_grad_block::<f32, 4>(&job, &mut portable, &mut scratch);
-        dispatch_weight_grad::<f32, 4>(&job, &mut dispatched);
+        let mut scratch = vec![0.0f32; weight_grad_scratch_len::<f32, 2>(&job)];
+        weight_grad_block::<f32, 2>(&job, &mut portable, &mut scratch);
+        dispatch_weight_grad::<f32, 2>(&job, &mut dispatched);
         assert_eq!(bits(&portable), bits(&dispatched));
     }
 }
