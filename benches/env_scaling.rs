@@ -25,6 +25,9 @@ struct Case {
     ws: HostWorkspace<f32>,
     bank: SeedBank<f32>,
     trainer: Trainer<f32>,
+    /// The state every timed call starts from, so that E = 1 (16 calls per round) and E = 16 (one) time
+    /// the same step of training, not hosts at different points of it.
+    start: (HostParams<f32>, Trainer<f32>),
 }
 
 impl Case {
@@ -37,7 +40,8 @@ impl Case {
         let bank = SeedBank::empty(&arch);
         let trainer = Trainer::new(&params, &bank);
         let ws = HostWorkspace::new(arch, envs, BATCH_PER_ENV);
-        Self { envs, images, labels, params, ws, bank, trainer }
+        let start = (params.clone(), trainer.clone());
+        Self { envs, images, labels, params, ws, bank, trainer, start }
     }
 
     fn train_step(&mut self) {
@@ -49,14 +53,18 @@ impl Case {
         self.ws.forward_eval(&self.params, &self.bank, &self.images);
     }
 
-    /// Milliseconds per env of `LARGE` env-steps of `work`: `LARGE / envs` calls.
+    /// Milliseconds per env of `LARGE` env-steps of `work`: `LARGE / envs` timed calls, each from the
+    /// starting state (restored outside the timing).
     fn ms_per_env(&mut self, work: fn(&mut Self)) -> f64 {
-        let calls = LARGE / self.envs;
-        let start = Instant::now();
-        for _ in 0..calls {
+        let mut seconds = 0.0;
+        for _ in 0..LARGE / self.envs {
+            self.params.clone_from(&self.start.0);
+            self.trainer.clone_from(&self.start.1);
+            let start = Instant::now();
             work(self);
+            seconds += start.elapsed().as_secs_f64();
         }
-        start.elapsed().as_secs_f64() * 1e3 / LARGE as f64
+        seconds * 1e3 / LARGE as f64
     }
 }
 
@@ -104,12 +112,16 @@ fn report(threads: usize, what: &str, pairs: &[(f64, f64)]) {
 }
 
 fn main() {
-    let rounds = std::env::args()
-        .skip(1)
-        .find(|a| !a.starts_with('-'))
-        .map(|a| a.parse::<usize>().expect("rounds must be a positive whole number"))
-        .unwrap_or(8)
-        .max(1);
+    let rounds = match std::env::args().skip(1).find(|a| !a.starts_with('-')) {
+        None => 8,
+        Some(a) => match a.parse::<usize>() {
+            Ok(n) if n > 0 => n,
+            _ => {
+                eprintln!("env_scaling: the number of rounds must be a whole number above 0, not {a:?}");
+                std::process::exit(2);
+            }
+        },
+    };
     let arch = HostArch::CIFAR_BASELINE;
     let all = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut thread_counts = vec![1];

@@ -14,11 +14,11 @@
 //! input channel, tap), a dot product of the output gradient (in the same padded-width layout, zero on the
 //! junk positions) with a shifted run of the padded input, summed over the env's images in order.
 //!
-//! Parallelism and determinism: forward and input gradient run one task per (env, image); the weight
-//! gradient one task per env when there are at least two envs per thread (the input is then padded and
-//! read once per image for all output channels: this is where a batch of envs beats one env), else one
-//! task per (env, block of output channels) so that the threads share an env. Either way each element
-//! sums over the env's images in a fixed order with [`LANES`] interleaved partial sums. No value's
+//! Parallelism and determinism: forward and input gradient run one task per (env, image). The weight
+//! gradient runs one task per env on one thread or with at least two envs per thread (the input is then
+//! padded and read once per image for all output channels: this is where a batch of envs beats one env),
+//! else one task per (env, block of output channels) so that the threads share an env. Either way each
+//! element sums over the env's images in a fixed order with [`LANES`] interleaved partial sums. No value's
 //! summation order depends on the env count or on how rayon splits the work.
 
 use rayon::prelude::*;
@@ -866,7 +866,12 @@ mod tests {
 
     #[test]
     fn env_in_a_batch_equals_env_alone_bit_for_bit() {
-        let s = shape(3, 4, 8, 16, 8, 8, 3, 1, 1);
+        // On two threads: four envs take the whole-env weight-gradient path, one env alone the per-block one.
+        with_threads(2, env_in_a_batch_equals_env_alone);
+    }
+
+    fn env_in_a_batch_equals_env_alone() {
+        let s = shape(4, 4, 8, 16, 8, 8, 3, 1, 1);
         let x = to_f32(&signed(60, s.input_len()));
         let w = to_f32(&signed(61, s.weight_len()));
         let r = to_f32(&signed(62, s.output_len()));
@@ -903,6 +908,8 @@ mod tests {
             shape(2, 3, 8, 8, 6, 6, 3, 1, 8),
             shape(2, 3, 6, 10, 5, 5, 1, 0, 1),
             shape(2, 3, 3, 5, 5, 5, 3, 1, 1),
+            shape(2, 3, 4, 6, 6, 6, 3, 1, 2), // groups of 3 output channels: blocks of 1
+            shape(2, 2, 3, 4, 7, 7, 5, 2, 1), // k = 5 (the generic tap loop)
         ];
         for (i, s) in shapes.into_iter().enumerate() {
             let x = to_f32(&signed(80 + i as u64, s.input_len()));
