@@ -6,17 +6,28 @@ use crate::host_resources::{Hosts, TrainData};
 use crate::step_span::StepInfo;
 use bevy_ecs::prelude::*;
 use esper_components::{EnvIndex, HostMetrics, SeedAlpha, SeedMetrics, SeedStage, SlotIndex, Stage};
+use esper_kernels::host::EnvCounterfactuals;
+
+/// The system's buffers, kept between steps so that a step allocates nothing.
+#[derive(Default)]
+pub struct ValidateScratch {
+    /// `[slot][env]`: the seed is FOSSILIZED (not ablatable).
+    fossilized: Vec<Vec<bool>>,
+    /// `[slot][env]`: the seed's alpha.
+    alphas: Vec<Vec<f64>>,
+    results: Vec<EnvCounterfactuals>,
+}
 
 pub fn validate(
     mut hosts: ResMut<Hosts>,
     mut data: ResMut<TrainData>,
     mut slots: Query<(&EnvIndex, &SlotIndex, &Stage, &SeedAlpha, &mut SeedMetrics)>,
     mut envs: Query<(&EnvIndex, &mut HostMetrics)>,
-    mut fossilized: Local<Vec<Vec<bool>>>,
-    mut alphas: Local<Vec<Vec<f64>>>,
+    mut scratch: Local<ValidateScratch>,
     info: StepInfo,
 ) {
     let _span = crate::system_span!(info, "Validate::validate");
+    let ValidateScratch { fossilized, alphas, results } = &mut *scratch;
     let hosts = &mut *hosts;
     let data = &mut *data;
     let (n_envs, n_slots) = (hosts.params.n_envs(), hosts.slot_ids.len());
@@ -34,13 +45,13 @@ pub fn validate(
         alphas[k][e] = alpha.0;
     }
     let Hosts { params, bank, validator, .. } = hosts;
-    validator.plan(bank, &fossilized);
+    validator.plan(bank, fossilized);
     let batch_in = data.batcher.sharding().batch_per_env;
     for b in 0..data.batcher.sharding().num_test_batches() {
         data.batcher.fill_test(&data.dataset, b, &mut data.images, &mut data.labels, &mut data.counts);
         validator.run_batch(params, bank, &data.images, &data.labels, batch_in, &data.counts);
     }
-    let results = validator.results();
+    validator.results_into(results);
     for (env, mut metrics) in &mut envs {
         let r = &results[env.0 as usize];
         metrics.val_accuracy = r.val_acc;

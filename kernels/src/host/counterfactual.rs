@@ -44,28 +44,49 @@ pub struct EnvConfigs {
 impl EnvConfigs {
     /// The configurations for an env whose ablatable slots (alpha > 0, not FOSSILIZED) are `slots`.
     pub fn new(slots: &[usize]) -> Self {
+        let mut c = EnvConfigs::default();
+        c.rebuild(slots);
+        c
+    }
+
+    /// Replans in place for the ablatable `slots`, reusing the lists' memory (once every list has reached
+    /// its size, a replan allocates nothing).
+    pub fn rebuild(&mut self, slots: &[usize]) {
         assert!(slots.iter().all(|&s| s < MAX_ABLATABLE), "at most {MAX_ABLATABLE} slots");
-        let mut c = EnvConfigs { slots: slots.to_vec(), masks: vec![0], ..Default::default() };
+        self.slots.clear();
+        self.slots.extend_from_slice(slots);
+        self.masks.clear();
+        self.masks.push(0);
+        self.solo_off.clear();
+        self.solo_on.clear();
+        self.pairs.clear();
+        self.all_off = None;
+        self.committed = None;
         let bit = |i: usize| 1u16 << slots[i];
         let all: u16 = (0..slots.len()).map(bit).fold(0, |a, b| a | b);
         let n = slots.len();
-        c.solo_off = (0..n).map(|i| c.intern(bit(i))).collect();
-        c.solo_on = (0..n).map(|i| c.intern(all & !bit(i))).collect();
+        for i in 0..n {
+            let k = self.intern(bit(i));
+            self.solo_off.push(k);
+        }
+        for i in 0..n {
+            let k = self.intern(all & !bit(i));
+            self.solo_on.push(k);
+        }
         if (2..=4).contains(&n) {
-            c.all_off = Some(c.intern(all));
+            self.all_off = Some(self.intern(all));
         }
         if (3..=4).contains(&n) {
             for i in 0..n {
                 for j in i + 1..n {
-                    let k = c.intern(all & !bit(i) & !bit(j));
-                    c.pairs.push((i, j, k));
+                    let k = self.intern(all & !bit(i) & !bit(j));
+                    self.pairs.push((i, j, k));
                 }
             }
         }
         if n > 0 {
-            c.committed = Some(c.intern(all));
+            self.committed = Some(self.intern(all));
         }
-        c
     }
 
     fn intern(&mut self, mask: u16) -> usize {
@@ -151,26 +172,30 @@ impl<T: Real> FusedValidator<T> {
 
     /// Plan this epoch's configurations from the bank's current states: a slot is ablatable in env `e`
     /// when its seed blends (ADD / MULTIPLY / GATE) at alpha > 0 and `fossilized[slot][e]` is false.
-    #[allow(clippy::needless_range_loop)] // `e` indexes two [slot][env] tables
+    /// Reuses the plan's memory: once the lists have reached their sizes, a replan allocates nothing.
     pub fn plan(&mut self, bank: &SeedBank<T>, fossilized: &[Vec<bool>]) {
-        let slots: Vec<&SlotParams<T>> = bank.slots().collect();
-        let n_envs = slots.first().map_or(0, |s| s.n_envs());
-        self.configs.clear();
+        let n_envs = bank.slots().next().map_or(0, |s| s.n_envs());
+        self.configs.truncate(n_envs);
+        self.configs.resize_with(n_envs, EnvConfigs::default);
         self.virtual_envs.clear();
-        for e in 0..n_envs {
-            let ablatable: Vec<usize> = (0..slots.len())
-                .filter(|&k| {
-                    let st = slots[k].state[e];
-                    matches!(st.mode, SeedMode::Add | SeedMode::Multiply | SeedMode::Gate)
-                        && st.alpha > 0.0
-                        && !fossilized[k][e]
-                })
-                .collect();
-            let c = EnvConfigs::new(&ablatable);
-            self.virtual_envs.extend(c.masks.iter().map(|&m| (e, m)));
-            self.configs.push(c);
+        let mut ablatable = [0usize; MAX_ABLATABLE];
+        for (e, configs) in self.configs.iter_mut().enumerate() {
+            let mut n = 0;
+            for (k, slot) in bank.slots().enumerate() {
+                let st = slot.state[e];
+                if matches!(st.mode, SeedMode::Add | SeedMode::Multiply | SeedMode::Gate)
+                    && st.alpha > 0.0
+                    && !fossilized[k][e]
+                {
+                    assert!(n < MAX_ABLATABLE, "at most {MAX_ABLATABLE} ablatable slots");
+                    ablatable[n] = k;
+                    n += 1;
+                }
+            }
+            configs.rebuild(&ablatable[..n]);
+            self.virtual_envs.extend(configs.masks.iter().map(|&m| (e, m)));
         }
-        self.totals = ValTotals::new(self.virtual_envs.len());
+        self.totals.resize(self.virtual_envs.len());
     }
 
     /// Number of virtual envs (Σ configurations) this epoch.
@@ -242,36 +267,39 @@ impl<T: Real> FusedValidator<T> {
 
     /// Per-env results of the pass so far.
     pub fn results(&self) -> Vec<EnvCounterfactuals> {
+        let mut out = Vec::new();
+        self.results_into(&mut out);
+        out
+    }
+
+    /// [`Self::results`] into `out`, reusing its memory (once it has held a pass of the same shape, this
+    /// allocates nothing).
+    pub fn results_into(&self, out: &mut Vec<EnvCounterfactuals>) {
+        out.truncate(self.configs.len());
+        out.resize_with(self.configs.len(), EnvCounterfactuals::default);
         let mut first = 0;
-        self.configs
-            .iter()
-            .map(|c| {
-                let acc: Vec<f64> = (0..c.masks.len()).map(|k| self.totals.accuracy(first + k)).collect();
-                let val_loss = self.totals.loss(first);
-                first += c.masks.len();
-                let val_acc = acc[0];
-                let solo_off: Vec<f64> = c.solo_off.iter().map(|&k| acc[k]).collect();
-                let solo_on_acc: Vec<f64> = c.solo_on.iter().map(|&k| acc[k]).collect();
-                let all_off_acc = c.all_off.map(|k| acc[k]);
-                let empty =
-                    all_off_acc.unwrap_or_else(|| solo_off.iter().copied().fold(f64::INFINITY, f64::min));
-                let interactions = c
-                    .pairs
-                    .iter()
-                    .map(|&(i, j, k)| (i, j, acc[k] - solo_on_acc[i] - solo_on_acc[j] + empty))
-                    .collect();
-                EnvCounterfactuals {
-                    val_acc,
-                    val_loss,
-                    contribution: solo_off.iter().map(|a| val_acc - a).collect(),
-                    solo_on_acc,
-                    all_off_acc,
-                    committed_acc: c.committed.map(|k| acc[k]),
-                    interactions,
-                    config_acc: acc,
-                }
-            })
-            .collect()
+        for (c, r) in self.configs.iter().zip(out.iter_mut()) {
+            r.config_acc.clear();
+            r.config_acc.extend((0..c.masks.len()).map(|k| self.totals.accuracy(first + k)));
+            r.val_loss = self.totals.loss(first);
+            first += c.masks.len();
+            let acc = &r.config_acc;
+            r.val_acc = acc[0];
+            r.contribution.clear();
+            r.contribution.extend(c.solo_off.iter().map(|&k| acc[0] - acc[k]));
+            r.solo_on_acc.clear();
+            r.solo_on_acc.extend(c.solo_on.iter().map(|&k| acc[k]));
+            r.all_off_acc = c.all_off.map(|k| acc[k]);
+            r.committed_acc = c.committed.map(|k| acc[k]);
+            // f(∅): all-off, or the lowest leave-one-out accuracy when there is none.
+            let empty = r
+                .all_off_acc
+                .unwrap_or_else(|| c.solo_off.iter().map(|&k| acc[k]).fold(f64::INFINITY, f64::min));
+            r.interactions.clear();
+            r.interactions.extend(
+                c.pairs.iter().map(|&(i, j, k)| (i, j, acc[k] - r.solo_on_acc[i] - r.solo_on_acc[j] + empty)),
+            );
+        }
     }
 
     pub fn slot_ids(&self) -> &[(u8, u8)] {

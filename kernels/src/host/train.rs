@@ -228,6 +228,15 @@ impl ValTotals {
         }
     }
 
+    /// `n_envs` rows, all zero, reusing the memory.
+    pub fn resize(&mut self, n_envs: usize) {
+        self.correct.resize(n_envs, 0);
+        self.total.resize(n_envs, 0);
+        self.loss_sum.resize(n_envs, 0.0);
+        self.batches.resize(n_envs, 0);
+        self.reset();
+    }
+
     pub fn reset(&mut self) {
         self.correct.fill(0);
         self.total.fill(0);

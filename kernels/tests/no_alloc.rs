@@ -1,0 +1,159 @@
+//! DESIGN §2 rule 4: no allocation in the hot loop once the first step has run. A counting global
+//! allocator counts the allocations made on the thread that runs the work (a one-thread rayon pool, so
+//! every op runs on that thread) during a training step and a fused validation pass after a warm-up.
+
+use esper_kernels::host::train::Trainer;
+use esper_kernels::host::{
+    EnvCounterfactuals, FusedValidator, HostArch, HostParams, HostWorkspace, SeedBank, SeedEnvState, SeedMode,
+};
+use esper_kernels::rng::{Purpose, StreamKey};
+use esper_kernels::seeds::CnnBlueprint;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+struct Counting;
+
+thread_local! {
+    /// Allocations on this thread while counting; None when not counting.
+    static COUNT: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+// SAFETY: forwards every call to the system allocator unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        // SAFETY: the caller's contract is passed on as is.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        // SAFETY: as above.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note_allocation();
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+fn note_allocation() {
+    // `try_with`: the thread-local may already be gone while a thread shuts down.
+    let _ = COUNT.try_with(|c| {
+        if let Some(n) = c.get() {
+            c.set(Some(n + 1));
+        }
+    });
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// Allocations made on this thread by `f`.
+fn allocations(f: impl FnOnce()) -> usize {
+    COUNT.with(|c| c.set(Some(0)));
+    f();
+    COUNT.with(|c| c.replace(None)).unwrap_or(0)
+}
+
+/// Runs `f` on a one-thread rayon pool, so the ops' work runs on the thread being counted.
+fn on_one_thread<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("thread pool").install(f)
+}
+
+const ARCH: HostArch = HostArch {
+    in_channels: 3,
+    image_size: 16,
+    num_classes: 10,
+    base_channels: 4,
+    n_blocks: 3,
+    kernel_size: 3,
+    pool_layers: 3,
+};
+const SLOTS: [(u8, u8); 3] = [(0, 0), (0, 1), (1, 1)];
+
+fn state(mode: SeedMode, bp: CnnBlueprint, alpha: f32) -> SeedEnvState {
+    SeedEnvState {
+        mode,
+        blueprint: Some(bp),
+        alpha,
+        train_seed: true,
+        gate_grad: mode == SeedMode::Gate,
+        gate_step: false,
+        collect_stats: true,
+    }
+}
+
+/// Three envs with 0, 2 and 3 blending seeds of different blueprints and blends.
+fn world(envs: usize, batch: usize) -> (HostParams<f32>, SeedBank<f32>, Vec<f32>, Vec<u8>) {
+    let ids: Vec<u64> = (0..envs as u64).collect();
+    let params = HostParams::init(ARCH, 5, 0, &ids);
+    let mut bank = SeedBank::new(&ARCH, envs, &SLOTS);
+    let mut s = StreamKey::new(6, 0, 0, Purpose::Test).stream(0);
+    for slot in bank.slots_mut() {
+        for pool in slot.pools.iter_mut().chain([&mut slot.gate]) {
+            for v in &mut pool.params {
+                *v = (0.3 * s.normal()) as f32;
+            }
+        }
+    }
+    let seeds = [
+        (1, 0, state(SeedMode::Add, CnnBlueprint::ConvLight, 0.5)),
+        (1, 2, state(SeedMode::Gate, CnnBlueprint::Attention, 0.4)),
+        (2, 0, state(SeedMode::Multiply, CnnBlueprint::Depthwise, 0.6)),
+        (2, 1, state(SeedMode::Add, CnnBlueprint::ConvHeavy, 0.3)),
+        (2, 2, state(SeedMode::Add, CnnBlueprint::Bottleneck, 0.7)),
+    ];
+    for (env, slot, st) in seeds {
+        bank.slots_mut().nth(slot).unwrap().state[env] = st;
+    }
+    let images = (0..envs * batch * ARCH.image_len()).map(|_| s.normal() as f32).collect();
+    let labels = (0..envs * batch).map(|_| s.below(10) as u8).collect();
+    (params, bank, images, labels)
+}
+
+#[test]
+fn a_training_step_allocates_nothing_after_the_first() {
+    let (envs, batch) = (3, 8);
+    let (mut params, mut bank, images, labels) = world(envs, batch);
+    let mut ws = HostWorkspace::with_slots(ARCH, envs, batch, &bank);
+    let mut trainer = Trainer::new(&params, &bank);
+    let counts = on_one_thread(|| {
+        // Warm-up: buffers and per-thread scratch reach their sizes, with and without statistics.
+        trainer.step(&mut params, &mut bank, &mut ws, &images, &labels, true);
+        trainer.step(&mut params, &mut bank, &mut ws, &images, &labels, false);
+        [true, false].map(|stats| {
+            allocations(|| trainer.step(&mut params, &mut bank, &mut ws, &images, &labels, stats))
+        })
+    });
+    assert!(trainer.seed_stats.iter().flatten().any(Option::is_some), "statistics were collected");
+    assert_eq!(counts, [0, 0], "allocations in a step with statistics, without");
+}
+
+#[test]
+fn a_fused_validation_pass_allocates_nothing_after_the_first() {
+    let (envs, batch) = (3, 6);
+    let (params, bank, images, labels) = world(envs, batch);
+    let fossilized = vec![vec![false; envs]; SLOTS.len()];
+    let counts = [6, 4, 5];
+    let mut validator = FusedValidator::new(ARCH, &bank, &SLOTS, 4, batch);
+    let mut results: Vec<EnvCounterfactuals> = Vec::new();
+    let pass = |validator: &mut FusedValidator<f32>, results: &mut Vec<EnvCounterfactuals>| {
+        validator.plan(&bank, &fossilized);
+        validator.run_batch(&params, &bank, &images, &labels, batch, &counts);
+        validator.results_into(results);
+    };
+    let count = on_one_thread(|| {
+        pass(&mut validator, &mut results);
+        allocations(|| pass(&mut validator, &mut results))
+    });
+    // The plan is the one the seeds call for (1 + 4 + 8 configurations), and the results are filled in.
+    assert_eq!(validator.virtual_env_count(), 13);
+    assert_eq!(results.iter().map(|r| r.config_acc.len()).collect::<Vec<_>>(), vec![1, 4, 8]);
+    assert_eq!(results[2].interactions.len(), 3);
+    assert_eq!(count, 0, "allocations in the second validation pass");
+}
