@@ -124,7 +124,7 @@ impl<T: Real> HostWorkspace<T> {
     }
 
     /// Whether blocks may run batch norm → ReLU → pool fused (default true). Off, every block runs op by
-    /// op, as the reference the tests and the benchmark compare the fused path with.
+    /// op, as the reference the tests compare the fused path with.
     pub fn set_fusion(&mut self, fuse: bool) {
         self.fuse = fuse;
     }
@@ -300,18 +300,15 @@ impl<T: Real> HostWorkspace<T> {
                 mean,
                 var,
             ),
-            (false, Norm::Eval { gamma, beta, mean, var }) => {
-                ops::batch_norm_eval_forward(
-                    shape,
-                    &cur.conv_out,
-                    gamma,
-                    beta,
-                    mean,
-                    var,
-                    &mut cur.block_out,
-                );
-                ops::relu_forward_in_place(&mut cur.block_out);
-            }
+            (false, Norm::Eval { gamma, beta, mean, var }) => ops::batch_norm_relu_eval_forward(
+                shape,
+                &cur.conv_out,
+                gamma,
+                beta,
+                mean,
+                var,
+                &mut cur.block_out,
+            ),
         }
         if let (Some(ws), Some(p)) = (&mut cur.r0, &bank.r0[b]) {
             // Fused, no env is active: this only records that the slot was skipped (`block_out` is not read).

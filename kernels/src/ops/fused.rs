@@ -30,8 +30,8 @@ use rayon::prelude::*;
 
 use super::activation::relu;
 use super::norm::{
-    DxConsts, NORM_EPS, NormShape, batch_norm_backward_with_sums, batch_norm_param_grads, normalize,
-    save_batch_stats,
+    DxConsts, NormShape, affine, batch_norm_backward_with_sums, batch_norm_param_grads, eval_affine,
+    normalize, save_batch_stats, train_affine,
 };
 use super::pool::{V, gather_windows, winners};
 use super::real::{LANES, LaneSums, Real};
@@ -105,7 +105,7 @@ pub fn batch_norm_relu_train_forward<T: Real>(
     }
     batch_stats_from_planes(shape, plane_stats, save_mean, save_inv_std, running_mean, running_var);
     let (mean, inv_std) = (&*save_mean, &*save_inv_std);
-    normalize(&shape, x, y, |p| (mean[p], inv_std[p] * gamma[p], beta[p]), relu);
+    normalize(&shape, x, y, train_affine(mean, inv_std, gamma, beta), relu);
 }
 
 /// Training forward of batch norm → ReLU → 2×2 max-pool from the conv output `x` and its per-plane
@@ -136,8 +136,7 @@ pub fn batch_norm_relu_max_pool_train_forward<T: Real>(
     }
     batch_stats_from_planes(shape, plane_stats, save_mean, save_inv_std, running_mean, running_var);
     let (mean, inv_std) = (&*save_mean, &*save_inv_std);
-    let per_channel = |p: usize| (mean[p], inv_std[p] * gamma[p], beta[p]);
-    forward_images(shape, x, per_channel, pooled, Some((code, winner)));
+    forward_images(shape, x, train_affine(mean, inv_std, gamma, beta), pooled, Some((code, winner)));
 }
 
 /// Eval forward of batch norm (running statistics) → ReLU → 2×2 max-pool: overwrites `pooled` only.
@@ -157,9 +156,25 @@ pub fn batch_norm_relu_max_pool_eval_forward<T: Real>(
         assert_eq!(p.len(), shape.params_len(), "batch norm parameter length");
     }
     assert_eq!(pooled.len(), shape.pooled_len(), "fused max pool output length");
-    let eps = T::from_f64(NORM_EPS);
-    let per_channel = |p: usize| (running_mean[p], gamma[p] / (running_var[p] + eps).sqrt(), beta[p]);
-    forward_images(shape, x, per_channel, pooled, None);
+    forward_images(shape, x, eval_affine(gamma, beta, running_mean, running_var), pooled, None);
+}
+
+/// Eval batch norm (running statistics) → ReLU without a pool, in one pass (for a block whose pool input
+/// is a seed's output): bit-identical to [`batch_norm_eval_forward`](super::batch_norm_eval_forward) then
+/// [`relu_forward_in_place`](super::relu_forward_in_place). Overwrites `y`.
+pub fn batch_norm_relu_eval_forward<T: Real>(
+    shape: NormShape,
+    x: &[T],
+    gamma: &[T],
+    beta: &[T],
+    running_mean: &[T],
+    running_var: &[T],
+    y: &mut [T],
+) {
+    for p in [gamma, beta, running_mean, running_var] {
+        assert_eq!(p.len(), shape.params_len(), "batch norm parameter length");
+    }
+    normalize(&shape, x, y, eval_affine(gamma, beta, running_mean, running_var), relu);
 }
 
 /// One task per (env, image): every channel plane normalised with `per_channel(e·C + c) = (mean, scale,
@@ -220,7 +235,7 @@ fn forward_plane<T: Real>(
 ) {
     let (w, ho, wo) = (shape.w, shape.h / 2, shape.w / 2);
     for (a, &v) in act.iter_mut().zip(x) {
-        *a = relu((v - mean) * scale + shift);
+        *a = relu(affine(v, mean, scale, shift));
     }
     for oy in 0..ho {
         let rows = 2 * oy * w..(2 * oy + 2) * w;
@@ -445,15 +460,12 @@ pub fn batch_norm_backward_window_order<T: Real>(
     grad_gamma: &mut [T],
     grad_beta: &mut [T],
 ) {
-    let (c, plane) = (shape.channels, shape.plane());
     let sums = |e: usize, ch: usize, mean: T| {
         let mut sum_dy = LaneSums::new();
         let mut sum_dy_centered = LaneSums::new();
         for b in 0..shape.batch {
-            let start = ((e * shape.batch + b) * c + ch) * plane;
-            let range = start..start + plane;
-            let sums = (&mut sum_dy, &mut sum_dy_centered);
-            window_order_sums(&shape, &grad_output[range.clone()], &x[range], mean, sums);
+            let (dy, x) = (shape.plane_of(grad_output, e, b, ch), shape.plane_of(x, e, b, ch));
+            window_order_sums(&shape, dy, x, mean, (&mut sum_dy, &mut sum_dy_centered));
         }
         (sum_dy, sum_dy_centered)
     };
@@ -863,6 +875,11 @@ mod tests {
             batch_norm_relu_max_pool_eval_forward(s, &x, &gamma, &beta, &rm, &rv, &mut fused);
             batch_norm_eval_forward(s, &x, &gamma, &beta, &rm, &rv, &mut y);
             relu_forward_in_place(&mut y);
+            // Without the pool (a seed between ReLU and pool): one pass, the same bits.
+            let mut one_pass = vec![f64::NAN; s.len()];
+            batch_norm_relu_eval_forward(s, &x, &gamma, &beta, &rm, &rv, &mut one_pass);
+            let bits64 = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits64(&one_pass), bits64(&y), "{h}x{w}: eval batch norm → ReLU");
             max_pool2x2_forward(pool_shape(&s), &y, &mut pooled, &mut argmax);
             assert_eq!(fused, pooled, "{h}x{w}: eval");
         }

@@ -38,9 +38,9 @@ pub use conv::{
     conv2d_forward, conv2d_forward_with_plane_stats,
 };
 pub use fused::{
-    NO_GRADIENT, batch_norm_backward_window_order, batch_norm_relu_max_pool_backward,
-    batch_norm_relu_max_pool_eval_forward, batch_norm_relu_max_pool_train_forward,
-    batch_norm_relu_train_forward,
+    NO_GRADIENT, batch_norm_backward_window_order, batch_norm_relu_eval_forward,
+    batch_norm_relu_max_pool_backward, batch_norm_relu_max_pool_eval_forward,
+    batch_norm_relu_max_pool_train_forward, batch_norm_relu_train_forward,
 };
 pub use linear::{LinearShape, linear_backward_input, linear_backward_params, linear_forward};
 pub use loss::{ClassifierShape, count_correct, softmax_cross_entropy};

@@ -47,7 +47,7 @@ impl NormShape {
         self.envs * self.channels
     }
     /// Plane `(e, b, c)` of an activation.
-    fn plane_of<'a, T>(&self, data: &'a [T], e: usize, b: usize, c: usize) -> &'a [T] {
+    pub(crate) fn plane_of<'a, T>(&self, data: &'a [T], e: usize, b: usize, c: usize) -> &'a [T] {
         let start = ((e * self.batch + b) * self.channels + c) * self.plane();
         &data[start..start + self.plane()]
     }
@@ -95,7 +95,7 @@ pub fn batch_norm_train_forward<T: Real>(
     };
     save_batch_stats(&shape, batch_stats, save_mean, save_inv_std, running_mean, running_var);
     let (mean, inv_std) = (&*save_mean, &*save_inv_std);
-    normalize(&shape, x, y, |p| (mean[p], inv_std[p] * gamma[p], beta[p]), |v| v);
+    normalize(&shape, x, y, train_affine(mean, inv_std, gamma, beta), |v| v);
 }
 
 /// Saves the batch statistics `stats(e·C + c) = (mean, biased variance)` of every (env, channel) as `mean`
@@ -165,17 +165,45 @@ pub(crate) fn normalize<T: Real>(
             let (mean, scale, shift) = per_channel(e * c + ch);
             let range = ch * plane..(ch + 1) * plane;
             for (out, &v) in y_img[range.clone()].iter_mut().zip(&x_img[range]) {
-                *out = act((v - mean) * scale + shift);
+                *out = act(affine(v, mean, scale, shift));
             }
         }
     });
+}
+
+/// One element of a normalisation: `(v − mean)·scale + shift`. Every norm path (batch norm op by op or
+/// fused, group norm) computes it here, so they agree bit for bit.
+#[inline(always)]
+pub(crate) fn affine<T: Real>(v: T, mean: T, scale: T, shift: T) -> T {
+    (v - mean) * scale + shift
+}
+
+/// `(mean, scale, shift)` of (env, channel) `p` of a training batch norm, from its saved statistics.
+pub(crate) fn train_affine<'a, T: Real>(
+    mean: &'a [T],
+    inv_std: &'a [T],
+    gamma: &'a [T],
+    beta: &'a [T],
+) -> impl Fn(usize) -> (T, T, T) + Sync + 'a {
+    move |p| (mean[p], inv_std[p] * gamma[p], beta[p])
+}
+
+/// `(mean, scale, shift)` of (env, channel) `p` of an eval batch norm, from the running statistics.
+pub(crate) fn eval_affine<'a, T: Real>(
+    gamma: &'a [T],
+    beta: &'a [T],
+    running_mean: &'a [T],
+    running_var: &'a [T],
+) -> impl Fn(usize) -> (T, T, T) + Sync + 'a {
+    let eps = T::from_f64(NORM_EPS);
+    move |p| (running_mean[p], gamma[p] / (running_var[p] + eps).sqrt(), beta[p])
 }
 
 /// `y = (x − mean)·scale + shift` over one plane.
 #[inline(always)]
 fn affine_plane<T: Real>(x: &[T], y: &mut [T], mean: T, scale: T, shift: T) {
     for (out, &v) in y.iter_mut().zip(x) {
-        *out = (v - mean) * scale + shift;
+        *out = affine(v, mean, scale, shift);
     }
 }
 
@@ -192,9 +220,7 @@ pub fn batch_norm_eval_forward<T: Real>(
     for p in [gamma, beta, running_mean, running_var] {
         assert_eq!(p.len(), shape.params_len(), "batch norm parameter length");
     }
-    let eps = T::from_f64(NORM_EPS);
-    let per_channel = |p: usize| (running_mean[p], gamma[p] / (running_var[p] + eps).sqrt(), beta[p]);
-    normalize(&shape, x, y, per_channel, |v| v);
+    normalize(&shape, x, y, eval_affine(gamma, beta, running_mean, running_var), |v| v);
 }
 
 /// Backward of [`batch_norm_train_forward`] from its input and saved statistics. Overwrites
@@ -393,13 +419,8 @@ pub fn group_norm_forward<T: Real>(
             let e = i / shape.batch;
             let x_img = &x[i * shape.image()..(i + 1) * shape.image()];
             for g in 0..groups {
-                let x_group = &x_img[g * group_len..(g + 1) * group_len];
-                let mut sum = LaneSums::new();
-                sum.add_map(x_group, |v| v);
-                let mean = sum.total() / n;
-                let mut squares = LaneSums::new();
-                squares.add_map(x_group, |v| (v - mean) * (v - mean));
-                let inv_std = T::ONE / (squares.total() / n + eps).sqrt();
+                let (mean, m2) = plane_mean_and_m2(&x_img[g * group_len..(g + 1) * group_len]);
+                let inv_std = T::ONE / (m2 / n + eps).sqrt();
                 means[g] = mean;
                 inv_stds[g] = inv_std;
                 for ch in g * per_group..(g + 1) * per_group {
