@@ -9,6 +9,7 @@
 //! goes first, and the per-round ratio is what is reported: its median, and in how many rounds E = 16 was
 //! cheaper per env. The whole comparison runs on one thread and on all of them.
 
+use esper_ecs::bench::Timing;
 use esper_kernels::host::{HostArch, HostParams, HostWorkspace, SeedBank, train::Trainer};
 use esper_kernels::rng::{Purpose, StreamKey};
 use std::time::Instant;
@@ -90,23 +91,20 @@ fn paired_rounds(
         .collect()
 }
 
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    if n % 2 == 1 { values[n / 2] } else { 0.5 * (values[n / 2 - 1] + values[n / 2]) }
-}
-
 fn report(threads: usize, what: &str, pairs: &[(f64, f64)]) {
-    let mut ratios: Vec<f64> = pairs.iter().map(|(a, b)| b / a).collect();
-    let mut singles: Vec<f64> = pairs.iter().map(|p| p.0).collect();
-    let mut batched: Vec<f64> = pairs.iter().map(|p| p.1).collect();
+    let ratios: Vec<f64> = pairs.iter().map(|(a, b)| b / a).collect();
+    let single = Timing::of(&pairs.iter().map(|p| p.0).collect::<Vec<_>>());
+    let batched = Timing::of(&pairs.iter().map(|p| p.1).collect::<Vec<_>>());
+    // A `Timing` of ratios: median, min and max of the dimensionless per-round ratio.
+    let ratio = Timing::of(&ratios);
     let lower = ratios.iter().filter(|r| **r < 1.0).count();
-    let (lo, hi) = ratios.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), r| (lo.min(*r), hi.max(*r)));
     println!(
-        "{threads:>7}  {what:<8}  {:>10.2}  {:>11.2}  {:>11.3}  {lo:>5.3}–{hi:<5.3}  {lower:>2} of {}",
-        median(&mut singles),
-        median(&mut batched),
-        median(&mut ratios),
+        "{threads:>7}  {what:<8}  {:>10.2}  {:>11.2}  {:>11.3}  {:>5.3}–{:<5.3}  {lower:>2} of {}",
+        single.median_ms,
+        batched.median_ms,
+        ratio.median_ms,
+        ratio.min_ms,
+        ratio.max_ms,
         pairs.len()
     );
 }

@@ -269,7 +269,7 @@ pub fn train(plan: &RunPlan, stop: &AtomicBool) -> Result<RunSummary, RunError> 
         session.start_round(round);
         for epoch in 1..=cfg.epochs as u64 {
             // The step span covers the schedule and the run's own Record sink (metrics.jsonl), so the
-            // profile's epoch boundary (end of Validate → end of step) includes both.
+            // profile's epoch boundary (end of Validate → start of the next TrainHosts) includes both.
             let step = session.world.resource::<StepClock>().step;
             let step_span =
                 tracing::info_span!(target: "esper", "step", round, epoch, step, envs = cfg.envs).entered();

@@ -2,20 +2,14 @@
 //! and the fused pass equal to evaluating every configuration separately, bit for bit.
 
 use esper_kernels::host::{
-    EnvConfigs, FusedValidator, HostArch, HostParams, HostWorkspace, SeedBank, SeedEnvState, SeedMode,
+    EnvConfigs, FusedValidator, HostParams, HostWorkspace, SeedBank, SeedEnvState, SeedMode,
 };
 use esper_kernels::rng::{Purpose, StreamKey};
 use esper_kernels::seeds::CnnBlueprint;
 
-const ARCH: HostArch = HostArch {
-    in_channels: 3,
-    image_size: 16,
-    num_classes: 10,
-    base_channels: 4,
-    n_blocks: 3,
-    kernel_size: 3,
-    pool_layers: 3,
-};
+mod common;
+use common::ARCH;
+
 const SLOTS: [(u8, u8); 4] = [(0, 0), (0, 1), (0, 2), (1, 1)];
 
 #[test]

@@ -4,6 +4,9 @@
 use esper_kernels::host::{HostArch, HostParams, HostWorkspace, SeedBank, Stacked, train::Trainer};
 use esper_kernels::rng::{Purpose, StreamKey};
 
+mod common;
+use common::with_threads;
+
 const TINY: HostArch = HostArch {
     in_channels: 3,
     image_size: 8,
@@ -81,10 +84,6 @@ fn train_steps_in(
         losses.extend_from_slice(&ws.loss);
     }
     losses
-}
-
-fn with_threads<R: Send>(n: usize, f: impl FnOnce() -> R + Send) -> R {
-    rayon::ThreadPoolBuilder::new().num_threads(n).build().unwrap().install(f)
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {

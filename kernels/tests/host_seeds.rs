@@ -3,55 +3,18 @@
 
 use esper_kernels::host::train::Trainer;
 use esper_kernels::host::{
-    HostArch, HostParams, HostWorkspace, SeedBank, SeedEnvState, SeedMode, SlotParams, SlotWorkspace, Stacked,
+    HostParams, HostWorkspace, SeedBank, SeedEnvState, SeedMode, SlotParams, SlotWorkspace, Stacked,
 };
-use esper_kernels::rng::{Purpose, Stream, StreamKey};
 use esper_kernels::seeds::CnnBlueprint;
 
-const ARCH: HostArch = HostArch {
-    in_channels: 3,
-    image_size: 16,
-    num_classes: 10,
-    base_channels: 4,
-    n_blocks: 3,
-    kernel_size: 3,
-    pool_layers: 3,
-};
-const SLOTS: [(u8, u8); 3] = [(0, 0), (0, 1), (1, 1)];
-
-fn stream(seed: u64) -> Stream {
-    StreamKey::new(seed, 0, 0, Purpose::Test).stream(0)
-}
+mod common;
+use common::{ARCH, SLOTS, randomize_pools, seed_state as state, stream, with_threads};
 
 fn random_batch(envs: usize, batch: usize, seed: u64) -> (Vec<f32>, Vec<u8>) {
     let mut s = stream(seed);
     let images = (0..envs * batch * ARCH.image_len()).map(|_| s.normal() as f32).collect();
     let labels = (0..envs * batch).map(|_| s.below(10) as u8).collect();
     (images, labels)
-}
-
-/// Random (not birth) rows for every pool and gate of every slot, so no seed starts dead.
-fn randomize<T: esper_kernels::ops::Real>(bank: &mut SeedBank<T>, seed: u64) {
-    let mut s = stream(seed);
-    for slot in bank.slots_mut() {
-        for pool in slot.pools.iter_mut().chain([&mut slot.gate]) {
-            for v in &mut pool.params {
-                *v = T::from_f64(0.3 * s.normal());
-            }
-        }
-    }
-}
-
-fn state(mode: SeedMode, bp: CnnBlueprint, alpha: f32) -> SeedEnvState {
-    SeedEnvState {
-        mode,
-        blueprint: Some(bp),
-        alpha,
-        train_seed: true,
-        gate_grad: mode == SeedMode::Gate,
-        gate_step: false,
-        collect_stats: true,
-    }
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -78,7 +41,7 @@ fn incubating_seeds_leave_host_output_and_gradients_bit_identical() {
         [CnnBlueprint::Depthwise, CnnBlueprint::Bottleneck, CnnBlueprint::ConvHeavy],
     ] {
         let mut bank = SeedBank::new(&ARCH, envs, &SLOTS);
-        randomize(&mut bank, 9);
+        randomize_pools(&mut bank, &mut stream(9));
         for slot in bank.slots_mut() {
             for (e, bp) in bps.iter().enumerate() {
                 slot.state[e] = state(SeedMode::Incubator, *bp, 0.0);
@@ -211,7 +174,7 @@ fn seed_and_gate_gradients_through_every_blend_match_finite_differences() {
 /// slots; some frozen, one with its gate in the optimizer.
 fn mixed_bank(envs: usize) -> SeedBank<f32> {
     let mut bank = SeedBank::new(&ARCH, envs, &SLOTS);
-    randomize(&mut bank, 77);
+    randomize_pools(&mut bank, &mut stream(77));
     let mut s = stream(78);
     let modes = [SeedMode::Off, SeedMode::Incubator, SeedMode::Add, SeedMode::Multiply, SeedMode::Gate];
     for slot in bank.slots_mut() {
@@ -259,10 +222,8 @@ fn mixed_seed_envs_in_a_batch_equal_each_env_trained_alone() {
         let (losses, logits) = train(&mut params, &mut bank, &data, batch);
         (params, bank, losses, logits)
     };
-    let (params, bank, losses, logits) =
-        rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap().install(run);
-    let (params_1t, bank_1t, losses_1t, _) =
-        rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap().install(run);
+    let (params, bank, losses, logits) = with_threads(2, run);
+    let (params_1t, bank_1t, losses_1t, _) = with_threads(1, run);
     assert_eq!(bits(&losses), bits(&losses_1t));
     assert_eq!(params, params_1t);
     assert_eq!(bank, bank_1t);

@@ -4,12 +4,14 @@
 
 use esper_kernels::host::train::Trainer;
 use esper_kernels::host::{
-    EnvCounterfactuals, FusedValidator, HostArch, HostParams, HostWorkspace, SeedBank, SeedEnvState, SeedMode,
+    EnvCounterfactuals, FusedValidator, HostParams, HostWorkspace, SeedBank, SeedMode,
 };
-use esper_kernels::rng::{Purpose, StreamKey};
 use esper_kernels::seeds::CnnBlueprint;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+
+mod common;
+use common::{ARCH, SLOTS, randomize_pools, seed_state as state, stream, with_threads};
 
 struct Counting;
 
@@ -60,47 +62,13 @@ fn allocations(f: impl FnOnce()) -> usize {
     COUNT.with(|c| c.replace(None)).unwrap_or(0)
 }
 
-/// Runs `f` on a one-thread rayon pool, so the ops' work runs on the thread being counted.
-fn on_one_thread<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("thread pool").install(f)
-}
-
-const ARCH: HostArch = HostArch {
-    in_channels: 3,
-    image_size: 16,
-    num_classes: 10,
-    base_channels: 4,
-    n_blocks: 3,
-    kernel_size: 3,
-    pool_layers: 3,
-};
-const SLOTS: [(u8, u8); 3] = [(0, 0), (0, 1), (1, 1)];
-
-fn state(mode: SeedMode, bp: CnnBlueprint, alpha: f32) -> SeedEnvState {
-    SeedEnvState {
-        mode,
-        blueprint: Some(bp),
-        alpha,
-        train_seed: true,
-        gate_grad: mode == SeedMode::Gate,
-        gate_step: false,
-        collect_stats: true,
-    }
-}
-
 /// Three envs with 0, 2 and 3 blending seeds of different blueprints and blends.
 fn world(envs: usize, batch: usize) -> (HostParams<f32>, SeedBank<f32>, Vec<f32>, Vec<u8>) {
     let ids: Vec<u64> = (0..envs as u64).collect();
     let params = HostParams::init(ARCH, 5, 0, &ids);
     let mut bank = SeedBank::new(&ARCH, envs, &SLOTS);
-    let mut s = StreamKey::new(6, 0, 0, Purpose::Test).stream(0);
-    for slot in bank.slots_mut() {
-        for pool in slot.pools.iter_mut().chain([&mut slot.gate]) {
-            for v in &mut pool.params {
-                *v = (0.3 * s.normal()) as f32;
-            }
-        }
-    }
+    let mut s = stream(6);
+    randomize_pools(&mut bank, &mut s);
     let seeds = [
         (1, 0, state(SeedMode::Add, CnnBlueprint::ConvLight, 0.5)),
         (1, 2, state(SeedMode::Gate, CnnBlueprint::Attention, 0.4)),
@@ -122,7 +90,7 @@ fn a_training_step_allocates_nothing_after_the_first() {
     let (mut params, mut bank, images, labels) = world(envs, batch);
     let mut ws = HostWorkspace::with_slots(ARCH, envs, batch, &bank);
     let mut trainer = Trainer::new(&params, &bank);
-    let counts = on_one_thread(|| {
+    let counts = with_threads(1, || {
         // Warm-up: buffers and per-thread scratch reach their sizes, with and without statistics.
         trainer.step(&mut params, &mut bank, &mut ws, &images, &labels, true);
         trainer.step(&mut params, &mut bank, &mut ws, &images, &labels, false);
@@ -147,7 +115,7 @@ fn a_fused_validation_pass_allocates_nothing_after_the_first() {
         validator.run_batch(&params, &bank, &images, &labels, batch, &counts);
         validator.results_into(results);
     };
-    let count = on_one_thread(|| {
+    let count = with_threads(1, || {
         pass(&mut validator, &mut results);
         allocations(|| pass(&mut validator, &mut results))
     });

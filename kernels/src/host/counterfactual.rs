@@ -175,7 +175,6 @@ impl<T: Real> FusedValidator<T> {
     /// Reuses the plan's memory: once the lists have reached their sizes, a replan allocates nothing.
     pub fn plan(&mut self, bank: &SeedBank<T>, fossilized: &[Vec<bool>]) {
         let n_envs = bank.slots().next().map_or(0, |s| s.n_envs());
-        self.configs.truncate(n_envs);
         self.configs.resize_with(n_envs, EnvConfigs::default);
         self.virtual_envs.clear();
         let mut ablatable = [0usize; MAX_ABLATABLE];
@@ -275,7 +274,6 @@ impl<T: Real> FusedValidator<T> {
     /// [`Self::results`] into `out`, reusing its memory (once it has held a pass of the same shape, this
     /// allocates nothing).
     pub fn results_into(&self, out: &mut Vec<EnvCounterfactuals>) {
-        out.truncate(self.configs.len());
         out.resize_with(self.configs.len(), EnvCounterfactuals::default);
         let mut first = 0;
         for (c, r) in self.configs.iter().zip(out.iter_mut()) {
