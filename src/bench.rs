@@ -24,10 +24,10 @@ use crate::run::{RunError, build_world};
 use bevy_ecs::prelude::*;
 use esper_components::{
     AlphaAlgorithm, AlphaController, BlendId, BlendStyle, Blueprint, BlueprintAction, SeedAlpha, SeedStage,
-    SlotEvents, SlotState, TaskPreset,
+    SlotEvents, SlotIndex, SlotState, TaskPreset,
 };
 use esper_systems::host_resources::{Hosts, StepClock};
-use esper_systems::slot_query::SlotQuery;
+use esper_systems::slot_query::SlotLifecycle;
 use esper_systems::{
     StepSet, add_act_record_systems, add_host_systems, add_observe_decide_systems, empty_step_schedule,
 };
@@ -232,14 +232,14 @@ fn forced_slot(blueprint: BlueprintAction) -> SlotState {
 /// events are cleared. Returns how many slots were re-germinated.
 fn force_state(world: &mut World) -> usize {
     let mut regerminated = 0;
-    let mut slots = world.query::<SlotQuery>();
-    for mut slot in slots.iter_mut(world) {
-        let bp = FORCED_BLUEPRINTS[(slot.index.0 as usize).min(FORCED_BLUEPRINTS.len() - 1)];
+    let mut slots = world.query::<(&SlotIndex, &mut SlotEvents, SlotLifecycle)>();
+    for (index, mut events, mut slot) in slots.iter_mut(world) {
+        let bp = FORCED_BLUEPRINTS[(index.0 as usize).min(FORCED_BLUEPRINTS.len() - 1)];
         let moved = slot.stage.current != SeedStage::Blending
             || slot.alpha.0 != FORCED_ALPHA
             || slot.blueprint.0 != bp;
         slot.view().write(&forced_slot(bp));
-        *slot.events = SlotEvents { germinated: moved, ..SlotEvents::default() };
+        *events = SlotEvents { germinated: moved, ..SlotEvents::default() };
         regerminated += usize::from(moved);
     }
     regerminated

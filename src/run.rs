@@ -6,24 +6,22 @@
 use crate::config::{DataKind, PolicyKind, RunPlan};
 use crate::profile::mean;
 use bevy_ecs::prelude::*;
-use esper_components::governor::{GovernorConfig, GovernorState};
+use esper_components::governor::GovernorConfig;
 use esper_components::heuristic::HeuristicConfig;
 use esper_components::signals::{SignalConfig, SignalTracker};
-use esper_components::{
-    EnvIndex, HostMetrics, LifecycleConfig, LifecycleTally, SeedAlpha, SlotIndex, Stage, Topology,
-};
+use esper_components::{EnvIndex, HostMetrics, LifecycleConfig, LifecycleTally, ScaffoldLedger, Topology};
 use esper_kernels::data::{Batcher, DataSource, Dataset};
 use esper_kernels::host::HostArch;
 use esper_systems::episode_end::episode_end_schedule;
-use esper_systems::governor_check::GovernorVerdict;
 use esper_systems::host_resources::{Hosts, Snapshots, StepClock, TrainData};
 use esper_systems::policy::{ActivePolicy, HeuristicPolicy, Policy, RandomPolicy};
 use esper_systems::update_signals::{EnvSignals, SlotReports};
-use esper_systems::{ActionBatch, OpOutcomes, add_training_systems, empty_step_schedule};
+use esper_systems::write_metrics::MetricsSink;
+use esper_systems::{add_training_systems, empty_step_schedule};
 use esper_systems::{insert_run_resources, spawn_env, spawn_slot};
 use std::fmt;
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::BufWriter;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
@@ -105,107 +103,16 @@ pub fn build_world(plan: &RunPlan) -> Result<World, RunError> {
     };
     world.insert_resource(ActivePolicy(policy));
     world.insert_resource(SlotReports::default());
+    world.insert_resource(world.resource::<Hosts>().param_counts());
+    let ledger_capacity = ScaffoldLedger::episode_capacity(plan.slots.len(), cfg.epochs);
     for e in 0..n_envs as u32 {
-        let env = spawn_env(&mut world, e);
-        world.entity_mut(env).insert((
-            SignalTracker::new(&signal_config),
-            EnvSignals::default(),
-            GovernorState::default(),
-            GovernorVerdict::default(),
-        ));
+        let env = spawn_env(&mut world, e, ledger_capacity);
+        world.entity_mut(env).insert((SignalTracker::new(&signal_config), EnvSignals::default()));
         for s in 0..plan.slots.len() as u8 {
             spawn_slot(&mut world, env, e, s);
         }
     }
     Ok(world)
-}
-
-/// One `metrics.jsonl` line per env for the epoch just run.
-#[derive(serde::Serialize)]
-struct MetricsLine<'a> {
-    env: u32,
-    round: u64,
-    epoch: u64,
-    val_acc: f64,
-    val_loss: f64,
-    train_loss: f64,
-    train_acc: f64,
-    op: &'a str,
-    slot: &'a str,
-    outcome: esper_components::OpOutcome,
-    stages: &'a [&'static str],
-    alphas: &'a [f64],
-}
-
-type SlotColumns = (&'static EnvIndex, &'static SlotIndex, &'static Stage, &'static SeedAlpha);
-
-/// The run's own Record sink: one `metrics.jsonl` line per env per epoch. Its queries, slot names and
-/// `[E × S]` buffers are built once per run, so writing a step's lines allocates nothing.
-struct MetricsWriter {
-    out: BufWriter<File>,
-    slot_names: Vec<String>,
-    slots: QueryState<SlotColumns>,
-    envs: QueryState<(&'static EnvIndex, &'static HostMetrics)>,
-    stages: Vec<&'static str>,
-    alphas: Vec<f64>,
-    metrics: Vec<HostMetrics>,
-}
-
-impl MetricsWriter {
-    fn new(world: &mut World, out: BufWriter<File>) -> Self {
-        let slot_names: Vec<String> =
-            world.resource::<esper_components::SlotConfig>().ids().iter().map(|s| s.to_string()).collect();
-        let n_envs = world.resource::<esper_systems::EnvCount>().0;
-        let rows = n_envs * slot_names.len();
-        Self {
-            out,
-            slot_names,
-            slots: world.query(),
-            envs: world.query(),
-            stages: vec!["DORMANT"; rows],
-            alphas: vec![0.0; rows],
-            metrics: vec![HostMetrics::default(); n_envs],
-        }
-    }
-
-    /// Write the epoch's lines (env order) and each env's validation accuracy into `accuracy`.
-    fn write(&mut self, world: &World, accuracy: &mut Vec<f64>) -> Result<(), RunError> {
-        let clock = *world.resource::<StepClock>();
-        let n_slots = self.slot_names.len();
-        for (env, index, stage, alpha) in self.slots.iter(world) {
-            let row = env.0 as usize * n_slots + index.0 as usize;
-            self.stages[row] = stage.current.name();
-            self.alphas[row] = alpha.0;
-        }
-        for (env, m) in self.envs.iter(world) {
-            self.metrics[env.0 as usize] = *m;
-        }
-        let actions = world.resource::<ActionBatch>();
-        let outcomes = &world.resource::<OpOutcomes>().0;
-        accuracy.clear();
-        for (i, m) in self.metrics.iter().enumerate() {
-            let action = actions.get(i);
-            let line = MetricsLine {
-                env: i as u32,
-                round: clock.round,
-                epoch: clock.epoch,
-                val_acc: m.val_accuracy,
-                val_loss: m.val_loss,
-                train_loss: m.train_loss,
-                train_acc: m.train_accuracy,
-                op: esper_components::LifecycleOp::from_index(action.op).map_or("?", |o| o.name()),
-                slot: self.slot_names.get(action.slot as usize).map_or("", String::as_str),
-                outcome: outcomes[i],
-                stages: &self.stages[i * n_slots..(i + 1) * n_slots],
-                alphas: &self.alphas[i * n_slots..(i + 1) * n_slots],
-            };
-            serde_json::to_writer(&mut self.out, &line)
-                .map_err(|e| RunError(format!("metrics.jsonl: {e}")))?;
-            self.out.write_all(b"\n").map_err(|e| io_error("metrics.jsonl", e))?;
-            accuracy.push(m.val_accuracy);
-        }
-        self.out.flush().map_err(|e| io_error("metrics.jsonl", e))
-    }
 }
 
 /// A built world and its step schedule: what [`train`] drives, and what tests step by hand.
@@ -242,6 +149,17 @@ impl Session {
         self.world.resource_mut::<StepClock>().step += 1;
     }
 
+    /// Each env's latest validation accuracy, in env order, into `out`.
+    pub fn val_accuracy_into(&mut self, out: &mut Vec<f64>) {
+        let n_envs = self.world.resource::<esper_systems::EnvCount>().0;
+        out.clear();
+        out.resize(n_envs, 0.0);
+        let mut envs = self.world.query::<(&EnvIndex, &HostMetrics)>();
+        for (env, metrics) in envs.iter(&self.world) {
+            out[env.0 as usize] = metrics.val_accuracy;
+        }
+    }
+
     /// The names of the step schedule's systems (module path included), in execution order.
     pub fn system_names(&self) -> Vec<String> {
         match self.schedule.systems() {
@@ -259,7 +177,8 @@ pub fn train(plan: &RunPlan, stop: &AtomicBool) -> Result<RunSummary, RunError> 
 
     let metrics_path = plan.out_dir.join("metrics.jsonl");
     let file = File::create(&metrics_path).map_err(|e| io_error(&metrics_path.display().to_string(), e))?;
-    let mut metrics = MetricsWriter::new(&mut session.world, BufWriter::new(file));
+    let sink = MetricsSink::new(Box::new(BufWriter::new(file)), &plan.slots);
+    session.world.insert_resource(sink);
     let progress = (!plan.quiet).then(|| progress_bar(cfg.rounds * cfg.epochs));
 
     let mut summary = RunSummary::default();
@@ -268,19 +187,17 @@ pub fn train(plan: &RunPlan, stop: &AtomicBool) -> Result<RunSummary, RunError> 
         let _round_span = tracing::info_span!(target: "esper", "round", round).entered();
         session.start_round(round);
         for epoch in 1..=cfg.epochs as u64 {
-            // The step span covers the schedule and the run's own Record sink (metrics.jsonl), so the
-            // profile's epoch boundary (end of Validate → start of the next TrainHosts) includes both.
+            // The step span covers the whole schedule, `metrics.jsonl`'s Record system included, so the
+            // profile's epoch boundary (end of Validate → start of the next TrainHosts) includes it.
             let step = session.world.resource::<StepClock>().step;
             let step_span =
                 tracing::info_span!(target: "esper", "step", round, epoch, step, envs = cfg.envs).entered();
             session.run_epoch(epoch);
-            {
-                let _span =
-                    tracing::info_span!(target: "esper", "Record::write_metrics", envs = cfg.envs, step)
-                        .entered();
-                metrics.write(&session.world, &mut summary.final_val_accuracy)?;
-            }
             drop(step_span);
+            if let Some(err) = session.world.resource::<MetricsSink>().error() {
+                return Err(RunError(err.to_string()));
+            }
+            session.val_accuracy_into(&mut summary.final_val_accuracy);
             summary.epochs_completed += 1;
             if let Some(bar) = &progress {
                 let mean = mean(&summary.final_val_accuracy);

@@ -56,7 +56,8 @@ fn heuristic_run_writes_metrics_and_learns() {
     assert_eq!(summary_json["epochs_completed"], 12);
     assert_eq!(summary_json["final_val_accuracy"].as_array().unwrap().len(), 4);
     // The summary's counts agree with the ops the metrics recorded.
-    let germinations = lines.iter().filter(|l| l["op"] == "GERMINATE" && l["outcome"] == "Succeeded").count();
+    let germinations =
+        lines.iter().filter(|l| l["sampled_op"] == "GERMINATE" && l["outcome"] == "executed").count();
     assert_eq!(summary.seeds_germinated as usize, germinations);
 }
 

@@ -35,3 +35,110 @@ pub struct LifecycleTally {
     pub last_op: LifecycleOp,
     pub last_outcome: OpOutcome,
 }
+
+/// The env's last action as the next observation sees it (tamiyo §1.3): the raw sampled op and whether
+/// its handler succeeded. A veto or refusal keeps the raw op with `success = false`; a governor rollback
+/// writes WAIT with `success = false`. A new episode starts at (WAIT, true).
+#[derive(Component, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastAction {
+    pub op: LifecycleOp,
+    pub success: bool,
+}
+
+impl Default for LastAction {
+    fn default() -> Self {
+        Self { op: LifecycleOp::Wait, success: true }
+    }
+}
+
+/// Fossilizations this episode (simic §2.0): `fossilized` = n_fossil, `contributing` = n_contrib_fossil,
+/// the fossils whose `total_improvement` was at least [`MIN_CONTRIBUTING_IMPROVEMENT`] pp when they
+/// fossilized.
+#[derive(Component, Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FossilCounters {
+    pub fossilized: u32,
+    pub contributing: u32,
+}
+
+/// `DEFAULT_MIN_FOSSILIZE_CONTRIBUTION`: a fossil "contributes" from 1.0 pp of total improvement.
+pub const MIN_CONTRIBUTING_IMPROVEMENT: f64 = 1.0;
+
+/// Reward terms earned in one step and paid in the env's next reward (simic §2.9 steps 3–4), then reset.
+#[derive(Component, Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PendingRewardTerms {
+    /// [`AUTO_PRUNE_PENALTY`] per seed the governor pruned, counted after the mechanical tick.
+    pub auto_prune_penalty: f64,
+    /// Scaffold hindsight credit from a successful FOSSILIZE.
+    pub hindsight_credit: f64,
+}
+
+/// `auto_prune_penalty` (simic §2.10): per seed auto-pruned by the governor.
+pub const AUTO_PRUNE_PENALTY: f64 = -0.2;
+
+/// One positive pair interaction as the scaffold ledger keeps it: `scaffold` boosted `beneficiary` by
+/// `boost` pp at `epoch` (simic §3.2).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScaffoldBoost {
+    pub scaffold: u8,
+    pub beneficiary: u8,
+    pub boost: f64,
+    pub epoch: u32,
+}
+
+/// `MAX_HINDSIGHT_CREDIT`: the cap of one fossilization's scaffold credit.
+pub const MAX_HINDSIGHT_CREDIT: f64 = 0.2;
+/// `HINDSIGHT_CREDIT_WEIGHT`.
+pub const HINDSIGHT_CREDIT_WEIGHT: f64 = 0.1;
+/// γ of PPO and PBRS (the reference raises if they differ).
+pub const GAMMA: f64 = 0.995;
+
+/// The env's scaffold ledger (simic §2.9 step 4, §3.2): every positive pair interaction of the episode,
+/// appended by validation in both directions. A successful FOSSILIZE turns the entries that name the
+/// fossil as beneficiary into hindsight credit and drops them. Reference behaviour kept: nothing else
+/// removes entries before the episode ends — not a prune, not an emptied slot, not a germination — so
+/// a new seed in a reused slot inherits the old entries.
+///
+/// The run reserves room for a whole episode ([`ScaffoldLedger::with_capacity`]) so that appending never
+/// allocates mid-run.
+#[derive(Component, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ScaffoldLedger {
+    pub entries: Vec<ScaffoldBoost>,
+}
+
+impl ScaffoldLedger {
+    pub fn with_capacity(entries: usize) -> Self {
+        Self { entries: Vec::with_capacity(entries) }
+    }
+
+    /// Entries one episode can append at most: every ordered pair of distinct slots per epoch (pairs
+    /// are measured with 3 or 4 ablated seeds).
+    pub fn episode_capacity(n_slots: usize, epochs: usize) -> usize {
+        n_slots.min(4) * n_slots.min(4).saturating_sub(1) * epochs
+    }
+
+    /// Record a positive interaction between slots `a` and `b` at `epoch` (both directions); a
+    /// non-positive one is not recorded.
+    pub fn record(&mut self, a: u8, b: u8, interaction: f64, epoch: u32) {
+        if interaction > 0.0 {
+            self.entries.push(ScaffoldBoost { scaffold: a, beneficiary: b, boost: interaction, epoch });
+            self.entries.push(ScaffoldBoost { scaffold: b, beneficiary: a, boost: interaction, epoch });
+        }
+    }
+
+    /// The hindsight credit of `beneficiary` fossilizing at `epoch` with `total_improvement` (pp):
+    /// `min(Σ 0.1·tanh(0.1·boost·improvement)·γ^(epoch − epoch_boost), 0.2)` over its entries, 0 unless
+    /// the improvement is positive. The entries naming it as beneficiary are then dropped (its
+    /// scaffolds have been paid).
+    pub fn settle_fossilization(&mut self, beneficiary: u8, total_improvement: f64, epoch: u32) -> f64 {
+        let mut credit = 0.0;
+        if total_improvement > 0.0 {
+            for b in self.entries.iter().filter(|b| b.beneficiary == beneficiary && b.boost > 0.0) {
+                let delay = epoch.saturating_sub(b.epoch) as i32;
+                credit +=
+                    HINDSIGHT_CREDIT_WEIGHT * (b.boost * total_improvement * 0.1).tanh() * GAMMA.powi(delay);
+            }
+        }
+        self.entries.retain(|b| b.beneficiary != beneficiary);
+        credit.min(MAX_HINDSIGHT_CREDIT)
+    }
+}

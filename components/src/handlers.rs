@@ -16,31 +16,67 @@ use crate::slot::{PruneInitiator, PruneReason, SlotMut};
 use crate::stage::SeedStage;
 use serde::{Deserialize, Serialize};
 
-/// What became of one env's op this step.
+/// What became of one env's sampled op this step (simic §1.3 D). The resolve stage (before Reward)
+/// settles rollbacks, mask refusals and vetoes; the survivors stay [`Pending`](Self::Pending) until Act
+/// runs their handler, so after Act no env is pending.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum OpOutcome {
-    /// The op ran and did what it asked (WAIT always succeeds).
+    /// The handler ran and did what it asked (WAIT always executes).
     #[default]
-    Succeeded,
-    /// A masked sampler could not have produced this action.
-    FailedMask,
-    /// The target slot fails the handler's precondition.
+    Executed,
+    /// Survived the resolve stage; Act runs its handler this step.
+    Pending,
+    /// A masked sampler could not have produced this action: nothing ran.
+    RefusedByMask,
+    /// The governor's preflight refused the mutation (tamiyo §6.6): nothing ran.
+    Vetoed,
+    /// The env's governor panicked: the env rolled back and the sampled op was dropped (tamiyo §6.7).
+    RolledBack,
+    /// The target slot fails the handler's precondition (the op is invalid for the slot's state).
     FailedPrecondition,
-    /// Kasmina refused it (a gate did not pass, or germinate/retarget/prune returned false).
-    FailedLifecycle,
+    /// The handler ran and Kasmina refused (a gate did not pass, or germinate/retarget/prune failed).
+    FailedInHandler,
 }
 
 impl OpOutcome {
+    /// `last_action_success` (tamiyo §1.3): only an executed op succeeded.
     pub fn failed(self) -> bool {
-        self != Self::Succeeded
+        self != Self::Executed
+    }
+
+    /// The name `metrics.jsonl` writes (the serde name).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Executed => "executed",
+            Self::Pending => "pending",
+            Self::RefusedByMask => "refused_by_mask",
+            Self::Vetoed => "vetoed",
+            Self::RolledBack => "rolled_back",
+            Self::FailedPrecondition => "failed_precondition",
+            Self::FailedInHandler => "failed_in_handler",
+        }
     }
 }
 
-/// The handler's precondition on the target slot (also decides `action_valid_for_reward`).
-pub fn handler_precondition(op: LifecycleOp, slot: &SlotMut) -> bool {
-    let stage = slot.stage.current;
+/// The facts of a target slot that decide whether an op is valid for it (simic §1.3 D.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotFacts {
+    pub stage: SeedStage,
+    pub alpha_mode: AlphaMode,
+    /// Seed age (`epochs_total`).
+    pub seed_age: u32,
+}
+
+/// Whether `op` is valid for a slot in `facts` (simic §1.3 D.1; also the handlers' precondition):
+/// GERMINATE needs an empty slot (no state: cooldown stages block); FOSSILIZE needs HOLDING; PRUNE
+/// needs a live seed in GERMINATED/TRAINING/BLENDING/HOLDING, the controller in HOLD, an allowed
+/// PRUNED transition and age ≥ 5; SET_ALPHA_TARGET needs HOLD and BLENDING/HOLDING; ADVANCE needs
+/// GERMINATED/TRAINING/BLENDING; WAIT is always valid.
+pub fn op_valid_for_slot(op: LifecycleOp, facts: SlotFacts) -> bool {
+    let stage = facts.stage;
     let live = stage.has_seed();
-    let at_rest = slot.controller.mode == AlphaMode::Hold;
+    let at_rest = facts.alpha_mode == AlphaMode::Hold;
     match op {
         LifecycleOp::Wait => true,
         LifecycleOp::Germinate => !stage.has_state(),
@@ -49,7 +85,7 @@ pub fn handler_precondition(op: LifecycleOp, slot: &SlotMut) -> bool {
             live && stage.is_prunable()
                 && at_rest
                 && stage.can_transition_to(SeedStage::Pruned)
-                && slot.counters.epochs_total >= MIN_PRUNE_AGE
+                && facts.seed_age >= MIN_PRUNE_AGE
         }
         LifecycleOp::SetAlphaTarget => {
             live && at_rest && matches!(stage, SeedStage::Blending | SeedStage::Holding)
@@ -57,6 +93,30 @@ pub fn handler_precondition(op: LifecycleOp, slot: &SlotMut) -> bool {
         LifecycleOp::Advance => {
             live && matches!(stage, SeedStage::Germinated | SeedStage::Training | SeedStage::Blending)
         }
+    }
+}
+
+/// `action_for_reward` (simic §1.3 D.1): the sampled op if it is valid for the target slot's state,
+/// else WAIT. `target` is None when the slot head names no enabled slot (always invalid, except WAIT).
+pub fn action_for_reward(op: LifecycleOp, target: Option<SlotFacts>) -> LifecycleOp {
+    let valid = match target {
+        Some(facts) => op_valid_for_slot(op, facts),
+        None => op == LifecycleOp::Wait,
+    };
+    if valid { op } else { LifecycleOp::Wait }
+}
+
+/// The handler's precondition on the target slot: [`op_valid_for_slot`] of its current facts.
+pub fn handler_precondition(op: LifecycleOp, slot: &SlotMut) -> bool {
+    op_valid_for_slot(op, slot_facts(slot))
+}
+
+/// The validity facts of a slot.
+pub fn slot_facts(slot: &SlotMut) -> SlotFacts {
+    SlotFacts {
+        stage: slot.stage.current,
+        alpha_mode: slot.controller.mode,
+        seed_age: slot.counters.epochs_total,
     }
 }
 
@@ -122,9 +182,9 @@ fn execute(op: LifecycleOp, action: &FactoredAction, slot: &mut SlotMut, config:
 /// and may name no slot at all). `None` = the op must run on its target slot through [`apply_action`].
 pub fn outcome_without_slot(action: &FactoredAction, masks: &ActionMasks) -> Option<OpOutcome> {
     if !masks.allows(action) {
-        Some(OpOutcome::FailedMask)
+        Some(OpOutcome::RefusedByMask)
     } else if action.op == LifecycleOp::Wait as u8 {
-        Some(OpOutcome::Succeeded)
+        Some(OpOutcome::Executed)
     } else {
         None
     }
@@ -139,11 +199,11 @@ pub fn apply_action(
     config: &LifecycleConfig,
 ) -> OpOutcome {
     if !masks.allows(action) {
-        return OpOutcome::FailedMask;
+        return OpOutcome::RefusedByMask;
     }
     let op = LifecycleOp::from_index(action.op).expect("mask allowed a valid op");
     if !handler_precondition(op, slot) {
         return OpOutcome::FailedPrecondition;
     }
-    if execute(op, action, slot, config) { OpOutcome::Succeeded } else { OpOutcome::FailedLifecycle }
+    if execute(op, action, slot, config) { OpOutcome::Executed } else { OpOutcome::FailedInHandler }
 }

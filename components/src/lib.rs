@@ -22,12 +22,19 @@ pub mod stage;
 pub use actions::*;
 pub use alpha::{AlphaController, AlphaCurve, AlphaMode};
 pub use config::LifecycleConfig;
-pub use env::{EnvIndex, HostMetrics, LifecycleTally};
+pub use env::{
+    AUTO_PRUNE_PENALTY, EnvIndex, FossilCounters, GAMMA, HINDSIGHT_CREDIT_WEIGHT, HostMetrics, LastAction,
+    LifecycleTally, MAX_HINDSIGHT_CREDIT, MIN_CONTRIBUTING_IMPROVEMENT, PendingRewardTerms, ScaffoldBoost,
+    ScaffoldLedger,
+};
 pub use governor::{
     BlockedFactor, GovernorConfig, GovernorState, PanicReason, PreflightRequest, RollbackReport, VitalSigns,
     preflight_lifecycle_mutation, rollback_prune_slots, rollback_prune_states,
 };
-pub use handlers::{OpOutcome, apply_action, handler_precondition, outcome_without_slot};
+pub use handlers::{
+    OpOutcome, SlotFacts, action_for_reward, apply_action, handler_precondition, op_valid_for_slot,
+    outcome_without_slot, slot_facts,
+};
 pub use heuristic::{HeuristicConfig, HeuristicDecision, HeuristicReason, HeuristicState, RunnerDifference};
 pub use host_preset::{CnnHostSpec, InjectionPoint, TaskPreset};
 pub use masks::{ActionMasks, MaskParams, MaskSeedInfo, compute_action_masks};

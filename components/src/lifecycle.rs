@@ -6,7 +6,10 @@ use crate::actions::{AlphaAlgorithm, BlendId, BlueprintAction, Topology};
 use crate::alpha::{ALPHA_EPSILON, AlphaController, AlphaCurve, AlphaMode, DEFAULT_STEEPNESS};
 use crate::config::LifecycleConfig;
 use crate::gates::{MIN_DWELL_EPOCHS, gate_passes};
-use crate::slot::{BlendStyle, Blueprint, PruneInitiator, PruneReason, SlotMut, SlotState, Tempo};
+use crate::slot::{
+    BlendStyle, Blueprint, PruneInitiator, PruneReason, SeedMetrics, SlotMut, SlotState, Stage,
+    StageCounters, Tempo,
+};
 use crate::stage::{GateLevel, SeedStage};
 use std::fmt;
 
@@ -66,18 +69,23 @@ pub fn transition(slot: &mut SlotMut, new: SeedStage) -> bool {
 /// state, cooldown stages included. It advances `epochs_total` and eics — which is why cooldown
 /// counters move twice per epoch in the RL loop (kasmina §8.2 a; see [`step_epoch`]).
 pub fn record_accuracy(slot: &mut SlotMut, accuracy: f64) {
-    if !slot.stage.current.has_state() {
+    record_accuracy_of(slot.stage, slot.counters, slot.metrics, accuracy);
+}
+
+/// [`record_accuracy`] on the three components it touches: it reads the stage and writes only the
+/// counters and the accuracy metrics.
+pub fn record_accuracy_of(stage: &Stage, counters: &mut StageCounters, m: &mut SeedMetrics, accuracy: f64) {
+    if !stage.current.has_state() {
         return;
     }
-    let m = &mut *slot.metrics;
-    if slot.counters.epochs_total == 0 {
+    if counters.epochs_total == 0 {
         m.initial_val_accuracy = accuracy;
         m.accuracy_at_stage_start = accuracy;
     }
     m.current_val_accuracy = accuracy;
     m.best_val_accuracy = m.best_val_accuracy.max(accuracy);
-    slot.counters.epochs_total += 1;
-    slot.counters.epochs_in_stage += 1;
+    counters.epochs_total += 1;
+    counters.epochs_in_stage += 1;
 }
 
 /// `set_alpha(v)`: the canonical amplitude, the controller's copy and `current_alpha` all become
@@ -283,15 +291,19 @@ pub fn schedule_prune(
 
 /// `prune` (immediate): the seed module is freed (stage PRUNED has no seed), the state stays for the
 /// cooldown. FOSSILIZED and cooldown stages refuse.
+///
+/// Reference behaviour kept: `auto_pruned` is written (governor reason → set, any other → cleared)
+/// *before* the PRUNED transition is tried, so a governor rollback also flags slots already in PRUNED
+/// or EMBARGOED (their prune fails) and their env pays the auto-prune penalty for them too.
 pub fn prune(slot: &mut SlotMut, reason: PruneReason, _initiator: PruneInitiator) -> bool {
     let stage = slot.stage.current;
-    if !stage.has_state() || stage == SeedStage::Fossilized || !stage.can_transition_to(SeedStage::Pruned) {
+    if !stage.has_state() || stage == SeedStage::Fossilized {
         return false;
     }
-    if reason.is_governor() {
-        slot.metrics.auto_pruned = Some(reason);
+    slot.metrics.auto_pruned = reason.is_governor().then_some(reason);
+    if !transition(slot, SeedStage::Pruned) {
+        return false;
     }
-    transition(slot, SeedStage::Pruned);
     set_alpha(slot, 0.0);
     let c = &mut *slot.controller;
     c.start = 0.0;

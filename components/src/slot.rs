@@ -88,8 +88,13 @@ pub struct SeedMetrics {
     pub contribution_velocity: f64,
     /// EMA of the seed/host gradient-norm ratio; None = never measured.
     pub seed_gradient_norm_ratio: Option<f64>,
+    /// Trainable host parameters, recorded at germination (kasmina §3.4 step 8).
     pub host_param_count: u64,
+    /// Trainable parameters of the seed module, recorded at germination.
     pub seed_param_count: u64,
+    /// Parameters of the slot's GatedBlend gate network, recorded at germination; they count toward
+    /// the seed's parameters only while the gate exists (`BlendStyle::has_gate`).
+    pub gate_param_count: u64,
     /// Controller steps done, mirrored after each BLENDING tick.
     pub alpha_ramp_step: u32,
     pub interaction_sum: f64,
@@ -107,6 +112,11 @@ impl SeedMetrics {
 
     pub fn improvement_since_stage_start(&self) -> f64 {
         self.current_val_accuracy - self.accuracy_at_stage_start
+    }
+
+    /// The seed's parameters with its gate when it has one (`P_slot` of simic §2.0).
+    pub fn params_with_gate(&self, has_gate: bool) -> u64 {
+        self.seed_param_count + if has_gate { self.gate_param_count } else { 0 }
     }
 
     /// 0 if blending never started (telemetry only).
@@ -280,6 +290,26 @@ impl SlotMut<'_> {
         self.stage.current
     }
 }
+
+/// The loop's per-slot tracking (tamiyo §1.3, simic §1.3 D.6–7), kept beside the seed state because the
+/// reference keeps it outside the seed (per-env dicts keyed by slot): an empty slot has none of it.
+#[derive(Component, Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SlotTracking {
+    /// The last measured gradient health of the seed, stored after each action (the observation's
+    /// "previous gradient health").
+    pub gradient_health_prev: Option<f64>,
+    /// Epochs since the slot was last ablated: 0 after a counterfactual, +1 after each action; None
+    /// until the first action after the slot's seed appeared.
+    pub epochs_since_counterfactual: Option<u32>,
+    /// Validation accuracy when the seed was germinated (the reward's `progress` base).
+    pub acc_at_germination: Option<f64>,
+}
+
+/// The slot's state as the env's governor snapshot holds it: Some only for a seed that was FOSSILIZED
+/// when the snapshot was taken (the reference's snapshot keeps a fossil's `_extra_state`, so a rollback
+/// reverts the fossil's state — counters and metrics — to that moment along with its weights).
+#[derive(Component, Clone, Copy, Debug, Default, PartialEq)]
+pub struct FossilSnapshot(pub Option<SlotState>);
 
 /// What happened to a slot during this step, for the kernels that own its parameters and optimizer
 /// state (re-initialise on germinate, zero momentum on fossilize, clear on prune). Cleared each step.

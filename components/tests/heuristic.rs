@@ -647,22 +647,22 @@ fn heuristic_walks_a_seed_from_germination_to_fossil_through_masks_and_handlers(
         assert_eq!(at(e).2, HostNotStabilized, "epoch {e}");
     }
     assert_eq!(at(4).2, TooEarly);
-    assert_eq!(at(5), (5, Germinate, Plateau, OpOutcome::Succeeded));
-    assert_eq!(at(6), (6, Advance, AdvanceToTraining, OpOutcome::Succeeded));
+    assert_eq!(at(5), (5, Germinate, Plateau, OpOutcome::Executed));
+    assert_eq!(at(6), (6, Advance, AdvanceToTraining, OpOutcome::Executed));
     // G2 needs 10 epochs in TRAINING (eics 1 at epoch 7 … 10 at epoch 16): the gate refuses until then.
     for e in 7..=15 {
-        assert_eq!(at(e), (e, Advance, AdvanceToBlending, OpOutcome::FailedLifecycle), "epoch {e}");
+        assert_eq!(at(e), (e, Advance, AdvanceToBlending, OpOutcome::FailedInHandler), "epoch {e}");
     }
-    assert_eq!(at(16), (16, Advance, AdvanceToBlending, OpOutcome::Succeeded));
+    assert_eq!(at(16), (16, Advance, AdvanceToBlending, OpOutcome::Executed));
     // STANDARD tempo: 5 ramp ticks at the ends of epochs 16–20.
     for e in 17..=20 {
-        assert_eq!(at(e), (e, Wait, Blending, OpOutcome::Succeeded), "epoch {e}");
+        assert_eq!(at(e), (e, Wait, Blending, OpOutcome::Executed), "epoch {e}");
     }
-    assert_eq!(at(21), (21, Advance, AdvanceToHolding, OpOutcome::Succeeded));
-    assert_eq!(at(22), (22, Fossilize, Fossilizing, OpOutcome::Succeeded));
+    assert_eq!(at(21), (21, Advance, AdvanceToHolding, OpOutcome::Executed));
+    assert_eq!(at(22), (22, Fossilize, Fossilizing, OpOutcome::Executed));
     assert_eq!(d.stage(0), SeedStage::Fossilized);
     // The fossil is not live: the next plateau germinates the next blueprint into the next empty slot.
-    assert_eq!(at(23), (23, Germinate, Plateau, OpOutcome::Succeeded));
+    assert_eq!(at(23), (23, Germinate, Plateau, OpOutcome::Executed));
     assert_eq!((d.stage(1), d.world.env(0)[1].blueprint.0), (SeedStage::Germinated, ConvHeavy));
     let s0 = d.world.env(0)[0];
     assert_eq!(
@@ -690,17 +690,17 @@ fn heuristic_prunes_a_failing_seed_and_respects_its_embargo_through_the_cooldown
     assert_eq!(at(5).0, Germinate);
     assert_eq!(at(6).0, Advance);
     for e in 7..=10 {
-        assert_eq!(at(e), (Advance, AdvanceToBlending, OpOutcome::FailedLifecycle, Some(0)), "epoch {e}");
+        assert_eq!(at(e), (Advance, AdvanceToBlending, OpOutcome::FailedInHandler, Some(0)), "epoch {e}");
     }
     // Epoch 11: 5 epochs in TRAINING, 47 − 50 = −3 < −2: PRUNE (instant), allowed by the mask (age 6).
-    assert_eq!(at(11), (Prune, FailingInTraining, OpOutcome::Succeeded, Some(0)));
+    assert_eq!(at(11), (Prune, FailingInTraining, OpOutcome::Executed, Some(0)));
     assert_eq!(d.heuristic.last_prune_epoch, 11);
     // Epochs 12–15: the heuristic's embargo and the slot's cooldown (double tick: empty at end of 15).
     for e in 12..=15 {
         assert_eq!(at(e).1, Embargo, "epoch {e}");
     }
     // Epoch 16 = 11 + 5: embargo over, slot free, masks allow it; conv_light's penalty has decayed away.
-    assert_eq!(at(16), (Germinate, Plateau, OpOutcome::Succeeded, Some(0)));
+    assert_eq!(at(16), (Germinate, Plateau, OpOutcome::Executed, Some(0)));
     assert_eq!(d.world.env(0)[0].blueprint.0, ConvHeavy, "the rotation moved on");
     assert_eq!(d.heuristic.penalty(ConvLight), 0.0);
 }
@@ -739,5 +739,5 @@ fn a_heuristic_prune_mid_ramp_is_refused_by_the_mask() {
     assert_eq!((d.op(), d.reason), (LifecycleOp::Prune, HeuristicReason::FailingInBlending));
     let masks = env_masks(&slots, &config);
     assert!(!masks.allows(&d.action));
-    assert_eq!(apply_action(&d.action, &masks, &mut slots[0].view(), &config), OpOutcome::FailedMask);
+    assert_eq!(apply_action(&d.action, &masks, &mut slots[0].view(), &config), OpOutcome::RefusedByMask);
 }

@@ -122,11 +122,11 @@ fn record_accuracy_counts_and_tracks_best() {
 fn happy_path_with_exact_epoch_counts() {
     let mut env = OneEnv::new(1, permissive());
     // Epoch 1: germinate (tempo FAST = 3 ticks, sigmoid ramp).
-    assert_eq!(env.epoch(10.0, germinate_std(0, TempoAction::Fast)), OpOutcome::Succeeded);
+    assert_eq!(env.epoch(10.0, germinate_std(0, TempoAction::Fast)), OpOutcome::Executed);
     assert_eq!(env.stage(0), SeedStage::Germinated);
     assert_eq!(env.slot(0).stage.previous, SeedStage::Dormant);
     // Epoch 2: ADVANCE (G1) → TRAINING.
-    assert_eq!(env.epoch(11.0, op(LifecycleOp::Advance, 0)), OpOutcome::Succeeded);
+    assert_eq!(env.epoch(11.0, op(LifecycleOp::Advance, 0)), OpOutcome::Executed);
     assert_eq!(env.stage(0), SeedStage::Training);
     assert!(env.slot(0).flags.isolate_gradients);
     env.healthy_gradients(0);
@@ -134,9 +134,9 @@ fn happy_path_with_exact_epoch_counts() {
     for e in 3..=10 {
         env.wait(10.0 + e as f64);
     }
-    assert_eq!(env.epoch(21.0, op(LifecycleOp::Advance, 0)), OpOutcome::FailedLifecycle, "epoch 11: eics 9");
+    assert_eq!(env.epoch(21.0, op(LifecycleOp::Advance, 0)), OpOutcome::FailedInHandler, "epoch 11: eics 9");
     assert_eq!(env.stage(0), SeedStage::Training);
-    assert_eq!(env.epoch(22.0, op(LifecycleOp::Advance, 0)), OpOutcome::Succeeded, "epoch 12: eics 10");
+    assert_eq!(env.epoch(22.0, op(LifecycleOp::Advance, 0)), OpOutcome::Executed, "epoch 12: eics 10");
     assert_eq!(env.epoch, 12);
     let s = env.slot(0);
     assert_eq!(s.stage.current, SeedStage::Blending);
@@ -145,19 +145,19 @@ fn happy_path_with_exact_epoch_counts() {
     // The ramp's first tick ran in the step of epoch 12.
     assert!((s.alpha.0 - 0.1173).abs() < 5e-5, "{}", s.alpha.0);
     // Epoch 13 tick → 0.8827; epoch 14 tick (= e+N−1) reaches 1.0.
-    assert_eq!(env.epoch(23.0, op(LifecycleOp::Advance, 0)), OpOutcome::FailedLifecycle, "G3 mid-ramp");
+    assert_eq!(env.epoch(23.0, op(LifecycleOp::Advance, 0)), OpOutcome::FailedInHandler, "G3 mid-ramp");
     assert!((env.slot(0).alpha.0 - 0.8827).abs() < 5e-5);
     env.wait(24.0);
     assert_eq!(env.slot(0).alpha.0, 1.0);
     assert_eq!(env.slot(0).controller.mode, AlphaMode::Hold);
     assert_eq!(env.stage(0), SeedStage::Blending, "no auto-forward by default");
     // Epoch 15 (= e+N): ADVANCE passes permissive G3 → HOLDING.
-    assert_eq!(env.epoch(25.0, op(LifecycleOp::Advance, 0)), OpOutcome::Succeeded);
+    assert_eq!(env.epoch(25.0, op(LifecycleOp::Advance, 0)), OpOutcome::Executed);
     assert_eq!(env.stage(0), SeedStage::Holding);
     // FOSSILIZE needs a measured contribution (G5).
-    assert_eq!(env.epoch(26.0, op(LifecycleOp::Fossilize, 0)), OpOutcome::FailedLifecycle);
+    assert_eq!(env.epoch(26.0, op(LifecycleOp::Fossilize, 0)), OpOutcome::FailedInHandler);
     env.slot_mut(0).metrics.counterfactual_contribution = Some(2.0);
-    assert_eq!(env.epoch(27.0, op(LifecycleOp::Fossilize, 0)), OpOutcome::Succeeded);
+    assert_eq!(env.epoch(27.0, op(LifecycleOp::Fossilize, 0)), OpOutcome::Executed);
     let s = env.slot(0);
     assert_eq!(
         (s.stage.current, s.stage.previous, s.alpha.0),
@@ -188,7 +188,7 @@ fn quirk_cooldown_double_tick_frees_the_slot_five_epochs_after_an_instant_prune(
     assert!(env.masks_after_record(50.0).op[LifecycleOp::Prune as usize]);
     assert_eq!(
         env.epoch(50.0, prune(0, AlphaSpeedAction::Instant, AlphaCurveAction::Linear)),
-        OpOutcome::Succeeded
+        OpOutcome::Executed
     );
     assert_eq!(env.epoch, k);
     // Tick of k: PRUNED → EMBARGOED.
@@ -205,7 +205,7 @@ fn quirk_cooldown_double_tick_frees_the_slot_five_epochs_after_an_instant_prune(
     assert_eq!(*env.slot(0), SlotState::default(), "empty slot has no leftover state");
     // GERMINATE is masked throughout the pipeline and legal again at decision k+5.
     assert!(env.masks_after_record(50.0).op[LifecycleOp::Germinate as usize]);
-    assert_eq!(env.epoch(50.0, germinate_std(0, STANDARD)), OpOutcome::Succeeded);
+    assert_eq!(env.epoch(50.0, germinate_std(0, STANDARD)), OpOutcome::Executed);
 }
 
 /// The tick alone (unit-test semantics, no record calls): 1 tick to EMBARGOED, 5 to RESETTING, 1 to empty.
@@ -241,7 +241,7 @@ fn scheduled_prune_completes_in_the_tick_that_reaches_zero() {
     let k_start = env.epoch + 1;
     assert_eq!(
         env.epoch(40.0, prune(0, AlphaSpeedAction::Fast, AlphaCurveAction::Linear)),
-        OpOutcome::Succeeded
+        OpOutcome::Executed
     );
     // The tick of the decision epoch already took the first step.
     assert_eq!(env.stage(0), SeedStage::Blending, "HOLDING → BLENDING for the ramp");
@@ -369,7 +369,7 @@ fn fossilized_cannot_be_pruned() {
     env.slot_mut(0).metrics.counterfactual_contribution = Some(-3.0);
     assert_eq!(
         env.epoch(30.0, op(LifecycleOp::Fossilize, 0)),
-        OpOutcome::Succeeded,
+        OpOutcome::Executed,
         "permissive G5 has no threshold"
     );
     let mut slot = *env.slot(0);
@@ -595,7 +595,7 @@ fn set_alpha_target_from_holding_and_style_switch() {
         AlphaSpeedAction::Fast,
         AlphaCurveAction::Linear,
     );
-    assert_eq!(env.epoch(30.0, full), OpOutcome::Succeeded);
+    assert_eq!(env.epoch(30.0, full), OpOutcome::Executed);
     assert_eq!((env.stage(0), env.slot(0).controller.mode), (SeedStage::Holding, AlphaMode::Hold));
     // A partial target drops back to BLENDING, ramps DOWN (frozen), and can switch the algorithm.
     let half = retarget(
@@ -615,7 +615,7 @@ fn set_alpha_target_from_holding_and_style_switch() {
         (SeedStage::Blending, AlphaMode::Down, AlphaAlgorithm::Multiply)
     );
     assert!(s.flags.blend_out_frozen, "freeze on at the end of set_alpha_target");
-    assert_eq!(env.epoch(30.0, half), OpOutcome::Succeeded);
+    assert_eq!(env.epoch(30.0, half), OpOutcome::Executed);
     env.wait(30.0);
     env.wait(30.0);
     // The tick of the third step reaches 0.5; the freeze lags: still frozen until the next tick starts.
@@ -652,7 +652,7 @@ fn set_alpha_target_from_holding_and_style_switch() {
     env.epoch(30.0, to_add);
     assert!(!env.slot(0).blend.has_gate);
     // Retargeting mid-ramp is refused by the mask.
-    assert_eq!(env.epoch(30.0, to_add), OpOutcome::FailedMask);
+    assert_eq!(env.epoch(30.0, to_add), OpOutcome::RefusedByMask);
 }
 
 #[test]
@@ -698,7 +698,7 @@ fn handler_preconditions_match_execution_validity() {
     slot.counters.epochs_total = 5;
     assert_eq!(
         apply_action(&action, &permissive_masks, &mut slot.view(), &permissive()),
-        OpOutcome::Succeeded
+        OpOutcome::Executed
     );
     // Each op's precondition on hand-built slots.
     let at = |stage: SeedStage, mode: AlphaMode, age: u32| {

@@ -160,10 +160,10 @@ proptest! {
             let outcome = world.apply(&[action], &masks)[0];
             check_stage_changes(&before_op, &world.slots, "op")?;
             if !masks[0].allows(&action) {
-                prop_assert_eq!(outcome, OpOutcome::FailedMask);
+                prop_assert_eq!(outcome, OpOutcome::RefusedByMask);
                 prop_assert_eq!(&before_op, &world.slots, "a masked op changed the world");
             } else {
-                prop_assert_ne!(outcome, OpOutcome::FailedMask);
+                prop_assert_ne!(outcome, OpOutcome::RefusedByMask);
             }
             if outcome.failed() {
                 prop_assert_eq!(&before_op, &world.slots, "a failed op changed the world");

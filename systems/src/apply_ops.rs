@@ -1,48 +1,64 @@
-//! Act: apply every env's chosen op to its target slot — the action mask first, then the handler's own
-//! precondition, then Kasmina's checks. A failing op is a no-op recorded as failed, never a panic.
+//! Act: run the handler of every env whose op survived the resolve stage (outcome `Pending`) on its
+//! target slot — the handler's precondition, then Kasmina's checks. A failing op is a no-op recorded as
+//! failed, never a panic. A germination records the seed's and the host's parameter counts (kasmina
+//! §3.4 step 8).
+//!
+//! This system owns the slot events of every env that did not roll back this step
+//! ([`crate::governor_rollback`] owns those).
 
-use crate::resources::{ActionBatch, MaskBatch, OpOutcomes};
-use crate::slot_query::SlotQuery;
+use crate::resources::{ActionBatch, MaskBatch, OpOutcomes, ParamCounts};
+use crate::slot_query::SlotLifecycle;
 use crate::step_span::StepInfo;
 use bevy_ecs::prelude::*;
 use esper_components::{
-    LifecycleConfig, LifecycleOp, OpOutcome, SeedStage, SlotEvents, apply_action, outcome_without_slot,
+    EnvIndex, Head, LifecycleConfig, LifecycleOp, OpOutcome, SeedStage, SlotEvents, SlotIndex, apply_action,
 };
 
+#[allow(clippy::too_many_arguments)] // a system: each parameter is one resource or query it touches
 pub fn apply_ops(
-    mut slots: Query<SlotQuery>,
+    mut slots: Query<(&EnvIndex, &SlotIndex, &mut SlotEvents, SlotLifecycle)>,
     actions: Res<ActionBatch>,
     masks: Res<MaskBatch>,
     config: Res<LifecycleConfig>,
+    param_counts: Res<ParamCounts>,
     mut outcomes: ResMut<OpOutcomes>,
-    mut pending: Local<Vec<bool>>,
     info: StepInfo,
 ) {
     let _span = crate::system_span!(info, "Act::apply_ops");
-    // Masked actions and WAIT are settled without a slot; the rest run on their target slot below.
-    pending.clear();
-    for (env, outcome) in outcomes.0.iter_mut().enumerate() {
-        let settled = outcome_without_slot(&actions.get(env), &masks.0[env]);
-        *outcome = settled.unwrap_or(OpOutcome::Succeeded);
-        pending.push(settled.is_none());
-    }
-    let slot_head = actions.head(esper_components::Head::Slot);
-    for mut slot in &mut slots {
-        *slot.events = SlotEvents::default();
-        let env = slot.env.0 as usize;
-        if !pending[env] || slot_head[env] != slot.index.0 {
+    let slot_head = actions.head(Head::Slot);
+    for (env, index, mut events, mut slot) in &mut slots {
+        let e = env.0 as usize;
+        if outcomes.rolled_back(e) {
             continue;
         }
-        let action = actions.get(env);
+        *events = SlotEvents::default();
+        if outcomes.0[e] != OpOutcome::Pending || slot_head[e] != index.0 {
+            continue;
+        }
+        let action = actions.get(e);
         let had_gate = slot.blend.has_gate;
-        let outcome = apply_action(&action, &masks.0[env], &mut slot.view(), &config);
-        slot.events.gate_created = !had_gate && slot.blend.has_gate;
-        outcomes.0[env] = outcome;
-        if outcome == OpOutcome::Succeeded {
+        let outcome = apply_action(&action, &masks.0[e], &mut slot.view(), &config);
+        events.gate_created = !had_gate && slot.blend.has_gate;
+        outcomes.0[e] = outcome;
+        if outcome == OpOutcome::Executed {
             let op = LifecycleOp::from_index(action.op);
-            slot.events.germinated = op == Some(LifecycleOp::Germinate);
-            slot.events.fossilized = op == Some(LifecycleOp::Fossilize);
-            slot.events.pruned = op == Some(LifecycleOp::Prune) && slot.stage.current == SeedStage::Pruned;
+            events.germinated = op == Some(LifecycleOp::Germinate);
+            events.fossilized = op == Some(LifecycleOp::Fossilize);
+            events.pruned = op == Some(LifecycleOp::Prune) && slot.stage.current == SeedStage::Pruned;
+            if events.germinated {
+                let (host, seed, gate) = param_counts.for_seed(index.0 as usize, slot.blueprint.0);
+                slot.metrics.host_param_count = host;
+                slot.metrics.seed_param_count = seed;
+                slot.metrics.gate_param_count = gate;
+            }
+        }
+    }
+    // Pending ops whose slot head names no slot of the env (WAIT's head is irrelevant) are settled here:
+    // WAIT executes, anything else could not have passed the mask.
+    for (e, outcome) in outcomes.0.iter_mut().enumerate() {
+        if *outcome == OpOutcome::Pending {
+            let wait = actions.head(Head::Op)[e] == LifecycleOp::Wait as u8;
+            *outcome = if wait { OpOutcome::Executed } else { OpOutcome::RefusedByMask };
         }
     }
 }

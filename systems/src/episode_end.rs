@@ -5,14 +5,17 @@
 use crate::governor_check::GovernorVerdict;
 use crate::host_resources::{Hosts, Snapshots, StepClock};
 use crate::policy::ActivePolicy;
-use crate::slot_query::SlotQuery;
+use crate::slot_query::SlotLifecycle;
 use crate::step_span::StepInfo;
 use crate::update_signals::EnvSignals;
 use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::ScheduleLabel;
 use esper_components::governor::GovernorState;
 use esper_components::signals::{SignalConfig, SignalTracker};
-use esper_components::{HostMetrics, SlotState};
+use esper_components::{
+    FossilCounters, FossilSnapshot, HostMetrics, LastAction, PendingRewardTerms, ScaffoldLedger, SlotState,
+    SlotTracking,
+};
 
 #[derive(ScheduleLabel, Clone, Debug, PartialEq, Eq, Hash)]
 pub struct EpisodeEnd;
@@ -23,7 +26,12 @@ type EnvState<'a> = (
     &'a mut EnvSignals,
     &'a mut GovernorState,
     &'a mut GovernorVerdict,
+    EpisodeBooks<'a>,
 );
+
+/// The per-env bookkeeping of an episode (tracking state, counters, pending reward terms).
+type EpisodeBooks<'a> =
+    (&'a mut LastAction, &'a mut FossilCounters, &'a mut PendingRewardTerms, &'a mut ScaffoldLedger);
 
 /// Fresh state for the round in [`StepClock`] (set it before running the schedule).
 #[allow(clippy::too_many_arguments)] // a system: each parameter is one resource or query it touches
@@ -34,22 +42,29 @@ pub fn reset_episode(
     mut snapshots: ResMut<Snapshots>,
     mut policy: ResMut<ActivePolicy>,
     mut envs: Query<EnvState>,
-    mut slots: Query<SlotQuery>,
+    mut slots: Query<(SlotLifecycle, &mut SlotTracking, &mut FossilSnapshot)>,
     info: StepInfo,
 ) {
     let _span = crate::system_span!(info, "EpisodeEnd::reset_episode");
     hosts.reset_round(clock.seed, clock.round);
     *snapshots = Snapshots::of(&hosts);
     policy.0.reset();
-    for (mut metrics, mut tracker, mut signals, mut governor, mut verdict) in &mut envs {
+    for (mut metrics, mut tracker, mut signals, mut governor, mut verdict, books) in &mut envs {
+        let (mut last, mut fossils, mut pending, mut ledger) = books;
+        *last = LastAction::default();
+        *fossils = FossilCounters::default();
+        *pending = PendingRewardTerms::default();
+        ledger.entries.clear(); // keeps its capacity
         *metrics = HostMetrics::default();
         tracker.reset(&signal_config);
         *signals = EnvSignals::default();
         governor.reset();
         *verdict = GovernorVerdict::default();
     }
-    for mut slot in &mut slots {
+    for (mut slot, mut tracking, mut held) in &mut slots {
         slot.view().write(&SlotState::default());
+        *tracking = SlotTracking::default();
+        *held = FossilSnapshot::default();
     }
 }
 

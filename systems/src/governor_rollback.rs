@@ -1,85 +1,54 @@
-//! Act (before the ops): the governor's two interventions (tamiyo §6.5–6.7).
-//! * Every env whose governor panicked is rolled back: its host and seed weights return to the
-//!   snapshot, its host and seed optimizer state is cleared, its live seeds are pruned with the
-//!   governor's reason, and its op this epoch is not executed (WAIT).
-//! * Every other env's mutation passes the preflight (finite validation loss and accuracy, capacity,
-//!   well-formed heads); a vetoed op is not executed either (WAIT, counted as vetoed).
+//! Act (first): every env the resolve stage marked rolled back returns to its governor's last known
+//! good state, as the reference does it (tamiyo §6.5, §6.7): the host and the seeds that were
+//! FOSSILIZED at snapshot time are restored, host and seed optimizer state is cleared, and every live
+//! seed is pruned with the governor's reason (fossils, cooldown and empty slots are untouched). The
+//! sampled op is not executed. A fossil the snapshot holds gets its snapshot-time state back with its
+//! weights (the reference's non-strict load restores the fossil's `_extra_state`). Reference behaviour
+//! kept: a seed fossilized *after* the snapshot is not in it, so it keeps its stage, state and current
+//! weights.
+//!
+//! This system owns the slot events of rolled-back envs this step; [`crate::apply_ops`] owns the rest.
 
-use crate::governor_check::GovernorVerdict;
 use crate::host_resources::{Hosts, Snapshots};
-use crate::resources::ActionBatch;
-use crate::slot_query::SlotQuery;
+use crate::resources::{EnvCount, OpOutcomes};
+use crate::slot_query::SlotLifecycle;
 use crate::step_span::StepInfo;
 use bevy_ecs::prelude::*;
-use esper_components::governor::{
-    GovernorConfig, GovernorState, PanicReason, PreflightRequest, preflight_lifecycle_mutation,
-    rollback_prune_slot,
-};
-use esper_components::{EnvIndex, FactoredAction, HostMetrics, LifecycleConfig, LifecycleTally, SeedStage};
+use esper_components::governor::{GovernorConfig, GovernorState, PanicReason, rollback_prune_slot};
+use esper_components::{EnvIndex, FossilSnapshot, SlotEvents};
 
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments)] // a system: each parameter is one resource or query it touches
 pub fn governor_rollback(
-    mut envs: Query<(&EnvIndex, &HostMetrics, &GovernorVerdict, &mut GovernorState, &mut LifecycleTally)>,
-    mut slots: Query<SlotQuery>,
+    mut envs: Query<(&EnvIndex, &mut GovernorState)>,
+    mut slots: Query<(&EnvIndex, &mut SlotEvents, &FossilSnapshot, SlotLifecycle)>,
+    outcomes: Res<OpOutcomes>,
     config: Res<GovernorConfig>,
-    lifecycle: Res<LifecycleConfig>,
-    mut hosts: ResMut<Hosts>,
     snapshots: Res<Snapshots>,
-    mut actions: ResMut<ActionBatch>,
+    n_envs: Res<EnvCount>,
+    mut hosts: ResMut<Hosts>,
     mut reasons: Local<Vec<Option<PanicReason>>>,
-    mut targets: Local<Vec<(SeedStage, u32)>>,
     info: StepInfo,
 ) {
     let _span = crate::system_span!(info, "Act::governor_rollback");
-    let n_envs = actions.n_envs();
     reasons.clear();
-    reasons.resize(n_envs, None);
-    // Each env's target-slot stage and live seed count, for the preflight.
-    targets.clear();
-    targets.resize(n_envs, (SeedStage::Dormant, 0));
-    for slot in &slots {
-        let e = slot.env.0 as usize;
-        if slot.stage.current.has_seed() {
-            targets[e].1 += 1;
-        }
-        if actions.get(e).slot == slot.index.0 {
-            targets[e].0 = slot.stage.current;
-        }
-    }
-    let hosts = &mut *hosts;
-    for (env, metrics, verdict, mut governor, mut tally) in &mut envs {
+    reasons.resize(n_envs.0, None);
+    for (env, mut governor) in &mut envs {
         let e = env.0 as usize;
-        if verdict.panic.is_none() {
-            let action = actions.get(e);
-            let (stage, live) = targets[e];
-            let request = PreflightRequest::from_action(
-                &action,
-                stage,
-                metrics.val_loss,
-                metrics.val_accuracy,
-                lifecycle.max_seeds,
-                live,
-            );
-            if request.is_some_and(|r| preflight_lifecycle_mutation(&r).is_err()) {
-                actions.set(e, FactoredAction::wait());
-                tally.vetoed += 1;
-            }
+        if !outcomes.rolled_back(e) {
             continue;
         }
         let report = governor.execute_rollback(&config);
         reasons[e] = Some(report.reason);
-        hosts.params.copy_env_from(&snapshots.params, e);
-        hosts.bank.copy_env_params_from(&snapshots.bank, e);
-        hosts.trainer.momentum.zero_env(e);
-        for slot in hosts.bank.slots_mut() {
-            slot.reset_momentum(e);
-        }
-        actions.set(e, FactoredAction::wait());
-        tally.rollbacks += 1;
+        snapshots.restore(&mut hosts, e);
+        hosts.clear_optimizer_state(e);
     }
-    for mut slot in &mut slots {
-        if let Some(reason) = reasons[slot.env.0 as usize] {
-            slot.events.pruned |= rollback_prune_slot(&mut slot.view(), reason);
+    for (env, mut events, held, mut slot) in &mut slots {
+        if let Some(reason) = reasons[env.0 as usize] {
+            if let Some(state) = &held.0 {
+                slot.view().write(state);
+            }
+            let pruned = rollback_prune_slot(&mut slot.view(), reason);
+            *events = SlotEvents { pruned, ..SlotEvents::default() };
         }
     }
 }

@@ -2,10 +2,12 @@
 //! resources hold what kernels crunch): every env's host and seed parameters, the trainer and
 //! workspaces, the fused validator, and the data with its reused batch buffers.
 
+use crate::resources::ParamCounts;
 use bevy_ecs::resource::Resource;
 use esper_kernels::data::{Batcher, Dataset};
 use esper_kernels::host::train::Trainer;
 use esper_kernels::host::{FusedValidator, HostArch, HostParams, HostWorkspace, SeedBank};
+use esper_kernels::seeds::{self, CnnBlueprint};
 
 /// Where the step is: the run seed, the round (fresh hosts each round), the epoch (1-based) and the
 /// step index (0-based, counting every step of the run across rounds; the profile's step axis).
@@ -58,6 +60,32 @@ impl Hosts {
         self.bank = SeedBank::new(&self.arch, n, &self.slot_ids);
         self.trainer = Trainer::new(&self.params, &self.bank);
     }
+
+    /// The trainable parameter counts of the host and of each blueprint at each slot.
+    pub fn param_counts(&self) -> ParamCounts {
+        let seed = self
+            .bank
+            .slots()
+            .map(|slot| {
+                let mut row = [0u64; esper_components::BlueprintAction::COUNT];
+                for bp in CnnBlueprint::ALL {
+                    row[bp.action_index() as usize] = seeds::param_count(bp, slot.channels) as u64;
+                }
+                row
+            })
+            .collect();
+        let gate = self.bank.slots().map(|slot| seeds::gate_param_count(slot.channels) as u64).collect();
+        ParamCounts { host: self.arch.param_count() as u64, seed, gate }
+    }
+
+    /// Zero env `env`'s host and seed optimizer state (momentum), as after a rollback: the weights were
+    /// copied in place, so the reference clears its optimizers (tamiyo §6.5).
+    pub fn clear_optimizer_state(&mut self, env: usize) {
+        self.trainer.momentum.zero_env(env);
+        for slot in self.bank.slots_mut() {
+            slot.reset_momentum(env);
+        }
+    }
 }
 
 /// The dataset, the per-env batcher and the reused batch buffers `[E, B, C, H, W]` / `[E, B]`.
@@ -83,17 +111,74 @@ impl TrainData {
     }
 }
 
-/// The governor's last known good weights of every env (host and seeds), refreshed per env when its
-/// governor says so (every 5 epochs and after a fossilization) and restored on a rollback.
+/// A fossil seed's row as a governor snapshot holds it: its blueprint's pool row, and the gate row
+/// when the seed has a gate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FossilRow {
+    pub blueprint: CnnBlueprint,
+    pub gate: bool,
+}
+
+/// The governor's last known good weights of every env, as the reference keeps them (tamiyo §6.4): the
+/// host (weights and batch-norm statistics) plus the seeds that were FOSSILIZED when the snapshot was
+/// taken. Live seeds are excluded, so a restore leaves their rows alone (the rollback prunes them),
+/// and a seed fossilized after the snapshot keeps its current weights. Refreshed per env when its
+/// governor says so (every 5 epochs and after a fossilization).
 #[derive(Resource)]
 pub struct Snapshots {
     pub params: HostParams<f32>,
+    /// Same shapes as the hosts' bank; only the rows named in `fossils` are ever written or read.
     pub bank: SeedBank<f32>,
+    /// `[E × S]`: the fossil row each env's snapshot holds at each slot.
+    pub fossils: Vec<Option<FossilRow>>,
+    n_slots: usize,
 }
 
 impl Snapshots {
-    /// Every env's current weights (taken at the start of a round).
+    /// Every env's host as it is now, with no fossils (taken when a round starts: fresh hosts, empty
+    /// slots).
     pub fn of(hosts: &Hosts) -> Self {
-        Self { params: hosts.params.clone(), bank: hosts.bank.clone() }
+        let n_envs = hosts.params.n_envs();
+        let n_slots = hosts.slot_ids.len();
+        Self {
+            params: hosts.params.clone(),
+            bank: SeedBank::new(&hosts.arch, n_envs, &hosts.slot_ids),
+            fossils: vec![None; n_envs * n_slots],
+            n_slots,
+        }
+    }
+
+    /// Snapshot env `env`: its host, and the rows of the fossils in `fossils_now` (slot `k` of the env
+    /// at position `k`; None for a slot without a fossil).
+    pub fn take(&mut self, hosts: &Hosts, env: usize, fossils_now: &[Option<FossilRow>]) {
+        assert_eq!(fossils_now.len(), self.n_slots);
+        self.params.copy_env_from(&hosts.params, env);
+        for (k, fossil) in fossils_now.iter().enumerate() {
+            if let Some(f) = fossil {
+                self.bank.copy_seed_row_from(&hosts.bank, k, f.blueprint, f.gate, env);
+            }
+        }
+        self.env_fossils_mut(env).copy_from_slice(fossils_now);
+    }
+
+    /// Restore env `env` from its snapshot (the reference's non-strict load): the host, and exactly the
+    /// fossil rows the snapshot holds. Every other seed row keeps its current values. Optimizer state
+    /// is the caller's ([`Hosts::clear_optimizer_state`]).
+    pub fn restore(&self, hosts: &mut Hosts, env: usize) {
+        hosts.params.copy_env_from(&self.params, env);
+        for (k, fossil) in self.env_fossils(env).iter().enumerate() {
+            if let Some(f) = fossil {
+                hosts.bank.copy_seed_row_from(&self.bank, k, f.blueprint, f.gate, env);
+            }
+        }
+    }
+
+    /// The fossil rows env `env`'s snapshot holds, by slot.
+    pub fn env_fossils(&self, env: usize) -> &[Option<FossilRow>] {
+        &self.fossils[env * self.n_slots..(env + 1) * self.n_slots]
+    }
+
+    fn env_fossils_mut(&mut self, env: usize) -> &mut [Option<FossilRow>] {
+        &mut self.fossils[env * self.n_slots..(env + 1) * self.n_slots]
     }
 }

@@ -12,6 +12,7 @@ pub mod host_resources;
 pub mod note_fossilizations;
 pub mod policy;
 pub mod record_accuracy;
+pub mod resolve_actions;
 pub mod resources;
 pub mod schedule;
 pub mod seed_sync;
@@ -19,14 +20,16 @@ pub mod slot_query;
 pub mod step_span;
 pub mod tally_lifecycle;
 pub mod tick;
+pub mod track_actions;
 pub mod train_hosts;
 pub mod update_signals;
 pub mod validate;
 pub mod world;
+pub mod write_metrics;
 
-pub use resources::{ActionBatch, EnvCount, MaskBatch, OpOutcomes};
+pub use resources::{ActionBatch, EffectiveOps, EnvCount, MaskBatch, OpOutcomes, ParamCounts};
 pub use schedule::{
-    Step, StepSet, add_act_record_systems, add_host_systems, add_lifecycle_systems,
+    PolicySet, Step, StepSet, add_act_record_systems, add_host_systems, add_lifecycle_systems,
     add_observe_decide_systems, add_training_systems, empty_step_schedule,
 };
 pub use world::{build_world, insert_run_resources, spawn_env, spawn_slot};

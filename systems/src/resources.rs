@@ -1,13 +1,13 @@
 //! Batch resources shared by the systems of one step, shaped `[E, …]` and allocated once per run.
 
 use bevy_ecs::resource::Resource;
-use esper_components::{ActionMasks, FactoredAction, Head, OpOutcome};
+use esper_components::{ActionMasks, FactoredAction, Head, LifecycleOp, OpOutcome};
 
 /// Number of envs in the world (every `[E, …]` batch has this many rows).
 #[derive(Resource, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EnvCount(pub usize);
 
-/// One decision per env as SoA: `heads[h * E + e]` is head `h` (in [`Head`] order) of env `e` — the
+/// The action each env's policy sampled this step, as SoA: `heads[h * E + e]` is head `h` (in [`Head`] order) of env `e` — the
 /// layout of the policy's one `[8, E]` device→host copy.
 #[derive(Resource, Clone, Debug, PartialEq, Eq)]
 pub struct ActionBatch {
@@ -65,6 +65,41 @@ impl ActionBatch {
 #[derive(Resource, Clone, Debug, PartialEq, Eq)]
 pub struct MaskBatch(pub Vec<ActionMasks>);
 
-/// What became of each env's op this step.
+/// `[E]`: each env's `action_for_reward` this step (simic §1.3 D.1): the sampled op when it is valid for
+/// the target slot's state and survived the mask and the governor, else WAIT (also for a rolled-back
+/// env, which gets no reward at all). Written before the Reward set; never overwrites the sampled
+/// action in [`ActionBatch`].
+#[derive(Resource, Clone, Debug, PartialEq, Eq)]
+pub struct EffectiveOps(pub Vec<LifecycleOp>);
+
+/// `[E]`: what became of each env's sampled op this step. The resolve stage settles rollbacks, mask
+/// refusals and vetoes and leaves the rest [`OpOutcome::Pending`]; Act runs the pending handlers.
 #[derive(Resource, Clone, Debug, PartialEq, Eq)]
 pub struct OpOutcomes(pub Vec<OpOutcome>);
+
+impl OpOutcomes {
+    /// The env rolled back this step: no reward, no buffer row (simic §1.3 D.2).
+    pub fn rolled_back(&self, env: usize) -> bool {
+        self.0[env] == OpOutcome::RolledBack
+    }
+}
+
+/// Trainable parameter counts of the run's host and of every blueprint at every slot, recorded onto a
+/// seed when it germinates (kasmina §3.4 step 8). A world without hosts (lifecycle-only tests) has the
+/// empty table, and its seeds record 0.
+#[derive(Resource, Clone, Debug, Default, PartialEq, Eq)]
+pub struct ParamCounts {
+    pub host: u64,
+    /// `[slot][blueprint action index]`: the seed module's parameters (0 where no such blueprint).
+    pub seed: Vec<[u64; esper_components::BlueprintAction::COUNT]>,
+    /// `[slot]`: the slot's gate network's parameters.
+    pub gate: Vec<u64>,
+}
+
+impl ParamCounts {
+    /// `(host, seed, gate)` for a `blueprint` seed at slot `slot` (zeros when unknown).
+    pub fn for_seed(&self, slot: usize, blueprint: esper_components::BlueprintAction) -> (u64, u64, u64) {
+        let seed = self.seed.get(slot).map_or(0, |row| row[blueprint as usize]);
+        (self.host, seed, self.gate.get(slot).copied().unwrap_or(0))
+    }
+}

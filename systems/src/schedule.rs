@@ -7,6 +7,7 @@ use crate::note_fossilizations::note_fossilizations;
 use crate::{apply_ops::apply_ops, build_masks::build_masks, record_accuracy::record_accuracy};
 use crate::{governor_check::governor_check, governor_rollback::governor_rollback};
 use crate::{gradient_telemetry::sync_gradient_telemetry, update_signals::update_signals};
+use crate::{resolve_actions::resolve_actions, track_actions::track_actions, write_metrics::write_metrics};
 use crate::{tally_lifecycle::tally_lifecycle, tick::tick, train_hosts::train_hosts, validate::validate};
 use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::{LogLevel, ScheduleBuildSettings, ScheduleLabel};
@@ -37,6 +38,10 @@ impl StepSet {
     ];
 }
 
+/// The policy's system inside Decide: the resolve stage runs after it.
+#[derive(SystemSet, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PolicySet;
+
 #[derive(ScheduleLabel, Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Step;
 
@@ -63,11 +68,13 @@ pub fn empty_step_schedule() -> Schedule {
     schedule
 }
 
-/// The lifecycle systems of the step: record accuracy and build masks (Observe), apply the chosen ops
-/// (Act), tick every slot (Tick), count what happened (Record). A policy adds its system to Decide.
+/// The lifecycle systems of the step: record accuracy and build masks (Observe), settle the sampled
+/// actions (Decide, after the policy), apply the ops (Act), tick every slot (Tick), count what happened
+/// (Record). A policy adds its system to Decide, in [`PolicySet`].
 pub fn add_lifecycle_systems(schedule: &mut Schedule) {
     schedule.add_systems((
         (record_accuracy, build_masks).chain().in_set(StepSet::Observe),
+        resolve_actions.after(PolicySet).in_set(StepSet::Decide),
         apply_ops.in_set(StepSet::Act),
         tick.in_set(StepSet::Tick),
         tally_lifecycle.in_set(StepSet::Record),
@@ -80,23 +87,24 @@ pub fn add_host_systems(schedule: &mut Schedule) {
 }
 
 /// Observe (governor check, record accuracy, gradient telemetry, signals, masks) and Decide (the
-/// installed `ActivePolicy`): what policy inference needs after validation.
+/// installed `ActivePolicy`, then the resolve stage that settles rollbacks, refusals and vetoes before
+/// the Reward set): what policy inference needs after validation.
 pub fn add_observe_decide_systems(schedule: &mut Schedule) {
     schedule.add_systems((
         (governor_check, record_accuracy, sync_gradient_telemetry, update_signals, build_masks)
             .chain()
             .in_set(StepSet::Observe),
-        decide.in_set(StepSet::Decide),
+        (decide.in_set(PolicySet), resolve_actions).chain().in_set(StepSet::Decide),
     ));
 }
 
-/// Act (governor rollbacks, then the ops), Tick, Record (counts and fossilization snapshots, in
-/// parallel).
+/// Act (governor rollbacks, the ops, then the action bookkeeping), Tick, Record (counts, fossilization
+/// snapshots and `metrics.jsonl`, in parallel).
 pub fn add_act_record_systems(schedule: &mut Schedule) {
     schedule.add_systems((
-        (governor_rollback, apply_ops).chain().in_set(StepSet::Act),
+        (governor_rollback, apply_ops, track_actions).chain().in_set(StepSet::Act),
         tick.in_set(StepSet::Tick),
-        (tally_lifecycle, note_fossilizations).in_set(StepSet::Record),
+        (tally_lifecycle, note_fossilizations, write_metrics).in_set(StepSet::Record),
     ));
 }
 

@@ -1,17 +1,17 @@
-//! The query every lifecycle system uses to borrow one slot's components as a [`SlotMut`].
+//! The query of a slot's whole lifecycle state, for the systems that run the lifecycle's pure functions
+//! (germinate, prune, the tick), which may rewrite any of it — a RESETTING slot's completion writes
+//! the empty default back into every component. Systems that touch less ask for less: the env row,
+//! slot index, events and tracking are always named separately.
 
 use bevy_ecs::query::QueryData;
 use esper_components::{
-    AlphaController, BlendStyle, Blueprint, EnvIndex, GradientTelemetry, PendingPrune, SeedAlpha,
-    SeedMetrics, SlotEvents, SlotFlags, SlotIndex, SlotMut, Stage, StageCounters, Tempo,
+    AlphaController, BlendStyle, Blueprint, GradientTelemetry, PendingPrune, SeedAlpha, SeedMetrics,
+    SlotFlags, SlotMut, SlotState, Stage, StageCounters, Tempo,
 };
 
 #[derive(QueryData)]
 #[query_data(mutable)]
-pub struct SlotQuery {
-    pub env: &'static EnvIndex,
-    pub index: &'static SlotIndex,
-    pub events: &'static mut SlotEvents,
+pub struct SlotLifecycle {
     pub stage: &'static mut Stage,
     pub counters: &'static mut StageCounters,
     pub metrics: &'static mut SeedMetrics,
@@ -25,8 +25,8 @@ pub struct SlotQuery {
     pub flags: &'static mut SlotFlags,
 }
 
-impl SlotQueryItem<'_, '_> {
-    /// Borrow the lifecycle components for the pure functions of `esper_components::lifecycle`.
+impl SlotLifecycleItem<'_, '_> {
+    /// Borrow the components for the pure functions of `esper_components::lifecycle`.
     pub fn view(&mut self) -> SlotMut<'_> {
         SlotMut {
             stage: &mut self.stage,
@@ -42,9 +42,23 @@ impl SlotQueryItem<'_, '_> {
             flags: &mut self.flags,
         }
     }
+}
 
-    /// The env row and slot index this slot occupies in `[E, S]` batches.
-    pub fn row(&self, n_slots: usize) -> usize {
-        self.env.0 as usize * n_slots + self.index.0 as usize
+impl SlotLifecycleReadOnlyItem<'_, '_> {
+    /// A copy of the slot's current values.
+    pub fn state(&self) -> SlotState {
+        SlotState {
+            stage: *self.stage,
+            counters: *self.counters,
+            metrics: *self.metrics,
+            telemetry: *self.telemetry,
+            alpha: *self.alpha,
+            controller: *self.controller,
+            blend: *self.blend,
+            tempo: *self.tempo,
+            blueprint: *self.blueprint,
+            pending_prune: *self.pending_prune,
+            flags: *self.flags,
+        }
     }
 }

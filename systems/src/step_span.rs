@@ -36,7 +36,7 @@ macro_rules! system_span {
 
 /// Every span the step schedule of [`add_training_systems`](crate::add_training_systems) opens, in
 /// schedule order; a test checks it against the schedule's systems.
-pub const TRAINING_SYSTEM_SPANS: [&str; 13] = [
+pub const TRAINING_SYSTEM_SPANS: [&str; 16] = [
     "TrainHosts::train_hosts",
     "Validate::validate",
     "Observe::governor_check",
@@ -45,9 +45,12 @@ pub const TRAINING_SYSTEM_SPANS: [&str; 13] = [
     "Observe::update_signals",
     "Observe::build_masks",
     "Decide::decide",
+    "Decide::resolve_actions",
     "Act::governor_rollback",
     "Act::apply_ops",
+    "Act::track_actions",
     "Tick::tick",
     "Record::tally_lifecycle",
     "Record::note_fossilizations",
+    "Record::write_metrics",
 ];

@@ -1,11 +1,14 @@
 //! Validate: one fused eval pass per test batch over every env and every counterfactual configuration;
 //! writes each env's validation accuracy and loss, and each seed's contribution, velocity, interaction
-//! terms and topology sums (kasmina §2.3, simic §3).
+//! terms and topology sums (kasmina §2.3, simic §3). An ablated slot's "epochs since counterfactual"
+//! restarts at 0, and every positive pair interaction joins the env's scaffold ledger (simic §3.2).
 
-use crate::host_resources::{Hosts, TrainData};
+use crate::host_resources::{Hosts, StepClock, TrainData};
 use crate::step_span::StepInfo;
 use bevy_ecs::prelude::*;
-use esper_components::{EnvIndex, HostMetrics, SeedAlpha, SeedMetrics, SeedStage, SlotIndex, Stage};
+use esper_components::{
+    EnvIndex, HostMetrics, ScaffoldLedger, SeedAlpha, SeedMetrics, SeedStage, SlotIndex, SlotTracking, Stage,
+};
 use esper_kernels::host::EnvCounterfactuals;
 
 /// The system's buffers, kept between steps so that a step allocates nothing.
@@ -18,11 +21,13 @@ pub struct ValidateScratch {
     results: Vec<EnvCounterfactuals>,
 }
 
+#[allow(clippy::too_many_arguments)] // a system: each parameter is one resource or query it touches
 pub fn validate(
     mut hosts: ResMut<Hosts>,
     mut data: ResMut<TrainData>,
-    mut slots: Query<(&EnvIndex, &SlotIndex, &Stage, &SeedAlpha, &mut SeedMetrics)>,
-    mut envs: Query<(&EnvIndex, &mut HostMetrics)>,
+    clock: Res<StepClock>,
+    mut slots: Query<(&EnvIndex, &SlotIndex, &Stage, &SeedAlpha, &mut SeedMetrics, &mut SlotTracking)>,
+    mut envs: Query<(&EnvIndex, &mut HostMetrics, &mut ScaffoldLedger)>,
     mut scratch: Local<ValidateScratch>,
     info: StepInfo,
 ) {
@@ -39,7 +44,7 @@ pub fn validate(
         alphas[k].clear();
         alphas[k].resize(n_envs, 0.0);
     }
-    for (env, index, stage, alpha, _) in &slots {
+    for (env, index, stage, alpha, ..) in &slots {
         let (e, k) = (env.0 as usize, index.0 as usize);
         fossilized[k][e] = stage.current == SeedStage::Fossilized;
         alphas[k][e] = alpha.0;
@@ -52,12 +57,17 @@ pub fn validate(
         validator.run_batch(params, bank, &data.images, &data.labels, batch_in, &data.counts);
     }
     validator.results_into(results);
-    for (env, mut metrics) in &mut envs {
-        let r = &results[env.0 as usize];
+    for (env, mut metrics, mut ledger) in &mut envs {
+        let e = env.0 as usize;
+        let r = &results[e];
         metrics.val_accuracy = r.val_acc;
         metrics.val_loss = r.val_loss;
+        let ablated = &validator.configs[e].slots;
+        for &(i, j, interaction) in &r.interactions {
+            ledger.record(ablated[i] as u8, ablated[j] as u8, interaction, clock.epoch as u32);
+        }
     }
-    for (env, index, _, _, mut m) in &mut slots {
+    for (env, index, _, _, mut m, mut tracking) in &mut slots {
         let (e, k) = (env.0 as usize, index.0 as usize);
         let (configs, r) = (&validator.configs[e], &results[e]);
         m.interaction_sum = 0.0;
@@ -65,6 +75,7 @@ pub fn validate(
         m.upstream_alpha_sum = 0.0;
         m.downstream_alpha_sum = 0.0;
         let Some(i) = configs.slots.iter().position(|&s| s == k) else { continue };
+        tracking.epochs_since_counterfactual = Some(0);
         let c = r.contribution[i];
         if let Some(prev) = m.counterfactual_contribution {
             m.contribution_velocity = 0.7 * m.contribution_velocity + 0.3 * (c - prev);

@@ -6,7 +6,7 @@ use bevy_ecs::prelude::*;
 use esper_components::masks::sample_masked;
 use esper_components::reference::ReferenceLifecycle;
 use esper_components::*;
-use esper_systems::slot_query::SlotQuery;
+use esper_systems::slot_query::SlotLifecycle;
 use esper_systems::*;
 
 const ENVS: usize = 64;
@@ -82,9 +82,9 @@ fn choose_action(epoch: u32, env: usize, masks: &ActionMasks) -> FactoredAction 
     }
 }
 
-fn validate_system(epoch: Res<Epoch>, mut slots: Query<SlotQuery>) {
-    for mut slot in &mut slots {
-        let (env, index) = (slot.env.0 as usize, slot.index.0 as usize);
+fn validate_system(epoch: Res<Epoch>, mut slots: Query<(&EnvIndex, &SlotIndex, SlotLifecycle)>) {
+    for (env, index, mut slot) in &mut slots {
+        let (env, index) = (env.0 as usize, index.0 as usize);
         inject_measurements(epoch.0, env, index, &mut slot.view());
     }
 }
@@ -103,9 +103,9 @@ fn decide_system(epoch: Res<Epoch>, masks: Res<MaskBatch>, mut actions: ResMut<A
 
 fn ecs_slots(world: &mut World, n_slots: usize) -> Vec<SlotState> {
     let mut out = vec![SlotState::default(); ENVS * n_slots];
-    let mut q = world.query::<SlotQuery>();
-    for mut slot in q.iter_mut(world) {
-        let row = slot.row(n_slots);
+    let mut q = world.query::<(&EnvIndex, &SlotIndex, SlotLifecycle)>();
+    for (env, index, mut slot) in q.iter_mut(world) {
+        let row = env.0 as usize * n_slots + index.0 as usize;
         out[row] = slot.view().snapshot();
     }
     out
@@ -128,7 +128,7 @@ fn ecs_world_matches_the_slot_by_slot_reference() {
     }
     let mut env_entities = vec![Entity::PLACEHOLDER; ENVS];
     for &e in &order {
-        env_entities[e] = spawn_env(&mut world, e as u32);
+        env_entities[e] = spawn_env(&mut world, e as u32, 0);
     }
     let mut pairs: Vec<(usize, usize)> = (0..ENVS).flat_map(|e| (0..n_slots).map(move |s| (e, s))).collect();
     for i in (1..pairs.len()).rev() {
@@ -143,7 +143,7 @@ fn ecs_world_matches_the_slot_by_slot_reference() {
     add_lifecycle_systems(&mut schedule);
     schedule.add_systems((
         (host_metrics_system, validate_system).in_set(StepSet::Validate),
-        decide_system.in_set(StepSet::Decide),
+        decide_system.in_set(PolicySet).in_set(StepSet::Decide),
     ));
 
     let mut reference = ReferenceLifecycle::new(ENVS, n_slots, config);
@@ -180,7 +180,7 @@ fn ecs_world_matches_the_slot_by_slot_reference() {
     // The run exercised what it claims to: the outcome kinds and the whole lifecycle. (A mask-legal op
     // always meets its handler precondition here, so FailedPrecondition cannot occur; the components
     // tests cover it with hand-built masks.)
-    for o in [OpOutcome::Succeeded, OpOutcome::FailedMask, OpOutcome::FailedLifecycle] {
+    for o in [OpOutcome::Executed, OpOutcome::RefusedByMask, OpOutcome::FailedInHandler] {
         assert!(outcome_counts.get(&o).copied().unwrap_or(0) > 0, "{o:?} never happened: {outcome_counts:?}");
     }
     use SeedStage::*;
