@@ -125,9 +125,16 @@ pub struct Session {
 impl Session {
     /// The world for `plan` at round 0, before its first epoch.
     pub fn new(plan: &RunPlan) -> Result<Self, RunError> {
+        Self::with_systems(plan, |_| {})
+    }
+
+    /// [`Session::new`] with more systems in the step schedule (tests put probes and faults between
+    /// the stages this way; the sets order them).
+    pub fn with_systems(plan: &RunPlan, add: impl FnOnce(&mut Schedule)) -> Result<Self, RunError> {
         let mut world = build_world(plan)?;
         let mut schedule = empty_step_schedule();
         add_training_systems(&mut schedule);
+        add(&mut schedule);
         schedule.initialize(&mut world).map_err(|e| RunError(format!("schedule: {e:?}")))?;
         let mut episode_end = episode_end_schedule();
         episode_end.initialize(&mut world).map_err(|e| RunError(format!("episode-end schedule: {e:?}")))?;
@@ -171,9 +178,19 @@ impl Session {
 
 /// Run `plan` to completion, or until `stop` reads true after an epoch.
 pub fn train(plan: &RunPlan, stop: &AtomicBool) -> Result<RunSummary, RunError> {
-    let cfg = &plan.config;
     let started = Instant::now();
-    let mut session = Session::new(plan)?;
+    train_session(Session::new(plan)?, plan, stop, started)
+}
+
+/// [`train`] on a session built for `plan` (with [`Session::with_systems`], or prepared by hand),
+/// timed from `started`.
+pub fn train_session(
+    mut session: Session,
+    plan: &RunPlan,
+    stop: &AtomicBool,
+    started: Instant,
+) -> Result<RunSummary, RunError> {
+    let cfg = &plan.config;
 
     let metrics_path = plan.out_dir.join("metrics.jsonl");
     let file = File::create(&metrics_path).map_err(|e| io_error(&metrics_path.display().to_string(), e))?;

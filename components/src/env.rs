@@ -142,3 +142,30 @@ impl ScaffoldLedger {
         credit.min(MAX_HINDSIGHT_CREDIT)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Hindsight credit by hand: one boost of 2 pp at epoch 10 for slot 1, fossilizing at epoch 12 with
+    /// 3 pp of total improvement: 0.1·tanh(0.1·2·3)·0.995² = 0.1·0.5370496·0.990025 = 0.0531692…
+    #[test]
+    fn hindsight_credit_hand_example_and_cap() {
+        let mut ledger = ScaffoldLedger::with_capacity(8);
+        ledger.record(0, 1, 2.0, 10);
+        ledger.record(0, 2, -1.0, 10); // not positive: not recorded
+        assert_eq!(ledger.entries.len(), 2);
+        let credit = ledger.settle_fossilization(1, 3.0, 12);
+        assert!((credit - 0.053_169_2).abs() < 1e-6, "{credit}");
+        // Only the entry naming slot 1 as beneficiary is gone; slot 0's boost by slot 1 stays.
+        assert_eq!(ledger.entries, vec![ScaffoldBoost { scaffold: 1, beneficiary: 0, boost: 2.0, epoch: 10 }]);
+        // No improvement, no credit (the entries are still settled).
+        assert_eq!(ledger.settle_fossilization(0, 0.0, 12), 0.0);
+        assert!(ledger.entries.is_empty());
+        // Many large boosts: capped at 0.2.
+        for t in 0..10 {
+            ledger.record(0, 1, 10.0, t);
+        }
+        assert_eq!(ledger.settle_fossilization(1, 10.0, 10), MAX_HINDSIGHT_CREDIT);
+    }
+}
