@@ -156,6 +156,12 @@ impl Session {
         self.world.resource_mut::<StepClock>().step += 1;
     }
 
+    /// Run the step schedule on bevy's single-threaded executor (the allocation test does: the
+    /// multi-threaded executor allocates its tasks).
+    pub fn use_single_threaded_executor(&mut self) {
+        self.schedule.set_executor(bevy_ecs::schedule::SingleThreadedExecutor::new());
+    }
+
     /// Each env's latest validation accuracy, in env order, into `out`.
     pub fn val_accuracy_into(&mut self, out: &mut Vec<f64>) {
         let n_envs = self.world.resource::<esper_systems::EnvCount>().0;

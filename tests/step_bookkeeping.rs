@@ -9,10 +9,9 @@ use bevy_ecs::prelude::*;
 use esper_components::ActionMasks;
 use esper_components::governor::GovernorState;
 use esper_components::{
-    AlphaAlgorithm, AlphaController, BlendId, BlendStyle, Blueprint, BlueprintAction, EnvIndex,
-    FactoredAction, FossilCounters, HostMetrics, LastAction, LifecycleOp, LifecycleTally, OpOutcome,
-    PendingRewardTerms, ScaffoldBoost, ScaffoldLedger, SeedAlpha, SeedStage, SlotEvents, SlotIndex,
-    SlotState, SlotTracking, Stage, StageCounters,
+    BlueprintAction, EnvIndex, FactoredAction, FossilCounters, HostMetrics, LastAction, LifecycleOp,
+    LifecycleTally, OpOutcome, PendingRewardTerms, ScaffoldBoost, ScaffoldLedger, SeedStage, SlotEvents,
+    SlotIndex, SlotState, SlotTracking,
 };
 use esper_ecs::config::{PolicyKind, RunConfig, RunPlan};
 use esper_ecs::run::{self, Session};
@@ -24,6 +23,9 @@ use esper_systems::slot_query::SlotLifecycle;
 use esper_systems::validate::validate;
 use esper_systems::{ActionBatch, EffectiveOps, OpOutcomes, StepSet};
 use std::sync::atomic::AtomicBool;
+
+mod common;
+use common::seed_at;
 
 const ENVS: usize = 2;
 const VICTIM: usize = 0;
@@ -157,19 +159,7 @@ fn force_seed(
     blueprint: BlueprintAction,
     alpha: f64,
 ) {
-    let mut s = SlotState::default();
-    s.stage = Stage { current: stage, previous: SeedStage::Training, previous_epochs_in_stage: 3 };
-    s.counters = StageCounters { epochs_total: 10, epochs_in_stage: 2 };
-    s.blueprint = Blueprint(blueprint);
-    s.blend = BlendStyle {
-        blend: BlendId::Linear,
-        algorithm: AlphaAlgorithm::Add,
-        alpha_target: alpha,
-        has_gate: false,
-    };
-    s.alpha = SeedAlpha(alpha);
-    s.controller = AlphaController::holding_at(alpha);
-    s.flags.isolate_gradients = true;
+    let s = seed_at(stage, blueprint, alpha);
     let mut q = world.query::<(&EnvIndex, &SlotIndex, &mut SlotEvents, SlotLifecycle)>();
     let (_, _, mut events, mut view) =
         q.iter_mut(world).find(|(e, i, ..)| e.0 as usize == env && i.0 == slot).unwrap();

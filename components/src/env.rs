@@ -158,7 +158,10 @@ mod tests {
         let credit = ledger.settle_fossilization(1, 3.0, 12);
         assert!((credit - 0.053_169_2).abs() < 1e-6, "{credit}");
         // Only the entry naming slot 1 as beneficiary is gone; slot 0's boost by slot 1 stays.
-        assert_eq!(ledger.entries, vec![ScaffoldBoost { scaffold: 1, beneficiary: 0, boost: 2.0, epoch: 10 }]);
+        assert_eq!(
+            ledger.entries,
+            vec![ScaffoldBoost { scaffold: 1, beneficiary: 0, boost: 2.0, epoch: 10 }]
+        );
         // No improvement, no credit (the entries are still settled).
         assert_eq!(ledger.settle_fossilization(0, 0.0, 12), 0.0);
         assert!(ledger.entries.is_empty());

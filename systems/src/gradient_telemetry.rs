@@ -4,17 +4,20 @@
 //! had: unmeasured stays unmeasured, never "healthy".
 
 use crate::host_resources::Hosts;
+use crate::resources::ParamCounts;
 use crate::step_span::StepInfo;
 use bevy_ecs::prelude::*;
 use esper_components::{EnvIndex, GradientTelemetry, SeedMetrics, SlotIndex};
 
 pub fn sync_gradient_telemetry(
     hosts: Res<Hosts>,
+    param_counts: Res<ParamCounts>,
     mut slots: Query<(&EnvIndex, &SlotIndex, &mut GradientTelemetry, &mut SeedMetrics)>,
     info: StepInfo,
 ) {
     let _span = crate::system_span!(info, "Observe::sync_gradient_telemetry");
-    let host_elements = hosts.arch.param_count();
+    // From the run's table: `HostArch::param_count` builds a list per call.
+    let host_elements = param_counts.host as usize;
     for (env, index, mut telemetry, mut metrics) in &mut slots {
         let e = env.0 as usize;
         let Some(stats) = hosts.trainer.seed_stats[index.0 as usize][e] else { continue };
