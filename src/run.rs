@@ -120,6 +120,8 @@ pub struct Session {
     pub world: World,
     schedule: Schedule,
     episode_end: Schedule,
+    /// Built once: a query state made per epoch would allocate in the run's loop.
+    env_metrics: QueryState<(&'static EnvIndex, &'static HostMetrics)>,
 }
 
 impl Session {
@@ -138,7 +140,8 @@ impl Session {
         schedule.initialize(&mut world).map_err(|e| RunError(format!("schedule: {e:?}")))?;
         let mut episode_end = episode_end_schedule();
         episode_end.initialize(&mut world).map_err(|e| RunError(format!("episode-end schedule: {e:?}")))?;
-        Ok(Self { world, schedule, episode_end })
+        let env_metrics = world.query();
+        Ok(Self { world, schedule, episode_end, env_metrics })
     }
 
     /// Fresh hosts, empty slots and fresh per-env state for `round` (round 0 is set up by `new`).
@@ -167,8 +170,7 @@ impl Session {
         let n_envs = self.world.resource::<esper_systems::EnvCount>().0;
         out.clear();
         out.resize(n_envs, 0.0);
-        let mut envs = self.world.query::<(&EnvIndex, &HostMetrics)>();
-        for (env, metrics) in envs.iter(&self.world) {
+        for (env, metrics) in self.env_metrics.iter(&self.world) {
             out[env.0 as usize] = metrics.val_accuracy;
         }
     }

@@ -40,9 +40,10 @@ pub enum OpOutcome {
 }
 
 impl OpOutcome {
-    /// `last_action_success` (tamiyo §1.3): only an executed op succeeded.
+    /// The op was tried and failed: refused by the mask, or its handler failed. A veto and a rollback
+    /// are counted apart, and only an executed op is a `last_action_success` (tamiyo §1.3).
     pub fn failed(self) -> bool {
-        self != Self::Executed
+        matches!(self, Self::RefusedByMask | Self::FailedPrecondition | Self::FailedInHandler)
     }
 
     /// The name `metrics.jsonl` writes (the serde name).

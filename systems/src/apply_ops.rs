@@ -1,5 +1,5 @@
-//! Act: run the handler of every env whose op survived the resolve stage (outcome `Pending`) on its
-//! target slot — the handler's precondition, then Kasmina's checks. A failing op is a no-op recorded as
+//! Act: run the handler of every env whose op survived the resolve stage (outcome `Pending`: a non-WAIT
+//! op the mask allowed, so its slot head names an enabled slot) on its target slot — the handler's precondition, then Kasmina's checks. A failing op is a no-op recorded as
 //! failed, never a panic. A germination records the seed's and the host's parameter counts (kasmina
 //! §3.4 step 8).
 //!
@@ -51,14 +51,6 @@ pub fn apply_ops(
                 slot.metrics.seed_param_count = seed;
                 slot.metrics.gate_param_count = gate;
             }
-        }
-    }
-    // Pending ops whose slot head names no slot of the env (WAIT's head is irrelevant) are settled here:
-    // WAIT executes, anything else could not have passed the mask.
-    for (e, outcome) in outcomes.0.iter_mut().enumerate() {
-        if *outcome == OpOutcome::Pending {
-            let wait = actions.head(Head::Op)[e] == LifecycleOp::Wait as u8;
-            *outcome = if wait { OpOutcome::Executed } else { OpOutcome::RefusedByMask };
         }
     }
 }

@@ -2,10 +2,10 @@
 //! it, in the reference's order (simic §1.3 D.1–D.4):
 //! 1. an env whose governor panicked rolls back: its sampled op is dropped (Act restores it);
 //! 2. an action the env's masks forbid is refused (a masked sampler never produces one; the heuristic
-//!    and hand-written actions can);
+//!    and hand-written actions can), and a WAIT is executed (it needs no handler);
 //! 3. a non-WAIT op goes through the governor's preflight (tamiyo §6.6); a veto refuses it;
 //! 4. the survivors are pending for Act, and `action_for_reward` is the sampled op if it is valid for the
-//!    target slot's state, else WAIT.
+//!    target slot's state, else WAIT. A pending op always names an enabled slot: the mask checked it.
 //!
 //! The sampled action stays untouched in [`ActionBatch`]; the effective op and the outcome go to their
 //! own `[E]` columns.
@@ -17,7 +17,7 @@ use bevy_ecs::prelude::*;
 use esper_components::governor::{PreflightRequest, preflight_lifecycle_mutation};
 use esper_components::{
     AlphaController, EnvIndex, HostMetrics, LifecycleConfig, LifecycleOp, OpOutcome, SlotFacts, SlotIndex,
-    Stage, StageCounters, action_for_reward,
+    Stage, StageCounters, action_for_reward, outcome_without_slot,
 };
 
 /// One env's target slot as the resolve stage needs it.
@@ -63,8 +63,8 @@ pub fn resolve_actions(
         let target = targets[e];
         let outcome = if verdict.panic.is_some() {
             OpOutcome::RolledBack
-        } else if !masks.0[e].allows(&action) {
-            OpOutcome::RefusedByMask
+        } else if let Some(settled) = outcome_without_slot(&action, &masks.0[e]) {
+            settled // refused by the mask, or a WAIT (executes; the preflight never sees WAIT)
         } else {
             let stage = target.facts.map_or(esper_components::SeedStage::Dormant, |f| f.stage);
             let request = PreflightRequest::from_action(

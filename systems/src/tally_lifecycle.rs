@@ -46,9 +46,6 @@ pub fn tally_lifecycle(
         tally.last_outcome = outcome;
         tally.rollbacks += u32::from(outcome == OpOutcome::RolledBack);
         tally.vetoed += u32::from(outcome == OpOutcome::Vetoed);
-        tally.failed_ops += u32::from(matches!(
-            outcome,
-            OpOutcome::RefusedByMask | OpOutcome::FailedPrecondition | OpOutcome::FailedInHandler
-        ));
+        tally.failed_ops += u32::from(outcome.failed());
     }
 }
