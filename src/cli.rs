@@ -7,7 +7,7 @@
 
 use crate::config::{ConfigError, DataKind, PolicyKind, RunConfig};
 use clap::{Args, Parser, Subcommand};
-use esper_components::TaskPreset;
+use esper_components::{RewardFamily, RewardMode, TaskPreset};
 use std::fmt::Display;
 use std::path::PathBuf;
 
@@ -206,6 +206,55 @@ pub struct TrainArgs {
           help = with_default("Training images per env per step", d().batch_per_env))]
     pub batch_per_env: Option<usize>,
 
+    #[arg(long, value_name = "MODE", value_parser = parse_reward_mode, help = with_default(
+        &format!("Reward mode (simic §2): {}", RewardMode::ALL.map(|m| m.name()).join(", ")), "shaped"))]
+    pub reward_mode: Option<RewardMode>,
+
+    #[arg(long, value_name = "FAMILY", value_parser = parse_reward_family, help = with_default(
+        "Reward family: contribution (the modes above) or loss (validation-loss based; only with \
+         --reward-mode shaped)", "contribution"))]
+    pub reward_family: Option<RewardFamily>,
+
+    #[arg(
+        long,
+        help = "Reward without the PBRS stage-potential terms (also drops the germinate bonus and \
+                        its end-of-episode clawback)"
+    )]
+    pub disable_pbrs: bool,
+
+    #[arg(long, help = "Reward without the terminal accuracy terms (and the fossilize bonus gated on them)")]
+    pub disable_terminal_reward: bool,
+
+    #[arg(long, help = "Reward without the anti-gaming ratio penalty and alpha shock")]
+    pub disable_anti_gaming: bool,
+
+    #[arg(long, value_name = "P", allow_negative_numbers = true, help = with_default(
+        "Parameter budget of the basic modes' rent and sparse's fossil cost", d().param_budget))]
+    pub param_budget: Option<f64>,
+
+    #[arg(long, value_name = "W", allow_negative_numbers = true, help = with_default(
+        "Weight of the basic modes' rent and sparse's fossil cost", d().param_penalty_weight))]
+    pub param_penalty_weight: Option<f64>,
+
+    #[arg(long, value_name = "S", allow_negative_numbers = true, help = with_default(
+        "Scale of the sparse / minimal terminal reward", d().sparse_reward_scale))]
+    pub sparse_reward_scale: Option<f64>,
+
+    #[arg(long, value_name = "N", allow_negative_numbers = true, help = with_default(
+        "Floor of the host parameter count in the rent and alpha-shock ratios", d().rent_host_params_floor))]
+    pub rent_host_params_floor: Option<f64>,
+
+    #[arg(long, value_name = "W", allow_negative_numbers = true, help = with_default(
+        "Weight of the basic modes' terminal accuracy delta", d().basic_acc_delta_weight))]
+    pub basic_acc_delta_weight: Option<f64>,
+
+    #[arg(
+        long,
+        help = "Every metrics.jsonl line also carries the inputs its reward was computed from \
+                        (reward_inputs)"
+    )]
+    pub log_reward_inputs: bool,
+
     #[arg(long, value_name = "FILE", help = with_default(
         "TOML file setting any run field (unknown keys are an error); flags override it", "none"))]
     pub config: Option<PathBuf>,
@@ -251,6 +300,17 @@ impl TrainArgs {
         set(&mut c.policy, self.policy);
         set(&mut c.seed, self.seed);
         set(&mut c.batch_per_env, self.batch_per_env);
+        set(&mut c.reward_mode, self.reward_mode);
+        set(&mut c.reward_family, self.reward_family);
+        c.disable_pbrs |= self.disable_pbrs;
+        c.disable_terminal_reward |= self.disable_terminal_reward;
+        c.disable_anti_gaming |= self.disable_anti_gaming;
+        set(&mut c.param_budget, self.param_budget);
+        set(&mut c.param_penalty_weight, self.param_penalty_weight);
+        set(&mut c.sparse_reward_scale, self.sparse_reward_scale);
+        set(&mut c.rent_host_params_floor, self.rent_host_params_floor);
+        set(&mut c.basic_acc_delta_weight, self.basic_acc_delta_weight);
+        c.log_reward_inputs |= self.log_reward_inputs;
         if self.out.is_some() {
             c.out = self.out.clone();
         }
@@ -277,6 +337,20 @@ fn parse_data_kind(s: &str) -> Result<DataKind, String> {
         "synthetic" => Ok(DataKind::Synthetic),
         "cifar10" => Ok(DataKind::Cifar10),
         _ => Err("unknown data kind (known: synthetic, cifar10)".into()),
+    }
+}
+
+fn parse_reward_mode(s: &str) -> Result<RewardMode, String> {
+    RewardMode::from_name(s).ok_or_else(|| {
+        format!("unknown reward mode (known: {})", RewardMode::ALL.map(|m| m.name()).join(", "))
+    })
+}
+
+fn parse_reward_family(s: &str) -> Result<RewardFamily, String> {
+    match s {
+        "contribution" => Ok(RewardFamily::Contribution),
+        "loss" => Ok(RewardFamily::Loss),
+        _ => Err("unknown reward family (known: contribution, loss)".into()),
     }
 }
 

@@ -2,7 +2,9 @@
 //! A TOML file (`--config`) may set any field; command-line flags override it.
 
 use esper_components::host_preset::HostSlotError;
-use esper_components::{SlotConfig, SlotIdError, TaskPreset};
+use esper_components::{
+    RewardConfig, RewardConfigError, RewardFamily, RewardMode, SlotConfig, SlotIdError, TaskPreset,
+};
 use esper_kernels::data::{DataError, DataSource, Sharding, SyntheticSpec, cifar};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -60,6 +62,29 @@ pub struct RunConfig {
     pub synthetic_test_per_env: usize,
     /// Output directory (default `runs/<timestamp>`).
     pub out: Option<PathBuf>,
+    /// Reward mode of the contribution family: shaped, escrow, basic, basic_plus, sparse, minimal,
+    /// simplified (simic §2.1).
+    pub reward_mode: RewardMode,
+    /// contribution or loss (loss only with reward_mode shaped).
+    pub reward_family: RewardFamily,
+    /// Drop the PBRS stage-potential bonus (and the germinate bonus and clawback built on it).
+    pub disable_pbrs: bool,
+    /// Drop the terminal accuracy terms (and the fossilize bonus gated on them).
+    pub disable_terminal_reward: bool,
+    /// Drop the anti-gaming ratio penalty and the alpha shock.
+    pub disable_anti_gaming: bool,
+    /// Parameter budget of BASIC's rent and SPARSE's fossil cost.
+    pub param_budget: f64,
+    /// Weight of BASIC's rent and SPARSE's fossil cost.
+    pub param_penalty_weight: f64,
+    /// Scale of the SPARSE / MINIMAL terminal reward.
+    pub sparse_reward_scale: f64,
+    /// Floor of the host parameter count in the rent and shock ratios.
+    pub rent_host_params_floor: f64,
+    /// Weight of BASIC's terminal accuracy delta.
+    pub basic_acc_delta_weight: f64,
+    /// Every metrics.jsonl line also carries the inputs the reward read (`reward_inputs`).
+    pub log_reward_inputs: bool,
 }
 
 impl Default for RunConfig {
@@ -78,6 +103,36 @@ impl Default for RunConfig {
             synthetic_train_per_env: 1024,
             synthetic_test_per_env: 256,
             out: None,
+            reward_mode: RewardMode::Shaped,
+            reward_family: RewardFamily::Contribution,
+            disable_pbrs: false,
+            disable_terminal_reward: false,
+            disable_anti_gaming: false,
+            param_budget: RewardConfig::default().param_budget,
+            param_penalty_weight: RewardConfig::default().param_penalty_weight,
+            sparse_reward_scale: RewardConfig::default().sparse_reward_scale,
+            rent_host_params_floor: RewardConfig::default().rent_host_params_floor,
+            basic_acc_delta_weight: RewardConfig::default().basic_acc_delta_weight,
+            log_reward_inputs: false,
+        }
+    }
+}
+
+impl RunConfig {
+    /// The reward settings of this run (every other reward constant is the reference's).
+    pub fn reward(&self) -> RewardConfig {
+        RewardConfig {
+            mode: self.reward_mode,
+            family: self.reward_family,
+            disable_pbrs: self.disable_pbrs,
+            disable_terminal_reward: self.disable_terminal_reward,
+            disable_anti_gaming: self.disable_anti_gaming,
+            param_budget: self.param_budget,
+            param_penalty_weight: self.param_penalty_weight,
+            sparse_reward_scale: self.sparse_reward_scale,
+            rent_host_params_floor: self.rent_host_params_floor,
+            basic_acc_delta_weight: self.basic_acc_delta_weight,
+            ..RewardConfig::default()
         }
     }
 }
@@ -117,6 +172,8 @@ pub enum ConfigError {
         task: TaskPreset,
         source: HostSlotError,
     },
+    /// A reward setting the reference refuses, or one that is not a usable number.
+    Reward(RewardConfigError),
     /// `data = cifar10` without `data_dir`.
     NoDataDir,
     /// `data_dir` given with synthetic data, where it would be silently ignored.
@@ -171,6 +228,7 @@ impl fmt::Display for ConfigError {
                 source.id,
                 source.available.join(", ")
             ),
+            Self::Reward(e) => write!(f, "{e}"),
             Self::NoDataDir => write!(
                 f,
                 "--data cifar10 needs --data-dir DIR (a folder with {} … {} and {})",
@@ -220,6 +278,7 @@ impl std::error::Error for ConfigError {
             Self::BadSlots { source, .. } => Some(source),
             Self::SlotNotOnHost { source, .. } => Some(source),
             Self::DataDir(e) | Self::CannotFeed(e) => Some(e),
+            Self::Reward(e) => Some(e),
             Self::OutUnwritable { source, .. } | Self::ConfigRead { source, .. } => Some(source),
             _ => None,
         }
@@ -288,6 +347,7 @@ impl RunConfig {
         if let Some(&(_, name)) = positive.iter().find(|(v, _)| *v == 0) {
             return Err(ConfigError::Zero { name });
         }
+        self.reward().validate().map_err(ConfigError::Reward)?;
         let task = TaskPreset::from_name(&self.task)
             .ok_or_else(|| ConfigError::UnknownTask { name: self.task.clone() })?;
         let slots = SlotConfig::parse_list(&self.slots)

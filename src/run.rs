@@ -9,7 +9,9 @@ use bevy_ecs::prelude::*;
 use esper_components::governor::GovernorConfig;
 use esper_components::heuristic::HeuristicConfig;
 use esper_components::signals::{SignalConfig, SignalTracker};
-use esper_components::{EnvIndex, HostMetrics, LifecycleConfig, LifecycleTally, ScaffoldLedger, Topology};
+use esper_components::{
+    EnvIndex, EpisodeReturn, HostMetrics, LifecycleConfig, LifecycleTally, ScaffoldLedger, Topology,
+};
 use esper_kernels::data::{Batcher, DataSource, Dataset};
 use esper_kernels::host::HostArch;
 use esper_systems::episode_end::episode_end_schedule;
@@ -36,6 +38,9 @@ pub struct RunSummary {
     /// Each env's validation accuracy (pp) after its last epoch.
     pub final_val_accuracy: Vec<f64>,
     pub mean_final_val_accuracy: f64,
+    /// Per round: the mean over envs of the raw episode return (Σ of the env's rewards; a rolled-back
+    /// step adds none). An interrupted round counts its epochs so far.
+    pub mean_episode_return: Vec<f64>,
     pub seeds_germinated: u64,
     pub seeds_fossilized: u64,
     pub seeds_pruned: u64,
@@ -86,7 +91,13 @@ pub fn build_world(plan: &RunPlan) -> Result<World, RunError> {
     let mut world = World::new();
     let lifecycle = LifecycleConfig { topology: Topology::Cnn, ..LifecycleConfig::default() };
     insert_run_resources(&mut world, n_envs, plan.slots.clone(), lifecycle);
-    world.insert_resource(StepClock { seed: cfg.seed, round: 0, epoch: 0, step: 0 });
+    world.insert_resource(StepClock {
+        seed: cfg.seed,
+        round: 0,
+        epoch: 0,
+        step: 0,
+        episode_epochs: cfg.epochs as u64,
+    });
     let hosts = Hosts::new(arch, &slot_ids, n_envs, cfg.batch_per_env, cfg.seed, 0);
     world.insert_resource(Snapshots::of(&hosts));
     world.insert_resource(hosts);
@@ -104,6 +115,7 @@ pub fn build_world(plan: &RunPlan) -> Result<World, RunError> {
     world.insert_resource(ActivePolicy(policy));
     world.insert_resource(SlotReports::default());
     world.insert_resource(world.resource::<Hosts>().param_counts());
+    world.insert_resource(cfg.reward());
     let ledger_capacity = ScaffoldLedger::episode_capacity(plan.slots.len(), cfg.epochs);
     for e in 0..n_envs as u32 {
         let env = spawn_env(&mut world, e, ledger_capacity);
@@ -122,6 +134,7 @@ pub struct Session {
     episode_end: Schedule,
     /// Built once: a query state made per epoch would allocate in the run's loop.
     env_metrics: QueryState<(&'static EnvIndex, &'static HostMetrics)>,
+    env_returns: QueryState<&'static EpisodeReturn>,
 }
 
 impl Session {
@@ -141,7 +154,8 @@ impl Session {
         let mut episode_end = episode_end_schedule();
         episode_end.initialize(&mut world).map_err(|e| RunError(format!("episode-end schedule: {e:?}")))?;
         let env_metrics = world.query();
-        Ok(Self { world, schedule, episode_end, env_metrics })
+        let env_returns = world.query();
+        Ok(Self { world, schedule, episode_end, env_metrics, env_returns })
     }
 
     /// Fresh hosts, empty slots and fresh per-env state for `round` (round 0 is set up by `new`).
@@ -175,6 +189,12 @@ impl Session {
         }
     }
 
+    /// The mean over envs of the raw episode return so far this round.
+    pub fn mean_episode_return(&mut self) -> f64 {
+        let (sum, n) = self.env_returns.iter(&self.world).fold((0.0, 0usize), |(s, n), r| (s + r.raw, n + 1));
+        if n == 0 { 0.0 } else { sum / n as f64 }
+    }
+
     /// The names of the step schedule's systems (module path included), in execution order.
     pub fn system_names(&self) -> Vec<String> {
         match self.schedule.systems() {
@@ -202,7 +222,8 @@ pub fn train_session(
 
     let metrics_path = plan.out_dir.join("metrics.jsonl");
     let file = File::create(&metrics_path).map_err(|e| io_error(&metrics_path.display().to_string(), e))?;
-    let sink = MetricsSink::new(Box::new(BufWriter::new(file)), &plan.slots);
+    let sink = MetricsSink::new(Box::new(BufWriter::new(file)), &plan.slots)
+        .with_reward(&cfg.reward(), cfg.log_reward_inputs);
     session.world.insert_resource(sink);
     let progress = (!plan.quiet).then(|| progress_bar(cfg.rounds * cfg.epochs));
 
@@ -237,10 +258,12 @@ pub fn train_session(
             if stop.load(Ordering::SeqCst) {
                 summary.interrupted = true;
                 add_tallies(&mut session.world, &mut tallies);
+                summary.mean_episode_return.push(session.mean_episode_return());
                 break 'rounds;
             }
         }
         add_tallies(&mut session.world, &mut tallies);
+        summary.mean_episode_return.push(session.mean_episode_return());
         summary.rounds_completed += 1;
     }
     if let Some(bar) = progress {
@@ -329,6 +352,8 @@ fn print_table(plan: &RunPlan, s: &RunSummary) {
     );
     println!("  wall {:.1} s  {:.2} env-epochs/s", s.wall_seconds, s.env_epochs_per_second);
     println!("  final val acc  mean {:.1} %  min {min:.1} %  max {max:.1} %", s.mean_final_val_accuracy);
+    let returns: Vec<String> = s.mean_episode_return.iter().map(|r| format!("{r:.2}")).collect();
+    println!("  mean episode return ({} reward)  {}", plan.config.reward_mode, returns.join("  "));
     println!(
         "  seeds  germinated {}  fossilized {}  pruned {}  failed ops {}  rollbacks {}",
         s.seeds_germinated, s.seeds_fossilized, s.seeds_pruned, s.failed_ops, s.rollbacks

@@ -19,6 +19,11 @@ pub struct HostMetrics {
     pub train_loss: f64,
     /// Training accuracy over the epoch's samples, in pp.
     pub train_accuracy: f64,
+    /// `cf_imp` (simic §2.0): `val_accuracy − all_off_acc` (fallback: the lowest leave-one-out
+    /// accuracy); None when nothing was ablated this epoch.
+    pub counterfactual_improvement: Option<f64>,
+    /// Accuracy with every non-fossilized seed at alpha 0 (= `val_accuracy` when there is none).
+    pub committed_val_accuracy: f64,
 }
 
 /// Lifecycle counts over the episode and the last op's result.
@@ -74,6 +79,14 @@ pub struct PendingRewardTerms {
 
 /// `auto_prune_penalty` (simic §2.10): per seed auto-pruned by the governor.
 pub const AUTO_PRUNE_PENALTY: f64 = -0.2;
+
+/// The env's episode so far as the reward saw it: Σ raw reward and the number of rewarded steps (a
+/// rolled-back step has none).
+#[derive(Component, Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EpisodeReturn {
+    pub raw: f64,
+    pub steps: u32,
+}
 
 /// One positive pair interaction as the scaffold ledger keeps it: `scaffold` boosted `beneficiary` by
 /// `boost` pp at `epoch` (simic §3.2).

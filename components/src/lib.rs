@@ -14,6 +14,7 @@ pub mod host_preset;
 pub mod lifecycle;
 pub mod masks;
 pub mod reference;
+pub mod reward_config;
 pub mod signals;
 pub mod slot;
 pub mod slot_id;
@@ -23,9 +24,9 @@ pub use actions::*;
 pub use alpha::{AlphaController, AlphaCurve, AlphaMode};
 pub use config::LifecycleConfig;
 pub use env::{
-    AUTO_PRUNE_PENALTY, EnvIndex, FossilCounters, GAMMA, HINDSIGHT_CREDIT_WEIGHT, HostMetrics, LastAction,
-    LifecycleTally, MAX_HINDSIGHT_CREDIT, MIN_CONTRIBUTING_IMPROVEMENT, PendingRewardTerms, ScaffoldBoost,
-    ScaffoldLedger,
+    AUTO_PRUNE_PENALTY, EnvIndex, EpisodeReturn, FossilCounters, GAMMA, HINDSIGHT_CREDIT_WEIGHT, HostMetrics,
+    LastAction, LifecycleTally, MAX_HINDSIGHT_CREDIT, MIN_CONTRIBUTING_IMPROVEMENT, PendingRewardTerms,
+    ScaffoldBoost, ScaffoldLedger,
 };
 pub use governor::{
     BlockedFactor, GovernorConfig, GovernorState, PanicReason, PreflightRequest, RollbackReport, VitalSigns,
@@ -38,6 +39,7 @@ pub use handlers::{
 pub use heuristic::{HeuristicConfig, HeuristicDecision, HeuristicReason, HeuristicState, RunnerDifference};
 pub use host_preset::{CnnHostSpec, InjectionPoint, TaskPreset};
 pub use masks::{ActionMasks, MaskParams, MaskSeedInfo, compute_action_masks};
+pub use reward_config::{LossRewardConfig, RewardConfig, RewardConfigError, RewardFamily, RewardMode};
 pub use signals::{EpochObservation, SeedReport, SignalConfig, SignalTracker, TrainingSignals};
 pub use slot::*;
 pub use slot_id::{MAX_SLOTS, SlotConfig, SlotId, SlotIdError};

@@ -305,6 +305,23 @@ pub struct SlotTracking {
     pub acc_at_germination: Option<f64>,
 }
 
+/// What the reward carries per slot between steps (simic §2.0, §2.4, §2.5).
+#[derive(Component, Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SlotRewardState {
+    /// ESCROW: the attribution credit paid so far for the slot's seed. Zeroed at germination and once
+    /// the slot holds no seed module.
+    pub escrow_credit: f64,
+    /// BASIC_PLUS: the drip per epoch of the slot's fossil, paid every later step of the episode.
+    pub drip_scale: Option<f64>,
+    /// BASIC_PLUS: the drip this step's FOSSILIZE reward earned; kept as `drip_scale` only if the
+    /// fossilization succeeds.
+    pub proposed_drip: Option<f64>,
+    /// Alpha and parameter count (seed + gate) at the previous reward, 0 without a seed module: the
+    /// alpha-shock inputs. Not reset when the slot empties (the reference charges the drop to 0).
+    pub prev_alpha: f64,
+    pub prev_params: f64,
+}
+
 /// The slot's state as the env's governor snapshot holds it: Some only for a seed that was FOSSILIZED
 /// when the snapshot was taken (the reference's snapshot keeps a fossil's `_extra_state`, so a rollback
 /// reverts the fossil's state — counters and metrics — to that moment along with its weights).

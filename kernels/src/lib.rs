@@ -8,5 +8,6 @@ pub mod data;
 pub mod host;
 pub mod ops;
 pub mod optim;
+pub mod reward;
 pub mod rng;
 pub mod seeds;

@@ -39,6 +39,13 @@ fn configuration_sets_and_their_deduplication() {
     assert!(five.all_off.is_none() && five.pairs.is_empty());
     assert_eq!(five.masks.len(), 1 + 5 + 5 + 1);
     assert_eq!(five.committed, Some(11));
+    // Fossils in the ablation set (BASIC_PLUS drip): committed switches off only the non-fossils.
+    let mut drip = EnvConfigs::default();
+    drip.rebuild(&[0, 2], 0b001);
+    assert_eq!(drip.masks, vec![0, 0b001, 0b100, 0b101]);
+    assert_eq!((drip.all_off, drip.committed), (Some(3), Some(2)));
+    drip.rebuild(&[1], 0b010);
+    assert_eq!((drip.masks.clone(), drip.committed), (vec![0, 0b010], None));
 }
 
 fn blend(mode: SeedMode, bp: CnnBlueprint, alpha: f32) -> SeedEnvState {

@@ -13,8 +13,8 @@ use bevy_ecs::schedule::ScheduleLabel;
 use esper_components::governor::GovernorState;
 use esper_components::signals::{SignalConfig, SignalTracker};
 use esper_components::{
-    FossilCounters, FossilSnapshot, HostMetrics, LastAction, PendingRewardTerms, ScaffoldLedger, SlotState,
-    SlotTracking,
+    EpisodeReturn, FossilCounters, FossilSnapshot, HostMetrics, LastAction, PendingRewardTerms,
+    ScaffoldLedger, SlotRewardState, SlotState, SlotTracking,
 };
 
 #[derive(ScheduleLabel, Clone, Debug, PartialEq, Eq, Hash)]
@@ -30,8 +30,13 @@ type EnvState<'a> = (
 );
 
 /// The per-env bookkeeping of an episode (tracking state, counters, pending reward terms).
-type EpisodeBooks<'a> =
-    (&'a mut LastAction, &'a mut FossilCounters, &'a mut PendingRewardTerms, &'a mut ScaffoldLedger);
+type EpisodeBooks<'a> = (
+    &'a mut LastAction,
+    &'a mut FossilCounters,
+    &'a mut PendingRewardTerms,
+    &'a mut ScaffoldLedger,
+    &'a mut EpisodeReturn,
+);
 
 /// Fresh state for the round in [`StepClock`] (set it before running the schedule).
 #[allow(clippy::too_many_arguments)] // a system: each parameter is one resource or query it touches
@@ -42,7 +47,7 @@ pub fn reset_episode(
     mut snapshots: ResMut<Snapshots>,
     mut policy: ResMut<ActivePolicy>,
     mut envs: Query<EnvState>,
-    mut slots: Query<(SlotLifecycle, &mut SlotTracking, &mut FossilSnapshot)>,
+    mut slots: Query<(SlotLifecycle, &mut SlotTracking, &mut FossilSnapshot, &mut SlotRewardState)>,
     info: StepInfo,
 ) {
     let _span = crate::system_span!(info, "EpisodeEnd::reset_episode");
@@ -50,7 +55,8 @@ pub fn reset_episode(
     *snapshots = Snapshots::of(&hosts);
     policy.0.reset();
     for (mut metrics, mut tracker, mut signals, mut governor, mut verdict, books) in &mut envs {
-        let (mut last, mut fossils, mut pending, mut ledger) = books;
+        let (mut last, mut fossils, mut pending, mut ledger, mut episode) = books;
+        *episode = EpisodeReturn::default();
         *last = LastAction::default();
         *fossils = FossilCounters::default();
         *pending = PendingRewardTerms::default();
@@ -61,7 +67,8 @@ pub fn reset_episode(
         governor.reset();
         *verdict = GovernorVerdict::default();
     }
-    for (mut slot, mut tracking, mut held) in &mut slots {
+    for (mut slot, mut tracking, mut held, mut reward) in &mut slots {
+        *reward = SlotRewardState::default();
         slot.view().write(&SlotState::default());
         *tracking = SlotTracking::default();
         *held = FossilSnapshot::default();

@@ -9,14 +9,16 @@ use esper_kernels::host::train::Trainer;
 use esper_kernels::host::{FusedValidator, HostArch, HostParams, HostWorkspace, SeedBank};
 use esper_kernels::seeds::{self, CnnBlueprint};
 
-/// Where the step is: the run seed, the round (fresh hosts each round), the epoch (1-based) and the
-/// step index (0-based, counting every step of the run across rounds; the profile's step axis).
+/// Where the step is: the run seed, the round (fresh hosts each round), the epoch (1-based), the step
+/// index (0-based, counting every step of the run across rounds; the profile's step axis) and the
+/// episode length `T` (the epoch that ends an episode; 0 = none, for worlds stepped by hand).
 #[derive(Resource, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StepClock {
     pub seed: u64,
     pub round: u64,
     pub epoch: u64,
     pub step: u64,
+    pub episode_epochs: u64,
 }
 
 /// Every env's host and seeds with what trains and validates them.

@@ -3,6 +3,7 @@
 
 pub mod apply_ops;
 pub mod build_masks;
+pub mod compute_rewards;
 pub mod decide;
 pub mod episode_end;
 pub mod governor_check;

@@ -2,6 +2,7 @@
 //! chained in order; systems inside a set run in parallel where their access allows, and ambiguity
 //! detection is an error so that parallel order can never change a result.
 
+use crate::compute_rewards::compute_rewards;
 use crate::decide::decide;
 use crate::note_fossilizations::note_fossilizations;
 use crate::{apply_ops::apply_ops, build_masks::build_masks, record_accuracy::record_accuracy};
@@ -98,10 +99,11 @@ pub fn add_observe_decide_systems(schedule: &mut Schedule) {
     ));
 }
 
-/// Act (governor rollbacks, the ops, then the action bookkeeping), Tick, Record (counts, fossilization
-/// snapshots and `metrics.jsonl`, in parallel).
+/// Reward (every env's reward, before the action runs), Act (governor rollbacks, the ops, then the
+/// action bookkeeping), Tick, Record (counts, fossilization snapshots and `metrics.jsonl`, in parallel).
 pub fn add_act_record_systems(schedule: &mut Schedule) {
     schedule.add_systems((
+        compute_rewards.in_set(StepSet::Reward),
         (governor_rollback, apply_ops, track_actions).chain().in_set(StepSet::Act),
         tick.in_set(StepSet::Tick),
         (tally_lifecycle, note_fossilizations, write_metrics).in_set(StepSet::Record),

@@ -36,7 +36,7 @@ macro_rules! system_span {
 
 /// Every span the step schedule of [`add_training_systems`](crate::add_training_systems) opens, in
 /// schedule order; a test checks it against the schedule's systems.
-pub const TRAINING_SYSTEM_SPANS: [&str; 16] = [
+pub const TRAINING_SYSTEM_SPANS: [&str; 17] = [
     "TrainHosts::train_hosts",
     "Validate::validate",
     "Observe::governor_check",
@@ -46,6 +46,7 @@ pub const TRAINING_SYSTEM_SPANS: [&str; 16] = [
     "Observe::build_masks",
     "Decide::decide",
     "Decide::resolve_actions",
+    "Reward::compute_rewards",
     "Act::governor_rollback",
     "Act::apply_ops",
     "Act::track_actions",

@@ -2,7 +2,8 @@
 //! env as one query: alpha ramps, scheduled-prune completion, auto-forward gates, the cooldown pipeline.
 //! After a slot's tick its `auto_pruned` flag is read and cleared: each seed the governor pruned adds
 //! [`AUTO_PRUNE_PENALTY`] to its env's pending reward terms (paid by the next reward). A slot without a
-//! seed module drops its `acc_at_germination`, and one without a state its observation tracking.
+//! seed module drops its `acc_at_germination` and its escrow credit, and one without a state its
+//! observation tracking.
 //!
 //! Reference behaviour kept: the rollback branch ends the env's action transaction (`continue`) before
 //! the mechanical advance, so an env that rolled back this step is not ticked — its freshly pruned
@@ -14,12 +15,13 @@ use crate::step_span::StepInfo;
 use bevy_ecs::prelude::*;
 use esper_components::lifecycle::step_epoch;
 use esper_components::{
-    AUTO_PRUNE_PENALTY, EnvIndex, LifecycleConfig, PendingRewardTerms, SlotEvents, SlotTracking,
+    AUTO_PRUNE_PENALTY, EnvIndex, LifecycleConfig, PendingRewardTerms, SlotEvents, SlotRewardState,
+    SlotTracking,
 };
 
 #[allow(clippy::too_many_arguments)] // a system: each parameter is one resource or query it touches
 pub fn tick(
-    mut slots: Query<(&EnvIndex, &mut SlotEvents, &mut SlotTracking, SlotLifecycle)>,
+    mut slots: Query<(&EnvIndex, &mut SlotEvents, &mut SlotTracking, &mut SlotRewardState, SlotLifecycle)>,
     mut envs: Query<(&EnvIndex, &mut PendingRewardTerms)>,
     outcomes: Res<OpOutcomes>,
     config: Res<LifecycleConfig>,
@@ -30,7 +32,7 @@ pub fn tick(
     let _span = crate::system_span!(info, "Tick::tick");
     auto_pruned.clear();
     auto_pruned.resize(n_envs.0, 0);
-    for (env, mut events, mut tracking, mut slot) in &mut slots {
+    for (env, mut events, mut tracking, mut reward, mut slot) in &mut slots {
         let e = env.0 as usize;
         if outcomes.rolled_back(e) {
             continue;
@@ -47,6 +49,7 @@ pub fn tick(
         // governor prune), and its observation tracking once it holds no state at all.
         if !slot.stage.current.has_seed() {
             tracking.acc_at_germination = None;
+            reward.escrow_credit = 0.0;
         }
         if !slot.stage.current.has_state() {
             *tracking = SlotTracking::default();

@@ -4,9 +4,11 @@
 //!   op with `success = false`);
 //! * a germination records `acc_at_germination` (this step's validation accuracy) and drops the slot's
 //!   observation tracking;
+//! * a germination zeroes the slot's escrow credit;
 //! * a fossilization bumps the fossil counters (contributing from 1.0 pp of total improvement), turns
-//!   the scaffold ledger's boosts of the fossil into pending hindsight credit, and drops
-//!   `acc_at_germination`;
+//!   the scaffold ledger's boosts of the fossil into pending hindsight credit, drops
+//!   `acc_at_germination`, and keeps the BASIC_PLUS drip its FOSSILIZE reward earned (a drip is paid
+//!   from the next step on, only for a fossilization that succeeded);
 //! * every slot that held a state before the action (the pre-action reports) stores its measured
 //!   gradient health as the previous one and ages its "epochs since counterfactual" (created at 0).
 //!
@@ -21,7 +23,7 @@ use bevy_ecs::prelude::*;
 use esper_components::{
     EnvIndex, FossilCounters, GradientTelemetry, HostMetrics, LastAction, LifecycleOp,
     MIN_CONTRIBUTING_IMPROVEMENT, OpOutcome, PendingRewardTerms, ScaffoldLedger, SeedMetrics, SlotConfig,
-    SlotEvents, SlotIndex, SlotTracking,
+    SlotEvents, SlotIndex, SlotRewardState, SlotTracking,
 };
 
 /// What the slot pass hands the env pass: `[E]` columns.
@@ -51,6 +53,7 @@ pub fn track_actions(
         &SeedMetrics,
         &GradientTelemetry,
         &mut SlotTracking,
+        &mut SlotRewardState,
     )>,
     actions: Res<ActionBatch>,
     outcomes: Res<OpOutcomes>,
@@ -70,15 +73,19 @@ pub fn track_actions(
     for (env, metrics, ..) in &envs {
         val_accuracy[env.0 as usize] = metrics.val_accuracy;
     }
-    for (env, index, events, metrics, telemetry, mut tracking) in &mut slots {
+    for (env, index, events, metrics, telemetry, mut tracking, mut reward) in &mut slots {
         let e = env.0 as usize;
         if outcomes.rolled_back(e) {
             continue;
         }
         if events.germinated {
             *tracking = SlotTracking { acc_at_germination: Some(val_accuracy[e]), ..SlotTracking::default() };
+            reward.escrow_credit = 0.0;
         }
         if events.fossilized {
+            if let Some(drip) = reward.proposed_drip.take() {
+                reward.drip_scale = Some(drip);
+            }
             fossilized[e] = Some((index.0, metrics.total_improvement()));
             tracking.acc_at_germination = None;
         }

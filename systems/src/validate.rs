@@ -7,7 +7,8 @@ use crate::host_resources::{Hosts, StepClock, TrainData};
 use crate::step_span::StepInfo;
 use bevy_ecs::prelude::*;
 use esper_components::{
-    EnvIndex, HostMetrics, ScaffoldLedger, SeedAlpha, SeedMetrics, SeedStage, SlotIndex, SlotTracking, Stage,
+    EnvIndex, HostMetrics, RewardConfig, ScaffoldLedger, SeedAlpha, SeedMetrics, SeedStage, SlotIndex,
+    SlotTracking, Stage,
 };
 use esper_kernels::host::EnvCounterfactuals;
 
@@ -28,6 +29,7 @@ pub fn validate(
     clock: Res<StepClock>,
     mut slots: Query<(&EnvIndex, &SlotIndex, &Stage, &SeedAlpha, &mut SeedMetrics, &mut SlotTracking)>,
     mut envs: Query<(&EnvIndex, &mut HostMetrics, &mut ScaffoldLedger)>,
+    reward: Option<Res<RewardConfig>>,
     mut scratch: Local<ValidateScratch>,
     info: StepInfo,
 ) {
@@ -50,6 +52,7 @@ pub fn validate(
         alphas[k][e] = alpha.0;
     }
     let Hosts { params, bank, validator, .. } = hosts;
+    validator.ablate_fossils = reward.is_some_and(|r| r.ablate_fossils());
     validator.plan(bank, fossilized);
     let batch_in = data.batcher.sharding().batch_per_env;
     for b in 0..data.batcher.sharding().num_test_batches() {
@@ -62,7 +65,14 @@ pub fn validate(
         let r = &results[e];
         metrics.val_accuracy = r.val_acc;
         metrics.val_loss = r.val_loss;
-        let ablated = &validator.configs[e].slots;
+        let configs = &validator.configs[e];
+        let ablated = &configs.slots;
+        // cf_imp: against all-off, or the lowest leave-one-out accuracy without an all-off config.
+        metrics.counterfactual_improvement = (!ablated.is_empty()).then(|| {
+            let floor = configs.solo_off.iter().map(|&k| r.config_acc[k]).fold(f64::INFINITY, f64::min);
+            r.val_acc - r.all_off_acc.unwrap_or(floor)
+        });
+        metrics.committed_val_accuracy = r.committed_acc.unwrap_or(r.val_acc);
         for &(i, j, interaction) in &r.interactions {
             ledger.record(ablated[i] as u8, ablated[j] as u8, interaction, clock.epoch as u32);
         }

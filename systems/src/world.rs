@@ -1,5 +1,6 @@
 //! Building the world: one entity per env and one per (env, slot), plus the run's batch resources.
 
+use crate::compute_rewards::{RewardBatch, SharedRewardNormalizer};
 use crate::governor_check::GovernorVerdict;
 use crate::host_resources::StepClock;
 use crate::resources::{ActionBatch, EffectiveOps, EnvCount, MaskBatch, OpOutcomes, ParamCounts};
@@ -8,13 +9,14 @@ use bevy_ecs::prelude::*;
 use esper_components::governor::GovernorState;
 use esper_components::masks::compute_action_masks;
 use esper_components::{
-    EnvIndex, FossilCounters, FossilSnapshot, HostMetrics, LastAction, LifecycleConfig, LifecycleOp,
-    LifecycleTally, OpOutcome, PendingRewardTerms, ScaffoldLedger, SlotConfig, SlotEvents, SlotIndex, SlotOf,
-    SlotState, SlotTracking,
+    EnvIndex, EpisodeReturn, FossilCounters, FossilSnapshot, HostMetrics, LastAction, LifecycleConfig,
+    LifecycleOp, LifecycleTally, OpOutcome, PendingRewardTerms, RewardConfig, ScaffoldLedger, SlotConfig,
+    SlotEvents, SlotIndex, SlotOf, SlotRewardState, SlotState, SlotTracking,
 };
 
-/// Insert the run's configuration, a [`StepClock`] at step 0, the `[E]`-shaped batch resources, and a
-/// metrics sink that discards its lines (the app points it at `metrics.jsonl`).
+/// Insert the run's configuration, a [`StepClock`] at step 0, the `[E]`-shaped batch resources, the
+/// default reward settings with a fresh shared normaliser, and a metrics sink that discards its lines
+/// (the app points it at `metrics.jsonl` and inserts the run's reward settings).
 pub fn insert_run_resources(world: &mut World, n_envs: usize, slots: SlotConfig, config: LifecycleConfig) {
     let empty_masks = compute_action_masks(&vec![None; slots.len()], 0, &config.mask_params());
     world.insert_resource(EnvCount(n_envs));
@@ -24,6 +26,9 @@ pub fn insert_run_resources(world: &mut World, n_envs: usize, slots: SlotConfig,
     world.insert_resource(EffectiveOps(vec![LifecycleOp::Wait; n_envs]));
     world.insert_resource(OpOutcomes(vec![OpOutcome::Executed; n_envs]));
     world.insert_resource(ParamCounts::default());
+    world.insert_resource(RewardConfig::default());
+    world.insert_resource(RewardBatch::default());
+    world.insert_resource(SharedRewardNormalizer::default());
     world.insert_resource(MetricsSink::new(Box::new(std::io::sink()), &slots));
     world.insert_resource(slots);
     world.insert_resource(config);
@@ -38,6 +43,7 @@ pub fn spawn_env(world: &mut World, env: u32, ledger_capacity: usize) -> Entity 
             (EnvIndex(env), HostMetrics::default(), LifecycleTally::default()),
             (GovernorState::default(), GovernorVerdict::default()),
             (LastAction::default(), FossilCounters::default(), PendingRewardTerms::default()),
+            EpisodeReturn::default(),
             ScaffoldLedger::with_capacity(ledger_capacity),
         ))
         .id()
@@ -49,7 +55,7 @@ pub fn spawn_slot(world: &mut World, env_entity: Entity, env: u32, slot: u8) -> 
     world
         .spawn((
             (SlotOf(env_entity), EnvIndex(env), SlotIndex(slot), SlotEvents::default()),
-            (SlotTracking::default(), FossilSnapshot::default()),
+            (SlotTracking::default(), FossilSnapshot::default(), SlotRewardState::default()),
             (s.stage, s.counters, s.metrics, s.telemetry, s.alpha, s.controller),
             (s.blend, s.tempo, s.blueprint, s.pending_prune, s.flags),
         ))

@@ -44,7 +44,7 @@ fn random_policy_picks_only_legal_actions() {
     let mut ops_seen = [false; LifecycleOp::COUNT];
     for epoch in 1..=20 {
         let obs = Observations {
-            clock: StepClock { seed: 3, round: 0, epoch, step: epoch },
+            clock: StepClock { seed: 3, round: 0, epoch, step: epoch, episode_epochs: 0 },
             signals: &signals,
             reports: &[],
             n_slots: 3,

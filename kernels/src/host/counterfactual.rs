@@ -37,7 +37,8 @@ pub struct EnvConfigs {
     pub all_off: Option<usize>,
     /// `(i, j, config)`: all but `slots[i]`, `slots[j]` off, when 3 ≤ n ≤ 4.
     pub pairs: Vec<(usize, usize, usize)>,
-    /// Every non-fossilized ablatable slot off (all of them: fossilized seeds are not ablatable).
+    /// Every non-fossilized ablatable slot off, when there is one (fossils are ablatable only while
+    /// the BASIC_PLUS drip is on).
     pub committed: Option<usize>,
 }
 
@@ -45,13 +46,14 @@ impl EnvConfigs {
     /// The configurations for an env whose ablatable slots (alpha > 0, not FOSSILIZED) are `slots`.
     pub fn new(slots: &[usize]) -> Self {
         let mut c = EnvConfigs::default();
-        c.rebuild(slots);
+        c.rebuild(slots, 0);
         c
     }
 
-    /// Replans in place for the ablatable `slots`, reusing the lists' memory (once every list has reached
-    /// its size, a replan allocates nothing).
-    pub fn rebuild(&mut self, slots: &[usize]) {
+    /// Replans in place for the ablatable `slots`, of which those with bit `k` set in `fossils` hold a
+    /// fossil (left on in the committed configuration), reusing the lists' memory (once every list has
+    /// reached its size, a replan allocates nothing).
+    pub fn rebuild(&mut self, slots: &[usize], fossils: u16) {
         assert!(slots.iter().all(|&s| s < MAX_ABLATABLE), "at most {MAX_ABLATABLE} slots");
         self.slots.clear();
         self.slots.extend_from_slice(slots);
@@ -84,8 +86,9 @@ impl EnvConfigs {
                 }
             }
         }
-        if n > 0 {
-            self.committed = Some(self.intern(all));
+        let non_fossil = all & !fossils;
+        if non_fossil != 0 {
+            self.committed = Some(self.intern(non_fossil));
         }
     }
 
@@ -125,6 +128,9 @@ pub struct FusedValidator<T> {
     chunk: usize,
     batch: usize,
     pub configs: Vec<EnvConfigs>,
+    /// Keep FOSSILIZED seeds in the ablation set (the BASIC_PLUS drip needs their contribution,
+    /// simic §3.1). Off by default.
+    pub ablate_fossils: bool,
     /// `(env, mask)` of every virtual env.
     virtual_envs: Vec<(usize, u16)>,
     params: HostParams<T>,
@@ -158,6 +164,7 @@ impl<T: Real> FusedValidator<T> {
             chunk,
             batch,
             configs: vec![],
+            ablate_fossils: false,
             virtual_envs: vec![],
             params,
             bank: chunk_bank,
@@ -171,7 +178,8 @@ impl<T: Real> FusedValidator<T> {
     }
 
     /// Plan this epoch's configurations from the bank's current states: a slot is ablatable in env `e`
-    /// when its seed blends (ADD / MULTIPLY / GATE) at alpha > 0 and `fossilized[slot][e]` is false.
+    /// when its seed blends (ADD / MULTIPLY / GATE) at alpha > 0 and `fossilized[slot][e]` is false
+    /// (or [`Self::ablate_fossils`] is set).
     /// Reuses the plan's memory: once the lists have reached their sizes, a replan allocates nothing.
     pub fn plan(&mut self, bank: &SeedBank<T>, fossilized: &[Vec<bool>]) {
         let n_envs = bank.slots().next().map_or(0, |s| s.n_envs());
@@ -179,19 +187,22 @@ impl<T: Real> FusedValidator<T> {
         self.virtual_envs.clear();
         let mut ablatable = [0usize; MAX_ABLATABLE];
         for (e, configs) in self.configs.iter_mut().enumerate() {
-            let mut n = 0;
+            let (mut n, mut fossils) = (0, 0u16);
             for (k, slot) in bank.slots().enumerate() {
                 let st = slot.state[e];
                 if matches!(st.mode, SeedMode::Add | SeedMode::Multiply | SeedMode::Gate)
                     && st.alpha > 0.0
-                    && !fossilized[k][e]
+                    && (self.ablate_fossils || !fossilized[k][e])
                 {
                     assert!(n < MAX_ABLATABLE, "at most {MAX_ABLATABLE} ablatable slots");
                     ablatable[n] = k;
+                    if fossilized[k][e] {
+                        fossils |= 1 << k;
+                    }
                     n += 1;
                 }
             }
-            configs.rebuild(&ablatable[..n]);
+            configs.rebuild(&ablatable[..n], fossils);
             self.virtual_envs.extend(configs.masks.iter().map(|&m| (e, m)));
         }
         self.totals.resize(self.virtual_envs.len());
