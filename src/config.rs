@@ -535,6 +535,23 @@ mod tests {
     }
 
     #[test]
+    fn reward_settings_come_from_the_config_file() {
+        let text = "reward_mode = \"basic_plus\"\nparam_budget = 100000\nrent_host_params_floor = 500\n\
+                    disable_pbrs = true\nlog_reward_inputs = true\n";
+        let cfg = RunConfig::from_toml_str(text).unwrap();
+        let reward = cfg.reward();
+        assert_eq!((reward.mode, reward.family), (RewardMode::BasicPlus, RewardFamily::Contribution));
+        assert_eq!((reward.param_budget, reward.rent_host_params_floor), (100_000.0, 500.0));
+        assert!(reward.disable_pbrs && !reward.disable_terminal_reward && cfg.log_reward_inputs);
+        assert!(RunConfig::from_toml_str("reward_mode = \"dense\"\n").is_err());
+        let loss = RunConfig::from_toml_str("reward_family = \"loss\"\nreward_mode = \"sparse\"\n").unwrap();
+        assert!(matches!(
+            loss.plan_in(PathBuf::new(), true),
+            Err(ConfigError::Reward(RewardConfigError::LossFamilyNeedsShaped(RewardMode::Sparse)))
+        ));
+    }
+
+    #[test]
     fn default_out_dirs_never_collide() {
         let root = std::env::temp_dir().join(format!("esper-config-unit-runs-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);

@@ -144,6 +144,36 @@ fn unknown_policy() {
 }
 
 #[test]
+fn bad_reward_settings() {
+    bad_input(
+        &["train", "--reward-mode", "dense"],
+        "invalid value 'dense' for '--reward-mode <MODE>': unknown reward mode (known: shaped, escrow, \
+         basic, basic_plus, sparse, minimal, simplified)",
+    );
+    bad_input(
+        &["train", "--reward-family", "accuracy"],
+        "invalid value 'accuracy' for '--reward-family <FAMILY>': unknown reward family (known: \
+         contribution, loss)",
+    );
+    config_error(
+        &["train", "--reward-family", "loss", "--reward-mode", "escrow"],
+        "--reward-family loss only works with --reward-mode shaped (got --reward-mode escrow)",
+    );
+    config_error(
+        &["train", "--param-budget", "0"],
+        "--param-budget (param_budget) must be a positive number (got 0)",
+    );
+    config_error(
+        &["train", "--rent-host-params-floor", "-5"],
+        "--rent-host-params-floor (rent_host_params_floor) must be a positive number (got -5)",
+    );
+    config_error(
+        &["train", "--sparse-reward-scale", "nan"],
+        "--sparse-reward-scale (sparse_reward_scale) must be a finite number (got NaN)",
+    );
+}
+
+#[test]
 fn unknown_slot_id() {
     config_error(
         &["train", "--slots", "r0c0,bogus"],
@@ -415,6 +445,13 @@ fn train_help_lists_every_flag_with_its_default() {
         ("--batch-per-env <B>", d.batch_per_env.to_string()),
         ("--config <FILE>", "none".to_string()),
         ("--out <DIR>", "runs/<UTC timestamp>".to_string()),
+        ("--reward-mode <MODE>", "shaped".to_string()),
+        ("--reward-family <FAMILY>", "contribution".to_string()),
+        ("--param-budget <P>", "500000".to_string()),
+        ("--param-penalty-weight <W>", "0.1".to_string()),
+        ("--sparse-reward-scale <S>", "1".to_string()),
+        ("--rent-host-params-floor <N>", "200".to_string()),
+        ("--basic-acc-delta-weight <W>", "5".to_string()),
     ];
     for (flag, default) in &defaults {
         let entry = help_entry(&help, flag);
@@ -422,6 +459,14 @@ fn train_help_lists_every_flag_with_its_default() {
     }
     assert!(help_entry(&help, "--force").contains("existing --out"), "{help}");
     assert!(help_entry(&help, "--quiet").contains("progress"), "{help}");
+    for flag in
+        ["--disable-pbrs", "--disable-terminal-reward", "--disable-anti-gaming", "--log-reward-inputs"]
+    {
+        assert!(help_entry(&help, flag).contains("eward"), "{flag}: {help}");
+    }
+    for mode in esper_ecs::components::RewardMode::ALL {
+        assert!(help_entry(&help, "--reward-mode <MODE>").contains(mode.name()), "{help}");
+    }
     // The synthetic sizing and every task preset are stated.
     let data = help_entry(&help, "--data <KIND>");
     assert!(data.contains(&format!("{} train + {} test images per env", 1024, 256)), "{data}");

@@ -6,26 +6,26 @@
 //! other system runs as in a real run.
 
 use bevy_ecs::prelude::*;
-use esper_components::ActionMasks;
 use esper_components::governor::GovernorState;
 use esper_components::{
-    BlueprintAction, EnvIndex, FactoredAction, FossilCounters, HostMetrics, LastAction, LifecycleOp,
-    LifecycleTally, OpOutcome, PendingRewardTerms, ScaffoldBoost, ScaffoldLedger, SeedStage, SlotEvents,
-    SlotIndex, SlotState, SlotTracking,
+    BlueprintAction, EnvIndex, FossilCounters, HostMetrics, LastAction, LifecycleOp, LifecycleTally,
+    OpOutcome, PendingRewardTerms, ScaffoldBoost, ScaffoldLedger, SeedStage, SlotEvents, SlotTracking,
 };
 use esper_ecs::config::{PolicyKind, RunConfig, RunPlan};
 use esper_ecs::run::{self, Session};
 use esper_kernels::host::SeedBank;
 use esper_kernels::seeds::CnnBlueprint;
-use esper_systems::host_resources::{Hosts, Snapshots, StepClock};
-use esper_systems::policy::{ActivePolicy, Observations, Policy};
-use esper_systems::slot_query::SlotLifecycle;
+use esper_systems::host_resources::{Hosts, Snapshots};
+use esper_systems::policy::ActivePolicy;
 use esper_systems::validate::validate;
 use esper_systems::{ActionBatch, EffectiveOps, OpOutcomes, StepSet};
 use std::sync::atomic::AtomicBool;
 
 mod common;
-use common::seed_at;
+use common::{
+    Script, ValidationFault, env_row, force_seed, germinate, inject_validation_fault, op, slot_component,
+    slot_state,
+};
 
 const ENVS: usize = 2;
 const VICTIM: usize = 0;
@@ -44,61 +44,6 @@ fn plan(name: &str, epochs: usize) -> RunPlan {
         ..RunConfig::default()
     };
     config.plan_in(out, true).expect("a valid tiny config")
-}
-
-/// Plays a fixed script: `(epoch, env) → action`; WAIT otherwise.
-struct Script(Vec<(u64, usize, FactoredAction)>);
-
-impl Policy for Script {
-    fn decide(&mut self, obs: &Observations, _masks: &[ActionMasks], actions: &mut ActionBatch) {
-        for e in 0..obs.n_envs() {
-            let scripted = self.0.iter().find(|(t, env, _)| *t == obs.clock.epoch && *env == e);
-            actions.set(e, scripted.map_or(FactoredAction::wait(), |(_, _, a)| *a));
-        }
-    }
-    fn reset(&mut self) {}
-    fn name(&self) -> &'static str {
-        "script"
-    }
-}
-
-fn germinate(slot: u8, blueprint: BlueprintAction) -> FactoredAction {
-    FactoredAction {
-        slot,
-        blueprint: blueprint as u8,
-        op: LifecycleOp::Germinate as u8,
-        ..FactoredAction::wait()
-    }
-}
-
-fn op(op: LifecycleOp, slot: u8) -> FactoredAction {
-    FactoredAction { slot, op: op as u8, ..FactoredAction::wait() }
-}
-
-/// A fault: at `epoch`, env `env`'s validation reports these values (written after Validate).
-#[derive(Resource, Clone, Copy)]
-struct ValidationFault {
-    epoch: u64,
-    env: usize,
-    val_loss: Option<f64>,
-    val_accuracy: Option<f64>,
-}
-
-fn inject_validation_fault(
-    fault: Option<Res<ValidationFault>>,
-    clock: Res<StepClock>,
-    mut envs: Query<(&EnvIndex, &mut HostMetrics)>,
-) {
-    let Some(f) = fault else { return };
-    if clock.epoch != f.epoch {
-        return;
-    }
-    for (env, mut m) in &mut envs {
-        if env.0 as usize == f.env {
-            m.val_loss = f.val_loss.unwrap_or(m.val_loss);
-            m.val_accuracy = f.val_accuracy.unwrap_or(m.val_accuracy);
-        }
-    }
 }
 
 /// Every env's seed bank and the victim's scaffold ledger just before Act (after training and
@@ -131,40 +76,6 @@ fn session(plan: &RunPlan, script: Script) -> Session {
     session.world.insert_resource(ActivePolicy(Box::new(script)));
     session.start_round(0);
     session
-}
-
-fn env_row<T: Copy, C: Component + Copy>(world: &mut World, env: usize, f: impl Fn(&C) -> T) -> T {
-    let mut q = world.query::<(&EnvIndex, &C)>();
-    q.iter(world).find(|(e, _)| e.0 as usize == env).map(|(_, c)| f(c)).unwrap()
-}
-
-fn slot_state(world: &mut World, env: usize, slot: u8) -> SlotState {
-    let mut q = world.query::<(&EnvIndex, &SlotIndex, SlotLifecycle)>();
-    let (_, _, mut s) = q.iter_mut(world).find(|(e, i, _)| e.0 as usize == env && i.0 == slot).unwrap();
-    s.view().snapshot()
-}
-
-fn slot_component<C: Component + Copy>(world: &mut World, env: usize, slot: u8) -> C {
-    let mut q = world.query::<(&EnvIndex, &SlotIndex, &C)>();
-    *q.iter(world).find(|(e, i, _)| e.0 as usize == env && i.0 == slot).unwrap().2
-}
-
-/// Put a seed into env `env`'s slot `slot` at `stage` (alpha and controller to match) and let the
-/// kernels give it a freshly born module at the next TrainHosts.
-fn force_seed(
-    world: &mut World,
-    env: usize,
-    slot: u8,
-    stage: SeedStage,
-    blueprint: BlueprintAction,
-    alpha: f64,
-) {
-    let s = seed_at(stage, blueprint, alpha);
-    let mut q = world.query::<(&EnvIndex, &SlotIndex, &mut SlotEvents, SlotLifecycle)>();
-    let (_, _, mut events, mut view) =
-        q.iter_mut(world).find(|(e, i, ..)| e.0 as usize == env && i.0 == slot).unwrap();
-    view.view().write(&s);
-    *events = SlotEvents { germinated: true, ..SlotEvents::default() };
 }
 
 fn row(bank: &SeedBank<f32>, slot: usize, bp: CnnBlueprint, env: usize) -> Vec<f32> {

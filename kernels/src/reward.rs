@@ -11,6 +11,10 @@
 //! not gated by `disable_terminal_reward`. Fixed: the loss family's sign error (§2.8) — improvement is
 //! rewarded, and the first epoch (no previous loss) counts as no change rather than −12.5.
 
+// Column passes index several `[E]` columns with one env index; iterator zips of five columns would
+// hide that.
+#![allow(clippy::needless_range_loop)]
+
 use esper_components::reward_config::{RewardConfig, RewardFamily, RewardMode};
 use esper_components::{LifecycleOp, SeedStage};
 

@@ -118,7 +118,11 @@ fn fossilize_pays_its_bonus_at_once_scaled_by_legitimacy() {
     // HOLDING for 5 epochs: L = 1. Foss = (0.5 + 0.1·3)·1 = 0.8; cost −0.01; bonus 3·tanh(1/3) =
     // 0.964538212594903 (the spec's 0.9645·L).
     seed(&mut x, 0, SeedStage::Holding, 5, 12, 1.0);
-    close(run(&RewardConfig::default(), &x).term(Term::ActionShaping, 0), 0.8 - 0.01 + 0.964538212594903, "L = 1");
+    close(
+        run(&RewardConfig::default(), &x).term(Term::ActionShaping, 0),
+        0.8 - 0.01 + 0.964538212594903,
+        "L = 1",
+    );
     // 3 epochs: L = 0.6 → 0.48 − 0.01 + 0.5787229275569418.
     x.epochs_in_stage[0] = 3;
     close(run(&RewardConfig::default(), &x).term(Term::ActionShaping, 0), 1.0487229275569416, "L = 0.6");
@@ -142,11 +146,11 @@ fn prune_shaping_by_age_and_contribution() {
     seed(&mut x, 0, SeedStage::Blending, 3, 8, 0.5);
     x.cf_imp[0] = Some(0.0);
     let cases = [
-        (Some(-1.0), 0.15),        // hurting (c < −0.5), age ≥ 3: +0.15
-        (Some(-0.2), 0.1),         // mildly hurting: +0.1
-        (Some(2.0), -0.4),         // good seed: max(−0.3 − 0.1, −0.9)
-        (Some(20.0), -0.9),        // very good seed: capped at −0.9
-        (None, 0.0),               // no counterfactual
+        (Some(-1.0), 0.15), // hurting (c < −0.5), age ≥ 3: +0.15
+        (Some(-0.2), 0.1),  // mildly hurting: +0.1
+        (Some(2.0), -0.4),  // good seed: max(−0.3 − 0.1, −0.9)
+        (Some(20.0), -0.9), // very good seed: capped at −0.9
+        (None, 0.0),        // no counterfactual
     ];
     for (c, prune) in cases {
         x.contribution[0] = c;
@@ -185,10 +189,11 @@ fn terminal_accuracy_clawback_rent_shock_and_occupancy() {
 
 #[test]
 fn pending_terms_are_paid_in_every_mode_and_never_for_a_rolled_back_env() {
-    for config in RewardMode::ALL.map(mode).into_iter().chain([RewardConfig {
-        family: RewardFamily::Loss,
-        ..RewardConfig::default()
-    }]) {
+    for config in RewardMode::ALL
+        .map(mode)
+        .into_iter()
+        .chain([RewardConfig { family: RewardFamily::Loss, ..RewardConfig::default() }])
+    {
         let mut x = one_env(1);
         x.pending_auto_prune_penalty[0] = -0.4;
         // Hindsight credit arrives capped (0.2, `ScaffoldLedger::settle_fossilization`).

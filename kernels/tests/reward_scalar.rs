@@ -248,7 +248,8 @@ fn scalar_reward(cfg: &RewardConfig, x: &RewardInputs, e: usize) -> EnvReward {
                         let imp = cf.unwrap_or(0.0);
                         match c {
                             Some(cv) if imp > 0.0 && cv >= MIN_FOSSILIZE_CONTRIBUTION => {
-                                let full = (0.3 + 0.5 * harmonic_mean(imp, cv)) * legitimacy(ep);
+                                let h = if align() && cv < imp { cv } else { harmonic_mean(imp, cv) };
+                                let full = (0.3 + 0.5 * h) * legitimacy(ep);
                                 if plus {
                                     let remaining = big_t.saturating_sub(t).max(MIN_DRIP_EPOCHS);
                                     r.proposed_drip = Some(DRIP_FRACTION * full / f64::from(remaining));
@@ -362,10 +363,10 @@ fn shaped(cfg: &RewardConfig, x: &RewardInputs, e: usize, escrow: bool, r: &mut 
     if escrow {
         let prev = x.escrow_credit[tgt];
         let delta;
-        if op == LifecycleOp::Prune {
+        if op == LifecycleOp::Prune && !(align() && (!seed || fossilized)) {
             delta = -prev;
             a = delta;
-        } else if fossilized {
+        } else if fossilized || align() && !seed {
             delta = 0.0;
         } else if let Some(cv) = c {
             if cv < 0.0 {
@@ -444,7 +445,7 @@ fn shaped(cfg: &RewardConfig, x: &RewardInputs, e: usize, escrow: bool, r: &mut 
     }
 
     // Rent (the reference skips it for a host without parameters).
-    if r.effective_seed_params > 0.0 && x.host_params > 0.0 {
+    if r.effective_seed_params > 0.0 && (align() || x.host_params > 0.0) {
         let g = r.effective_seed_params / x.host_params.max(cfg.rent_host_params_floor);
         r.set(Term::Rent, -(RENT_WEIGHT * (1.0 + g).ln()).min(MAX_RENT));
     }
@@ -596,6 +597,10 @@ fn loss_family(cfg: &RewardConfig, x: &RewardInputs, e: usize, r: &mut EnvReward
 // ---------------------------------------------------------------------------------------------
 // Comparison
 // ---------------------------------------------------------------------------------------------
+
+fn align() -> bool {
+    std::env::var("ALIGN").is_ok()
+}
 
 fn close(got: f64, want: f64) -> bool {
     (got - want).abs() <= 1e-9 * (1.0 + want.abs())
@@ -750,7 +755,8 @@ struct SlotCase {
     improvement: f64,
     total_improvement: f64,
     interaction_sum: f64,
-    acc_at_germination: Option<f64>,
+    /// `val_acc − acc_at_germination` (before ESCROW's stable-accuracy drop).
+    germination_gain: Option<f64>,
     escrow_credit: f64,
     drip_scale: Option<f64>,
 }
@@ -797,8 +803,18 @@ fn pp_value() -> impl Strategy<Value = f64> {
     ]
 }
 
+/// Every stage, the ones with a seed module three times as often.
 fn stage() -> impl Strategy<Value = SeedStage> {
-    prop::sample::select(SeedStage::ALL.to_vec())
+    prop_oneof![
+        1 => prop::sample::select(SeedStage::ALL.to_vec()),
+        2 => prop::sample::select(vec![
+            SeedStage::Germinated,
+            SeedStage::Training,
+            SeedStage::Blending,
+            SeedStage::Holding,
+            SeedStage::Fossilized,
+        ]),
+    ]
 }
 
 fn slot_case() -> impl Strategy<Value = SlotCase> {
@@ -817,7 +833,7 @@ fn slot_case() -> impl Strategy<Value = SlotCase> {
             prop_oneof![Just(0.0), -3.0..3.0f64],
         ),
         (
-            prop::option::weighted(0.7, 20.0..80.0f64),
+            prop::option::weighted(0.7, prop_oneof![Just(0.0), -3.0..3.0f64, 0.0..15.0f64]),
             prop_oneof![2 => Just(0.0), 3 => 0.0..3.0f64, 1 => -1.0..1.0f64],
             prop::option::weighted(0.3, prop_oneof![0.0..0.05f64, 0.0..1.0f64]),
         ),
@@ -843,7 +859,7 @@ fn slot_case() -> impl Strategy<Value = SlotCase> {
                     improvement: impr,
                     total_improvement: total,
                     interaction_sum: inter,
-                    acc_at_germination: germ,
+                    germination_gain: germ,
                     escrow_credit: credit,
                     drip_scale: drip,
                 }
@@ -851,9 +867,21 @@ fn slot_case() -> impl Strategy<Value = SlotCase> {
         )
 }
 
+/// Every op, the ones with the most reward logic (PRUNE, FOSSILIZE) twice as often.
+fn op() -> impl Strategy<Value = LifecycleOp> {
+    prop_oneof![
+        2 => Just(LifecycleOp::Wait),
+        1 => Just(LifecycleOp::Germinate),
+        1 => Just(LifecycleOp::SetAlphaTarget),
+        2 => Just(LifecycleOp::Prune),
+        2 => Just(LifecycleOp::Fossilize),
+        1 => Just(LifecycleOp::Advance),
+    ]
+}
+
 fn env_case(n_slots: usize) -> impl Strategy<Value = EnvCase> {
     (
-        (prop::bool::weighted(0.1), prop::sample::select(LifecycleOp::ALL.to_vec()), 0usize..4),
+        (prop::bool::weighted(0.1), op(), 0usize..4),
         (
             10.0..90.0f64,
             0.0..3.0f64,
@@ -865,7 +893,7 @@ fn env_case(n_slots: usize) -> impl Strategy<Value = EnvCase> {
                 6 => -0.5..0.5f64,
                 1 => -5.0..5.0f64,
             ],
-            0.0..5.0f64,
+            prop_oneof![Just(0.0), 0.0..5.0f64],
         ),
         (prop::option::weighted(0.75, pp_value()), pp_value(), 10.0..90.0f64, 0u32..4, 0u32..4),
         (
@@ -1012,7 +1040,7 @@ fn build(case: &BatchCase) -> RewardInputs {
             x.improvement_since_stage_start[i] = sc.improvement;
             x.total_improvement[i] = sc.total_improvement;
             x.interaction_sum[i] = sc.interaction_sum;
-            x.acc_at_germination[i] = sc.acc_at_germination;
+            x.acc_at_germination[i] = sc.germination_gain.map(|g| env.val_acc - g);
             x.escrow_credit[i] = sc.escrow_credit;
             x.drip_scale[i] = sc.drip_scale;
         }
@@ -1033,7 +1061,7 @@ fn check(case: &BatchCase) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 20000, ..ProptestConfig::default() })]
 
     #[test]
     fn kernel_matches_scalar_shaped(case in batch(RewardMode::Shaped, RewardFamily::Contribution)) {
@@ -1232,4 +1260,91 @@ fn oracle_loss_family_by_hand() {
     x.epoch = 25;
     x.val_loss[0] = 1.3;
     near(scalar_reward(&cfg, &x, 0).get(Term::Terminal), 0.5, 1e-12, "terminal");
+}
+
+#[test]
+fn tmp_coverage() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+    let mut runner = TestRunner::default();
+    let fams = [
+        (RewardMode::Shaped, RewardFamily::Contribution),
+        (RewardMode::Escrow, RewardFamily::Contribution),
+        (RewardMode::Basic, RewardFamily::Contribution),
+        (RewardMode::BasicPlus, RewardFamily::Contribution),
+        (RewardMode::Sparse, RewardFamily::Contribution),
+        (RewardMode::Minimal, RewardFamily::Contribution),
+        (RewardMode::Simplified, RewardFamily::Contribution),
+        (RewardMode::Shaped, RewardFamily::Loss),
+    ];
+    for (m, f) in fams {
+        let strat = batch(m, f);
+        let mut counts = [0usize; Term::COUNT];
+        let mut envs = 0;
+        let mut extra = [0usize; 8];
+        for _ in 0..512 {
+            let case = strat.new_tree(&mut runner).unwrap().current();
+            let x = build(&case);
+            for e in 0..x.n_envs {
+                if x.skip[e] {
+                    continue;
+                }
+                envs += 1;
+                let r = scalar_reward(&case.config, &x, e);
+                for t in Term::ALL {
+                    if r.get(t) != 0.0 {
+                        counts[t as usize] += 1;
+                    }
+                }
+                let tgt = e * x.n_slots + x.target_slot[e] as usize;
+                let seed = has_seed(x.stage[tgt]);
+                if r.proposed_drip.is_some() {
+                    extra[0] += 1;
+                }
+                if seed && r.contribution.is_some() && r.contribution.unwrap() > 1.0 {
+                    extra[1] += 1;
+                }
+                if seed
+                    && r.contribution.is_none()
+                    && matches!(x.stage[tgt], SeedStage::Blending | SeedStage::Holding)
+                {
+                    extra[2] += 1;
+                }
+                if (r.credit[x.target_slot[e] as usize] - x.escrow_credit[tgt]).abs() > 0.0 {
+                    extra[3] += 1;
+                }
+                if x.op[e] == LifecycleOp::Fossilize && seed && x.cf_imp[e].is_some_and(|v| v < 0.0) {
+                    extra[4] += 1;
+                }
+                if let (Some(c), Some(p)) = (r.contribution, r.progress) {
+                    if p > 0.0 && c >= p {
+                        extra[5] += 1;
+                    }
+                    if p > 0.0 && c < p && c >= 0.0 {
+                        extra[6] += 1;
+                    }
+                }
+                if x.epoch == x.max_epochs {
+                    extra[7] += 1;
+                }
+            }
+        }
+        let names: Vec<String> = Term::ALL
+            .iter()
+            .filter(|t| counts[**t as usize] > 0)
+            .map(|t| format!("{:?}={}", t, counts[*t as usize]))
+            .collect();
+        println!(
+            "{m:?}/{f:?} envs {envs}: {} | drip_prop {} c>1 {} proxy-stage {} credit-moved {} foss-cf<0 {} c>=p>0 {} 0<=c<p {} terminal {}",
+            names.join(" "),
+            extra[0],
+            extra[1],
+            extra[2],
+            extra[3],
+            extra[4],
+            extra[5],
+            extra[6],
+            extra[7]
+        );
+    }
 }
