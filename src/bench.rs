@@ -4,8 +4,8 @@
 //! 1. **train**: host training only (the TrainHosts system).
 //! 2. **+ validate & policy**: + fused validation with its counterfactual configurations, Observe and
 //!    the policy's decision (inference).
-//! 3. **full loop**: + Act, Tick and Record — the whole step. Rewards and the policy update join this
-//!    tier with the learned policy; with the heuristic there is neither.
+//! 3. **full loop**: + Reward, Act, Tick and Record — the whole step. The policy update joins this
+//!    tier with the learned policy.
 //!
 //! The workload is fixed: synthetic data sized so that every env count runs `train_batches` batches of
 //! `batch_per_env` images per env per step and one validation pass over `test_per_env` images per
@@ -15,9 +15,10 @@
 //! configurations whatever the policy did. Each measurement is `warmup` unmeasured steps, then
 //! `reps` timed steps; the table shows the median and the spread (min–max).
 //!
-//! Tier 3 runs as two schedules, the host part (TrainHosts, Validate) then the epoch boundary
-//! (Observe … Record), timed separately: the boundary's host time per step is reported at every env
-//! count with its growth from 16 to 256 envs.
+//! Tier 3 runs as four schedules in the step's order — the host part (TrainHosts, Validate), Observe +
+//! Decide, Reward, Act … Record — timed separately: the epoch boundary's (Observe … Record) host time
+//! per step is reported at every env count with its growth from 16 to 256 envs, and the Reward set's
+//! time with its share of the whole step.
 
 use crate::config::{DataKind, PolicyKind, RunConfig, RunPlan};
 use crate::run::{RunError, build_world};
@@ -29,7 +30,8 @@ use esper_components::{
 use esper_systems::host_resources::{Hosts, StepClock};
 use esper_systems::slot_query::SlotLifecycle;
 use esper_systems::{
-    StepSet, add_act_record_systems, add_host_systems, add_observe_decide_systems, empty_step_schedule,
+    StepSet, add_act_record_systems, add_host_systems, add_observe_decide_systems, add_reward_systems,
+    empty_step_schedule,
 };
 use std::fmt::Write as _;
 use std::time::Instant;
@@ -163,6 +165,9 @@ pub struct BoundaryResult {
     pub envs: usize,
     pub step: Timing,
     pub us_per_env: f64,
+    /// The Reward set alone (median µs per step) and its share of the whole step's median.
+    pub reward_us: f64,
+    pub reward_share_of_step: f64,
 }
 
 /// An env count that was not run, and why.
@@ -299,13 +304,16 @@ fn bench_envs(
             Tier::ValidatePolicy => vec![schedule_with(&[add_host_systems, add_observe_decide_systems])],
             Tier::FullLoop => vec![
                 schedule_with(&[add_host_systems]),
-                schedule_with(&[add_observe_decide_systems, add_act_record_systems]),
+                schedule_with(&[add_observe_decide_systems]),
+                schedule_with(&[add_reward_systems]),
+                schedule_with(&[add_act_record_systems]),
             ],
         };
         for part in &mut parts {
             part.initialize(&mut world).map_err(|e| RunError(format!("bench schedule: {e:?}")))?;
         }
-        let (mut totals, mut boundaries, mut regerminated) = (Vec::new(), Vec::new(), 0);
+        let (mut totals, mut boundaries, mut rewards, mut regerminated) =
+            (Vec::new(), Vec::new(), Vec::new(), 0);
         for rep in 0..config.warmup + config.reps {
             let forced = force_state(&mut world);
             let mut part_ms = Vec::with_capacity(parts.len());
@@ -323,7 +331,8 @@ fn bench_envs(
                 totals.push(part_ms.iter().sum::<f64>());
                 regerminated += forced;
                 if tier == Tier::FullLoop {
-                    boundaries.push(part_ms[1]);
+                    boundaries.push(part_ms[1..].iter().sum::<f64>());
+                    rewards.push(part_ms[2]);
                 }
             }
         }
@@ -343,8 +352,16 @@ fn bench_envs(
         on_line(&format_tier_row(&result));
         tiers.push(result);
         if tier == Tier::FullLoop {
-            let step = Timing::of(&boundaries);
-            boundary = Some(BoundaryResult { envs, step, us_per_env: 1e3 * step.median_ms / envs as f64 });
+            let full_step_ms = result_median(&tiers, Tier::FullLoop);
+            let boundary_step = Timing::of(&boundaries);
+            let reward_ms = Timing::of(&rewards).median_ms;
+            boundary = Some(BoundaryResult {
+                envs,
+                step: boundary_step,
+                us_per_env: 1e3 * boundary_step.median_ms / envs as f64,
+                reward_us: 1e3 * reward_ms,
+                reward_share_of_step: reward_ms / full_step_ms,
+            });
         }
     }
     let boundary = boundary.expect("the full-loop tier always runs");
@@ -466,11 +483,13 @@ pub fn format_boundary(report: &BenchReport) -> String {
     for b in &report.boundary {
         let _ = writeln!(
             out,
-            "{:>6} envs  {:>9.3} ms/step  {:>8.2} µs/env  spread {:.1}%",
+            "{:>6} envs  {:>9.3} ms/step  {:>8.2} µs/env  spread {:.1}%   reward {:>8.1} µs/step ({:.3}% of the step)",
             b.envs,
             b.step.median_ms,
             b.us_per_env,
-            100.0 * b.step.spread()
+            100.0 * b.step.spread(),
+            b.reward_us,
+            100.0 * b.reward_share_of_step
         );
     }
     match report.boundary_growth_16_to_256 {
@@ -508,4 +527,9 @@ mod tests {
         assert_eq!(estimate_bytes(100, &[(1, 200), (4, 500)], 16), Some(1700));
         assert_eq!(estimate_bytes(1000, &[(1, 1100), (4, 1400), (16, 3000)], 64), Some(3000 + 400 * 48 / 3));
     }
+}
+
+/// The median ms per step of `tier` among `tiers` (the last one measured).
+fn result_median(tiers: &[TierResult], tier: Tier) -> f64 {
+    tiers.iter().rev().find(|t| t.tier == tier).map_or(f64::NAN, |t| t.step.median_ms)
 }

@@ -31,6 +31,6 @@ pub mod write_metrics;
 pub use resources::{ActionBatch, EffectiveOps, EnvCount, MaskBatch, OpOutcomes, ParamCounts};
 pub use schedule::{
     PolicySet, Step, StepSet, add_act_record_systems, add_host_systems, add_lifecycle_systems,
-    add_observe_decide_systems, add_training_systems, empty_step_schedule,
+    add_observe_decide_systems, add_reward_systems, add_training_systems, empty_step_schedule,
 };
 pub use world::{build_world, insert_run_resources, spawn_env, spawn_slot};

@@ -99,23 +99,28 @@ pub fn add_observe_decide_systems(schedule: &mut Schedule) {
     ));
 }
 
-/// Reward (every env's reward, before the action runs), Act (governor rollbacks, the ops, then the
-/// action bookkeeping), Tick, Record (counts, fossilization snapshots and `metrics.jsonl`, in parallel).
+/// Reward: every env's reward in one kernel call, after the decision and before the action runs.
+pub fn add_reward_systems(schedule: &mut Schedule) {
+    schedule.add_systems(compute_rewards.in_set(StepSet::Reward));
+}
+
+/// Act (governor rollbacks, the ops, then the action bookkeeping), Tick, Record (counts, fossilization
+/// snapshots and `metrics.jsonl`, in parallel).
 pub fn add_act_record_systems(schedule: &mut Schedule) {
     schedule.add_systems((
-        compute_rewards.in_set(StepSet::Reward),
         (governor_rollback, apply_ops, track_actions).chain().in_set(StepSet::Act),
         tick.in_set(StepSet::Tick),
         (tally_lifecycle, note_fossilizations, write_metrics).in_set(StepSet::Record),
     ));
 }
 
-/// The whole training step: [`add_host_systems`], [`add_observe_decide_systems`] and
-/// [`add_act_record_systems`]. Everything after Validate is the epoch boundary; the bench times the
+/// The whole training step: [`add_host_systems`], [`add_observe_decide_systems`],
+/// [`add_reward_systems`] and [`add_act_record_systems`]. Everything after Validate is the epoch boundary; the bench times the
 /// parts as separate schedules over the same world (the sets are chained, so that is the same order).
 /// The app adds its Record-stage sinks.
 pub fn add_training_systems(schedule: &mut Schedule) {
     add_host_systems(schedule);
     add_observe_decide_systems(schedule);
+    add_reward_systems(schedule);
     add_act_record_systems(schedule);
 }
