@@ -569,19 +569,17 @@ fn shaped_terms(config: &RewardConfig, x: &RewardInputs, out: &mut RewardOutputs
         }
     }
 
-    // Attribution.
+    // Attribution. ESCROW settles the target slot's credit first, seed or not (a PRUNE repays it).
     let attribution = RewardOutputs::column_mut(terms, n, Term::Attribution);
-    for e in (0..n).filter(|&e| !skip(e) && sc.has_seed[e]) {
+    for e in (0..n).filter(|&e| !skip(e) && (escrow || sc.has_seed[e])) {
         let (stage, op) = (sc.stage[e], x.op[e]);
-        if stage == SeedStage::Fossilized {
-            continue;
-        }
         let c = contribution[e];
         if escrow {
             let i = x.at(e, x.target_slot[e] as usize);
             let prev = x.escrow_credit[i];
             let (a, delta) = match c {
                 _ if op == LifecycleOp::Prune => (-prev, -prev),
+                _ if stage == SeedStage::Fossilized => (0.0, 0.0),
                 None => (0.0, 0.0),
                 Some(c) if c < 0.0 => (CONTRIBUTION_WEIGHT * c - prev, -prev),
                 Some(c) => {
@@ -601,6 +599,9 @@ fn shaped_terms(config: &RewardConfig, x: &RewardInputs, out: &mut RewardOutputs
             let zeroed = op == LifecycleOp::Fossilize && x.cf_imp[e].is_some_and(|cf| cf < 0.0);
             attribution[e] = if zeroed { 0.0 } else { a };
             escrow_credit[i] = prev + delta;
+            continue;
+        }
+        if stage == SeedStage::Fossilized {
             continue;
         }
         let mut a = match c {
@@ -836,9 +837,11 @@ fn basic_terms(config: &RewardConfig, x: &RewardInputs, out: &mut RewardOutputs)
             match c {
                 Some(c) if improvement > 0.0 && c >= MIN_FOSSILIZE_CONTRIBUTION => {
                     let legitimacy = (sc.epochs_in_stage[e] as f64 / MIN_HOLDING_EPOCHS).min(1.0);
-                    let full = (BASIC_FOSSILIZE_BASE_BONUS
-                        + BASIC_FOSSILIZE_CONTRIBUTION_SCALE * harmonic(improvement, c))
-                        * legitimacy;
+                    // The plain harmonic mean here (the reference's `_compute_attributed_value`), not
+                    // SHAPED's capped attribution.
+                    let mean = 2.0 * improvement * c / (improvement + c).max(1e-8);
+                    let full =
+                        (BASIC_FOSSILIZE_BASE_BONUS + BASIC_FOSSILIZE_CONTRIBUTION_SCALE * mean) * legitimacy;
                     if drip_fraction > 0.0 {
                         let remaining = (x.max_epochs as f64 - x.epoch as f64).max(MIN_DRIP_EPOCHS);
                         proposed_drip[e] = Some(drip_fraction * full / remaining);

@@ -276,6 +276,10 @@ fn basic_plus_drips_the_fossilize_bonus_with_a_clip() {
     let out = run(&mode(RewardMode::Basic), &x);
     close(out.term(Term::Fossilize, 0), 1.3, "basic");
     assert_eq!(out.proposed_drip[0], None);
+    // I = 8 > c = 2: the plain harmonic mean 2·8·2/10 = 3.2 (not capped at c) → (0.3 + 1.6)·1 = 1.9.
+    x.cf_imp[0] = Some(8.0);
+    close(run(&mode(RewardMode::Basic), &x).term(Term::Fossilize, 0), 1.9, "basic, I > c");
+    x.cf_imp[0] = Some(2.0);
     // Later: the fossil (slot 1) drips scale·c, clipped to [−0.05, 0.1].
     let mut x = one_env(2);
     seed(&mut x, 1, SeedStage::Fossilized, 4, 20, 1.0);
@@ -339,7 +343,7 @@ fn pbrs_pays_the_epoch_progress_inside_a_stage() {
     // Just transitioned (e = 0) from TRAINING after 4 epochs: 0.3·(γ·3.5 − (2.0 + 1.2)) = 0.08475.
     x.epochs_in_stage[0] = 0;
     x.previous_epochs_in_stage[0] = 4;
-    close(run(&RewardConfig::default(), &x).term(Term::Pbrs, 0), 0.08474999999999988, "pbrs at a transition");
+    close(run(&RewardConfig::default(), &x).term(Term::Pbrs, 0), 0.08475, "pbrs at a transition");
 }
 
 #[test]
