@@ -483,7 +483,7 @@ pub fn format_boundary(report: &BenchReport) -> String {
     for b in &report.boundary {
         let _ = writeln!(
             out,
-            "{:>6} envs  {:>9.3} ms/step  {:>8.2} µs/env  spread {:.1}%   reward {:>8.1} µs/step ({:.3}% of the step)",
+            "{:>6} envs  {:>9.3} ms/step  {:>8.2} µs/env  spread {:.1}%   reward {:>8.1} µs/step ({:.4}% of the step)",
             b.envs,
             b.step.median_ms,
             b.us_per_env,
@@ -507,6 +507,11 @@ pub fn format_boundary(report: &BenchReport) -> String {
     out
 }
 
+/// The median ms per step of `tier` among `tiers` (the last one measured).
+fn result_median(tiers: &[TierResult], tier: Tier) -> f64 {
+    tiers.iter().rev().find(|t| t.tier == tier).map_or(f64::NAN, |t| t.step.median_ms)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -527,9 +532,4 @@ mod tests {
         assert_eq!(estimate_bytes(100, &[(1, 200), (4, 500)], 16), Some(1700));
         assert_eq!(estimate_bytes(1000, &[(1, 1100), (4, 1400), (16, 3000)], 64), Some(3000 + 400 * 48 / 3));
     }
-}
-
-/// The median ms per step of `tier` among `tiers` (the last one measured).
-fn result_median(tiers: &[TierResult], tier: Tier) -> f64 {
-    tiers.iter().rev().find(|t| t.tier == tier).map_or(f64::NAN, |t| t.step.median_ms)
 }

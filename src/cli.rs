@@ -154,8 +154,9 @@ fn parse_env_list(s: &str) -> Result<EnvList, String> {
 /// writes metrics.jsonl and summary.json to `--out` and prints a summary table. Every setting can also
 /// come from a TOML file (`--config`, keys as in the flags with `_` for `-`, plus
 /// synthetic_train_per_env and synthetic_test_per_env); flags override it. Relative paths are relative
-/// to the working directory. Ctrl-C stops after the current epoch and still writes the summary; a
-/// second Ctrl-C exits at once.
+/// to the working directory. The on/off flags (--disable-…, --log-reward-inputs) can only switch a
+/// setting on; to switch off one that a config file sets, edit the file. Ctrl-C stops after the
+/// current epoch and still writes the summary; a second Ctrl-C exits at once.
 #[derive(Args, Debug, Default)]
 #[command(after_help = "Exit codes: 0 done (also when stopped by Ctrl-C), 1 the run failed, 2 bad input.")]
 pub struct TrainArgs {
@@ -222,7 +223,12 @@ pub struct TrainArgs {
     )]
     pub disable_pbrs: bool,
 
-    #[arg(long, help = "Reward without the terminal accuracy terms (and the fossilize bonus gated on them)")]
+    #[arg(
+        long,
+        help = "Reward without the terminal accuracy terms of shaped, escrow and simplified (and the \
+                        fossilize bonus gated on them); basic's last-epoch delta, sparse and the loss family \
+                        keep theirs, as in the reference"
+    )]
     pub disable_terminal_reward: bool,
 
     #[arg(long, help = "Reward without the anti-gaming ratio penalty and alpha shock")]
@@ -241,7 +247,8 @@ pub struct TrainArgs {
     pub sparse_reward_scale: Option<f64>,
 
     #[arg(long, value_name = "N", allow_negative_numbers = true, help = with_default(
-        "Floor of the host parameter count in the rent and alpha-shock ratios", d().rent_host_params_floor))]
+        "Floor of the host parameter count in the shaped/escrow rent and alpha-shock ratios",
+        d().rent_host_params_floor))]
     pub rent_host_params_floor: Option<f64>,
 
     #[arg(long, value_name = "W", allow_negative_numbers = true, help = with_default(
@@ -385,6 +392,22 @@ mod tests {
         assert_eq!((c.envs, c.rounds, c.seed, c.data), (2, 3, 5, DataKind::Cifar10));
         assert_eq!(c.data_dir, Some(PathBuf::from("/data")));
         assert_eq!(c.batch_per_env, RunConfig::default().batch_per_env);
+
+        let cli = Cli::try_parse_from([
+            "esper-ecs",
+            "train",
+            "--reward-mode",
+            "escrow",
+            "--disable-pbrs",
+            "--param-budget",
+            "1000",
+            "--log-reward-inputs",
+        ]);
+        let Command::Train(args) = cli.unwrap().command else { panic!("not train") };
+        let c = args.to_config().unwrap();
+        let reward = c.reward();
+        assert_eq!((reward.mode, reward.param_budget), (RewardMode::Escrow, 1000.0));
+        assert!(reward.disable_pbrs && !reward.disable_anti_gaming && c.log_reward_inputs);
 
         let cli = Cli::try_parse_from([
             "esper-ecs",

@@ -353,7 +353,11 @@ fn print_table(plan: &RunPlan, s: &RunSummary) {
     println!("  wall {:.1} s  {:.2} env-epochs/s", s.wall_seconds, s.env_epochs_per_second);
     println!("  final val acc  mean {:.1} %  min {min:.1} %  max {max:.1} %", s.mean_final_val_accuracy);
     let returns: Vec<String> = s.mean_episode_return.iter().map(|r| format!("{r:.2}")).collect();
-    println!("  mean episode return ({} reward)  {}", plan.config.reward_mode, returns.join("  "));
+    let reward = match plan.config.reward_family {
+        esper_components::RewardFamily::Contribution => plan.config.reward_mode.to_string(),
+        esper_components::RewardFamily::Loss => "loss".to_string(),
+    };
+    println!("  mean episode return ({reward} reward)  {}", returns.join("  "));
     println!(
         "  seeds  germinated {}  fossilized {}  pruned {}  failed ops {}  rollbacks {}",
         s.seeds_germinated, s.seeds_fossilized, s.seeds_pruned, s.failed_ops, s.rollbacks

@@ -157,7 +157,7 @@ fn bad_reward_settings() {
     );
     config_error(
         &["train", "--reward-family", "loss", "--reward-mode", "escrow"],
-        "--reward-family loss only works with --reward-mode shaped (got --reward-mode escrow)",
+        "--reward-family loss only works with --reward-mode shaped (got --reward-mode escrow; config keys",
     );
     config_error(
         &["train", "--param-budget", "0"],

@@ -1,7 +1,7 @@
 //! DESIGN §2 rule 4 over a whole step of the training schedule (every system, not only the kernels):
 //! after two warm-up epochs, four epochs of 4 envs with three live seeds each (so validation runs the
 //! counterfactual plan with pairs, and the scaffold ledger fills) under the heuristic policy allocate
-//! nothing.
+//! nothing — in the shaped, escrow and basic_plus reward modes, with the reward inputs logged.
 //!
 //! Not covered yet: a lifecycle change that puts more envs into one blueprint group, or a gate, than
 //! any step before grows that group's kernel workspace once (`host/slot.rs` `fit`, `seeds` `grown`):
@@ -13,10 +13,12 @@
 //! a one-thread rayon pool; this file holds one test so no other test thread allocates meanwhile.
 
 use bevy_ecs::prelude::*;
+use esper_components::RewardMode;
 use esper_components::{BlueprintAction, EnvIndex, SeedStage, SlotEvents, SlotIndex};
 use esper_ecs::config::{PolicyKind, RunConfig};
 use esper_ecs::run::Session;
 use esper_systems::slot_query::SlotLifecycle;
+use esper_systems::write_metrics::MetricsSink;
 use std::alloc::{GlobalAlloc, Layout, System};
 
 mod common;
@@ -84,7 +86,7 @@ fn seed_every_env(world: &mut World) {
     }
 }
 
-fn step_allocations(policy: PolicyKind) -> usize {
+fn step_allocations(policy: PolicyKind, reward_mode: RewardMode) -> usize {
     let out = std::env::temp_dir().join(format!("esper-no-alloc-{policy:?}-{}", std::process::id()));
     let config = RunConfig {
         envs: 4,
@@ -93,10 +95,16 @@ fn step_allocations(policy: PolicyKind) -> usize {
         batch_per_env: 16,
         synthetic_train_per_env: 32,
         synthetic_test_per_env: 64,
+        reward_mode,
+        log_reward_inputs: true,
         ..RunConfig::default()
     };
+    let reward = config.reward();
     let plan = config.plan_in(out, true).unwrap();
     let mut session = Session::new(&plan).unwrap();
+    // Every line with its reward terms and inputs, serialised into a sink as the run's file would be.
+    let sink = MetricsSink::new(Box::new(std::io::sink()), &plan.slots).with_reward(&reward, true);
+    session.world.insert_resource(sink);
     session.use_single_threaded_executor();
     session.start_round(0);
     seed_every_env(&mut session.world);
@@ -114,5 +122,9 @@ fn step_allocations(policy: PolicyKind) -> usize {
 
 #[test]
 fn a_whole_training_step_allocates_nothing_after_warm_up() {
-    assert_eq!(step_allocations(PolicyKind::Heuristic), 0, "allocations in four steps after warm-up");
+    // Shaped (the default), escrow (per-slot credit) and basic_plus (fossils stay in the ablation set),
+    // with every metrics line carrying its reward inputs.
+    for mode in [RewardMode::Shaped, RewardMode::Escrow, RewardMode::BasicPlus] {
+        assert_eq!(step_allocations(PolicyKind::Heuristic, mode), 0, "{mode}: allocations in four steps");
+    }
 }

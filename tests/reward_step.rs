@@ -16,7 +16,7 @@ use esper_systems::compute_rewards::{RewardBatch, SharedRewardNormalizer};
 use esper_systems::host_resources::{Hosts, StepClock};
 use esper_systems::policy::ActivePolicy;
 use esper_systems::validate::validate;
-use esper_systems::{OpOutcomes, StepSet};
+use esper_systems::{OpOutcomes, ParamCounts, StepSet};
 use std::sync::atomic::AtomicBool;
 
 mod common;
@@ -128,10 +128,28 @@ fn a_rolled_back_env_gets_no_reward_and_pays_its_auto_prune_penalty_two_steps_la
         val_loss: Some(f64::NAN),
         val_accuracy: None,
     });
+    // A forced seed has no parameter count; germination would have recorded the run's.
+    let seed_params = s.world.resource::<ParamCounts>().for_seed(1, BlueprintAction::ConvLight).1;
+    assert!(seed_params > 0);
+    s.world.query::<(&EnvIndex, &SlotIndex, &mut SeedMetrics)>().iter_mut(&mut s.world).for_each(
+        |(env, index, mut m)| {
+            if (env.0, index.0) == (0, 1) {
+                m.seed_param_count = seed_params;
+            }
+        },
+    );
     s.run_epoch(1);
     assert_eq!(s.world.resource::<SharedRewardNormalizer>().0.count, 2);
+    // The reward kept the seed's alpha and parameter count for the next step's alpha shock.
+    let kept = slot_component::<SlotRewardState>(&mut s.world, 0, 1);
+    assert_eq!((kept.prev_alpha, kept.prev_params), (0.5, seed_params as f64));
     // Epoch 2: env 0 panics and rolls back; the governor prunes its seed.
     s.run_epoch(2);
+    assert_eq!(
+        slot_component::<SlotRewardState>(&mut s.world, 0, 1),
+        kept,
+        "a rollback writes no reward state"
+    );
     assert!(s.world.resource::<OpOutcomes>().rolled_back(0));
     let batch = s.world.resource::<RewardBatch>();
     assert!(!batch.rewarded(0) && batch.rewarded(1));
@@ -155,14 +173,24 @@ fn a_rolled_back_env_gets_no_reward_and_pays_its_auto_prune_penalty_two_steps_la
 #[test]
 fn escrow_credit_is_kept_on_the_slot_and_repaid_by_a_prune() {
     let plan = plan("escrow", 4, RewardMode::Escrow);
-    let script = Script(vec![(2, 0, op(LifecycleOp::Prune, 0))]);
+    let germinate_0 = common::germinate(0, BlueprintAction::ConvSmall);
+    let script = Script(vec![(2, 0, op(LifecycleOp::Prune, 0)), (1, 1, germinate_0)]);
     let mut s = session(&plan, script);
+    // Env 1's empty slot 0 carries a stale credit: its germination (epoch 1) must zero it.
+    s.world.query::<(&EnvIndex, &SlotIndex, &mut SlotRewardState)>().iter_mut(&mut s.world).for_each(
+        |(env, index, mut state)| {
+            if (env.0, index.0) == (1, 0) {
+                state.escrow_credit = 1.0;
+            }
+        },
+    );
     // In slot 0, which a WAIT looks at. A BLENDING seed 10 epochs old (old enough to prune), no germination accuracy (progress unknown).
     force_seed(&mut s.world, 0, 0, SeedStage::Blending, BlueprintAction::ConvLight, 0.5);
     // Epoch 1: c = 4, cf_imp = 3: att = 0.5·c = 2, ρ = 4/3 (no penalty) → credit 0 → 2, paid 2.
     s.world.insert_resource(Measured { epoch: 1, env: 0, slot: 0, contribution: 4.0, cf_imp: 3.0 });
     s.run_epoch(1);
     close(term(&s.world, Term::Attribution, 0), 2.0, "credit paid");
+    assert_eq!(slot_component::<SlotRewardState>(&mut s.world, 1, 0).escrow_credit, 0.0, "germination");
     close(slot_component::<SlotRewardState>(&mut s.world, 0, 0).escrow_credit, 2.0, "credit kept");
     // Epoch 2: PRUNE repays it (A = −2) and the credit is 0.
     s.world.insert_resource(Measured { epoch: 2, env: 0, slot: 0, contribution: 4.0, cf_imp: 3.0 });
@@ -207,8 +235,11 @@ fn a_run_writes_rewards_their_inputs_and_the_mean_episode_return() {
         let reward = line["reward"].as_f64().expect("no rollback in this run");
         returns[line["env"].as_u64().unwrap() as usize] += reward;
         let comps = line["reward_components"].as_object().unwrap();
-        let names: Vec<&str> = Term::of(&RewardConfig::default()).iter().map(|t| t.name()).collect();
-        assert_eq!(comps.keys().map(String::as_str).collect::<Vec<_>>().len(), names.len());
+        let mut names: Vec<&str> = Term::of(&RewardConfig::default()).iter().map(|t| t.name()).collect();
+        let mut keys: Vec<&str> = comps.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        keys.sort_unstable();
+        assert_eq!(keys, names, "exactly the shaped mode's terms");
         let sum: f64 = comps.values().map(|v| v.as_f64().unwrap()).sum();
         close(sum, reward, "components add up to the reward");
         // Recompute two terms from the logged inputs, outside the program.
@@ -231,4 +262,42 @@ fn a_run_writes_rewards_their_inputs_and_the_mean_episode_return() {
         serde_json::from_str(&std::fs::read_to_string(plan.out_dir.join("summary.json")).unwrap()).unwrap();
     assert_eq!(file["mean_episode_return"][0].as_f64(), Some(summary.mean_episode_return[0]));
     assert_eq!(file["config"]["reward_mode"], "shaped");
+}
+
+#[test]
+fn validation_reports_cf_imp_and_the_committed_accuracy() {
+    // Env 0: two BLENDING seeds (an all-off configuration exists); env 1: one (cf_imp falls back to
+    // its leave-one-out accuracy). Shaped: fossils are not ablated.
+    let cf_plan = plan("cf-imp", 2, RewardMode::Shaped);
+    let mut s = session(&cf_plan, Script(Vec::new()));
+    force_seed(&mut s.world, 0, 0, SeedStage::Blending, BlueprintAction::ConvLight, 0.5);
+    force_seed(&mut s.world, 0, 1, SeedStage::Blending, BlueprintAction::Attention, 0.5);
+    force_seed(&mut s.world, 1, 2, SeedStage::Blending, BlueprintAction::ConvHeavy, 0.5);
+    s.run_epoch(1);
+    let (configs, results) = {
+        let v = &s.world.resource::<Hosts>().validator;
+        (v.configs.clone(), v.results())
+    };
+    let (r0, r1) = (&results[0], &results[1]);
+    let m0 = env_row(&mut s.world, 0, |m: &HostMetrics| *m);
+    let m1 = env_row(&mut s.world, 1, |m: &HostMetrics| *m);
+    assert_eq!(m0.counterfactual_improvement, Some(r0.val_acc - r0.all_off_acc.unwrap()));
+    assert_eq!(m0.committed_val_accuracy, r0.committed_acc.unwrap());
+    assert_eq!(configs[1].slots, vec![2]);
+    assert_eq!(m1.counterfactual_improvement, Some(r1.val_acc - r1.config_acc[configs[1].solo_off[0]]));
+    assert_eq!(m1.committed_val_accuracy, r1.config_acc[configs[1].solo_off[0]]);
+
+    // basic_plus: a fossil stays in the ablation set, but the committed configuration leaves it on.
+    let drip_plan = plan("committed", 2, RewardMode::BasicPlus);
+    let mut s = session(&drip_plan, Script(Vec::new()));
+    force_seed(&mut s.world, 0, 0, SeedStage::Fossilized, BlueprintAction::ConvLight, 1.0);
+    force_seed(&mut s.world, 0, 1, SeedStage::Blending, BlueprintAction::Attention, 0.5);
+    s.run_epoch(1);
+    let v = &s.world.resource::<Hosts>().validator;
+    let c = &v.configs[0];
+    assert_eq!(c.slots, vec![0, 1]);
+    assert_eq!(c.masks[c.committed.unwrap()], 0b10, "only the BLENDING seed is switched off");
+    let r = &v.results()[0];
+    let committed = r.committed_acc.unwrap();
+    assert_eq!(env_row(&mut s.world, 0, |m: &HostMetrics| m.committed_val_accuracy), committed);
 }

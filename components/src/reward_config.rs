@@ -178,8 +178,9 @@ impl fmt::Display for RewardConfigError {
         match self {
             Self::LossFamilyNeedsShaped(mode) => write!(
                 f,
-                "--reward-family loss only works with --reward-mode shaped (got --reward-mode {mode}); \
-                 use --reward-family contribution for the other modes"
+                "--reward-family loss only works with --reward-mode shaped (got --reward-mode {mode}; \
+                 config keys reward_family / reward_mode); use --reward-family contribution for the other \
+                 modes"
             ),
             Self::NotPositive { name, value } => write!(f, "{name} must be a positive number (got {value})"),
             Self::NotFinite { name, value } => write!(f, "{name} must be a finite number (got {value})"),

@@ -533,9 +533,9 @@ fn gather_shared_inputs(config: &RewardConfig, x: &RewardInputs, out: &mut Rewar
     }
 }
 
-/// Is `t` the episode's last epoch?
+/// Is `t` the episode's last epoch? (`max_epochs` 0: the episode has no last epoch.)
 fn is_terminal(x: &RewardInputs) -> bool {
-    x.epoch == x.max_epochs
+    x.max_epochs > 0 && x.epoch == x.max_epochs
 }
 
 /// SHAPED and ESCROW (§2.3, §2.4, §2.9 steps 1–2).
@@ -693,7 +693,7 @@ fn shaped_terms(config: &RewardConfig, x: &RewardInputs, out: &mut RewardOutputs
             LifecycleOp::Germinate => {
                 let bonus = if seed {
                     GERMINATE_WITH_SEED_PENALTY
-                } else if pbrs_on && x.epoch < x.max_epochs {
+                } else if pbrs_on && !is_terminal(x) {
                     PBRS_WEIGHT
                         * GAMMA
                         * stage_potential(SeedStage::Germinated)

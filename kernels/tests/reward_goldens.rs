@@ -40,11 +40,6 @@ fn seed(x: &mut RewardInputs, k: usize, stage: SeedStage, epochs_in_stage: u32, 
 fn run(config: &RewardConfig, x: &RewardInputs) -> RewardOutputs {
     let mut out = RewardOutputs::default();
     compute_rewards(config, x, &mut out);
-    // The terms always add up to the raw reward.
-    for e in 0..x.n_envs {
-        let sum: f64 = Term::ALL.iter().map(|&t| out.term(t, e)).sum();
-        close(out.raw[e], sum, "raw = Σ terms");
-    }
     out
 }
 
@@ -66,8 +61,6 @@ fn anti_gaming_discount_scales_the_attribution() {
         // cf < 0 while BLENDING: W_blend = −0.1 − min(0.05·3, 0.3) = −0.25.
         close(out.term(Term::BlendingWarning, 0), -0.25, "blending warning");
     }
-    // disc(−0.1) ≈ 0.43, disc(−0.5) ≈ 0.18 (the spec's rounded figures).
-    assert!((0.425557483188341f64 - 0.43).abs() < 0.005 && (0.18242552380635635f64 - 0.18).abs() < 0.005);
 }
 
 #[test]
@@ -387,7 +380,8 @@ fn the_normaliser_divides_by_the_running_std_and_clips() {
         n.update_and_normalize(r);
     }
     close(n.update_and_normalize(6.0), 5.477225575051661, "divided, not centred");
-    // A clip at ±10: after 400 rewards of ±0.01 the std is ≈ 0.05, so ±1.0 lands far beyond 10.
+    // A clip at ±10: after 400 rewards of ±0.01 the std is ≈ 0.05 once 1.0 joins them (≈ 0.01
+    // before), so ±1.0 lands far beyond 10.
     let mut n = RewardNormalizer::new();
     for i in 0..400 {
         n.update_and_normalize(if i % 2 == 0 { 0.01 } else { -0.01 });

@@ -20,7 +20,8 @@
 //! Two readings of the spec text, both as the reference code has them: BASIC's fossilize bonus uses
 //! the plain harmonic mean `2Ic / max(I + c, 1e-8)` (the `c if c < p` cap is SHAPED's attribution
 //! rule), and ESCROW's PRUNE path comes first, before the FOSSILIZED and no-contribution paths. The
-//! kernel reads both differently; the last two tests reproduce each case on one env.
+//! kernel first read both differently (this oracle found it); the last two tests keep each case on
+//! one env.
 
 use esper_components::reward_config::{LossRewardConfig, RewardConfig, RewardFamily, RewardMode};
 use esper_components::{LifecycleOp, SeedStage};
@@ -1276,7 +1277,7 @@ fn oracle_loss_family_by_hand() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Minimal reproductions of the places where the kernel disagrees with the spec (found by the
+// Minimal reproductions of the places where the kernel once disagreed with the spec (found by the
 // property test above; each states the spec line it follows)
 // ---------------------------------------------------------------------------------------------
 

@@ -130,6 +130,7 @@ impl serde::Serialize for InputsView<'_> {
         m.serialize_entry("val_acc", &x.val_acc[e])?;
         m.serialize_entry("val_loss", &x.val_loss[e])?;
         m.serialize_entry("acc_delta", &x.acc_delta[e])?;
+        // +∞ at an episode's first epoch (no previous loss): JSON has no infinity, so it reads null.
         m.serialize_entry("loss_delta", &x.loss_delta[e])?;
         m.serialize_entry("stable_val_acc", &x.stable_val_acc[e])?;
         m.serialize_entry("committed_val_acc", &x.committed_val_acc[e])?;
@@ -153,6 +154,8 @@ impl serde::Serialize for InputsView<'_> {
         m.serialize_entry("slot_seed_ages", &x.seed_age[e * slots..(e + 1) * slots])?;
         m.serialize_entry("slot_contributions", &x.contribution[e * slots..(e + 1) * slots])?;
         m.serialize_entry("slot_drip_scales", &x.drip_scale[e * slots..(e + 1) * slots])?;
+        m.serialize_entry("slot_escrow_credits_prev", &x.escrow_credit[e * slots..(e + 1) * slots])?;
+        m.serialize_entry("slot_escrow_credits_next", &out.escrow_credit[e * slots..(e + 1) * slots])?;
         m.end()
     }
 }
