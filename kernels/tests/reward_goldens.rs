@@ -209,9 +209,9 @@ fn hindsight_credit_is_capped_at_0_2() {
         ledger.record(scaffold, 1, 50.0, 7);
     }
     close(ledger.settle_fossilization(1, 10.0, 7), 0.2, "capped credit");
-    // One small boost: 0.1·tanh(0.1·1·2)·γ^0 = 0.1·tanh(0.2) = 0.019737532022490402.
+    // One small boost: 0.1·tanh(0.1·1·2)·γ^0 = 0.1·tanh(0.2) = 0.019_737_532_022_490_4.
     ledger.record(0, 1, 1.0, 7);
-    close(ledger.settle_fossilization(1, 2.0, 7), 0.019737532022490402, "small credit");
+    close(ledger.settle_fossilization(1, 2.0, 7), 0.019_737_532_022_490_4, "small credit");
 }
 
 #[test]
