@@ -352,7 +352,7 @@ fn bench_envs(
         on_line(&format_tier_row(&result));
         tiers.push(result);
         if tier == Tier::FullLoop {
-            let full_step_ms = result_median(&tiers, Tier::FullLoop);
+            let full_step_ms = step.median_ms;
             let boundary_step = Timing::of(&boundaries);
             let reward_ms = Timing::of(&rewards).median_ms;
             boundary = Some(BoundaryResult {
@@ -505,11 +505,6 @@ pub fn format_boundary(report: &BenchReport) -> String {
         }
     }
     out
-}
-
-/// The median ms per step of `tier` among `tiers` (the last one measured).
-fn result_median(tiers: &[TierResult], tier: Tier) -> f64 {
-    tiers.iter().rev().find(|t| t.tier == tier).map_or(f64::NAN, |t| t.step.median_ms)
 }
 
 #[cfg(test)]

@@ -89,6 +89,7 @@ pub struct RunConfig {
 
 impl Default for RunConfig {
     fn default() -> Self {
+        let reward = RewardConfig::default();
         Self {
             envs: 16,
             rounds: 1,
@@ -103,16 +104,16 @@ impl Default for RunConfig {
             synthetic_train_per_env: 1024,
             synthetic_test_per_env: 256,
             out: None,
-            reward_mode: RewardMode::Shaped,
-            reward_family: RewardFamily::Contribution,
-            disable_pbrs: false,
-            disable_terminal_reward: false,
-            disable_anti_gaming: false,
-            param_budget: RewardConfig::default().param_budget,
-            param_penalty_weight: RewardConfig::default().param_penalty_weight,
-            sparse_reward_scale: RewardConfig::default().sparse_reward_scale,
-            rent_host_params_floor: RewardConfig::default().rent_host_params_floor,
-            basic_acc_delta_weight: RewardConfig::default().basic_acc_delta_weight,
+            reward_mode: reward.mode,
+            reward_family: reward.family,
+            disable_pbrs: reward.disable_pbrs,
+            disable_terminal_reward: reward.disable_terminal_reward,
+            disable_anti_gaming: reward.disable_anti_gaming,
+            param_budget: reward.param_budget,
+            param_penalty_weight: reward.param_penalty_weight,
+            sparse_reward_scale: reward.sparse_reward_scale,
+            rent_host_params_floor: reward.rent_host_params_floor,
+            basic_acc_delta_weight: reward.basic_acc_delta_weight,
             log_reward_inputs: false,
         }
     }

@@ -65,8 +65,9 @@ pub struct FossilCounters {
     pub contributing: u32,
 }
 
-/// `DEFAULT_MIN_FOSSILIZE_CONTRIBUTION`: a fossil "contributes" from 1.0 pp of total improvement.
-pub const MIN_CONTRIBUTING_IMPROVEMENT: f64 = 1.0;
+/// `DEFAULT_MIN_FOSSILIZE_CONTRIBUTION`: a fossil "contributes" from 1.0 pp of total improvement (the
+/// same constant as strict G5's threshold).
+pub const MIN_CONTRIBUTING_IMPROVEMENT: f64 = crate::gates::MIN_FOSSILIZE_CONTRIBUTION;
 
 /// Reward terms earned in one step and paid in the env's next reward (simic §2.9 steps 3–4), then reset.
 #[derive(Component, Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -16,6 +16,10 @@
 #![allow(clippy::needless_range_loop)]
 
 use esper_components::reward_config::{RewardConfig, RewardFamily, RewardMode};
+// The lifecycle's own thresholds: the fossilize contribution (1.0 pp, G5's and the reward's) and the
+// prune age.
+use esper_components::gates::MIN_FOSSILIZE_CONTRIBUTION;
+use esper_components::lifecycle::MIN_PRUNE_AGE;
 use esper_components::{LifecycleOp, SeedStage};
 
 /// γ of the PBRS potential, the same constant as PPO's and the hindsight credit's (the reference
@@ -62,8 +66,6 @@ const FOSSILIZE_TERMINAL_SCALE: f64 = 3.0;
 const FOSSILIZE_QUALITY_CEILING: f64 = 3.0;
 /// `MIN_HOLDING_EPOCHS`: legitimacy `L = min(1, e / 5)`.
 const MIN_HOLDING_EPOCHS: f64 = 5.0;
-/// `DEFAULT_MIN_FOSSILIZE_CONTRIBUTION` (pp).
-const MIN_FOSSILIZE_CONTRIBUTION: f64 = 1.0;
 const PRUNE_NO_SEED_PENALTY: f64 = -0.2;
 const PRUNE_FOSSILIZED_PENALTY: f64 = -1.0;
 const PRUNE_HURTING_THRESHOLD: f64 = -0.5;
@@ -71,8 +73,6 @@ const PRUNE_HURTING_BONUS: f64 = 0.15;
 const PRUNE_ACCEPTABLE_BONUS: f64 = 0.1;
 const PRUNE_GOOD_SEED_PENALTY: f64 = -0.3;
 const MIN_PRUNE_BONUS_AGE: u32 = 3;
-/// `MIN_PRUNE_AGE`.
-const MIN_PRUNE_AGE: u32 = 5;
 const TERMINAL_ACC_WEIGHT: f64 = 0.05;
 /// Escrow: `escrow_delta_clip`.
 const ESCROW_DELTA_CLIP: f64 = 2.0;
@@ -394,15 +394,27 @@ pub struct RewardOutputs {
     scratch: Scratch,
 }
 
-/// Per-env columns of the target slot and of the anti-gaming gates.
+/// Per-env columns the passes share: where the target slot's row is in the `[E, S]` inputs, and the
+/// anti-gaming gates.
 #[derive(Clone, Debug, Default, PartialEq)]
 struct Scratch {
-    has_seed: Vec<bool>,
-    stage: Vec<SeedStage>,
-    epochs_in_stage: Vec<u32>,
-    seed_age: Vec<u32>,
+    /// `env * n_slots + target_slot`.
+    target: Vec<usize>,
     discount: Vec<f64>,
     ratio_penalty: Vec<f64>,
+}
+
+impl Scratch {
+    /// The target slot holds a seed module ("SeedInfo present").
+    fn has_seed(&self, x: &RewardInputs, e: usize) -> bool {
+        x.stage[self.target[e]].has_seed()
+    }
+}
+
+/// Empty `col`, then fill it with `len` copies of `value` (keeps its memory).
+fn refill<T: Clone>(col: &mut Vec<T>, len: usize, value: T) {
+    col.clear();
+    col.resize(len, value);
 }
 
 impl RewardOutputs {
@@ -417,37 +429,19 @@ impl RewardOutputs {
     }
 
     fn resize(&mut self, n_envs: usize, n_slots: usize) {
-        self.raw.clear();
-        self.raw.resize(n_envs, 0.0);
-        self.terms.clear();
-        self.terms.resize(Term::COUNT * n_envs, 0.0);
-        self.escrow_credit.clear();
-        self.escrow_credit.resize(n_envs * n_slots, 0.0);
-        self.proposed_drip.clear();
-        self.proposed_drip.resize(n_envs, None);
+        refill(&mut self.raw, n_envs, 0.0);
+        refill(&mut self.terms, Term::COUNT * n_envs, 0.0);
+        refill(&mut self.escrow_credit, n_envs * n_slots, 0.0);
+        refill(&mut self.proposed_drip, n_envs, None);
         for col in [&mut self.effective_seed_params, &mut self.alpha_delta_sq_sum, &mut self.fossil_params] {
-            col.clear();
-            col.resize(n_envs, 0.0);
+            refill(col, n_envs, 0.0);
         }
-        self.n_active.clear();
-        self.n_active.resize(n_envs, 0);
-        for col in [&mut self.contribution, &mut self.progress] {
-            col.clear();
-            col.resize(n_envs, None);
-        }
-        let s = &mut self.scratch;
-        s.has_seed.clear();
-        s.has_seed.resize(n_envs, false);
-        s.stage.clear();
-        s.stage.resize(n_envs, SeedStage::Dormant);
-        s.epochs_in_stage.clear();
-        s.epochs_in_stage.resize(n_envs, 0);
-        s.seed_age.clear();
-        s.seed_age.resize(n_envs, 0);
-        s.discount.clear();
-        s.discount.resize(n_envs, 1.0);
-        s.ratio_penalty.clear();
-        s.ratio_penalty.resize(n_envs, 0.0);
+        refill(&mut self.n_active, n_envs, 0);
+        refill(&mut self.contribution, n_envs, None);
+        refill(&mut self.progress, n_envs, None);
+        refill(&mut self.scratch.target, n_envs, 0);
+        refill(&mut self.scratch.discount, n_envs, 1.0);
+        refill(&mut self.scratch.ratio_penalty, n_envs, 0.0);
     }
 
     fn column_mut(terms: &mut [f64], n_envs: usize, term: Term) -> &mut [f64] {
@@ -498,12 +492,8 @@ fn gather_shared_inputs(config: &RewardConfig, x: &RewardInputs, out: &mut Rewar
     for e in 0..n {
         let k = x.target_slot[e] as usize;
         let i = x.at(e, k);
-        let stage = x.stage[i];
-        sc.has_seed[e] = stage.has_seed();
-        sc.stage[e] = stage;
-        sc.epochs_in_stage[e] = x.epochs_in_stage[i];
-        sc.seed_age[e] = x.seed_age[i];
-        out.contribution[e] = if stage.has_seed() { x.contribution[i] } else { None };
+        sc.target[e] = i;
+        out.contribution[e] = if x.stage[i].has_seed() { x.contribution[i] } else { None };
         let acc = if config.mode == RewardMode::Escrow { x.stable_val_acc[e] } else { x.val_acc[e] };
         out.progress[e] = x.acc_at_germination[i].map(|g| acc - g);
     }
@@ -551,7 +541,7 @@ fn shaped_terms(config: &RewardConfig, x: &RewardInputs, out: &mut RewardOutputs
     for e in 0..n {
         sc.discount[e] = 1.0;
         sc.ratio_penalty[e] = 0.0;
-        let (Some(c), true) = (contribution[e], sc.has_seed[e]) else { continue };
+        let (Some(c), true) = (contribution[e], sc.has_seed(x, e)) else { continue };
         let cf = x.cf_imp[e].expect("a measured contribution implies an ablation, so cf_imp exists");
         let disc = if escrow { 1.0 } else { attribution_discount(cf) };
         sc.discount[e] = disc;
@@ -571,11 +561,10 @@ fn shaped_terms(config: &RewardConfig, x: &RewardInputs, out: &mut RewardOutputs
 
     // Attribution. ESCROW settles the target slot's credit first, seed or not (a PRUNE repays it).
     let attribution = RewardOutputs::column_mut(terms, n, Term::Attribution);
-    for e in (0..n).filter(|&e| !skip(e) && (escrow || sc.has_seed[e])) {
-        let (stage, op) = (sc.stage[e], x.op[e]);
-        let c = contribution[e];
+    for e in (0..n).filter(|&e| !skip(e) && (escrow || sc.has_seed(x, e))) {
+        let (i, op) = (sc.target[e], x.op[e]);
+        let (stage, c) = (x.stage[i], contribution[e]);
         if escrow {
-            let i = x.at(e, x.target_slot[e] as usize);
             let prev = x.escrow_credit[i];
             let (a, delta) = match c {
                 _ if op == LifecycleOp::Prune => (-prev, -prev),
@@ -612,11 +601,10 @@ fn shaped_terms(config: &RewardConfig, x: &RewardInputs, out: &mut RewardOutputs
                     Some(p) if p <= 0.0 => 0.0,
                     Some(p) => harmonic(p, c),
                 };
-                let g = x.epoch as f64 - sc.seed_age[e] as f64;
+                let g = x.epoch as f64 - x.seed_age[i] as f64;
                 CONTRIBUTION_WEIGHT * att * sc.discount[e] * timing_discount(g)
             }
             None => {
-                let i = x.at(e, x.target_slot[e] as usize);
                 let improvement = x.improvement_since_stage_start[i];
                 if stage.value() >= SeedStage::Blending.value() && improvement > 0.0 {
                     PROXY_CONFIDENCE * improvement
@@ -635,18 +623,19 @@ fn shaped_terms(config: &RewardConfig, x: &RewardInputs, out: &mut RewardOutputs
     }
 
     // Warnings.
-    for e in (0..n).filter(|&e| !skip(e) && sc.has_seed[e]) {
-        let (stage, eis) = (sc.stage[e], sc.epochs_in_stage[e] as f64);
+    for e in (0..n).filter(|&e| !skip(e) && sc.has_seed(x, e)) {
+        let t = sc.target[e];
+        let (stage, eis) = (x.stage[t], x.epochs_in_stage[t]);
         if stage == SeedStage::Blending && x.cf_imp[e].is_some_and(|cf| cf < 0.0) {
-            terms[Term::BlendingWarning as usize * n + e] = -0.1 - (0.05 * eis).min(0.3);
+            terms[Term::BlendingWarning as usize * n + e] = -0.1 - (0.05 * eis as f64).min(0.3);
         }
         let a = terms[Term::Attribution as usize * n + e];
         if stage == SeedStage::Holding
             && !matches!(x.op[e], LifecycleOp::Fossilize | LifecycleOp::Prune)
-            && sc.epochs_in_stage[e] >= 2
+            && eis >= 2
             && a > 0.0
         {
-            terms[Term::HoldingWarning as usize * n + e] = -(0.1 + 0.05 * (eis - 2.0).max(0.0)).min(0.3);
+            terms[Term::HoldingWarning as usize * n + e] = -(0.1 + 0.05 * (eis as f64 - 2.0)).min(0.3);
         }
     }
 
@@ -656,8 +645,8 @@ fn shaped_terms(config: &RewardConfig, x: &RewardInputs, out: &mut RewardOutputs
     }
 
     // Synergy.
-    for e in (0..n).filter(|&e| !skip(e) && sc.has_seed[e]) {
-        let i = x.at(e, x.target_slot[e] as usize);
+    for e in (0..n).filter(|&e| !skip(e) && sc.has_seed(x, e)) {
+        let i = sc.target[e];
         let a = terms[Term::Attribution as usize * n + e];
         let isum = x.interaction_sum[i];
         if sc.discount[e] >= 0.5 && a > 0.0 && isum > 0.0 {
@@ -684,8 +673,9 @@ fn shaped_terms(config: &RewardConfig, x: &RewardInputs, out: &mut RewardOutputs
 
     // Action shaping.
     for e in (0..n).filter(|&e| !skip(e)) {
-        let (stage, eis, age) = (sc.stage[e], sc.epochs_in_stage[e], sc.seed_age[e]);
-        let seed = sc.has_seed[e];
+        let t = sc.target[e];
+        let (stage, eis, age) = (x.stage[t], x.epochs_in_stage[t], x.seed_age[t]);
+        let seed = sc.has_seed(x, e);
         let (c, cf) = (contribution[e], x.cf_imp[e]);
         let legitimacy = (eis as f64 / MIN_HOLDING_EPOCHS).min(1.0);
         let shaping = match x.op[e] {
@@ -800,9 +790,9 @@ fn shaped_terms(config: &RewardConfig, x: &RewardInputs, out: &mut RewardOutputs
 
 /// The PBRS bonus of the target slot's seed (§2.2) into `column`.
 fn pbrs_column(x: &RewardInputs, sc: &Scratch, column: &mut [f64]) {
-    for e in (0..x.n_envs).filter(|&e| !x.skip[e] && sc.has_seed[e]) {
-        let i = x.at(e, x.target_slot[e] as usize);
-        let (stage, eis) = (sc.stage[e], sc.epochs_in_stage[e]);
+    for e in (0..x.n_envs).filter(|&e| !x.skip[e] && sc.has_seed(x, e)) {
+        let i = sc.target[e];
+        let (stage, eis) = (x.stage[i], x.epochs_in_stage[i]);
         let prev = if eis == 0 {
             potential(x.previous_stage[i], x.previous_epochs_in_stage[i])
         } else {
@@ -819,24 +809,25 @@ fn basic_terms(config: &RewardConfig, x: &RewardInputs, out: &mut RewardOutputs)
     let RewardOutputs { terms, scratch: sc, contribution, proposed_drip, .. } = out;
     if !config.disable_pbrs {
         pbrs_column(x, sc, RewardOutputs::column_mut(terms, n, Term::Pbrs));
-        for e in (0..n).filter(|&e| !x.skip[e] && sc.has_seed[e] && x.op[e] == LifecycleOp::Prune) {
+        for e in (0..n).filter(|&e| !x.skip[e] && sc.has_seed(x, e) && x.op[e] == LifecycleOp::Prune) {
+            let t = sc.target[e];
             terms[Term::Pbrs as usize * n + e] =
-                PBRS_WEIGHT * (0.0 - potential(sc.stage[e], sc.epochs_in_stage[e]));
+                PBRS_WEIGHT * (0.0 - potential(x.stage[t], x.epochs_in_stage[t]));
         }
     }
     for e in (0..n).filter(|&e| !x.skip[e]) {
         terms[Term::Rent as usize * n + e] =
             -config.param_penalty_weight * out.effective_seed_params[e] / config.param_budget;
     }
-    for e in (0..n).filter(|&e| !x.skip[e] && sc.has_seed[e] && x.op[e] == LifecycleOp::Fossilize) {
-        let c = contribution[e];
-        let foss = if sc.stage[e] != SeedStage::Holding {
+    for e in (0..n).filter(|&e| !x.skip[e] && sc.has_seed(x, e) && x.op[e] == LifecycleOp::Fossilize) {
+        let (t, c) = (sc.target[e], contribution[e]);
+        let foss = if x.stage[t] != SeedStage::Holding {
             BASIC_FOSSILIZE_INVALID
         } else {
             let improvement = x.cf_imp[e].unwrap_or(0.0);
             match c {
                 Some(c) if improvement > 0.0 && c >= MIN_FOSSILIZE_CONTRIBUTION => {
-                    let legitimacy = (sc.epochs_in_stage[e] as f64 / MIN_HOLDING_EPOCHS).min(1.0);
+                    let legitimacy = (x.epochs_in_stage[t] as f64 / MIN_HOLDING_EPOCHS).min(1.0);
                     // The plain harmonic mean here (the reference's `_compute_attributed_value`), not
                     // SHAPED's capped attribution.
                     let mean = 2.0 * improvement * c / (improvement + c).max(1e-8);
@@ -890,7 +881,10 @@ fn sparse_terms(config: &RewardConfig, x: &RewardInputs, out: &mut RewardOutputs
     }
     if config.mode == RewardMode::Minimal {
         for e in (0..n).filter(|&e| !x.skip[e]) {
-            if x.op[e] == LifecycleOp::Prune && sc.has_seed[e] && sc.seed_age[e] < EARLY_PRUNE_THRESHOLD {
+            if x.op[e] == LifecycleOp::Prune
+                && sc.has_seed(x, e)
+                && x.seed_age[sc.target[e]] < EARLY_PRUNE_THRESHOLD
+            {
                 terms[Term::ActionShaping as usize * n + e] = EARLY_PRUNE_PENALTY;
             }
         }
@@ -939,16 +933,16 @@ fn loss_family_terms(config: &RewardConfig, x: &RewardInputs, out: &mut RewardOu
         }
         let host = x.host_params;
         // The grace period only shields a seed in the target slot; without one, rent is due at once.
-        let in_grace = sc.has_seed[e] && sc.seed_age[e] < l.grace_epochs;
+        let in_grace = sc.has_seed(x, e) && x.seed_age[sc.target[e]] < l.grace_epochs;
         if seed_params > 0.0 && host > 0.0 && !in_grace {
             let growth = seed_params / host;
             terms[Term::Rent as usize * n + e] =
                 -(l.compute_rent_weight * growth.ln_1p()).min(l.max_rent_penalty);
         }
-        if sc.has_seed[e] {
-            let i = x.at(e, x.target_slot[e] as usize);
+        if sc.has_seed(x, e) {
+            let i = sc.target[e];
             terms[Term::StagePotential as usize * n + e] = l.stage_potential_weight
-                * (GAMMA * stage_potential(sc.stage[e]) - stage_potential(x.previous_stage[i]));
+                * (GAMMA * stage_potential(x.stage[i]) - stage_potential(x.previous_stage[i]));
         }
         if is_terminal(x) {
             let span = l.baseline_loss - l.target_loss;

@@ -112,10 +112,12 @@ pub fn compute_rewards(
         x.acc_delta[e] = acc_delta;
         x.loss_delta[e] = loss_delta;
         // The tracker's history already holds this epoch's accuracy.
-        let history = &tracker.accuracy_history;
-        let k = history.len().min(ESCROW_STABLE_WINDOW);
-        let newest = (history.len() - k..history.len()).filter_map(|i| history.get(i));
-        x.stable_val_acc[e] = if k == 0 { host.val_accuracy } else { newest.fold(f64::INFINITY, f64::min) };
+        let (newest, k) = tracker.accuracy_history.last::<ESCROW_STABLE_WINDOW>();
+        x.stable_val_acc[e] = if k == 0 {
+            host.val_accuracy
+        } else {
+            newest[..k].iter().copied().fold(f64::INFINITY, f64::min)
+        };
         x.cf_imp[e] = host.counterfactual_improvement;
         x.committed_val_acc[e] = host.committed_val_accuracy;
         x.n_fossil[e] = fossils.fossilized;

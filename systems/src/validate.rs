@@ -65,13 +65,8 @@ pub fn validate(
         let r = &results[e];
         metrics.val_accuracy = r.val_acc;
         metrics.val_loss = r.val_loss;
-        let configs = &validator.configs[e];
-        let ablated = &configs.slots;
-        // cf_imp: against all-off, or the lowest leave-one-out accuracy without an all-off config.
-        metrics.counterfactual_improvement = (!ablated.is_empty()).then(|| {
-            let floor = configs.solo_off.iter().map(|&k| r.config_acc[k]).fold(f64::INFINITY, f64::min);
-            r.val_acc - r.all_off_acc.unwrap_or(floor)
-        });
+        let ablated = &validator.configs[e].slots;
+        metrics.counterfactual_improvement = r.empty_acc.map(|empty| r.val_acc - empty);
         metrics.committed_val_accuracy = r.committed_acc.unwrap_or(r.val_acc);
         for &(i, j, interaction) in &r.interactions {
             ledger.record(ablated[i] as u8, ablated[j] as u8, interaction, clock.epoch as u32);

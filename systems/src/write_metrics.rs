@@ -145,17 +145,17 @@ impl serde::Serialize for InputsView<'_> {
         m.serialize_entry("escrow_credit_next", &out.escrow_credit[i])?;
         m.serialize_entry("pending_auto_prune_penalty", &x.pending_auto_prune_penalty[e])?;
         m.serialize_entry("pending_hindsight_credit", &x.pending_hindsight_credit[e])?;
-        let slots = x.n_slots;
-        m.serialize_entry("slot_stages", &StageNames(&x.stage[e * slots..(e + 1) * slots]))?;
-        m.serialize_entry("slot_alphas", &x.alpha[e * slots..(e + 1) * slots])?;
-        m.serialize_entry("slot_prev_alphas", &x.prev_alpha[e * slots..(e + 1) * slots])?;
-        m.serialize_entry("slot_params", &x.params[e * slots..(e + 1) * slots])?;
-        m.serialize_entry("slot_prev_params", &x.prev_params[e * slots..(e + 1) * slots])?;
-        m.serialize_entry("slot_seed_ages", &x.seed_age[e * slots..(e + 1) * slots])?;
-        m.serialize_entry("slot_contributions", &x.contribution[e * slots..(e + 1) * slots])?;
-        m.serialize_entry("slot_drip_scales", &x.drip_scale[e * slots..(e + 1) * slots])?;
-        m.serialize_entry("slot_escrow_credits_prev", &x.escrow_credit[e * slots..(e + 1) * slots])?;
-        m.serialize_entry("slot_escrow_credits_next", &out.escrow_credit[e * slots..(e + 1) * slots])?;
+        let row = e * x.n_slots..(e + 1) * x.n_slots;
+        m.serialize_entry("slot_stages", &StageNames(&x.stage[row.clone()]))?;
+        m.serialize_entry("slot_alphas", &x.alpha[row.clone()])?;
+        m.serialize_entry("slot_prev_alphas", &x.prev_alpha[row.clone()])?;
+        m.serialize_entry("slot_params", &x.params[row.clone()])?;
+        m.serialize_entry("slot_prev_params", &x.prev_params[row.clone()])?;
+        m.serialize_entry("slot_seed_ages", &x.seed_age[row.clone()])?;
+        m.serialize_entry("slot_contributions", &x.contribution[row.clone()])?;
+        m.serialize_entry("slot_drip_scales", &x.drip_scale[row.clone()])?;
+        m.serialize_entry("slot_escrow_credits_prev", &x.escrow_credit[row.clone()])?;
+        m.serialize_entry("slot_escrow_credits_next", &out.escrow_credit[row.clone()])?;
         m.end()
     }
 }

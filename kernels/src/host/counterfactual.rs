@@ -114,6 +114,9 @@ pub struct EnvCounterfactuals {
     pub contribution: Vec<f64>,
     pub solo_on_acc: Vec<f64>,
     pub all_off_acc: Option<f64>,
+    /// f(∅): the all-off accuracy, or the lowest leave-one-out accuracy when there is no all-off
+    /// configuration; None when nothing was ablated. `cf_imp = val_acc − f(∅)` (simic §3.2).
+    pub empty_acc: Option<f64>,
     pub committed_acc: Option<f64>,
     /// `(i, j, I_ij)` with `I_ij = f({i,j}) − f({i}) − f({j}) + f(∅)`; f(∅) falls back to the lowest
     /// leave-one-out accuracy when there is no all-off configuration.
@@ -301,13 +304,18 @@ impl<T: Real> FusedValidator<T> {
             r.all_off_acc = c.all_off.map(|k| acc[k]);
             r.committed_acc = c.committed.map(|k| acc[k]);
             // f(∅): all-off, or the lowest leave-one-out accuracy when there is none.
-            let empty = r
-                .all_off_acc
-                .unwrap_or_else(|| c.solo_off.iter().map(|&k| acc[k]).fold(f64::INFINITY, f64::min));
+            r.empty_acc = (!c.slots.is_empty()).then(|| {
+                r.all_off_acc
+                    .unwrap_or_else(|| c.solo_off.iter().map(|&k| acc[k]).fold(f64::INFINITY, f64::min))
+            });
             r.interactions.clear();
-            r.interactions.extend(
-                c.pairs.iter().map(|&(i, j, k)| (i, j, acc[k] - r.solo_on_acc[i] - r.solo_on_acc[j] + empty)),
-            );
+            if let Some(empty) = r.empty_acc {
+                r.interactions.extend(
+                    c.pairs
+                        .iter()
+                        .map(|&(i, j, k)| (i, j, acc[k] - r.solo_on_acc[i] - r.solo_on_acc[j] + empty)),
+                );
+            }
         }
     }
 
