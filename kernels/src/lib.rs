@@ -6,6 +6,8 @@
 
 pub mod data;
 pub mod host;
+pub mod obs_normalizer;
+pub mod observation;
 pub mod ops;
 pub mod optim;
 pub mod reward;

@@ -955,7 +955,7 @@ fn loss_family_terms(config: &RewardConfig, x: &RewardInputs, out: &mut RewardOu
 /// The shared reward normaliser (simic §4.6): one instance for all envs, updated once per env-step in
 /// env order with Welford's algorithm; it divides by the running standard deviation (no mean
 /// subtraction; std floored at `1e-8`) and clips to ±10.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RewardNormalizer {
     pub count: u64,
     pub mean: f64,
