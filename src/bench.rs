@@ -15,10 +15,10 @@
 //! configurations whatever the policy did. Each measurement is `warmup` unmeasured steps, then
 //! `reps` timed steps; the table shows the median and the spread (min–max).
 //!
-//! Tier 3 runs as four schedules in the step's order — the host part (TrainHosts, Validate), Observe +
+//! Tier 3 runs as five schedules in the step's order — the host part (TrainHosts, Validate), Observe,
 //! Decide, Reward, Act … Record — timed separately: the epoch boundary's (Observe … Record) host time
-//! per step is reported at every env count with its growth from 16 to 256 envs, and the Reward set's
-//! time with its share of the whole step.
+//! per step is reported at every env count with its growth from 16 to 256 envs, the Observe set's time
+//! per step and per env, and the Reward set's time with its share of the whole step.
 
 use crate::config::{DataKind, PolicyKind, RunConfig, RunPlan};
 use crate::run::{RunError, build_world};
@@ -30,8 +30,8 @@ use esper_components::{
 use esper_systems::host_resources::{Hosts, StepClock};
 use esper_systems::slot_query::SlotLifecycle;
 use esper_systems::{
-    StepSet, add_act_record_systems, add_host_systems, add_observe_decide_systems, add_reward_systems,
-    empty_step_schedule,
+    StepSet, add_act_record_systems, add_decide_systems, add_host_systems, add_observe_decide_systems,
+    add_observe_systems, add_reward_systems, empty_step_schedule,
 };
 use std::fmt::Write as _;
 use std::time::Instant;
@@ -165,6 +165,10 @@ pub struct BoundaryResult {
     pub envs: usize,
     pub step: Timing,
     pub us_per_env: f64,
+    /// The Observe set alone (governor check, signals, the observation and its normalisation, masks):
+    /// median µs per step and per env.
+    pub observe_us: f64,
+    pub observe_us_per_env: f64,
     /// The Reward set alone (median µs per step) and its share of the whole step's median.
     pub reward_us: f64,
     pub reward_share_of_step: f64,
@@ -304,7 +308,8 @@ fn bench_envs(
             Tier::ValidatePolicy => vec![schedule_with(&[add_host_systems, add_observe_decide_systems])],
             Tier::FullLoop => vec![
                 schedule_with(&[add_host_systems]),
-                schedule_with(&[add_observe_decide_systems]),
+                schedule_with(&[add_observe_systems]),
+                schedule_with(&[add_decide_systems]),
                 schedule_with(&[add_reward_systems]),
                 schedule_with(&[add_act_record_systems]),
             ],
@@ -312,8 +317,8 @@ fn bench_envs(
         for part in &mut parts {
             part.initialize(&mut world).map_err(|e| RunError(format!("bench schedule: {e:?}")))?;
         }
-        let (mut totals, mut boundaries, mut rewards, mut regerminated) =
-            (Vec::new(), Vec::new(), Vec::new(), 0);
+        let (mut totals, mut boundaries, mut observes, mut rewards, mut regerminated) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), 0);
         for rep in 0..config.warmup + config.reps {
             let forced = force_state(&mut world);
             let mut part_ms = Vec::with_capacity(parts.len());
@@ -332,7 +337,8 @@ fn bench_envs(
                 regerminated += forced;
                 if tier == Tier::FullLoop {
                     boundaries.push(part_ms[1..].iter().sum::<f64>());
-                    rewards.push(part_ms[2]);
+                    observes.push(part_ms[1]);
+                    rewards.push(part_ms[3]);
                 }
             }
         }
@@ -355,10 +361,13 @@ fn bench_envs(
             let full_step_ms = step.median_ms;
             let boundary_step = Timing::of(&boundaries);
             let reward_ms = Timing::of(&rewards).median_ms;
+            let observe_ms = Timing::of(&observes).median_ms;
             boundary = Some(BoundaryResult {
                 envs,
                 step: boundary_step,
                 us_per_env: 1e3 * boundary_step.median_ms / envs as f64,
+                observe_us: 1e3 * observe_ms,
+                observe_us_per_env: 1e3 * observe_ms / envs as f64,
                 reward_us: 1e3 * reward_ms,
                 reward_share_of_step: reward_ms / full_step_ms,
             });
@@ -483,11 +492,14 @@ pub fn format_boundary(report: &BenchReport) -> String {
     for b in &report.boundary {
         let _ = writeln!(
             out,
-            "{:>6} envs  {:>9.3} ms/step  {:>8.2} µs/env  spread {:.1}%   reward {:>8.1} µs/step ({:.4}% of the step)",
+            "{:>6} envs  {:>9.3} ms/step  {:>8.2} µs/env  spread {:.1}%   observe {:>8.1} µs/step \
+             ({:.2} µs/env)   reward {:>8.1} µs/step ({:.4}% of the step)",
             b.envs,
             b.step.median_ms,
             b.us_per_env,
             100.0 * b.step.spread(),
+            b.observe_us,
+            b.observe_us_per_env,
             b.reward_us,
             100.0 * b.reward_share_of_step
         );

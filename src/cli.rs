@@ -262,6 +262,14 @@ pub struct TrainArgs {
     )]
     pub log_reward_inputs: bool,
 
+    #[arg(
+        long,
+        help = "Every metrics.jsonl line also carries the env's raw observation (observation: the \
+                23 + 31·S Obs V3 features the policy's input was normalised from) and its \
+                blueprint_indices — for debugging a policy"
+    )]
+    pub log_observations: bool,
+
     #[arg(long, value_name = "FILE", help = with_default(
         "TOML file setting any run field (unknown keys are an error); flags override it", "none"))]
     pub config: Option<PathBuf>,
@@ -318,6 +326,7 @@ impl TrainArgs {
         set(&mut c.rent_host_params_floor, self.rent_host_params_floor);
         set(&mut c.basic_acc_delta_weight, self.basic_acc_delta_weight);
         c.log_reward_inputs |= self.log_reward_inputs;
+        c.log_observations |= self.log_observations;
         if self.out.is_some() {
             c.out = self.out.clone();
         }

@@ -85,6 +85,9 @@ pub struct RunConfig {
     pub basic_acc_delta_weight: f64,
     /// Every metrics.jsonl line also carries the inputs the reward read (`reward_inputs`).
     pub log_reward_inputs: bool,
+    /// Every metrics.jsonl line also carries the env's raw observation (`observation`, the
+    /// `23 + 31·S` Obs V3 features the policy's input was normalised from) and `blueprint_indices`.
+    pub log_observations: bool,
 }
 
 impl Default for RunConfig {
@@ -115,6 +118,7 @@ impl Default for RunConfig {
             rent_host_params_floor: reward.rent_host_params_floor,
             basic_acc_delta_weight: reward.basic_acc_delta_weight,
             log_reward_inputs: false,
+            log_observations: false,
         }
     }
 }
@@ -538,12 +542,13 @@ mod tests {
     #[test]
     fn reward_settings_come_from_the_config_file() {
         let text = "reward_mode = \"basic_plus\"\nparam_budget = 100000\nrent_host_params_floor = 500\n\
-                    disable_pbrs = true\nlog_reward_inputs = true\n";
+                    disable_pbrs = true\nlog_reward_inputs = true\nlog_observations = true\n";
         let cfg = RunConfig::from_toml_str(text).unwrap();
         let reward = cfg.reward();
         assert_eq!((reward.mode, reward.family), (RewardMode::BasicPlus, RewardFamily::Contribution));
         assert_eq!((reward.param_budget, reward.rent_host_params_floor), (100_000.0, 500.0));
         assert!(reward.disable_pbrs && !reward.disable_terminal_reward && cfg.log_reward_inputs);
+        assert!(cfg.log_observations && !RunConfig::default().log_observations);
         assert!(RunConfig::from_toml_str("reward_mode = \"dense\"\n").is_err());
         let loss = RunConfig::from_toml_str("reward_family = \"loss\"\nreward_mode = \"sparse\"\n").unwrap();
         assert!(matches!(

@@ -17,6 +17,7 @@ use esper_kernels::host::HostArch;
 use esper_systems::episode_end::episode_end_schedule;
 use esper_systems::host_resources::{Hosts, Snapshots, StepClock, TrainData};
 use esper_systems::policy::{ActivePolicy, HeuristicPolicy, Policy, RandomPolicy};
+use esper_systems::update_obs_normalizer::round_end_schedule;
 use esper_systems::update_signals::{EnvSignals, SlotReports};
 use esper_systems::write_metrics::MetricsSink;
 use esper_systems::{add_training_systems, empty_step_schedule};
@@ -132,6 +133,7 @@ pub struct Session {
     pub world: World,
     schedule: Schedule,
     episode_end: Schedule,
+    round_end: Schedule,
     /// Built once: a query state made per epoch would allocate in the run's loop.
     env_metrics: QueryState<(&'static EnvIndex, &'static HostMetrics)>,
     env_returns: QueryState<&'static EpisodeReturn>,
@@ -153,9 +155,11 @@ impl Session {
         schedule.initialize(&mut world).map_err(|e| RunError(format!("schedule: {e:?}")))?;
         let mut episode_end = episode_end_schedule();
         episode_end.initialize(&mut world).map_err(|e| RunError(format!("episode-end schedule: {e:?}")))?;
+        let mut round_end = round_end_schedule();
+        round_end.initialize(&mut world).map_err(|e| RunError(format!("round-end schedule: {e:?}")))?;
         let env_metrics = world.query();
         let env_returns = world.query();
-        Ok(Self { world, schedule, episode_end, env_metrics, env_returns })
+        Ok(Self { world, schedule, episode_end, round_end, env_metrics, env_returns })
     }
 
     /// Fresh hosts, empty slots and fresh per-env state for `round` (round 0 is set up by `new`).
@@ -166,6 +170,12 @@ impl Session {
         }
     }
 
+    /// After a round's last epoch: what learns from the whole round — the observation normaliser's
+    /// one update from the round's raw observations (and, with the learned policy, its update).
+    pub fn finish_round(&mut self) {
+        self.round_end.run(&mut self.world);
+    }
+
     /// One step: host epoch `epoch` (1-based) for every env. The step index advances after it.
     pub fn run_epoch(&mut self, epoch: u64) {
         self.world.resource_mut::<StepClock>().epoch = epoch;
@@ -173,10 +183,14 @@ impl Session {
         self.world.resource_mut::<StepClock>().step += 1;
     }
 
-    /// Run the step schedule on bevy's single-threaded executor (the allocation test does: the
-    /// multi-threaded executor allocates its tasks).
+    /// Run the step and round-end schedules on bevy's single-threaded executor (the allocation test
+    /// does: the multi-threaded executor allocates its tasks). The executors are set up here, not on
+    /// their schedule's first run.
     pub fn use_single_threaded_executor(&mut self) {
-        self.schedule.set_executor(bevy_ecs::schedule::SingleThreadedExecutor::new());
+        for schedule in [&mut self.schedule, &mut self.round_end] {
+            schedule.set_executor(bevy_ecs::schedule::SingleThreadedExecutor::new());
+            schedule.initialize(&mut self.world).expect("initialised in Session::with_systems");
+        }
     }
 
     /// Each env's latest validation accuracy, in env order, into `out`.
@@ -223,7 +237,8 @@ pub fn train_session(
     let metrics_path = plan.out_dir.join("metrics.jsonl");
     let file = File::create(&metrics_path).map_err(|e| io_error(&metrics_path.display().to_string(), e))?;
     let sink = MetricsSink::new(Box::new(BufWriter::new(file)), &plan.slots)
-        .with_reward(&cfg.reward(), cfg.log_reward_inputs);
+        .with_reward(&cfg.reward(), cfg.log_reward_inputs)
+        .with_observations(cfg.log_observations);
     session.world.insert_resource(sink);
     let progress = (!plan.quiet).then(|| progress_bar(cfg.rounds * cfg.epochs));
 
@@ -262,6 +277,8 @@ pub fn train_session(
                 break 'rounds;
             }
         }
+        // An interrupted round never gets here: its partial observations do not move the statistics.
+        session.finish_round();
         add_tallies(&mut session.world, &mut tallies);
         summary.mean_episode_return.push(session.mean_episode_return());
         summary.rounds_completed += 1;

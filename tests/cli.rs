@@ -459,6 +459,7 @@ fn train_help_lists_every_flag_with_its_default() {
     }
     assert!(help_entry(&help, "--force").contains("existing --out"), "{help}");
     assert!(help_entry(&help, "--quiet").contains("progress"), "{help}");
+    assert!(help_entry(&help, "--log-observations").contains("observation"), "{help}");
     for flag in
         ["--disable-pbrs", "--disable-terminal-reward", "--disable-anti-gaming", "--log-reward-inputs"]
     {

@@ -1,7 +1,8 @@
 //! DESIGN §2 rule 4 over a whole step of the training schedule (every system, not only the kernels):
 //! after two warm-up epochs, four epochs of 4 envs with three live seeds each (so validation runs the
 //! counterfactual plan with pairs, and the scaffold ledger fills) under the heuristic policy allocate
-//! nothing — in the shaped, escrow and basic_plus reward modes, with the reward inputs logged.
+//! nothing — in the shaped, escrow and basic_plus reward modes, with the reward inputs and the
+//! observations logged — and neither does the round end's observation-normaliser update.
 //!
 //! Not covered yet: a lifecycle change that puts more envs into one blueprint group, or a gate, than
 //! any step before grows that group's kernel workspace once (`host/slot.rs` `fit`, `seeds` `grown`):
@@ -97,13 +98,17 @@ fn step_allocations(policy: PolicyKind, reward_mode: RewardMode) -> usize {
         synthetic_test_per_env: 64,
         reward_mode,
         log_reward_inputs: true,
+        log_observations: true,
         ..RunConfig::default()
     };
     let reward = config.reward();
     let plan = config.plan_in(out, true).unwrap();
     let mut session = Session::new(&plan).unwrap();
-    // Every line with its reward terms and inputs, serialised into a sink as the run's file would be.
-    let sink = MetricsSink::new(Box::new(std::io::sink()), &plan.slots).with_reward(&reward, true);
+    // Every line with its reward terms, inputs and observation, serialised into a sink as the run's
+    // file would be.
+    let sink = MetricsSink::new(Box::new(std::io::sink()), &plan.slots)
+        .with_reward(&reward, true)
+        .with_observations(true);
     session.world.insert_resource(sink);
     session.use_single_threaded_executor();
     session.start_round(0);
@@ -116,6 +121,7 @@ fn step_allocations(policy: PolicyKind, reward_mode: RewardMode) -> usize {
             for epoch in 3..=6 {
                 session.run_epoch(epoch);
             }
+            session.finish_round();
         })
     })
 }

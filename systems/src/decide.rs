@@ -1,6 +1,8 @@
-//! Decide: the installed [`Policy`](crate::policy::Policy) reads every env's observations and masks and
-//! writes the batch of factored actions — one call per step for all envs.
+//! Decide: the installed [`Policy`](crate::policy::Policy) reads every env's observations (the
+//! normalised features and blueprint indices of [`ObsBatch`], with the signals and slot reports) and
+//! masks and writes the batch of factored actions — one call per step for all envs.
 
+use crate::build_observations::ObsBatch;
 use crate::host_resources::StepClock;
 use crate::policy::{ActivePolicy, Observations};
 use crate::resources::{ActionBatch, MaskBatch};
@@ -15,6 +17,7 @@ pub fn decide(
     envs: Query<(&EnvIndex, &EnvSignals)>,
     reports: Res<SlotReports>,
     masks: Res<MaskBatch>,
+    observations: Res<ObsBatch>,
     slot_config: Res<SlotConfig>,
     clock: Res<StepClock>,
     mut policy: ResMut<ActivePolicy>,
@@ -28,7 +31,13 @@ pub fn decide(
     for (env, s) in &envs {
         signals[env.0 as usize] = s.0;
     }
-    let obs =
-        Observations { clock: *clock, signals: &signals, reports: &reports.0, n_slots: slot_config.len() };
+    let obs = Observations {
+        clock: *clock,
+        features: &observations.normalized,
+        blueprint_indices: &observations.blueprint_indices,
+        signals: &signals,
+        reports: &reports.0,
+        n_slots: slot_config.len(),
+    };
     policy.0.decide(&obs, &masks.0, &mut actions);
 }

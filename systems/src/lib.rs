@@ -3,6 +3,7 @@
 
 pub mod apply_ops;
 pub mod build_masks;
+pub mod build_observations;
 pub mod compute_rewards;
 pub mod decide;
 pub mod episode_end;
@@ -10,6 +11,7 @@ pub mod governor_check;
 pub mod governor_rollback;
 pub mod gradient_telemetry;
 pub mod host_resources;
+pub mod normalize_observations;
 pub mod note_fossilizations;
 pub mod policy;
 pub mod record_accuracy;
@@ -23,6 +25,7 @@ pub mod tally_lifecycle;
 pub mod tick;
 pub mod track_actions;
 pub mod train_hosts;
+pub mod update_obs_normalizer;
 pub mod update_signals;
 pub mod validate;
 pub mod world;
@@ -30,7 +33,8 @@ pub mod write_metrics;
 
 pub use resources::{ActionBatch, EffectiveOps, EnvCount, MaskBatch, OpOutcomes, ParamCounts};
 pub use schedule::{
-    PolicySet, Step, StepSet, add_act_record_systems, add_host_systems, add_lifecycle_systems,
-    add_observe_decide_systems, add_reward_systems, add_training_systems, empty_step_schedule,
+    PolicySet, Step, StepSet, add_act_record_systems, add_decide_systems, add_host_systems,
+    add_lifecycle_systems, add_observe_decide_systems, add_observe_systems, add_reward_systems,
+    add_training_systems, empty_step_schedule,
 };
 pub use world::{build_world, insert_run_resources, spawn_env, spawn_slot};

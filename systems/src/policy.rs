@@ -11,9 +11,15 @@ use esper_components::signals::{SeedReport, TrainingSignals};
 use esper_components::{ActionMasks, FactoredAction};
 use esper_kernels::rng::{Purpose, StreamKey};
 
-/// What a policy sees of every env this step, row `e` = env `e`.
+/// What a policy sees of every env this step, row `e` = env `e`: the Obs V3 features normalised with
+/// the round's frozen statistics and the blueprint indices (what a learned policy reads), and the
+/// signals and slot reports they were built from (what the heuristic reads).
 pub struct Observations<'a> {
     pub clock: StepClock,
+    /// `[E, 23 + 31·S]` normalised features.
+    pub features: &'a [f32],
+    /// `[E, S]` blueprint index per slot (−1 for an empty slot), for the policy's embedding.
+    pub blueprint_indices: &'a [i64],
     /// Each env's training signals (None before its first epoch).
     pub signals: &'a [Option<TrainingSignals>],
     /// `[E × S]` slot reports in canonical slot order.
@@ -28,6 +34,22 @@ impl Observations<'_> {
 
     pub fn slots(&self, env: usize) -> &[SeedReport] {
         &self.reports[env * self.n_slots..(env + 1) * self.n_slots]
+    }
+
+    /// Features per env (`23 + 31·S`).
+    pub fn obs_dim(&self) -> usize {
+        esper_kernels::observation::obs_dim(self.n_slots)
+    }
+
+    /// Env `env`'s normalised features.
+    pub fn features(&self, env: usize) -> &[f32] {
+        let d = self.obs_dim();
+        &self.features[env * d..(env + 1) * d]
+    }
+
+    /// Env `env`'s blueprint indices.
+    pub fn blueprint_indices(&self, env: usize) -> &[i64] {
+        &self.blueprint_indices[env * self.n_slots..(env + 1) * self.n_slots]
     }
 }
 

@@ -2,8 +2,10 @@
 //! chained in order; systems inside a set run in parallel where their access allows, and ambiguity
 //! detection is an error so that parallel order can never change a result.
 
+use crate::build_observations::build_observations;
 use crate::compute_rewards::compute_rewards;
 use crate::decide::decide;
+use crate::normalize_observations::normalize_observations;
 use crate::note_fossilizations::note_fossilizations;
 use crate::{apply_ops::apply_ops, build_masks::build_masks, record_accuracy::record_accuracy};
 use crate::{governor_check::governor_check, governor_rollback::governor_rollback};
@@ -87,16 +89,34 @@ pub fn add_host_systems(schedule: &mut Schedule) {
     schedule.add_systems((train_hosts.in_set(StepSet::TrainHosts), validate.in_set(StepSet::Validate)));
 }
 
-/// Observe (governor check, record accuracy, gradient telemetry, signals, masks) and Decide (the
-/// installed `ActivePolicy`, then the resolve stage that settles rollbacks, refusals and vetoes before
-/// the Reward set): what policy inference needs after validation.
-pub fn add_observe_decide_systems(schedule: &mut Schedule) {
-    schedule.add_systems((
-        (governor_check, record_accuracy, sync_gradient_telemetry, update_signals, build_masks)
+/// Observe: the governor check, record accuracy, gradient telemetry, signals, the observation (built,
+/// then normalised) and the masks — what policy inference needs after validation.
+pub fn add_observe_systems(schedule: &mut Schedule) {
+    schedule.add_systems(
+        (
+            governor_check,
+            record_accuracy,
+            sync_gradient_telemetry,
+            update_signals,
+            build_observations,
+            normalize_observations,
+            build_masks,
+        )
             .chain()
             .in_set(StepSet::Observe),
-        (decide.in_set(PolicySet), resolve_actions).chain().in_set(StepSet::Decide),
-    ));
+    );
+}
+
+/// Decide: the installed `ActivePolicy`, then the resolve stage that settles rollbacks, refusals and
+/// vetoes before the Reward set.
+pub fn add_decide_systems(schedule: &mut Schedule) {
+    schedule.add_systems((decide.in_set(PolicySet), resolve_actions).chain().in_set(StepSet::Decide));
+}
+
+/// [`add_observe_systems`] and [`add_decide_systems`].
+pub fn add_observe_decide_systems(schedule: &mut Schedule) {
+    add_observe_systems(schedule);
+    add_decide_systems(schedule);
 }
 
 /// Reward: every env's reward in one kernel call, after the decision and before the action runs.

@@ -36,13 +36,15 @@ macro_rules! system_span {
 
 /// Every span the step schedule of [`add_training_systems`](crate::add_training_systems) opens, in
 /// schedule order; a test checks it against the schedule's systems.
-pub const TRAINING_SYSTEM_SPANS: [&str; 17] = [
+pub const TRAINING_SYSTEM_SPANS: [&str; 19] = [
     "TrainHosts::train_hosts",
     "Validate::validate",
     "Observe::governor_check",
     "Observe::record_accuracy",
     "Observe::sync_gradient_telemetry",
     "Observe::update_signals",
+    "Observe::build_observations",
+    "Observe::normalize_observations",
     "Observe::build_masks",
     "Decide::decide",
     "Decide::resolve_actions",

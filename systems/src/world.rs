@@ -1,8 +1,10 @@
 //! Building the world: one entity per env and one per (env, slot), plus the run's batch resources.
 
+use crate::build_observations::ObsBatch;
 use crate::compute_rewards::{RewardBatch, SharedRewardNormalizer};
 use crate::governor_check::GovernorVerdict;
 use crate::host_resources::StepClock;
+use crate::normalize_observations::ObsNormalization;
 use crate::resources::{ActionBatch, EffectiveOps, EnvCount, MaskBatch, OpOutcomes, ParamCounts};
 use crate::write_metrics::MetricsSink;
 use bevy_ecs::prelude::*;
@@ -13,9 +15,11 @@ use esper_components::{
     LifecycleOp, LifecycleTally, OpOutcome, PendingRewardTerms, RewardConfig, ScaffoldLedger, SlotConfig,
     SlotEvents, SlotIndex, SlotOf, SlotRewardState, SlotState, SlotTracking,
 };
+use esper_kernels::observation::obs_dim;
 
 /// Insert the run's configuration, a [`StepClock`] at step 0, the `[E]`-shaped batch resources, the
-/// default reward settings with a fresh shared normaliser, and a metrics sink that discards its lines
+/// default reward settings with a fresh shared normaliser, the observation buffers with a fresh
+/// observation normaliser, and a metrics sink that discards its lines
 /// (the app points it at `metrics.jsonl` and inserts the run's reward settings).
 pub fn insert_run_resources(world: &mut World, n_envs: usize, slots: SlotConfig, config: LifecycleConfig) {
     let empty_masks = compute_action_masks(&vec![None; slots.len()], 0, &config.mask_params());
@@ -29,6 +33,8 @@ pub fn insert_run_resources(world: &mut World, n_envs: usize, slots: SlotConfig,
     world.insert_resource(RewardConfig::default());
     world.insert_resource(RewardBatch::default());
     world.insert_resource(SharedRewardNormalizer::default());
+    world.insert_resource(ObsBatch::new(n_envs, slots.len()));
+    world.insert_resource(ObsNormalization::new(obs_dim(slots.len())));
     world.insert_resource(MetricsSink::new(Box::new(std::io::sink()), &slots));
     world.insert_resource(slots);
     world.insert_resource(config);

@@ -4,9 +4,12 @@
 //! (`outcome`), every slot's stage and alpha, and the reward — null for an env that rolled back
 //! (it gets none): `reward` (raw), `reward_norm`, `reward_components` (the named terms of the run's
 //! mode), and — when
-//! the sink logs them — `reward_inputs`, every input the reward kernel read for the env. The buffers
+//! the sink logs them — `reward_inputs`, every input the reward kernel read for the env, and
+//! `observation` (the env's raw Obs V3 features this step, `23 + 31·S` numbers) with its
+//! `blueprint_indices`. The buffers
 //! live in the system's `Local`s and are sized once, so a step's lines allocate nothing.
 
+use crate::build_observations::ObsBatch;
 use crate::compute_rewards::RewardBatch;
 use crate::host_resources::StepClock;
 use crate::resources::{ActionBatch, EffectiveOps, EnvCount, OpOutcomes};
@@ -27,6 +30,7 @@ pub struct MetricsSink {
     /// The reward terms a line carries (those of the run's mode).
     reward_terms: &'static [Term],
     log_reward_inputs: bool,
+    log_observations: bool,
     error: Option<String>,
 }
 
@@ -38,6 +42,7 @@ impl MetricsSink {
             slot_names: slots.ids().iter().map(|s| s.to_string()).collect(),
             reward_terms: Term::of(&RewardConfig::default()),
             log_reward_inputs: false,
+            log_observations: false,
             error: None,
         }
     }
@@ -46,6 +51,12 @@ impl MetricsSink {
     pub fn with_reward(mut self, reward: &RewardConfig, log_inputs: bool) -> Self {
         self.reward_terms = Term::of(reward);
         self.log_reward_inputs = log_inputs;
+        self
+    }
+
+    /// Carry each env's raw observation and blueprint indices when `log`.
+    pub fn with_observations(mut self, log: bool) -> Self {
+        self.log_observations = log;
         self
     }
 
@@ -76,6 +87,11 @@ struct MetricsLine<'a> {
     reward_components: Option<TermsView<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reward_inputs: Option<InputsView<'a>>,
+    /// The raw observation the policy's input was normalised from (a non-finite value reads null).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    observation: Option<&'a [f32]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    blueprint_indices: Option<&'a [i64]>,
 }
 
 /// One env's reward terms as a JSON object `{name: value}` (no map is built).
@@ -187,6 +203,7 @@ pub fn write_metrics(
     clock: Res<StepClock>,
     n_envs: Res<EnvCount>,
     rewards: Res<RewardBatch>,
+    observations: Res<ObsBatch>,
     mut sink: ResMut<MetricsSink>,
     mut scratch: Local<MetricsScratch>,
     info: StepInfo,
@@ -237,6 +254,8 @@ pub fn write_metrics(
                         }),
                         reward_inputs: (sink.log_reward_inputs && rewards.rewarded(e))
                             .then_some(InputsView { batch: &rewards, slot_names: &sink.slot_names, env: e }),
+                        observation: sink.log_observations.then(|| observations.raw_row(e)),
+                        blueprint_indices: sink.log_observations.then(|| observations.blueprint_row(e)),
                     };
                 serde_json::to_writer(&mut sink.out, &line).map_err(|err| err.to_string())?;
                 sink.out.write_all(b"\n").map_err(|err| err.to_string())?;

@@ -45,6 +45,8 @@ fn random_policy_picks_only_legal_actions() {
     for epoch in 1..=20 {
         let obs = Observations {
             clock: StepClock { seed: 3, round: 0, epoch, step: epoch, episode_epochs: 0 },
+            features: &[],
+            blueprint_indices: &[],
             signals: &signals,
             reports: &[],
             n_slots: 3,
@@ -67,7 +69,14 @@ fn heuristic_policy_waits_without_signals() {
     let reports = vec![Default::default(); 12];
     let mut policy = HeuristicPolicy::new(HeuristicConfig::new(Topology::Cnn).unwrap(), 4);
     let mut actions = ActionBatch::new(4);
-    let obs = Observations { clock: StepClock::default(), signals: &signals, reports: &reports, n_slots: 3 };
+    let obs = Observations {
+        clock: StepClock::default(),
+        features: &[],
+        blueprint_indices: &[],
+        signals: &signals,
+        reports: &reports,
+        n_slots: 3,
+    };
     policy.decide(&obs, &masks, &mut actions);
     for e in 0..4 {
         assert_eq!(actions.get(e).op, LifecycleOp::Wait as u8);
