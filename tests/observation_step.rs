@@ -4,16 +4,21 @@
 //! frozen during a round and takes one EMA step from the round's raw observations when it completes,
 //! and the next round keeps the statistics.
 
-use esper_components::{ActionMasks, LifecycleOp, SeedStage};
+use bevy_ecs::prelude::*;
+use esper_components::{ActionMasks, LifecycleOp, LifecycleTally, SeedStage};
 use esper_ecs::config::{PolicyKind, RunConfig, RunPlan};
 use esper_ecs::run::{self, Session};
-use esper_systems::ActionBatch;
 use esper_systems::build_observations::ObsBatch;
 use esper_systems::normalize_observations::ObsNormalization;
 use esper_systems::policy::{ActivePolicy, Observations, Policy, RandomPolicy};
+use esper_systems::validate::validate;
+use esper_systems::{ActionBatch, StepSet};
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
+
+mod common;
+use common::{ValidationFault, env_row, inject_validation_fault};
 
 fn plan(name: &str, rounds: usize, epochs: usize) -> RunPlan {
     let out = std::env::temp_dir().join(format!("esper-observation-{name}-{}", std::process::id()));
@@ -212,5 +217,51 @@ fn the_policy_reads_frozen_normalised_observations_and_the_round_end_updates_the
         let d = j % 116;
         let want = ((f64::from(x) - after.mean[d]) / (after.var[d] + 1e-4).sqrt()).clamp(-10.0, 10.0) as f32;
         assert!((z - want).abs() <= 1e-5, "feature {d}: {x} → {z}, want {want}");
+    }
+}
+
+/// A rolled-back env's observation still enters the round's statistics (simic §1.3 C.6 appends every
+/// env's observation before the rollback branch), and its NaN validation loss reaches the raw features
+/// (`symlog(NaN)`) but neither the policy (it normalises to 0) nor the statistics (that feature's
+/// moments leave it out).
+#[test]
+fn a_rolled_back_envs_observation_counts_and_its_nan_stays_out_of_the_statistics() {
+    let plan = plan("rollback", 1, 3);
+    let mut session = Session::with_systems(&plan, |schedule| {
+        schedule.add_systems(inject_validation_fault.after(validate).in_set(StepSet::Validate));
+    })
+    .unwrap();
+    session.world.insert_resource(ValidationFault {
+        epoch: 2,
+        env: 1,
+        val_loss: Some(f64::NAN),
+        val_accuracy: None,
+    });
+    session.start_round(0);
+    let mut raw_rows: Vec<Vec<f32>> = Vec::new();
+    for epoch in 1..=3 {
+        session.run_epoch(epoch);
+        let batch = session.world.resource::<ObsBatch>();
+        if epoch == 2 {
+            assert!(
+                batch.raw_row(1)[1].is_nan() && batch.raw_row(1)[7].is_nan(),
+                "NaN loss in the raw features"
+            );
+            assert_eq!(batch.normalized_row(1)[1], 0.0, "the policy sees 0 for it");
+            assert!(batch.raw_row(0)[1].is_finite());
+        }
+        raw_rows.extend(batch.raw.chunks(116).map(<[f32]>::to_vec));
+    }
+    let outcome = session.world.resource::<esper_systems::OpOutcomes>().0.clone();
+    assert_eq!(session.world.resource::<ObsNormalization>().round.rows, 6, "every env, every step");
+    let rolled_back = env_row(&mut session.world, 1, |t: &LifecycleTally| t.rollbacks);
+    assert_eq!(rolled_back, 1, "env 1 rolled back once ({outcome:?})");
+    session.finish_round();
+    let norm = session.world.resource::<ObsNormalization>().normalizer.clone();
+    for j in [0usize, 1, 2] {
+        let xs: Vec<f64> = raw_rows.iter().map(|r| f64::from(r[j])).filter(|x| x.is_finite()).collect();
+        assert_eq!(xs.len(), if j == 1 { 5 } else { 6 }, "feature {j}");
+        let m = xs.iter().sum::<f64>() / xs.len() as f64;
+        close(norm.mean[j], 0.01 * m, &format!("mean[{j}]"));
     }
 }

@@ -241,7 +241,9 @@ pub fn build_observations(x: &ObsInputs, obs: &mut [f32], blueprint_indices: &mu
         }
     }
 
-    // Slot blocks: one pass over the [E × S] columns; an empty slot stays all zeros with index −1.
+    // Slot blocks: one pass over the [E × S] columns; an empty slot stays all zeros with index −1. An
+    // UNKNOWN stage counts as empty: no slot with a seed state is ever UNKNOWN (the one-hot keeps its
+    // column 0 for the spec's map).
     for (i, blueprint_index) in blueprint_indices.iter_mut().enumerate() {
         let stage = x.stage[i];
         if !stage.has_state() {
@@ -296,5 +298,36 @@ pub fn build_observations(x: &ObsInputs, obs: &mut [f32], blueprint_indices: &mu
             f[offset] = value as f32;
         }
         f[slot::STAGE_ONE_HOT + stage.feature_index()] = 1.0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Literal cases the property test's oracle shares helpers for: Python's `max(-1, min(NaN, 1))`
+    /// reads −1.0 for a NaN contribution, velocity or interaction sum; −0.0 keeps its sign through
+    /// symlog; an UNKNOWN stage is an empty slot.
+    #[test]
+    fn nan_clamps_to_minus_one_and_unknown_is_empty() {
+        let mut x = ObsInputs { max_epochs: 10, ..ObsInputs::default() };
+        x.resize(1, 2);
+        x.val_loss[0] = -0.0;
+        x.stage[0] = SeedStage::Training;
+        x.contribution[0] = Some(f64::NAN);
+        x.contribution_velocity[0] = f64::NAN;
+        x.interaction_sum[0] = f64::NAN;
+        x.stage[1] = SeedStage::Unknown;
+        let mut obs = vec![7.0; obs_dim(2)];
+        let mut indices = vec![99; 2];
+        build_observations(&x, &mut obs, &mut indices);
+        assert!(obs[base::VAL_LOSS] == 0.0 && obs[base::VAL_LOSS].is_sign_negative());
+        let s0 = &obs[BASE_FEATURES..BASE_FEATURES + SLOT_FEATURES];
+        assert_eq!(
+            [s0[slot::CONTRIBUTION], s0[slot::CONTRIBUTION_VELOCITY], s0[slot::INTERACTION_SUM]],
+            [-1.0, -1.0, -1.0]
+        );
+        assert!(obs[BASE_FEATURES + SLOT_FEATURES..].iter().all(|&v| v == 0.0));
+        assert_eq!(indices, vec![0, -1]);
     }
 }

@@ -1,6 +1,7 @@
 //! Round end: the observation normaliser's one EMA step from the moments of all of the round's raw
 //! observations (simic §4.6), then fresh moments about the new mean. It runs after a round's last
-//! epoch and before anything learns from the round (the learned policy's update will follow it in the
+//! epoch (or the epoch a stop request ended the round at, as the reference's graceful stop still
+//! updates) and before anything learns from the round (the learned policy's update will follow it in the
 //! same schedule); the observations stored during the round keep the normalisation they had.
 
 use crate::normalize_observations::ObsNormalization;

@@ -93,7 +93,9 @@ fn hand_built_world() -> World {
     blending.stage.current = SeedStage::Blending;
     blending.blueprint.0 = BlueprintAction::Attention;
     blending.alpha.0 = 0.4;
-    blending.controller = controller(0.0, 1.0, AlphaMode::Up, 5, 2, 0.4);
+    // The controller's own copy lags the canonical amplitude (it catches up at the next tick): the
+    // observation reads the canonical one, `metrics.current_alpha`.
+    blending.controller = controller(0.0, 1.0, AlphaMode::Up, 5, 2, 0.3);
     blending.blend.algorithm = AlphaAlgorithm::Multiply;
     blending.metrics.counterfactual_contribution = Some(3.5);
     blending.metrics.contribution_velocity = 12.0;
