@@ -34,8 +34,71 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     Train(TrainArgs),
+    Compare(CompareArgs),
     Profile(ProfileArgs),
     Bench(BenchArgs),
+}
+
+/// Train every policy × run seed with the same settings and compare their final accuracy.
+///
+/// Runs `train` once per policy and seed (policies outer, seeds inner) with every other setting shared —
+/// any `train` flag or `--config` applies to all runs — each into `<out>/<policy>-seed<S>/` with its own
+/// metrics.jsonl and summary.json. Prints per policy the mean ± sd over the seeds of the runs' mean final
+/// validation accuracy, and every run's figure, and writes them as `<out>/compare.json` and
+/// `<out>/compare.csv`. `--quiet` drops the progress (the table is still printed). Ctrl-C stops the
+/// current run after its epoch, skips the rest and still writes the comparison of what ran.
+#[derive(Args, Debug)]
+#[command(after_help = "Exit codes: 0 done (also when stopped by Ctrl-C), 1 a run failed, 2 bad input.")]
+pub struct CompareArgs {
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_policy_kind,
+          default_value = "static,random,heuristic",
+          help = "Policies to compare, comma-separated (heuristic, random, static)")]
+    pub policies: Vec<PolicyKind>,
+
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "1,2,3",
+        help = "Run seeds, comma-separated; each seed also generates its own synthetic data"
+    )]
+    pub seeds: Vec<u64>,
+
+    #[command(flatten)]
+    pub train: TrainArgs,
+}
+
+impl CompareArgs {
+    /// The settings every run shares: the `train` flags, without `--policy`, `--seed` and `--profile`
+    /// (each run's policy and seed come from `--policies` and `--seeds`).
+    pub fn to_config(&self) -> Result<RunConfig, ConfigError> {
+        let refuse =
+            |name: &'static str, reason: &str| Err(ConfigError::Invalid { name, reason: reason.into() });
+        if self.train.policy.is_some() {
+            return refuse("--policy", "compare takes --policies LIST");
+        }
+        if self.train.seed.is_some() {
+            return refuse("--seed", "compare takes --seeds LIST");
+        }
+        if !self.train.profile.is_empty() {
+            return refuse("--profile", "profile a single run with `esper-ecs train --profile`");
+        }
+        let mut seen = Vec::new();
+        for p in &self.policies {
+            if seen.contains(p) {
+                return refuse("--policies", &format!("{p} is listed twice"));
+            }
+            seen.push(*p);
+        }
+        let mut seeds = self.seeds.clone();
+        seeds.sort_unstable();
+        if seeds.windows(2).any(|w| w[0] == w[1]) {
+            return refuse("--seeds", "a seed is listed twice");
+        }
+        let mut config = self.train.to_config()?;
+        config.out = None; // the compare folder is `--out`; each run gets a folder inside it
+        Ok(config)
+    }
 }
 
 /// What `train --profile` records and prints.
@@ -196,7 +259,9 @@ pub struct TrainArgs {
     pub slots: Option<String>,
 
     #[arg(long, value_name = "POLICY", value_parser = parse_policy_kind,
-          help = with_default("Policy: heuristic or random", "heuristic"))]
+          help = with_default("Policy: heuristic (Tamiyo's rules), random (uniform legal actions) or static \
+                               (never germinates: the static host, the baseline to judge the others by)",
+                              "heuristic"))]
     pub policy: Option<PolicyKind>,
 
     #[arg(long, value_name = "S", allow_negative_numbers = true,
@@ -371,11 +436,10 @@ fn parse_reward_family(s: &str) -> Result<RewardFamily, String> {
 }
 
 fn parse_policy_kind(s: &str) -> Result<PolicyKind, String> {
-    match s {
-        "heuristic" => Ok(PolicyKind::Heuristic),
-        "random" => Ok(PolicyKind::Random),
-        _ => Err("unknown policy (known: heuristic, random)".into()),
-    }
+    PolicyKind::from_name(s).ok_or_else(|| {
+        let known: Vec<&str> = PolicyKind::ALL.iter().map(|p| p.name()).collect();
+        format!("unknown policy (known: {})", known.join(", "))
+    })
 }
 
 #[cfg(test)]

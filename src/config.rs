@@ -31,6 +31,32 @@ pub enum PolicyKind {
     Heuristic,
     /// Uniformly random legal actions (a baseline).
     Random,
+    /// Never germinates: every decision is WAIT — the static host, the baseline every morphogenetic
+    /// result is judged against.
+    Static,
+}
+
+impl PolicyKind {
+    pub const ALL: [PolicyKind; 3] = [Self::Heuristic, Self::Random, Self::Static];
+
+    /// The name used on the command line, in configs and in `summary.json`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Heuristic => "heuristic",
+            Self::Random => "random",
+            Self::Static => "static",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.name() == name)
+    }
+}
+
+impl std::fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// Every field of a training run. Unknown keys in a config file are an error.
@@ -152,8 +178,10 @@ pub struct RunPlan {
     pub data: esper_kernels::data::DataSource,
     /// Where metrics.jsonl and summary.json go (created, empty or `--force`d).
     pub out_dir: PathBuf,
-    /// No progress bar, no summary table.
+    /// No progress bar (and no summary table).
     pub quiet: bool,
+    /// Print the summary table at the end (unless quiet).
+    pub table: bool,
 }
 
 /// Why a run configuration cannot be used. `Display` is the one-line message the CLI prints after
@@ -179,6 +207,11 @@ pub enum ConfigError {
     },
     /// A reward setting the reference refuses, or one that is not a usable number.
     Reward(RewardConfigError),
+    /// A flag whose value cannot be used, and why.
+    Invalid {
+        name: &'static str,
+        reason: String,
+    },
     /// `data = cifar10` without `data_dir`.
     NoDataDir,
     /// `data_dir` given with synthetic data, where it would be silently ignored.
@@ -234,6 +267,7 @@ impl fmt::Display for ConfigError {
                 source.available.join(", ")
             ),
             Self::Reward(e) => write!(f, "{e}"),
+            Self::Invalid { name, reason } => write!(f, "{name}: {reason}"),
             Self::NoDataDir => write!(
                 f,
                 "--data cifar10 needs --data-dir DIR (a folder with {} … {} and {})",
@@ -381,7 +415,7 @@ impl RunConfig {
             }
         };
         Sharding::new(n_train, n_test, self.envs, self.batch_per_env).map_err(ConfigError::CannotFeed)?;
-        Ok(RunPlan { config: self, task, slots, data, out_dir, quiet })
+        Ok(RunPlan { config: self, task, slots, data, out_dir, quiet, table: !quiet })
     }
 }
 
@@ -468,6 +502,15 @@ pub fn utc_timestamp(secs: u64) -> String {
 
 /// Creates `path` (or, with `force`, accepts an existing directory) and checks a file can be written
 /// in it.
+/// The folder of an `esper-ecs compare`: `out` (created; an existing one only with `force`), or a new
+/// `runs/compare/<UTC timestamp>`.
+pub fn prepare_compare_out(out: Option<&Path>, force: bool) -> Result<PathBuf, ConfigError> {
+    match out {
+        Some(path) => prepare_out(path, force),
+        None => create_default_out(&Path::new("runs").join("compare"), SystemTime::now()),
+    }
+}
+
 fn prepare_out(path: &Path, force: bool) -> Result<PathBuf, ConfigError> {
     let path = path.to_path_buf();
     match create_dir_new(&path) {

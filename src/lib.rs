@@ -8,6 +8,7 @@ pub use esper_components as components;
 pub use esper_systems as systems;
 pub mod bench;
 pub mod cli;
+pub mod compare;
 pub mod config;
 pub mod profile;
 pub mod run;

@@ -5,7 +5,8 @@ use clap::Parser;
 use esper_components::TaskPreset;
 use esper_ecs::bench::{self, BenchConfig, Device};
 use esper_ecs::cli::{
-    BenchArgs, Cli, Command, EXIT_BAD_INPUT, EXIT_RUN_FAILED, ProfileArgs, ProfileMode, TrainArgs,
+    BenchArgs, Cli, Command, CompareArgs, EXIT_BAD_INPUT, EXIT_RUN_FAILED, ProfileArgs, ProfileMode,
+    TrainArgs,
 };
 use esper_ecs::profile;
 use esper_ecs::run;
@@ -20,6 +21,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Train(args) => train(&args),
+        Command::Compare(args) => compare_command(&args),
         Command::Profile(args) => profile_command(&args),
         Command::Bench(args) => bench_command(&args),
     }
@@ -113,6 +115,49 @@ fn train(args: &TrainArgs) -> ExitCode {
             println!("trace: {} (open in ui.perfetto.dev, or `esper-ecs profile {0}`)", path.display());
         }
     }
+    ExitCode::SUCCESS
+}
+
+fn compare_command(args: &CompareArgs) -> ExitCode {
+    let base = match args.to_config() {
+        Ok(config) => config,
+        Err(e) => return bad_input(e),
+    };
+    // Every run's configuration is checked before the folder is made or the first run starts.
+    if let Err(e) = esper_ecs::compare::check(&base, &args.policies, &args.seeds) {
+        return bad_input(e);
+    }
+    let out_dir = match esper_ecs::config::prepare_compare_out(args.train.out.as_deref(), args.train.force) {
+        Ok(dir) => dir,
+        Err(e) => return bad_input(e),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let handler_stop = Arc::clone(&stop);
+    let handler = ctrlc::set_handler(move || {
+        if handler_stop.swap(true, Ordering::SeqCst) {
+            eprintln!("\ninterrupted again: exiting now");
+            std::process::exit(130);
+        }
+        eprintln!("\nstopping the current run after its epoch; the comparison of what ran is still written");
+    });
+    if let Err(e) = handler {
+        return failed(format!("cannot install the Ctrl-C handler: {e}"));
+    }
+    let progress = !args.train.quiet;
+    let job = esper_ecs::compare::CompareJob {
+        base: &base,
+        policies: &args.policies,
+        seeds: &args.seeds,
+        out_dir: &out_dir,
+        force: args.train.force,
+        progress,
+    };
+    let report = match esper_ecs::compare::compare(&job, &stop, |line| println!("{line}")) {
+        Ok(report) => report,
+        Err(e) => return failed(e),
+    };
+    print!("{}", esper_ecs::compare::format_table(&report));
+    println!("  output {} (compare.json, compare.csv, one folder per run)", out_dir.display());
     ExitCode::SUCCESS
 }
 

@@ -16,7 +16,7 @@ use esper_kernels::data::{Batcher, DataSource, Dataset};
 use esper_kernels::host::HostArch;
 use esper_systems::episode_end::episode_end_schedule;
 use esper_systems::host_resources::{Hosts, Snapshots, StepClock, TrainData};
-use esper_systems::policy::{ActivePolicy, HeuristicPolicy, Policy, RandomPolicy};
+use esper_systems::policy::{ActivePolicy, HeuristicPolicy, Policy, RandomPolicy, StaticPolicy};
 use esper_systems::update_obs_normalizer::round_end_schedule;
 use esper_systems::update_signals::{EnvSignals, SlotReports};
 use esper_systems::write_metrics::MetricsSink;
@@ -112,6 +112,7 @@ pub fn build_world(plan: &RunPlan) -> Result<World, RunError> {
             Box::new(HeuristicPolicy::new(config, n_envs))
         }
         PolicyKind::Random => Box::new(RandomPolicy),
+        PolicyKind::Static => Box::new(StaticPolicy),
     };
     world.insert_resource(ActivePolicy(policy));
     world.insert_resource(SlotReports::default());
@@ -170,8 +171,9 @@ impl Session {
         }
     }
 
-    /// After a round's last epoch: what learns from the whole round — the observation normaliser's
-    /// one update from the round's raw observations (and, with the learned policy, its update).
+    /// After a round's last epoch (or the epoch a stop request ended it at): what learns from the
+    /// round — the observation normaliser's one update from the round's raw observations (and, with
+    /// the learned policy, its update).
     pub fn finish_round(&mut self) {
         self.round_end.run(&mut self.world);
     }
@@ -272,12 +274,14 @@ pub fn train_session(
             }
             if stop.load(Ordering::SeqCst) {
                 summary.interrupted = true;
+                // As the reference on a graceful stop: the partial round's observations still make
+                // the round-end update.
+                session.finish_round();
                 add_tallies(&mut session.world, &mut tallies);
                 summary.mean_episode_return.push(session.mean_episode_return());
                 break 'rounds;
             }
         }
-        // An interrupted round never gets here: its partial observations do not move the statistics.
         session.finish_round();
         add_tallies(&mut session.world, &mut tallies);
         summary.mean_episode_return.push(session.mean_episode_return());
@@ -297,7 +301,7 @@ pub fn train_session(
     summary.rollbacks = tallies.rollbacks as u64;
     summary.vetoed_ops = tallies.vetoed as u64;
     write_summary(plan, &summary)?;
-    if !plan.quiet {
+    if !plan.quiet && plan.table {
         print_table(plan, &summary);
     }
     Ok(summary)
@@ -356,10 +360,7 @@ fn print_table(plan: &RunPlan, s: &RunSummary) {
         "esper-ecs train — {} envs, {} task, {} policy",
         plan.config.envs,
         plan.task.name(),
-        match plan.config.policy {
-            PolicyKind::Heuristic => "heuristic",
-            PolicyKind::Random => "random",
-        }
+        plan.config.policy
     );
     println!(
         "  rounds {}  epochs {}{}",

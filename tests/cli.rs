@@ -139,8 +139,21 @@ fn unknown_data_kind() {
 fn unknown_policy() {
     bad_input(
         &["train", "--policy", "ppo"],
-        "invalid value 'ppo' for '--policy <POLICY>': unknown policy (known: heuristic, random)",
+        "invalid value 'ppo' for '--policy <POLICY>': unknown policy (known: heuristic, random, static)",
     );
+}
+
+#[test]
+fn compare_refuses_single_run_flags_and_repeats() {
+    bad_input(&["compare", "--policy", "static"], "--policy: compare takes --policies LIST");
+    bad_input(&["compare", "--seed", "3"], "--seed: compare takes --seeds LIST");
+    bad_input(&["compare", "--policies", "static,static"], "--policies: static is listed twice");
+    bad_input(&["compare", "--seeds", "1,2,1"], "--seeds: a seed is listed twice");
+    bad_input(
+        &["compare", "--policies", "ppo"],
+        "invalid value 'ppo' for '--policies <LIST>': unknown policy",
+    );
+    bad_input(&["compare", "--envs", "0"], "--envs must be at least 1");
 }
 
 #[test]

@@ -98,6 +98,25 @@ impl Policy for HeuristicPolicy {
     }
 }
 
+/// Never germinates: every env WAITs at every decision — the static host, the baseline that every
+/// morphogenetic result is judged against. (WAIT is always legal.)
+#[derive(Default)]
+pub struct StaticPolicy;
+
+impl Policy for StaticPolicy {
+    fn decide(&mut self, obs: &Observations, _masks: &[ActionMasks], actions: &mut ActionBatch) {
+        for e in 0..obs.n_envs() {
+            actions.set(e, FactoredAction::wait());
+        }
+    }
+
+    fn reset(&mut self) {}
+
+    fn name(&self) -> &'static str {
+        "static"
+    }
+}
+
 /// A uniformly random legal action per env — a baseline. Env `e` draws from its own stream
 /// `(seed, round, e, Policy)` counted by epoch, so its choices never depend on the other envs.
 #[derive(Default)]
