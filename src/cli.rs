@@ -414,11 +414,10 @@ fn with_default(text: &str, default: impl Display) -> String {
 }
 
 fn parse_data_kind(s: &str) -> Result<DataKind, String> {
-    match s {
-        "synthetic" => Ok(DataKind::Synthetic),
-        "cifar10" => Ok(DataKind::Cifar10),
-        _ => Err("unknown data kind (known: synthetic, cifar10)".into()),
-    }
+    DataKind::from_name(s).ok_or_else(|| {
+        let known: Vec<&str> = DataKind::ALL.iter().map(|d| d.name()).collect();
+        format!("unknown data kind (known: {})", known.join(", "))
+    })
 }
 
 fn parse_reward_mode(s: &str) -> Result<RewardMode, String> {

@@ -4,8 +4,8 @@
 //! `metrics.jsonl` and `summary.json`); the comparison is written as `compare.json` and `compare.csv`.
 
 use crate::config::{ConfigError, PolicyKind, RunConfig, RunPlan};
-use crate::profile::mean;
-use crate::run::{self, RunError};
+use crate::profile::{mean, min_max};
+use crate::run::{self, RunError, write_atomically};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -160,14 +160,8 @@ pub fn compare(
                 .collect();
             (!accs.is_empty()).then(|| {
                 let (m, sd) = mean_sd(&accs);
-                PolicyStats {
-                    policy: p.to_string(),
-                    runs: accs.len(),
-                    mean: m,
-                    sd,
-                    min: accs.iter().copied().fold(f64::INFINITY, f64::min),
-                    max: accs.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-                }
+                let (min, max) = min_max(&accs);
+                PolicyStats { policy: p.to_string(), runs: accs.len(), mean: m, sd, min, max }
             })
         })
         .collect();
@@ -181,12 +175,6 @@ pub fn compare(
     };
     write_report(out_dir, &report)?;
     Ok(report)
-}
-
-fn write_atomically(path: &Path, text: &str) -> Result<(), RunError> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).map_err(|e| RunError(format!("{}: {e}", tmp.display())))?;
-    std::fs::rename(&tmp, path).map_err(|e| RunError(format!("{}: {e}", path.display())))
 }
 
 /// `compare.json` (the whole report) and `compare.csv` (one row per run).
@@ -222,10 +210,7 @@ pub fn format_table(report: &CompareReport) -> String {
         c.epochs,
         c.rounds,
         c.task,
-        match c.data {
-            crate::config::DataKind::Synthetic => "synthetic",
-            crate::config::DataKind::Cifar10 => "cifar10",
-        }
+        c.data.name()
     );
     let seed_cols: Vec<String> = report.seeds.iter().map(|s| format!("seed {s}")).collect();
     let _ = writeln!(

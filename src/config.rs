@@ -22,6 +22,22 @@ pub enum DataKind {
     Cifar10,
 }
 
+impl DataKind {
+    pub const ALL: [DataKind; 2] = [Self::Synthetic, Self::Cifar10];
+
+    /// The name used on the command line, in configs and in `summary.json`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Synthetic => "synthetic",
+            Self::Cifar10 => "cifar10",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|d| d.name() == name)
+    }
+}
+
 /// Which policy decides the lifecycle ops.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

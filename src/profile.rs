@@ -223,6 +223,11 @@ pub fn mean(v: &[f64]) -> f64 {
     if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 }
 }
 
+/// Smallest and largest value (+∞, −∞ when empty).
+pub fn min_max(v: &[f64]) -> (f64, f64) {
+    v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)))
+}
+
 /// The per-system table of a trace. Systems are the spans named `<Set>::<name>`.
 pub fn analyze(spans: &[SpanRecord]) -> Result<Profile, String> {
     let steps: Vec<&SpanRecord> = spans.iter().filter(|s| s.name == STEP_SPAN).collect();

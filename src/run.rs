@@ -3,8 +3,8 @@
 //! `summary.json`. A stop request (Ctrl-C) is honoured after the current epoch, with everything written
 //! so far intact.
 
-use crate::config::{DataKind, PolicyKind, RunPlan};
-use crate::profile::mean;
+use crate::config::{PolicyKind, RunPlan};
+use crate::profile::{mean, min_max};
 use bevy_ecs::prelude::*;
 use esper_components::governor::GovernorConfig;
 use esper_components::heuristic::HeuristicConfig;
@@ -12,7 +12,7 @@ use esper_components::signals::{SignalConfig, SignalTracker};
 use esper_components::{
     EnvIndex, EpisodeReturn, HostMetrics, LifecycleConfig, LifecycleTally, ScaffoldLedger, Topology,
 };
-use esper_kernels::data::{Batcher, DataSource, Dataset};
+use esper_kernels::data::{Batcher, Dataset};
 use esper_kernels::host::HostArch;
 use esper_systems::episode_end::episode_end_schedule;
 use esper_systems::host_resources::{Hosts, Snapshots, StepClock, TrainData};
@@ -25,6 +25,7 @@ use esper_systems::{insert_run_resources, spawn_env, spawn_slot};
 use std::fmt;
 use std::fs::File;
 use std::io::BufWriter;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
@@ -341,21 +342,23 @@ struct SummaryFile<'a> {
 
 fn write_summary(plan: &RunPlan, summary: &RunSummary) -> Result<(), RunError> {
     let path = plan.out_dir.join("summary.json");
-    let data = match (&plan.config.data, &plan.data) {
-        (DataKind::Synthetic, _) => "synthetic",
-        (DataKind::Cifar10, DataSource::Cifar10 { .. }) | (DataKind::Cifar10, _) => "cifar10",
-    };
-    let file = SummaryFile { config: &plan.config, task: plan.task.name(), data, summary };
+    let file =
+        SummaryFile { config: &plan.config, task: plan.task.name(), data: plan.config.data.name(), summary };
     let text = serde_json::to_string_pretty(&file).map_err(|e| RunError(format!("summary.json: {e}")))?;
-    // Write to a temporary file and rename, so an interrupted write never leaves a torn summary.
-    let tmp = plan.out_dir.join("summary.json.tmp");
+    write_atomically(&path, &text)
+}
+
+/// Write `text` to `path` through a temporary file and a rename, so an interrupted write never
+/// leaves a torn file.
+pub fn write_atomically(path: &Path, text: &str) -> Result<(), RunError> {
+    let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, text).map_err(|e| io_error(&tmp.display().to_string(), e))?;
-    std::fs::rename(&tmp, &path).map_err(|e| io_error(&path.display().to_string(), e))
+    std::fs::rename(&tmp, path).map_err(|e| io_error(&path.display().to_string(), e))
 }
 
 fn print_table(plan: &RunPlan, s: &RunSummary) {
     let accs = &s.final_val_accuracy;
-    let (min, max) = accs.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
+    let (min, max) = min_max(accs);
     println!(
         "esper-ecs train — {} envs, {} task, {} policy",
         plan.config.envs,

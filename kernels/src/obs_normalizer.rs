@@ -43,9 +43,11 @@ impl ObsNormalizer {
         let dim = self.dim();
         assert_eq!(raw.len(), out.len(), "normalise [N, D] into [N, D]");
         assert_eq!(raw.len() % dim.max(1), 0, "rows of D = {dim} features");
-        for (raw_row, out_row) in raw.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
-            for (j, (&x, y)) in raw_row.iter().zip(out_row.iter_mut()).enumerate() {
-                let z = (f64::from(x) - self.mean[j]) / (self.var[j] + OBS_NORM_EPSILON).sqrt();
+        // Feature by feature, so each frozen scale is taken once per call, not once per row.
+        for j in 0..dim {
+            let (mean, scale) = (self.mean[j], (self.var[j] + OBS_NORM_EPSILON).sqrt());
+            for (&x, y) in raw.iter().skip(j).step_by(dim).zip(out.iter_mut().skip(j).step_by(dim)) {
+                let z = (f64::from(x) - mean) / scale;
                 *y = if z.is_nan() { 0.0 } else { z.clamp(-OBS_NORM_CLIP, OBS_NORM_CLIP) as f32 };
             }
         }

@@ -23,15 +23,13 @@ use esper_kernels::observation::{DEFAULT_EPISODE_LENGTH, ObsInputs, build_observ
 /// for the policy's embedding (not normalised; −1 for an empty slot). Rows are envs.
 #[derive(Resource, Clone, Debug, Default)]
 pub struct ObsBatch {
-    pub n_envs: usize,
-    pub n_slots: usize,
     /// `[E, 23 + 31·S]`.
     pub raw: Vec<f32>,
     /// `[E, 23 + 31·S]`, written by `normalize_observations`.
     pub normalized: Vec<f32>,
     /// `[E, S]`.
     pub blueprint_indices: Vec<i64>,
-    /// The columns the kernel read this step.
+    /// The columns the kernel read this step (their `n_envs` and `n_slots` are the batch's shape).
     pub inputs: ObsInputs,
 }
 
@@ -45,8 +43,6 @@ impl ObsBatch {
 
     fn resize(&mut self, n_envs: usize, n_slots: usize) {
         let dim = obs_dim(n_slots);
-        self.n_envs = n_envs;
-        self.n_slots = n_slots;
         self.raw.resize(n_envs * dim, 0.0);
         self.normalized.resize(n_envs * dim, 0.0);
         self.blueprint_indices.resize(n_envs * n_slots, -1);
@@ -55,7 +51,7 @@ impl ObsBatch {
 
     /// Features per env.
     pub fn dim(&self) -> usize {
-        obs_dim(self.n_slots)
+        self.inputs.dim()
     }
 
     /// Env `e`'s raw features.
@@ -72,7 +68,8 @@ impl ObsBatch {
 
     /// Env `e`'s blueprint indices.
     pub fn blueprint_row(&self, e: usize) -> &[i64] {
-        &self.blueprint_indices[e * self.n_slots..(e + 1) * self.n_slots]
+        let s = self.inputs.n_slots;
+        &self.blueprint_indices[e * s..(e + 1) * s]
     }
 }
 

@@ -77,11 +77,7 @@ pub fn reset_episode(
 
 /// The episode-end schedule (ambiguity detection at error, like the step's).
 pub fn episode_end_schedule() -> Schedule {
-    let mut schedule = Schedule::new(EpisodeEnd);
-    schedule.set_build_settings(bevy_ecs::schedule::ScheduleBuildSettings {
-        ambiguity_detection: bevy_ecs::schedule::LogLevel::Error,
-        ..Default::default()
-    });
+    let mut schedule = crate::schedule::strict_schedule(EpisodeEnd);
     schedule.add_systems(reset_episode);
     schedule
 }

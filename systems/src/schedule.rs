@@ -48,13 +48,21 @@ pub struct PolicySet;
 #[derive(ScheduleLabel, Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Step;
 
-/// An empty step schedule with the sets chained and ambiguity detection at error level.
-pub fn empty_step_schedule() -> Schedule {
-    let mut schedule = Schedule::new(Step);
+/// An empty schedule for `label` with ambiguity detection at error level: every schedule of a run
+/// (the step, the round end, the episode end) is built this way, so parallel order never changes a
+/// result.
+pub fn strict_schedule(label: impl ScheduleLabel) -> Schedule {
+    let mut schedule = Schedule::new(label);
     schedule.set_build_settings(ScheduleBuildSettings {
         ambiguity_detection: LogLevel::Error,
         ..Default::default()
     });
+    schedule
+}
+
+/// An empty step schedule with the sets chained and ambiguity detection at error level.
+pub fn empty_step_schedule() -> Schedule {
+    let mut schedule = strict_schedule(Step);
     schedule.configure_sets(
         (
             StepSet::TrainHosts,

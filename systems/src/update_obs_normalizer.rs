@@ -24,11 +24,7 @@ pub fn update_obs_normalizer(mut normalization: ResMut<ObsNormalization>, info: 
 
 /// The round-end schedule (ambiguity detection at error, like the step's).
 pub fn round_end_schedule() -> Schedule {
-    let mut schedule = Schedule::new(RoundEnd);
-    schedule.set_build_settings(bevy_ecs::schedule::ScheduleBuildSettings {
-        ambiguity_detection: bevy_ecs::schedule::LogLevel::Error,
-        ..Default::default()
-    });
+    let mut schedule = crate::schedule::strict_schedule(RoundEnd);
     schedule.add_systems(update_obs_normalizer);
     schedule
 }
