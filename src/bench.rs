@@ -21,6 +21,7 @@
 //! per step and per env, and the Reward set's time with its share of the whole step.
 
 use crate::config::{DataKind, PolicyKind, RunConfig, RunPlan};
+use crate::memory::{available_bytes, resident_bytes};
 use crate::run::{RunError, build_world};
 use bevy_ecs::prelude::*;
 use esper_components::{
@@ -264,24 +265,6 @@ fn schedule_with(add: &[fn(&mut Schedule)]) -> Schedule {
 
 fn add_train_only(schedule: &mut Schedule) {
     schedule.add_systems(esper_systems::train_hosts::train_hosts.in_set(StepSet::TrainHosts));
-}
-
-/// A `Key:   N kB` line of a /proc file, in bytes (Linux).
-fn proc_kib_bytes(file: &str, key: &str) -> Option<u64> {
-    let text = std::fs::read_to_string(file).ok()?;
-    let line = text.lines().find(|l| l.strip_prefix(key).is_some_and(|rest| rest.starts_with(':')))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
-/// Resident set size of this process, for the memory check.
-fn resident_bytes() -> Option<u64> {
-    proc_kib_bytes("/proc/self/status", "VmRSS")
-}
-
-/// Memory the system can still give.
-fn available_bytes() -> Option<u64> {
-    proc_kib_bytes("/proc/meminfo", "MemAvailable")
 }
 
 fn gib(bytes: f64) -> f64 {

@@ -78,7 +78,7 @@ pub fn run_plan(
 /// an hour of runs), without creating anything.
 pub fn check(base: &RunConfig, policies: &[PolicyKind], seeds: &[u64]) -> Result<(), ConfigError> {
     for &seed in seeds {
-        RunConfig { seed, out: None, ..base.clone() }.plan_in(PathBuf::new(), true)?;
+        RunConfig { seed, out: None, ..base.clone() }.plan_in(PathBuf::new(), true)?.check_memory()?;
     }
     if policies.is_empty() {
         return Err(ConfigError::Invalid { name: "--policies", reason: "give at least one policy".into() });

@@ -11,6 +11,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::memory::MemoryEstimate;
+
 /// Which data the hosts train on.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -198,6 +200,23 @@ pub struct RunPlan {
     pub quiet: bool,
     /// Print the summary table at the end (unless quiet).
     pub table: bool,
+    /// The run's estimated peak memory (data, hosts, seeds in every slot).
+    pub memory: MemoryEstimate,
+}
+
+impl RunPlan {
+    /// Refuses a run whose estimated memory exceeds what the machine has available now (where that
+    /// can be read), before anything is allocated.
+    pub fn check_memory(&self) -> Result<(), ConfigError> {
+        match crate::memory::available_bytes() {
+            Some(available) if self.memory.total() > available => Err(ConfigError::WontFit {
+                estimate: self.memory,
+                available,
+                synthetic: self.config.data == DataKind::Synthetic,
+            }),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Why a run configuration cannot be used. `Display` is the one-line message the CLI prints after
@@ -265,6 +284,12 @@ pub enum ConfigError {
         key: Option<String>,
         message: String,
     },
+    /// The run's estimated memory exceeds what the machine has available.
+    WontFit {
+        estimate: MemoryEstimate,
+        available: u64,
+        synthetic: bool,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -323,6 +348,18 @@ impl fmt::Display for ConfigError {
                 }
                 write!(f, ": {message}")
             }
+            Self::WontFit { estimate, available, synthetic } => {
+                write!(
+                    f,
+                    "this run would need {estimate}, but {} is available: lower --envs or \
+                     --batch-per-env",
+                    crate::memory::bytes(*available)
+                )?;
+                if *synthetic {
+                    write!(f, " (or synthetic_train_per_env / synthetic_test_per_env, which size the data)")?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -379,6 +416,7 @@ impl RunConfig {
     pub fn resolve(self, force: bool, quiet: bool) -> Result<RunPlan, ConfigError> {
         let out = self.out.clone();
         let mut plan = self.plan_in(PathBuf::new(), quiet)?;
+        plan.check_memory()?;
         let out_dir = match &out {
             Some(path) => prepare_out(path, force)?,
             None => create_default_out(Path::new("runs"), SystemTime::now())?,
@@ -431,7 +469,9 @@ impl RunConfig {
             }
         };
         Sharding::new(n_train, n_test, self.envs, self.batch_per_env).map_err(ConfigError::CannotFeed)?;
-        Ok(RunPlan { config: self, task, slots, data, out_dir, quiet, table: !quiet })
+        let memory =
+            MemoryEstimate::new(&task.host(), &slots, self.batch_per_env, self.envs, n_train + n_test);
+        Ok(RunPlan { config: self, task, slots, data, out_dir, quiet, table: !quiet, memory })
     }
 }
 

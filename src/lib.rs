@@ -10,5 +10,6 @@ pub mod bench;
 pub mod cli;
 pub mod compare;
 pub mod config;
+pub mod memory;
 pub mod profile;
 pub mod run;

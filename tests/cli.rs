@@ -383,6 +383,19 @@ fn synthetic_data_too_large() {
 }
 
 #[test]
+fn run_too_big_for_memory_exits_2_before_allocating() {
+    // 1,000,000 envs of synthetic data alone are 1.28e9 images × 12 KiB ≈ 14 TiB: no machine this runs
+    // on has that available, so the preflight refuses it in one line, before the generator or any
+    // host is allocated (no abort, no `runs/`), naming both figures and what to lower.
+    for command in ["train", "compare"] {
+        let line = config_error(&[command, "--envs", "1000000"], "this run would need about ");
+        assert!(line.contains("of memory (data 14.3 TiB + 1000000 envs × "), "{line}");
+        assert!(line.contains(" is available: lower --envs or --batch-per-env"), "{line}");
+        assert!(line.contains("synthetic_train_per_env"), "{line}");
+    }
+}
+
+#[test]
 fn flags_override_config_in_validation() {
     // The file's bad value is overridden by a good flag; the flag's bad value wins over a good file.
     let tmp = TempDir::new("override");
