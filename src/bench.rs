@@ -21,7 +21,7 @@
 //! per step and per env, and the Reward set's time with its share of the whole step.
 
 use crate::config::{DataKind, PolicyKind, RunConfig, RunPlan};
-use crate::memory::{available_bytes, resident_bytes};
+use crate::memory::{available_bytes, bytes, resident_bytes};
 use crate::run::{RunError, build_world};
 use bevy_ecs::prelude::*;
 use esper_components::{
@@ -267,10 +267,6 @@ fn add_train_only(schedule: &mut Schedule) {
     schedule.add_systems(esper_systems::train_hosts::train_hosts.in_set(StepSet::TrainHosts));
 }
 
-fn gib(bytes: f64) -> f64 {
-    bytes / (1u64 << 30) as f64
-}
-
 /// One env count, all three tiers (and the boundary). Returns the tiers, the boundary, the number of
 /// counterfactual configurations per env and the resident memory after the run.
 fn bench_envs(
@@ -420,14 +416,17 @@ pub fn run(config: &BenchConfig, mut on_line: impl FnMut(&str)) -> Result<BenchR
         // What this process holds now is freed before the next count is built, so only the difference
         // has to come from MemAvailable.
         let held = resident_bytes().unwrap_or(0);
-        if let Some(need) = estimate_bytes(base, &seen, envs)
+        // Before any count has run there is nothing to extrapolate: the run's estimate stands in.
+        let need = estimate_bytes(base, &seen, envs)
+            .or_else(|| plan_for(config, envs).ok().map(|plan| plan.memory.total()));
+        if let Some(need) = need
             && let Some(avail) = available_bytes()
             && need.saturating_sub(held) as f64 > 0.9 * avail as f64
         {
             let reason = format!(
-                "will not fit in memory: needs about {:.1} GiB, {:.1} GiB available",
-                gib(need as f64),
-                gib((avail + held) as f64)
+                "will not fit in memory: needs about {}, {} available",
+                bytes(need),
+                bytes(avail + held)
             );
             on_line(&format!("{envs:>6}  skipped: {reason}"));
             report.skipped.push(Skipped { envs, reason });

@@ -556,8 +556,6 @@ pub fn utc_timestamp(secs: u64) -> String {
     format!("{year:04}{month:02}{day:02}-{:02}{:02}{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
-/// Creates `path` (or, with `force`, accepts an existing directory) and checks a file can be written
-/// in it.
 /// The folder of an `esper-ecs compare`: `out` (created; an existing one only with `force`), or a new
 /// `runs/compare/<UTC timestamp>`.
 pub fn prepare_compare_out(out: Option<&Path>, force: bool) -> Result<PathBuf, ConfigError> {
@@ -567,6 +565,8 @@ pub fn prepare_compare_out(out: Option<&Path>, force: bool) -> Result<PathBuf, C
     }
 }
 
+/// Creates `path` (or, with `force`, accepts an existing directory) and checks a file can be written
+/// in it.
 fn prepare_out(path: &Path, force: bool) -> Result<PathBuf, ConfigError> {
     let path = path.to_path_buf();
     match create_dir_new(&path) {

@@ -40,6 +40,24 @@ fn failed(message: impl std::fmt::Display) -> ExitCode {
 /// The trace writer of a profiled run, where the second Ctrl-C can flush it before exiting.
 static TRACE_GUARD: Mutex<Option<profile::TraceGuard>> = Mutex::new(None);
 
+/// First Ctrl-C: sets the returned flag (the run stops after its current epoch and writes what it has)
+/// and prints `first`. Second: exits at once with 130, flushing a chrome trace first, if one is being
+/// written, so that it stays readable.
+fn install_stop_handler(first: &'static str) -> Result<Arc<AtomicBool>, ExitCode> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let handler_stop = Arc::clone(&stop);
+    ctrlc::set_handler(move || {
+        if handler_stop.swap(true, Ordering::SeqCst) {
+            eprintln!("\ninterrupted again: exiting now");
+            drop(TRACE_GUARD.lock().ok().and_then(|mut g| g.take()));
+            std::process::exit(130);
+        }
+        eprintln!("\n{first}");
+    })
+    .map_err(|e| failed(format!("cannot install the Ctrl-C handler: {e}")))?;
+    Ok(stop)
+}
+
 fn train(args: &TrainArgs) -> ExitCode {
     let chromes: Vec<&PathBuf> = args
         .profile
@@ -77,21 +95,10 @@ fn train(args: &TrainArgs) -> ExitCode {
             Err(e) => return bad_input(format!("--profile: {e}")),
         }
     }
-    // First Ctrl-C: finish the current epoch, then write the summary. Second: exit at once (the trace,
-    // if any, is flushed first so that it stays readable).
-    let stop = Arc::new(AtomicBool::new(false));
-    let handler_stop = Arc::clone(&stop);
-    let handler = ctrlc::set_handler(move || {
-        if handler_stop.swap(true, Ordering::SeqCst) {
-            eprintln!("\ninterrupted again: exiting now");
-            drop(TRACE_GUARD.lock().ok().and_then(|mut g| g.take()));
-            std::process::exit(130);
-        }
-        eprintln!("\nstopping after the current epoch (Ctrl-C again to exit now)");
-    });
-    if let Err(e) = handler {
-        return failed(format!("cannot install the Ctrl-C handler: {e}"));
-    }
+    let stop = match install_stop_handler("stopping after the current epoch (Ctrl-C again to exit now)") {
+        Ok(stop) => stop,
+        Err(code) => return code,
+    };
     let result = run::train(&plan, &stop);
     drop(TRACE_GUARD.lock().ok().and_then(|mut g| g.take())); // flushes and closes the trace
     if let Err(e) = result {
@@ -131,18 +138,12 @@ fn compare_command(args: &CompareArgs) -> ExitCode {
         Ok(dir) => dir,
         Err(e) => return bad_input(e),
     };
-    let stop = Arc::new(AtomicBool::new(false));
-    let handler_stop = Arc::clone(&stop);
-    let handler = ctrlc::set_handler(move || {
-        if handler_stop.swap(true, Ordering::SeqCst) {
-            eprintln!("\ninterrupted again: exiting now");
-            std::process::exit(130);
-        }
-        eprintln!("\nstopping the current run after its epoch; the comparison of what ran is still written");
-    });
-    if let Err(e) = handler {
-        return failed(format!("cannot install the Ctrl-C handler: {e}"));
-    }
+    let stop = match install_stop_handler(
+        "stopping the current run after its epoch; the comparison of what ran is still written",
+    ) {
+        Ok(stop) => stop,
+        Err(code) => return code,
+    };
     let progress = !args.train.quiet;
     let job = esper_ecs::compare::CompareJob {
         base: &base,
