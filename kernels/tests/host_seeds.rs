@@ -80,7 +80,7 @@ fn cnn_add_blend_scales_the_host_gradient_by_one_minus_alpha() {
     let mut ws = SlotWorkspace::new(envs, batch, c, size);
     ws.forward(&slot, &h, true);
     let mut dh = vec![0.0; n];
-    ws.backward(&mut slot, &vec![1.0; n], &mut dh);
+    ws.backward(&mut slot, &h, &vec![1.0; n], &mut dh);
     assert!(dh.iter().all(|&g| g == 0.5), "isolation: dL/dh = 1 − a for loss Σy");
     // a = 0: exactly the host; a = 1: exactly the seed output.
     slot.state[0].alpha = 0.0;
@@ -120,7 +120,7 @@ fn seed_and_gate_gradients_through_every_blend_match_finite_differences() {
         let mut ws = SlotWorkspace::new(envs, batch, c, size);
         ws.forward(&slot, &h, true);
         let mut dh = vec![0.0; n];
-        ws.backward(&mut slot, &w, &mut dh);
+        ws.backward(&mut slot, &h, &w, &mut dh);
         let analytic_seed = slot.pool(bp).grads.clone();
         let analytic_gate = slot.gate.grads.clone();
         let eps = 1e-6;
@@ -167,6 +167,73 @@ fn seed_and_gate_gradients_through_every_blend_match_finite_differences() {
         let gl = slot.gate.row_len;
         assert!(analytic_gate[..3 * gl].iter().all(|&g| g == 0.0), "only the GATE env has gate gradients");
         assert!(analytic_gate[3 * gl..].iter().any(|&g| g != 0.0));
+    }
+}
+
+/// A group of envs that are not consecutive (gathered and scattered) gives every env the bits of the
+/// same envs laid out consecutively (read in place): output, host gradient and seed/gate gradients.
+#[test]
+fn gathered_and_in_place_groups_give_the_same_bits() {
+    let (batch, c, size) = (2, 4, 4);
+    let sample = batch * c * size * size;
+    let modes = [SeedMode::Incubator, SeedMode::Add, SeedMode::Multiply, SeedMode::Gate];
+    for bp in [CnnBlueprint::ConvLight, CnnBlueprint::Attention, CnnBlueprint::ConvHeavy] {
+        let mut s = stream(bp as u64 + 40);
+        // Five envs, env 2 empty: the group is envs 0, 1, 3, 4 (gathered).
+        let mut gapped = SlotParams::<f64>::new(5, c, size);
+        for pool in gapped.pools.iter_mut().chain([&mut gapped.gate]) {
+            for v in &mut pool.params {
+                *v = 0.4 * s.normal();
+            }
+        }
+        let members = [0usize, 1, 3, 4];
+        for (&e, mode) in members.iter().zip(modes) {
+            gapped.state[e] = state(mode, bp, if mode == SeedMode::Incubator { 0.0 } else { 0.6 });
+        }
+        // The same four envs, consecutive (read in place).
+        let mut packed = SlotParams::<f64>::new(4, c, size);
+        for (dst, src) in
+            packed.pools.iter_mut().chain([&mut packed.gate]).zip(gapped.pools.iter().chain([&gapped.gate]))
+        {
+            for (i, &e) in members.iter().enumerate() {
+                dst.params[i * src.row_len..(i + 1) * src.row_len].copy_from_slice(src.row(e));
+            }
+        }
+        for (i, &e) in members.iter().enumerate() {
+            packed.state[i] = gapped.state[e];
+        }
+        let h: Vec<f64> = (0..5 * sample).map(|_| s.normal()).collect();
+        let w: Vec<f64> = (0..5 * sample).map(|_| s.normal()).collect();
+        let rows = |v: &[f64]| {
+            members.iter().flat_map(|&e| v[e * sample..(e + 1) * sample].to_vec()).collect::<Vec<_>>()
+        };
+        let (h4, w4) = (rows(&h), rows(&w));
+        let mut ws5 = SlotWorkspace::new(5, batch, c, size);
+        let mut ws4 = SlotWorkspace::new(4, batch, c, size);
+        assert!(ws5.forward(&gapped, &h, true) && ws4.forward(&packed, &h4, true));
+        assert_eq!(rows(&ws5.out), ws4.out, "{bp:?}: outputs");
+        assert_eq!(
+            &ws5.out[2 * sample..3 * sample],
+            &h[2 * sample..3 * sample],
+            "{bp:?}: the empty env passes h"
+        );
+        let (mut dh5, mut dh4) = (vec![f64::NAN; 5 * sample], vec![f64::NAN; 4 * sample]);
+        ws5.backward(&mut gapped, &h, &w, &mut dh5);
+        ws4.backward(&mut packed, &h4, &w4, &mut dh4);
+        assert_eq!(rows(&dh5), dh4, "{bp:?}: host gradients");
+        assert_eq!(
+            &dh5[2 * sample..3 * sample],
+            &w[2 * sample..3 * sample],
+            "{bp:?}: the empty env's gradient"
+        );
+        for (a, b) in gapped.pools.iter().chain([&gapped.gate]).zip(packed.pools.iter().chain([&packed.gate]))
+        {
+            for (i, &e) in members.iter().enumerate() {
+                assert_eq!(a.grad_row(e), b.grad_row(i), "{bp:?}: parameter gradients of env {e}");
+            }
+        }
+        assert!(gapped.pool(bp).grads.iter().any(|&g| g != 0.0), "{bp:?}: the seeds have gradients");
+        assert!(gapped.gate.grads.iter().any(|&g| g != 0.0), "{bp:?}: the GATE env has gate gradients");
     }
 }
 

@@ -384,7 +384,7 @@ impl<T: Real> HostWorkspace<T> {
                 && let (Some(ws), Some(p)) = (&mut cur.r1, &mut bank.r1[b])
                 && ws.active
             {
-                ws.backward(p, &self.grad_a[..pooled_len], &mut self.grad_b[..pooled_len]);
+                ws.backward(p, &cur.pooled, &self.grad_a[..pooled_len], &mut self.grad_b[..pooled_len]);
                 std::mem::swap(&mut self.grad_a, &mut self.grad_b);
             }
             // Into `grad_b`: the gradient at the batch norm's input.
@@ -439,7 +439,7 @@ impl<T: Real> HostWorkspace<T> {
         if let (Some(ws), Some(p)) = (&mut cur.r0, &mut bank.r0[b])
             && ws.active
         {
-            ws.backward(p, &self.grad_a[..act_len], &mut self.grad_b[..act_len]);
+            ws.backward(p, &cur.block_out, &self.grad_a[..act_len], &mut self.grad_b[..act_len]);
             std::mem::swap(&mut self.grad_a, &mut self.grad_b);
         }
         ops::relu_backward_in_place(&cur.block_out, &mut self.grad_a[..act_len]);

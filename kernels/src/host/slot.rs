@@ -9,6 +9,7 @@
 use super::seed_bank::{SeedMode, SlotParams};
 use crate::ops::{self, Amplitude, BlendShape, Real};
 use crate::seeds::{self, CnnBlueprint, GateWorkspace, SeedShape, Workspace};
+use rayon::prelude::*;
 
 const MODES: [SeedMode; 4] = [SeedMode::Incubator, SeedMode::Add, SeedMode::Multiply, SeedMode::Gate];
 
@@ -19,16 +20,20 @@ struct Group<T> {
     envs: Vec<usize>,
     /// `ranges[m]`: positions in `envs` of mode `MODES[m]`.
     ranges: [std::ops::Range<usize>; 4],
+    /// The group's envs are the consecutive envs `first..first + envs.len()` (every env on one blueprint,
+    /// say): the kernels then read the input, the parameters and the output gradient where they are, and
+    /// the blend writes straight into the slot's output, with no gather or scatter. None: gathered.
+    first: Option<usize>,
     alpha: Vec<T>,
     params: Vec<T>,
     grad_params: Vec<T>,
     gate_params: Vec<T>,
     gate_grads: Vec<T>,
-    /// Gathered host activation (the detached seed input) `[Eb, B, C, H, W]`.
+    /// Gathered host activation (the detached seed input) `[Eb, B, C, H, W]`; unused when `first` is set.
     x: Vec<T>,
     /// Seed output.
     s: Vec<T>,
-    /// Blend output, then the gathered output gradient in the backward.
+    /// Gathered blend output, then the gathered output gradient in the backward (unused when `first`).
     y: Vec<T>,
     dh: Vec<T>,
     ds: Vec<T>,
@@ -37,6 +42,43 @@ struct Group<T> {
     dg: Vec<T>,
     ws: Workspace<T>,
     gate_ws: GateWorkspace<T>,
+}
+
+/// `Some(first)` when `envs` is `first, first + 1, …`.
+fn consecutive(envs: &[usize]) -> Option<usize> {
+    let first = *envs.first()?;
+    envs.iter().enumerate().all(|(i, &e)| e == first + i).then_some(first)
+}
+
+/// `dst` row `i` = `src` row `rows[i]` (rows of `len` elements), rows copied in parallel.
+fn gather<T: Real>(src: &[T], rows: &[usize], len: usize, dst: &mut [T]) {
+    dst[..rows.len() * len].par_chunks_mut(len).zip(rows.par_iter()).for_each(|(d, &r)| {
+        d.copy_from_slice(&src[r * len..(r + 1) * len]);
+    });
+}
+
+/// `dst` row `rows[i]` = `src` row `i`, for the (distinct) `rows`, in parallel over `dst`'s rows; `at`
+/// is scratch (`dst` row → position in `rows`).
+fn scatter<T: Real>(src: &[T], rows: &[usize], len: usize, dst: &mut [T], at: &mut Vec<usize>) {
+    at.clear();
+    at.resize(dst.len() / len, usize::MAX);
+    for (i, &r) in rows.iter().enumerate() {
+        at[r] = i;
+    }
+    dst.par_chunks_mut(len).zip(at.par_iter()).for_each(|(d, &i)| {
+        if i != usize::MAX {
+            d.copy_from_slice(&src[i * len..(i + 1) * len]);
+        }
+    });
+}
+
+/// `dst` row `e` = `src` row `e` for every env `e` whose `blended[e]` is false, in parallel.
+fn copy_unblended<T: Real>(src: &[T], blended: &[bool], len: usize, dst: &mut [T]) {
+    dst.par_chunks_mut(len).zip(src.par_chunks(len)).zip(blended.par_iter()).for_each(|((d, s), &b)| {
+        if !b {
+            d.copy_from_slice(s);
+        }
+    });
 }
 
 fn fit<T: Real>(v: &mut Vec<T>, len: usize) -> &mut [T] {
@@ -54,6 +96,11 @@ pub struct SlotWorkspace<T> {
     channels: usize,
     size: usize,
     groups: Vec<Group<T>>,
+    /// `[E]`: the env's output is a blend (ADD / MULTIPLY / GATE) this pass; otherwise it is `h`, and its
+    /// input gradient is the output gradient.
+    blended: Vec<bool>,
+    /// Scatter scratch: env → position in a group.
+    at: Vec<usize>,
     /// The slot's output `[E, B, C, H, W]`; valid after a forward with any env active.
     pub out: Vec<T>,
     /// Whether the last forward ran (any env active); otherwise the output is the input itself.
@@ -70,6 +117,8 @@ impl<T: Real> SlotWorkspace<T> {
             channels,
             size,
             groups: CnnBlueprint::ALL.iter().map(|_| Group::default()).collect(),
+            blended: vec![false; envs],
+            at: Vec::with_capacity(envs),
             out: vec![T::ZERO; envs * batch * channels * size * size],
             active: false,
             trained: false,
@@ -91,6 +140,7 @@ impl<T: Real> SlotWorkspace<T> {
     /// Partition the envs by blueprint and mode. In eval, incubating seeds are not run at all (their
     /// output value is exactly `h`).
     fn plan(&mut self, params: &SlotParams<T>, train: bool) {
+        self.blended.fill(false);
         for (gi, group) in self.groups.iter_mut().enumerate() {
             group.envs.clear();
             for (m, &mode) in MODES.iter().enumerate() {
@@ -102,7 +152,13 @@ impl<T: Real> SlotWorkspace<T> {
                 };
                 group.envs.extend(params.state.iter().enumerate().filter(|(_, s)| wanted(s)).map(|(e, _)| e));
                 group.ranges[m] = start..group.envs.len();
+                if mode != SeedMode::Incubator {
+                    for &e in &group.envs[start..] {
+                        self.blended[e] = true;
+                    }
+                }
             }
+            group.first = consecutive(&group.envs);
         }
     }
 
@@ -117,34 +173,35 @@ impl<T: Real> SlotWorkspace<T> {
             return false;
         }
         self.plan(params, train);
-        self.out.copy_from_slice(h);
         let sample = self.sample_len() * self.batch;
+        copy_unblended(h, &self.blended, sample, &mut self.out);
         for (gi, bp) in CnnBlueprint::ALL.into_iter().enumerate() {
             let eb = self.groups[gi].envs.len();
             if eb == 0 {
                 continue;
             }
             let (shape, blend) = (self.shape(eb), self.blend_shape(eb));
-            let group = &mut self.groups[gi];
+            let Self { groups, out, at, batch, .. } = self;
+            let group = &mut groups[gi];
             let pool = params.pool(bp);
-            let p = fit(&mut group.params, eb * pool.row_len);
-            let x = fit(&mut group.x, eb * sample);
-            let alpha = fit(&mut group.alpha, eb);
+            let len = pool.row_len;
             for (i, &e) in group.envs.iter().enumerate() {
-                p[i * pool.row_len..(i + 1) * pool.row_len].copy_from_slice(pool.row(e));
-                x[i * sample..(i + 1) * sample].copy_from_slice(&h[e * sample..(e + 1) * sample]);
-                alpha[i] = T::from_f64(params.state[e].alpha as f64);
+                fit(&mut group.alpha, eb)[i] = T::from_f64(params.state[e].alpha as f64);
             }
+            // The seed's input and parameters: in place for consecutive envs, else gathered.
+            let (x, p): (&[T], &[T]) = match group.first {
+                Some(e0) => (&h[e0 * sample..(e0 + eb) * sample], &pool.params[e0 * len..(e0 + eb) * len]),
+                None => {
+                    gather(h, &group.envs, sample, fit(&mut group.x, eb * sample));
+                    gather(&pool.params, &group.envs, len, fit(&mut group.params, eb * len));
+                    (&group.x[..eb * sample], &group.params[..eb * len])
+                }
+            };
             let s = fit(&mut group.s, eb * sample);
-            seeds::forward(
-                bp,
-                shape,
-                &group.params[..eb * pool.row_len],
-                &group.x[..eb * sample],
-                s,
-                &mut group.ws,
-            );
-            let y = fit(&mut group.y, eb * sample);
+            seeds::forward(bp, shape, p, x, s, &mut group.ws);
+            if group.first.is_none() {
+                fit(&mut group.y, eb * sample);
+            }
             for (m, &mode) in MODES.iter().enumerate() {
                 let r = group.ranges[m].clone();
                 if r.is_empty() || mode == SeedMode::Incubator {
@@ -152,7 +209,11 @@ impl<T: Real> SlotWorkspace<T> {
                 }
                 let n = r.len();
                 let rows = r.start * sample..r.end * sample;
-                let (xs, ss, ys) = (&group.x[rows.clone()], &group.s[rows.clone()], &mut y[rows.clone()]);
+                let (xs, ss) = (&x[rows.clone()], &group.s[rows.clone()]);
+                let ys = match group.first {
+                    Some(e0) => &mut out[(e0 + r.start) * sample..(e0 + r.end) * sample],
+                    None => &mut group.y[rows.clone()],
+                };
                 let a = Amplitude::PerEnv(&group.alpha[r.clone()]);
                 let bs = BlendShape { envs: n, ..blend };
                 match mode {
@@ -161,10 +222,8 @@ impl<T: Real> SlotWorkspace<T> {
                     SeedMode::Gate => {
                         let gate = &params.gate;
                         let gp = fit(&mut group.gate_params, n * gate.row_len);
-                        for (i, &e) in group.envs[r.clone()].iter().enumerate() {
-                            gp[i * gate.row_len..(i + 1) * gate.row_len].copy_from_slice(gate.row(e));
-                        }
-                        let g = fit(&mut group.g, n * self.batch);
+                        gather(&gate.params, &group.envs[r.clone()], gate.row_len, gp);
+                        let g = fit(&mut group.g, n * *batch);
                         let gshape = SeedShape { envs: n, ..shape };
                         seeds::gate_forward(
                             gshape,
@@ -173,41 +232,49 @@ impl<T: Real> SlotWorkspace<T> {
                             g,
                             &mut group.gate_ws,
                         );
-                        ops::blend_gate_forward(bs, xs, ss, a, &group.g[..n * self.batch], ys);
+                        ops::blend_gate_forward(bs, xs, ss, a, &group.g[..n * *batch], ys);
                     }
                     SeedMode::Incubator | SeedMode::Off => unreachable!(),
                 }
-                for (i, &e) in group.envs[r.clone()].iter().enumerate() {
-                    let src = &y[(r.start + i) * sample..(r.start + i + 1) * sample];
-                    self.out[e * sample..(e + 1) * sample].copy_from_slice(src);
+                if group.first.is_none() {
+                    scatter(&group.y[rows], &group.envs[r], sample, out, at);
                 }
             }
         }
         true
     }
 
-    /// Backward of the last training forward: `grad_h = ∂L/∂h` through the blend's direct path (equal to
-    /// `grad_y` for envs whose seed is off or incubating), and the seed and gate parameter gradients of
-    /// every env that trains them written into `params`' pools (other rows zero).
-    pub fn backward(&mut self, params: &mut SlotParams<T>, grad_y: &[T], grad_h: &mut [T]) {
+    /// Backward of the last training forward over `h` (the same input): `grad_h = ∂L/∂h` through the
+    /// blend's direct path (equal to `grad_y` for envs whose seed is off or incubating), and the seed
+    /// and gate parameter gradients of every env that trains them written into `params`' pools (other
+    /// rows zero).
+    pub fn backward(&mut self, params: &mut SlotParams<T>, h: &[T], grad_y: &[T], grad_h: &mut [T]) {
         assert!(self.active && self.trained, "slot backward needs a training forward with an active seed");
-        grad_h.copy_from_slice(grad_y);
+        assert_eq!(h.len(), self.out.len(), "slot input must be [E, B, C, H, W]");
+        let sample = self.sample_len() * self.batch;
+        copy_unblended(grad_y, &self.blended, sample, grad_h);
         for pool in params.pools.iter_mut().chain([&mut params.gate]) {
             pool.grads.fill(T::ZERO);
         }
-        let sample = self.sample_len() * self.batch;
         for (gi, bp) in CnnBlueprint::ALL.into_iter().enumerate() {
             let eb = self.groups[gi].envs.len();
             if eb == 0 {
                 continue;
             }
             let (shape, blend) = (self.shape(eb), self.blend_shape(eb));
-            let group = &mut self.groups[gi];
-            let dy = fit(&mut group.y, eb * sample);
-            for (i, &e) in group.envs.iter().enumerate() {
-                dy[i * sample..(i + 1) * sample].copy_from_slice(&grad_y[e * sample..(e + 1) * sample]);
+            let Self { groups, at, batch, .. } = self;
+            let group = &mut groups[gi];
+            // The seed's input and the output gradient: in place for consecutive envs, else gathered.
+            let (x, dy): (&[T], &[T]) = match group.first {
+                Some(e0) => (&h[e0 * sample..(e0 + eb) * sample], &grad_y[e0 * sample..(e0 + eb) * sample]),
+                None => {
+                    gather(grad_y, &group.envs, sample, fit(&mut group.y, eb * sample));
+                    (&group.x[..eb * sample], &group.y[..eb * sample])
+                }
+            };
+            if group.first.is_none() {
+                fit(&mut group.dh, eb * sample);
             }
-            let dh = fit(&mut group.dh, eb * sample);
             let ds = fit(&mut group.ds, eb * sample);
             for (m, &mode) in MODES.iter().enumerate() {
                 let r = group.ranges[m].clone();
@@ -218,41 +285,30 @@ impl<T: Real> SlotWorkspace<T> {
                 let rows = r.start * sample..r.end * sample;
                 let a = Amplitude::PerEnv(&group.alpha[r.clone()]);
                 let bs = BlendShape { envs: n, ..blend };
-                let (xs, ss, dys) = (&group.x[rows.clone()], &group.s[rows.clone()], &group.y[rows.clone()]);
-                let (dhs, dss) = (&mut dh[rows.clone()], &mut ds[rows.clone()]);
+                let (xs, ss, dys) = (&x[rows.clone()], &group.s[rows.clone()], &dy[rows.clone()]);
+                let dss = &mut ds[rows.clone()];
+                // Straight-through: the seed gets the output gradient, the host keeps it whole (copied
+                // with the unblended envs above).
+                if mode == SeedMode::Incubator {
+                    dss.copy_from_slice(dys);
+                    continue;
+                }
+                let dhs = match group.first {
+                    Some(e0) => &mut grad_h[(e0 + r.start) * sample..(e0 + r.end) * sample],
+                    None => &mut group.dh[rows.clone()],
+                };
                 match mode {
-                    // Straight-through: the seed gets the output gradient, the host keeps it whole.
-                    SeedMode::Incubator => {
-                        dss.copy_from_slice(dys);
-                        continue;
-                    }
                     SeedMode::Add => ops::blend_add_backward(bs, a, dys, dhs, dss),
                     SeedMode::Multiply => {
                         ops::blend_multiply_backward(bs, xs, ss, xs, a, dys, dhs, dss, None)
                     }
                     SeedMode::Gate => {
                         let gate_len = params.gate.row_len;
-                        let dg = fit(&mut group.dg, n * self.batch);
-                        ops::blend_gate_backward(
-                            bs,
-                            xs,
-                            ss,
-                            a,
-                            &group.g[..n * self.batch],
-                            dys,
-                            dhs,
-                            dss,
-                            dg,
-                        );
+                        let dg = fit(&mut group.dg, n * *batch);
+                        ops::blend_gate_backward(bs, xs, ss, a, &group.g[..n * *batch], dys, dhs, dss, dg);
                         let gshape = SeedShape { envs: n, ..shape };
                         let gg = fit(&mut group.gate_grads, n * gate_len);
-                        seeds::gate_backward(
-                            gshape,
-                            &group.dg[..n * self.batch],
-                            gg,
-                            None,
-                            &mut group.gate_ws,
-                        );
+                        seeds::gate_backward(gshape, &group.dg[..n * *batch], gg, None, &mut group.gate_ws);
                         for (i, &e) in group.envs[r.clone()].iter().enumerate() {
                             if params.state[e].gate_grad {
                                 let src = &group.gate_grads[i * gate_len..(i + 1) * gate_len];
@@ -260,11 +316,10 @@ impl<T: Real> SlotWorkspace<T> {
                             }
                         }
                     }
-                    SeedMode::Off => unreachable!(),
+                    SeedMode::Incubator | SeedMode::Off => unreachable!(),
                 }
-                for (i, &e) in group.envs[r.clone()].iter().enumerate() {
-                    let src = &dh[(r.start + i) * sample..(r.start + i + 1) * sample];
-                    grad_h[e * sample..(e + 1) * sample].copy_from_slice(src);
+                if group.first.is_none() {
+                    scatter(&group.dh[rows], &group.envs[r], sample, grad_h, at);
                 }
             }
             if !group.envs.iter().any(|&e| params.state[e].train_seed) {
@@ -274,15 +329,7 @@ impl<T: Real> SlotWorkspace<T> {
             let state = &params.state;
             let len = pool.row_len;
             let gp = fit(&mut group.grad_params, eb * len);
-            seeds::backward(
-                bp,
-                shape,
-                &group.x[..eb * sample],
-                &group.ds[..eb * sample],
-                gp,
-                None,
-                &mut group.ws,
-            );
+            seeds::backward(bp, shape, x, &group.ds[..eb * sample], gp, None, &mut group.ws);
             for (i, &e) in group.envs.iter().enumerate() {
                 if state[e].train_seed {
                     pool.grads[e * len..(e + 1) * len]
