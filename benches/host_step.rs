@@ -86,7 +86,7 @@ fn host_step(c: &mut Criterion) {
         let mut step = 0usize;
         group.bench_function(BenchmarkId::new("train_seeded", envs), |b| {
             b.iter(|| {
-                trainer.step(&mut params, &mut bank, &mut ws, &images, &labels, step % 10 == 0);
+                trainer.step(&mut params, &mut bank, &mut ws, &images, &labels, step.is_multiple_of(10));
                 step += 1;
             })
         });
@@ -102,7 +102,7 @@ fn host_step(c: &mut Criterion) {
         group.bench_function(BenchmarkId::new("validate_seeded", envs), |b| {
             b.iter(|| {
                 validator.plan(&bank, &fossilized);
-                validator.run_batch(&params, &bank, &images, &labels, BATCH_PER_ENV, &counts)
+                validator.run_batch(&mut ws, &params, &bank, &images, &labels, BATCH_PER_ENV, &counts)
             })
         });
     }

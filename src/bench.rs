@@ -322,7 +322,11 @@ fn bench_envs(
             }
         }
         if tier != Tier::Train {
-            configs = world.resource::<Hosts>().validator.configs.first().map_or(0, |c| c.masks.len());
+            configs = world
+                .resource::<Hosts>()
+                .as_cpu()
+                .and_then(|cpu| cpu.validator.configs.first())
+                .map_or(0, |c| c.masks.len());
         }
         let step = Timing::of(&totals);
         let result = TierResult {

@@ -15,7 +15,7 @@ use esper_components::{
 use esper_kernels::data::{Batcher, Dataset};
 use esper_kernels::host::HostArch;
 use esper_systems::episode_end::episode_end_schedule;
-use esper_systems::host_resources::{Hosts, Snapshots, StepClock, TrainData};
+use esper_systems::host_resources::{Hosts, StepClock, TrainData};
 use esper_systems::policy::{ActivePolicy, HeuristicPolicy, Policy, RandomPolicy, StaticPolicy};
 use esper_systems::update_obs_normalizer::round_end_schedule;
 use esper_systems::update_signals::{EnvSignals, SlotReports};
@@ -100,11 +100,9 @@ pub fn build_world(plan: &RunPlan) -> Result<World, RunError> {
         step: 0,
         episode_epochs: cfg.epochs as u64,
     });
-    let hosts = Hosts::new(arch, &slot_ids, n_envs, cfg.batch_per_env, cfg.seed, 0);
-    world.insert_resource(Snapshots::of(&hosts));
-    world.insert_resource(hosts);
+    world.insert_resource(Hosts::cpu(arch, &slot_ids, n_envs, cfg.batch_per_env, cfg.seed, 0));
     world.insert_resource(GovernorConfig::for_classes(arch.num_classes as u32));
-    world.insert_resource(TrainData::new(dataset, batcher, n_envs, cfg.batch_per_env));
+    world.insert_resource(TrainData { dataset, batcher });
     let signal_config = SignalConfig::default();
     world.insert_resource(signal_config);
     let policy: Box<dyn Policy> = match cfg.policy {

@@ -219,7 +219,11 @@ fn basic_plus_drips_from_a_successful_fossilization_and_keeps_fossils_ablated() 
     // drip is 0.1092·0.5 = 0.0546.
     s.world.insert_resource(Measured { epoch: 2, env: 0, slot: 0, contribution: 0.5, cf_imp: 0.5 });
     s.run_epoch(2);
-    assert_eq!(s.world.resource::<Hosts>().validator.configs[0].slots, vec![0], "fossil ablated");
+    assert_eq!(
+        s.world.resource::<Hosts>().as_cpu().unwrap().validator.configs[0].slots,
+        vec![0],
+        "fossil ablated"
+    );
     close(term(&s.world, Term::Drip, 0), 0.0546, "drip");
 }
 
@@ -275,7 +279,7 @@ fn validation_reports_cf_imp_and_the_committed_accuracy() {
     force_seed(&mut s.world, 1, 2, SeedStage::Blending, BlueprintAction::ConvHeavy, 0.5);
     s.run_epoch(1);
     let (configs, results) = {
-        let v = &s.world.resource::<Hosts>().validator;
+        let v = &s.world.resource::<Hosts>().as_cpu().unwrap().validator;
         (v.configs.clone(), v.results())
     };
     let (r0, r1) = (&results[0], &results[1]);
@@ -293,7 +297,7 @@ fn validation_reports_cf_imp_and_the_committed_accuracy() {
     force_seed(&mut s.world, 0, 0, SeedStage::Fossilized, BlueprintAction::ConvLight, 1.0);
     force_seed(&mut s.world, 0, 1, SeedStage::Blending, BlueprintAction::Attention, 0.5);
     s.run_epoch(1);
-    let v = &s.world.resource::<Hosts>().validator;
+    let v = &s.world.resource::<Hosts>().as_cpu().unwrap().validator;
     let c = &v.configs[0];
     assert_eq!(c.slots, vec![0, 1]);
     assert_eq!(c.masks[c.committed.unwrap()], 0b10, "only the BLENDING seed is switched off");

@@ -15,7 +15,7 @@ use esper_ecs::config::{PolicyKind, RunConfig, RunPlan};
 use esper_ecs::run::{self, Session};
 use esper_kernels::host::SeedBank;
 use esper_kernels::seeds::CnnBlueprint;
-use esper_systems::host_resources::{Hosts, Snapshots};
+use esper_systems::host_resources::Hosts;
 use esper_systems::policy::ActivePolicy;
 use esper_systems::validate::validate;
 use esper_systems::{ActionBatch, EffectiveOps, OpOutcomes, StepSet};
@@ -59,7 +59,7 @@ fn capture_before_act(
     envs: Query<(&EnvIndex, &ScaffoldLedger)>,
     mut held: ResMut<BeforeAct>,
 ) {
-    held.bank = Some(hosts.bank.clone());
+    held.bank = Some(hosts.as_cpu().unwrap().bank.clone());
     let victim = envs.iter().find(|(e, _)| e.0 as usize == VICTIM).unwrap();
     held.ledger = victim.1.entries.clone();
 }
@@ -121,12 +121,12 @@ fn vetoed_germinate_keeps_the_raw_op_executes_nothing_and_counts_as_wait() {
     assert_eq!(slot_component::<SlotTracking>(w, 1, 0).acc_at_germination, Some(acc));
     let metrics = slot_state(w, 1, 0).metrics;
     let counts = w.resource::<Hosts>().param_counts();
-    assert_eq!(metrics.host_param_count, w.resource::<Hosts>().arch.param_count() as u64);
+    assert_eq!(metrics.host_param_count, w.resource::<Hosts>().arch().param_count() as u64);
     assert_eq!(
         metrics.seed_param_count,
         esper_kernels::seeds::param_count(
             CnnBlueprint::ConvLight,
-            w.resource::<Hosts>().bank.slots().next().unwrap().channels
+            w.resource::<Hosts>().as_cpu().unwrap().bank.slots().next().unwrap().channels
         ) as u64
     );
     assert_eq!(metrics.gate_param_count, counts.gate[0]);
@@ -165,7 +165,7 @@ fn rollback_restores_the_host_and_the_snapshot_fossils_only() {
     s.run_epoch(5);
     // The snapshot holds the host and the slot-0 fossil, nothing else.
     {
-        let snaps = s.world.resource::<Snapshots>();
+        let snaps = &s.world.resource::<Hosts>().as_cpu().unwrap().snapshots;
         let held: Vec<bool> = snaps.env_fossils(VICTIM).iter().map(Option::is_some).collect();
         assert_eq!(held, vec![true, false, false]);
     }
@@ -181,12 +181,12 @@ fn rollback_restores_the_host_and_the_snapshot_fossils_only() {
     assert_eq!(w.resource::<EffectiveOps>().0[VICTIM], LifecycleOp::Wait);
     assert_eq!(env_row(w, VICTIM, |l: &LastAction| *l), LastAction { op: LifecycleOp::Wait, success: false });
     let before = w.resource::<BeforeAct>().bank.clone().unwrap();
-    let hosts = w.resource::<Hosts>();
-    let snaps = w.resource::<Snapshots>();
+    let hosts = w.resource::<Hosts>().as_cpu().unwrap();
+    let snaps = &hosts.snapshots;
     assert_eq!(hosts.params.extract_env(VICTIM), snaps.params.extract_env(VICTIM), "host restored");
     // Slot 0: the snapshot's fossil row is back, and differs from what training had made of it.
     let restored = row(&hosts.bank, 0, CnnBlueprint::ConvLight, VICTIM);
-    assert_eq!(restored, row(&snaps.bank, 0, CnnBlueprint::ConvLight, VICTIM));
+    assert_eq!(&restored[..], snaps.seed_row(VICTIM, 0, &hosts.bank).unwrap());
     assert_ne!(restored, row(&before, 0, CnnBlueprint::ConvLight, VICTIM), "fossils keep training (§8.2 d)");
     // Every other row of every env, every pool, every slot and the gates: as before Act.
     for (k, (now, then)) in hosts.bank.slots().zip(before.slots()).enumerate() {
@@ -239,7 +239,7 @@ fn governor_prunes_reach_the_summary_and_the_metrics() {
     let mut s = Session::new(&plan).unwrap();
     s.world.insert_resource(ActivePolicy(Box::new(Script(Vec::new()))));
     force_seed(&mut s.world, VICTIM, 1, SeedStage::Blending, BlueprintAction::ConvLight, 0.5);
-    s.world.resource_mut::<Hosts>().params.weights.env_mut(0, VICTIM)[0] = f32::NAN;
+    s.world.resource_mut::<Hosts>().as_cpu_mut().unwrap().params.weights.env_mut(0, VICTIM)[0] = f32::NAN;
     let summary = run::train_session(s, &plan, &AtomicBool::new(false), std::time::Instant::now()).unwrap();
     assert_eq!((summary.rollbacks, summary.seeds_pruned, summary.seeds_germinated), (1, 1, 0));
     let json: serde_json::Value =

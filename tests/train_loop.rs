@@ -76,7 +76,7 @@ fn a_stop_request_ends_the_run_after_the_current_epoch() {
 fn governor_rolls_back_a_nan_env_and_leaves_the_others_untouched() {
     use esper_components::{EnvIndex, LifecycleTally, SeedStage, SlotIndex, Stage};
     use esper_ecs::run::Session;
-    use esper_systems::host_resources::{Hosts, Snapshots};
+    use esper_systems::host_resources::Hosts;
     let mut plan = tiny_plan("governor", PolicyKind::Random, 1, 7);
     plan.config.envs = 8;
     if let DataSource::Synthetic(spec) = &mut plan.data {
@@ -93,13 +93,14 @@ fn governor_rolls_back_a_nan_env_and_leaves_the_others_untouched() {
         broken.run_epoch(epoch);
     }
     // Epoch 5's healthy check took the last snapshot; poison the victim's first conv weight now.
-    let snapshot = broken.world.resource::<Snapshots>().params.extract_env(victim);
-    broken.world.resource_mut::<Hosts>().params.weights.env_mut(0, victim)[0] = f32::NAN;
+    let snapshot = broken.world.resource::<Hosts>().as_cpu().unwrap().snapshots.params.extract_env(victim);
+    broken.world.resource_mut::<Hosts>().as_cpu_mut().unwrap().params.weights.env_mut(0, victim)[0] =
+        f32::NAN;
     let epoch = nan_after + 1;
     clean.run_epoch(epoch);
     broken.run_epoch(epoch);
-    let b = broken.world.resource::<Hosts>();
-    let c = clean.world.resource::<Hosts>();
+    let b = broken.world.resource::<Hosts>().as_cpu().unwrap();
+    let c = clean.world.resource::<Hosts>().as_cpu().unwrap();
     assert_eq!(b.params.extract_env(victim), snapshot, "victim restored to its snapshot bit for bit");
     for e in (0..8).filter(|&e| e != victim) {
         assert_eq!(b.params.extract_env(e), c.params.extract_env(e), "env {e} differs from the clean run");
@@ -119,7 +120,7 @@ fn governor_rolls_back_a_nan_env_and_leaves_the_others_untouched() {
     for epoch in epoch + 1..=7 {
         broken.run_epoch(epoch);
     }
-    let b = broken.world.resource::<Hosts>();
+    let b = broken.world.resource::<Hosts>().as_cpu().unwrap();
     assert!(b.params.extract_env(victim).weights.tensors.iter().flatten().all(|v| v.is_finite()));
 }
 
@@ -175,7 +176,7 @@ fn a_new_round_starts_from_fresh_hosts_and_empty_slots() {
     use esper_components::{SlotState, Stage};
     use esper_ecs::run::{Session, host_arch};
     use esper_kernels::host::HostParams;
-    use esper_systems::host_resources::{Hosts, Snapshots};
+    use esper_systems::host_resources::Hosts;
     let plan = tiny_plan("rounds", PolicyKind::Random, 2, 6);
     let mut session = Session::new(&plan).unwrap();
     session.start_round(0);
@@ -189,8 +190,10 @@ fn a_new_round_starts_from_fresh_hosts_and_empty_slots() {
     );
     session.start_round(1);
     let fresh = HostParams::init(host_arch(&plan), plan.config.seed, 1, &[0, 1, 2, 3]);
-    assert_eq!(session.world.resource::<Hosts>().params, fresh);
-    assert_eq!(session.world.resource::<Snapshots>().params, fresh);
+    let hosts = session.world.resource::<Hosts>().as_cpu().unwrap();
+    assert_eq!(hosts.params, fresh);
+    assert_eq!(hosts.snapshots.params, fresh);
+    assert!(hosts.snapshots.fossils.iter().all(Option::is_none), "no fossils in a fresh round's snapshots");
     let mut stages = session.world.query::<&Stage>();
     assert!(stages.iter(&session.world).all(|s| *s == SlotState::default().stage));
 }

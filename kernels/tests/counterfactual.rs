@@ -90,27 +90,39 @@ fn world(envs: usize) -> (HostParams<f32>, SeedBank<f32>, Vec<Vec<bool>>) {
     (params, bank, fossilized)
 }
 
-#[test]
-fn fused_validation_equals_each_configuration_evaluated_alone() {
-    let (envs, batch) = (4, 6);
-    let (params, bank, fossilized) = world(envs);
+/// Every env with a blending seed in every slot (ADD, MULTIPLY, GATE in turn, alphas 0.3 … 0.9): every
+/// env has every configuration, so the passes are one row per env in env order.
+fn full_world(envs: usize) -> (HostParams<f32>, SeedBank<f32>, Vec<Vec<bool>>) {
+    let (params, mut bank, _) = world(envs);
+    let modes = [SeedMode::Add, SeedMode::Multiply, SeedMode::Gate];
+    let bps = [CnnBlueprint::ConvLight, CnnBlueprint::Attention, CnnBlueprint::ConvHeavy, CnnBlueprint::Norm];
+    for (k, slot) in bank.slots_mut().enumerate() {
+        for e in 0..envs {
+            slot.state[e] = blend(modes[(e + k) % 3], bps[k], 0.3 + 0.2 * k as f32);
+        }
+    }
+    (params, bank, vec![vec![false; envs]; SLOTS.len()])
+}
+
+/// Runs the fused pass over `envs` envs in chunks of `chunk` virtual envs and checks every
+/// configuration's accuracy against that configuration evaluated alone. Returns the passes that read
+/// the main activation in place.
+fn check_fused_equals_alone(
+    envs: usize,
+    chunk: usize,
+    (params, bank, fossilized): (HostParams<f32>, SeedBank<f32>, Vec<Vec<bool>>),
+) -> (FusedValidator<f32>, usize) {
+    let batch = 6;
     let mut s = StreamKey::new(4, 0, 0, Purpose::Test).stream(0);
     let images: Vec<f32> = (0..envs * batch * ARCH.image_len()).map(|_| s.normal() as f32).collect();
     let labels: Vec<u8> = (0..envs * batch).map(|_| s.below(10) as u8).collect();
-    let counts = [6, 5, 6, 4];
-    // Chunks of 5 virtual envs: the pass is split across several forwards and must not care.
-    let mut fused = FusedValidator::new(ARCH, &bank, &SLOTS, 5, batch);
+    let counts: Vec<usize> = (0..envs).map(|e| [6, 5, 6, 4][e % 4]).collect();
+    let mut fused = FusedValidator::new(ARCH, &bank, &SLOTS, chunk, batch);
+    let mut main = HostWorkspace::with_slots(ARCH, envs, batch, &bank);
     fused.plan(&bank, &fossilized);
-    let n_ablatable: Vec<usize> = fused.configs.iter().map(|c| c.slots.len()).collect();
-    assert_eq!(
-        n_ablatable,
-        vec![0, 1, 2, 3],
-        "env e has e ablatable seeds; fossilized and incubating excluded"
-    );
-    assert_eq!(fused.virtual_env_count(), 1 + 2 + 4 + 8);
-    fused.run_batch(&params, &bank, &images, &labels, batch, &counts);
+    fused.run_batch(&mut main, &params, &bank, &images, &labels, batch, &counts);
+    let in_place = fused.in_place_passes();
     let results = fused.results();
-
     let image_len = ARCH.image_len();
     for (e, configs) in fused.configs.iter().enumerate() {
         for (k, &mask) in configs.masks.iter().enumerate() {
@@ -132,21 +144,54 @@ fn fused_validation_equals_each_configuration_evaluated_alone() {
                 correct += usize::from(best == labels[e * batch + row] as usize);
             }
             let acc = 100.0 * correct as f64 / counts[e] as f64;
-            assert_eq!(results[e].config_acc[k], acc, "env {e} config {k} (mask {mask:#b})");
+            assert_eq!(results[e].config_acc[k], acc, "chunk {chunk}: env {e} config {k} (mask {mask:#b})");
         }
         // Derived quantities follow from the configuration accuracies.
         let r = &results[e];
+        assert_eq!(r.slots, configs.slots);
         for (i, &k) in configs.solo_off.iter().enumerate() {
             assert_eq!(r.contribution[i], r.val_acc - r.config_acc[k]);
         }
         assert_eq!(r.val_acc, r.config_acc[0]);
     }
-    assert_eq!(results[3].interactions.len(), 3);
-    let r = &results[3];
-    let c = &fused.configs[3];
-    let (i, j, k) = c.pairs[0];
-    let expected = r.config_acc[k] - r.solo_on_acc[i] - r.solo_on_acc[j] + r.all_off_acc.unwrap();
-    assert_eq!(r.interactions[0], (i, j, expected));
+    (fused, in_place)
+}
+
+#[test]
+fn fused_validation_equals_each_configuration_evaluated_alone() {
+    // Chunks of 5, 2 and 1 virtual envs: the passes are split across forwards and must not care.
+    for chunk in [5, 2, 1] {
+        let envs = 4;
+        let (fused, in_place) = check_fused_equals_alone(envs, chunk, world(envs));
+        let n_ablatable: Vec<usize> = fused.configs.iter().map(|c| c.slots.len()).collect();
+        assert_eq!(
+            n_ablatable,
+            vec![0, 1, 2, 3],
+            "env e has e ablatable seeds; fossilized and incubating excluded"
+        );
+        assert_eq!(fused.virtual_env_count(), 1 + 2 + 4 + 8);
+        assert_eq!(in_place, 0, "env 0 has only its main configuration: no pass is one row per env");
+        let results = fused.results();
+        assert_eq!(results[3].interactions.len(), 3);
+        let r = &results[3];
+        let c = &fused.configs[3];
+        let (i, j, k) = c.pairs[0];
+        let expected = r.config_acc[k] - r.solo_on_acc[i] - r.solo_on_acc[j] + r.all_off_acc.unwrap();
+        assert_eq!(r.interactions[0], (i, j, expected));
+    }
+}
+
+#[test]
+fn fused_validation_reads_the_main_activation_in_place_and_gives_the_same_bits() {
+    let envs = 3;
+    // Four ablatable slots per env: main, 4 leave-one-out, 4 solo-on, all-off, 6 pairs = 16 masks.
+    let (fused, in_place) = check_fused_equals_alone(envs, envs, full_world(envs));
+    assert_eq!(fused.virtual_env_count(), envs * 16);
+    assert_eq!(in_place, 15, "every configuration but the main one runs as one pass over the envs, in place");
+    // The same plan in chunks smaller than the env count gathers every pass, with the same results.
+    let (gathered, none) = check_fused_equals_alone(envs, 2, full_world(envs));
+    assert_eq!(none, 0);
+    assert_eq!(gathered.results(), fused.results());
 }
 
 #[test]

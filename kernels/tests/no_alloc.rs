@@ -109,10 +109,11 @@ fn a_fused_validation_pass_allocates_nothing_after_the_first() {
     let fossilized = vec![vec![false; envs]; SLOTS.len()];
     let counts = [6, 4, 5];
     let mut validator = FusedValidator::new(ARCH, &bank, &SLOTS, 4, batch);
+    let mut main = HostWorkspace::with_slots(ARCH, envs, batch, &bank);
     let mut results: Vec<EnvCounterfactuals> = Vec::new();
-    let pass = |validator: &mut FusedValidator<f32>, results: &mut Vec<EnvCounterfactuals>| {
+    let mut pass = |validator: &mut FusedValidator<f32>, results: &mut Vec<EnvCounterfactuals>| {
         validator.plan(&bank, &fossilized);
-        validator.run_batch(&params, &bank, &images, &labels, batch, &counts);
+        validator.run_batch(&mut main, &params, &bank, &images, &labels, batch, &counts);
         validator.results_into(results);
     };
     let count = with_threads(1, || {

@@ -3,7 +3,7 @@
 //! state — the reference builds new environments for every batch of episodes (simic §1.1).
 
 use crate::governor_check::GovernorVerdict;
-use crate::host_resources::{Hosts, Snapshots, StepClock};
+use crate::host_resources::{Hosts, StepClock};
 use crate::policy::ActivePolicy;
 use crate::slot_query::SlotLifecycle;
 use crate::step_span::StepInfo;
@@ -44,7 +44,6 @@ pub fn reset_episode(
     clock: Res<StepClock>,
     signal_config: Res<SignalConfig>,
     mut hosts: ResMut<Hosts>,
-    mut snapshots: ResMut<Snapshots>,
     mut policy: ResMut<ActivePolicy>,
     mut envs: Query<EnvState>,
     mut slots: Query<(SlotLifecycle, &mut SlotTracking, &mut FossilSnapshot, &mut SlotRewardState)>,
@@ -52,7 +51,6 @@ pub fn reset_episode(
 ) {
     let _span = crate::system_span!(info, "EpisodeEnd::reset_episode");
     hosts.reset_round(clock.seed, clock.round);
-    *snapshots = Snapshots::of(&hosts);
     policy.0.reset();
     for (mut metrics, mut tracker, mut signals, mut governor, mut verdict, books) in &mut envs {
         let (mut last, mut fossils, mut pending, mut ledger, mut episode) = books;

@@ -4,13 +4,14 @@
 //! Live seeds are left out. A panic is settled before the reward ([`crate::resolve_actions`]) and
 //! carried out in Act ([`crate::governor_rollback`]).
 
-use crate::host_resources::{FossilRow, Hosts, Snapshots, StepClock};
+use crate::host_resources::{Hosts, StepClock};
 use crate::resources::EnvCount;
 use crate::slot_query::SlotLifecycle;
 use crate::step_span::StepInfo;
 use bevy_ecs::prelude::*;
 use esper_components::governor::{GovernorConfig, GovernorState, PanicReason};
 use esper_components::{EnvIndex, FossilSnapshot, HostMetrics, SeedStage, SlotConfig, SlotIndex};
+use esper_kernels::host::FossilRow;
 use esper_kernels::seeds::CnnBlueprint;
 
 /// This epoch's verdict: roll the env back at action time.
@@ -39,10 +40,9 @@ pub fn governor_check(
     )>,
     config: Res<GovernorConfig>,
     clock: Res<StepClock>,
-    hosts: Res<Hosts>,
+    mut hosts: ResMut<Hosts>,
     slot_config: Res<SlotConfig>,
     n_envs: Res<EnvCount>,
-    mut snapshots: ResMut<Snapshots>,
     mut scratch: Local<SnapshotScratch>,
     info: StepInfo,
 ) {
@@ -73,6 +73,6 @@ pub fn governor_check(
         held.0 = blueprint.map(|_| slot.state());
     }
     for (e, _) in due.iter().enumerate().filter(|(_, due)| **due) {
-        snapshots.take(&hosts, e, &fossils[e * n_slots..(e + 1) * n_slots]);
+        hosts.take_snapshot(e, &fossils[e * n_slots..(e + 1) * n_slots]);
     }
 }

@@ -9,7 +9,7 @@
 //!
 //! This system owns the slot events of rolled-back envs this step; [`crate::apply_ops`] owns the rest.
 
-use crate::host_resources::{Hosts, Snapshots};
+use crate::host_resources::Hosts;
 use crate::resources::{EnvCount, OpOutcomes};
 use crate::slot_query::SlotLifecycle;
 use crate::step_span::StepInfo;
@@ -23,7 +23,6 @@ pub fn governor_rollback(
     mut slots: Query<(&EnvIndex, &mut SlotEvents, &FossilSnapshot, SlotLifecycle)>,
     outcomes: Res<OpOutcomes>,
     config: Res<GovernorConfig>,
-    snapshots: Res<Snapshots>,
     n_envs: Res<EnvCount>,
     mut hosts: ResMut<Hosts>,
     mut reasons: Local<Vec<Option<PanicReason>>>,
@@ -39,8 +38,7 @@ pub fn governor_rollback(
         }
         let report = governor.execute_rollback(&config);
         reasons[e] = Some(report.reason);
-        snapshots.restore(&mut hosts, e);
-        hosts.clear_optimizer_state(e);
+        hosts.restore_snapshot(e);
     }
     for (env, mut events, held, mut slot) in &mut slots {
         if let Some(reason) = reasons[env.0 as usize] {

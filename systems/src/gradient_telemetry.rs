@@ -8,6 +8,7 @@ use crate::resources::ParamCounts;
 use crate::step_span::StepInfo;
 use bevy_ecs::prelude::*;
 use esper_components::{EnvIndex, GradientTelemetry, SeedMetrics, SlotIndex};
+use esper_kernels::host::SeedTelemetry;
 
 pub fn sync_gradient_telemetry(
     hosts: Res<Hosts>,
@@ -20,14 +21,16 @@ pub fn sync_gradient_telemetry(
     let host_elements = param_counts.host as usize;
     for (env, index, mut telemetry, mut metrics) in &mut slots {
         let e = env.0 as usize;
-        let Some(stats) = hosts.trainer.seed_stats[index.0 as usize][e] else { continue };
+        let Some(SeedTelemetry { stats, host_norm }) = hosts.seed_telemetry(index.0 as usize, e) else {
+            continue;
+        };
         *telemetry = GradientTelemetry {
             gradient_norm: Some(stats.norm),
             gradient_health: Some(stats.health),
             has_vanishing: Some(stats.has_vanishing),
             has_exploding: Some(stats.has_exploding),
         };
-        let ratio = stats.ratio_to_host(hosts.trainer.host_norm_at_collection[e], host_elements);
+        let ratio = stats.ratio_to_host(host_norm, host_elements);
         metrics.seed_gradient_norm_ratio = Some(match metrics.seed_gradient_norm_ratio {
             None => ratio,
             Some(ema) => 0.9 * ema + 0.1 * ratio,

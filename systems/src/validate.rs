@@ -10,7 +10,7 @@ use esper_components::{
     EnvIndex, HostMetrics, RewardConfig, ScaffoldLedger, SeedAlpha, SeedMetrics, SeedStage, SlotIndex,
     SlotTracking, Stage,
 };
-use esper_kernels::host::EnvCounterfactuals;
+use esper_kernels::host::ValidationPlan;
 
 /// The system's buffers, kept between steps so that a step allocates nothing.
 #[derive(Default)]
@@ -19,13 +19,12 @@ pub struct ValidateScratch {
     fossilized: Vec<Vec<bool>>,
     /// `[slot][env]`: the seed's alpha.
     alphas: Vec<Vec<f64>>,
-    results: Vec<EnvCounterfactuals>,
 }
 
 #[allow(clippy::too_many_arguments)] // a system: each parameter is one resource or query it touches
 pub fn validate(
     mut hosts: ResMut<Hosts>,
-    mut data: ResMut<TrainData>,
+    data: Res<TrainData>,
     clock: Res<StepClock>,
     mut slots: Query<(&EnvIndex, &SlotIndex, &Stage, &SeedAlpha, &mut SeedMetrics, &mut SlotTracking)>,
     mut envs: Query<(&EnvIndex, &mut HostMetrics, &mut ScaffoldLedger)>,
@@ -34,10 +33,8 @@ pub fn validate(
     info: StepInfo,
 ) {
     let _span = crate::system_span!(info, "Validate::validate");
-    let ValidateScratch { fossilized, alphas, results } = &mut *scratch;
-    let hosts = &mut *hosts;
-    let data = &mut *data;
-    let (n_envs, n_slots) = (hosts.params.n_envs(), hosts.slot_ids.len());
+    let ValidateScratch { fossilized, alphas } = &mut *scratch;
+    let (n_envs, n_slots) = (hosts.n_envs(), hosts.slot_ids().len());
     fossilized.resize(n_slots, Vec::new());
     alphas.resize(n_slots, Vec::new());
     for k in 0..n_slots {
@@ -51,21 +48,14 @@ pub fn validate(
         fossilized[k][e] = stage.current == SeedStage::Fossilized;
         alphas[k][e] = alpha.0;
     }
-    let Hosts { params, bank, validator, .. } = hosts;
-    validator.ablate_fossils = reward.is_some_and(|r| r.ablate_fossils());
-    validator.plan(bank, fossilized);
-    let batch_in = data.batcher.sharding().batch_per_env;
-    for b in 0..data.batcher.sharding().num_test_batches() {
-        data.batcher.fill_test(&data.dataset, b, &mut data.images, &mut data.labels, &mut data.counts);
-        validator.run_batch(params, bank, &data.images, &data.labels, batch_in, &data.counts);
-    }
-    validator.results_into(results);
+    let plan = ValidationPlan { fossilized, ablate_fossils: reward.is_some_and(|r| r.ablate_fossils()) };
+    let results = hosts.validate(&data.dataset, &data.batcher, plan);
     for (env, mut metrics, mut ledger) in &mut envs {
         let e = env.0 as usize;
         let r = &results[e];
         metrics.val_accuracy = r.val_acc;
         metrics.val_loss = r.val_loss;
-        let ablated = &validator.configs[e].slots;
+        let ablated = &r.slots;
         metrics.counterfactual_improvement = r.empty_acc.map(|empty| r.val_acc - empty);
         metrics.committed_val_accuracy = r.committed_acc.unwrap_or(r.val_acc);
         for &(i, j, interaction) in &r.interactions {
@@ -74,12 +64,12 @@ pub fn validate(
     }
     for (env, index, _, _, mut m, mut tracking) in &mut slots {
         let (e, k) = (env.0 as usize, index.0 as usize);
-        let (configs, r) = (&validator.configs[e], &results[e]);
+        let r = &results[e];
         m.interaction_sum = 0.0;
         m.boost_received = 0.0;
         m.upstream_alpha_sum = 0.0;
         m.downstream_alpha_sum = 0.0;
-        let Some(i) = configs.slots.iter().position(|&s| s == k) else { continue };
+        let Some(i) = r.slots.iter().position(|&s| s == k) else { continue };
         tracking.epochs_since_counterfactual = Some(0);
         let c = r.contribution[i];
         if let Some(prev) = m.counterfactual_contribution {
@@ -94,7 +84,7 @@ pub fn validate(
             }
         }
         // Canonical slot order is sorted slot-id order.
-        for &other in &configs.slots {
+        for &other in &r.slots {
             if other < k {
                 m.upstream_alpha_sum += alphas[other][e];
             } else if other > k {

@@ -88,7 +88,7 @@ fn quirk_8_2_b_cnn_isolation_persists_after_blending() {
         let mut ws = SlotWorkspace::new(1, batch, c, size);
         ws.forward(&sp, &h, true);
         let mut dh = vec![0.0; n];
-        ws.backward(&mut sp, &vec![1.0; n], &mut dh);
+        ws.backward(&mut sp, &h, &vec![1.0; n], &mut dh);
         let zero = dh.iter().all(|&g| g == 0.0);
         assert_eq!(zero, expect_zero, "{algorithm:?}: host gradient through the slot");
     }

@@ -18,6 +18,7 @@ use super::params::HostParams;
 use super::seed_bank::{SeedBank, SeedMode, SlotParams};
 use super::train::{ValTotals, accumulate_validation};
 use crate::ops::Real;
+use rayon::prelude::*;
 
 /// Most slots an ablation mask can name.
 pub const MAX_ABLATABLE: usize = 16;
@@ -106,6 +107,9 @@ impl EnvConfigs {
 /// Per-env results of one fused validation pass.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct EnvCounterfactuals {
+    /// The ablated slots (canonical indices), ascending: `contribution[i]` and the pair indices of
+    /// `interactions` refer to `slots[i]`.
+    pub slots: Vec<usize>,
     pub val_acc: f64,
     pub val_loss: f64,
     /// Accuracy of every configuration (`configs.masks` order; index 0 = main).
@@ -123,7 +127,24 @@ pub struct EnvCounterfactuals {
     pub interactions: Vec<(usize, usize, f64)>,
 }
 
+/// A run of the virtual-env workspace: every row starts from the same slot.
+#[derive(Clone, Debug)]
+struct Pass {
+    /// The slot the rows start from (`(block, row)`): the first slot, in network order, each row's
+    /// configuration turns off.
+    start: (usize, u8),
+    /// Rows: a range of `FusedValidator::pass_rows` (virtual env indices), at most `chunk` of them.
+    rows: std::ops::Range<usize>,
+}
+
 /// Runs the fused pass: owns the virtual-env parameters, workspace and totals, reused every epoch.
+///
+/// Every configuration of an env agrees with the main one (every seed as it is) up to the first slot it
+/// turns off, so only the main configuration runs from the images, over the real envs (in the caller's
+/// workspace, with the real parameters). Every other configuration starts from the main forward's
+/// activation at its first ablated slot: the virtual rows that share that slot run together, reading
+/// the activation in place when they are one row per env in env order (else gathered), with their host
+/// and seed parameter rows gathered (kilobytes per row; no images are copied).
 #[derive(Debug)]
 pub struct FusedValidator<T> {
     arch: HostArch,
@@ -134,16 +155,25 @@ pub struct FusedValidator<T> {
     /// Keep FOSSILIZED seeds in the ablation set (the BASIC_PLUS drip needs their contribution,
     /// simic §3.1). Off by default.
     pub ablate_fossils: bool,
-    /// `(env, mask)` of every virtual env.
+    /// `(env, mask)` of every virtual env; an env's configurations are consecutive, main first.
     virtual_envs: Vec<(usize, u16)>,
+    /// Per canonical slot: its `(block, row)` in the network.
+    positions: Vec<(usize, u8)>,
+    passes: Vec<Pass>,
+    pass_rows: Vec<usize>,
+    /// Plan scratch: per env, its virtual envs starting at one slot.
+    per_env: Vec<Vec<usize>>,
     params: HostParams<T>,
     bank: SeedBank<T>,
     ws: HostWorkspace<T>,
-    images: Vec<T>,
+    /// A gathered start activation `[chunk, B, …]`, for passes whose rows are not one per env in order.
+    start_input: Vec<T>,
     labels: Vec<u8>,
     counts: Vec<usize>,
     chunk_totals: ValTotals,
     totals: ValTotals,
+    /// Passes of the last batch that read the main activation in place.
+    in_place_passes: usize,
 }
 
 impl<T: Real> FusedValidator<T> {
@@ -161,6 +191,14 @@ impl<T: Real> FusedValidator<T> {
         let chunk_bank = SeedBank::new(&arch, chunk, slot_ids);
         assert_eq!(chunk_bank.slots().count(), bank.slots().count(), "slot list does not match the bank");
         let ws = HostWorkspace::with_slots(arch, chunk, batch, &chunk_bank);
+        let mut positions: Vec<(usize, u8)> =
+            slot_ids.iter().map(|&(row, col)| (col as usize, row)).collect();
+        // Canonical slot order is the bank's: every row-0 slot by column, then every row-1 slot.
+        positions.sort_by_key(|&(block, row)| (row, block));
+        let largest_slot_input = (0..arch.n_blocks)
+            .map(|b| batch * arch.block_channels(b) * arch.block_size(b).pow(2))
+            .max()
+            .unwrap_or(0);
         Self {
             arch,
             slot_ids: slot_ids.to_vec(),
@@ -169,14 +207,19 @@ impl<T: Real> FusedValidator<T> {
             configs: vec![],
             ablate_fossils: false,
             virtual_envs: vec![],
+            positions,
+            passes: vec![],
+            pass_rows: vec![],
+            per_env: vec![],
             params,
             bank: chunk_bank,
             ws,
-            images: vec![T::ZERO; chunk * batch * arch.image_len()],
+            start_input: vec![T::ZERO; chunk * largest_slot_input],
             labels: vec![0; chunk * batch],
             counts: vec![0; chunk],
             chunk_totals: ValTotals::new(chunk),
             totals: ValTotals::default(),
+            in_place_passes: 0,
         }
     }
 
@@ -209,6 +252,44 @@ impl<T: Real> FusedValidator<T> {
             self.virtual_envs.extend(configs.masks.iter().map(|&m| (e, m)));
         }
         self.totals.resize(self.virtual_envs.len());
+        self.plan_passes(n_envs);
+    }
+
+    /// The passes: for each start slot in network order, the `j`-th virtual env of every env that has
+    /// one starting there, in env order, cut into chunks.
+    fn plan_passes(&mut self, n_envs: usize) {
+        self.passes.clear();
+        self.pass_rows.clear();
+        self.per_env.resize_with(n_envs, Vec::new);
+        let mut by_network_order: [usize; MAX_ABLATABLE] = std::array::from_fn(|k| k);
+        let n_slots = self.positions.len();
+        by_network_order[..n_slots].sort_by_key(|&k| self.positions[k]);
+        for &k in &by_network_order[..n_slots] {
+            for list in &mut self.per_env {
+                list.clear();
+            }
+            for (v, &(e, mask)) in self.virtual_envs.iter().enumerate() {
+                let first_off = by_network_order[..n_slots].iter().find(|&&j| mask & (1 << j) != 0);
+                if first_off == Some(&k) {
+                    self.per_env[e].push(v);
+                }
+            }
+            let depth = self.per_env.iter().map(Vec::len).max().unwrap_or(0);
+            for j in 0..depth {
+                let first = self.pass_rows.len();
+                self.pass_rows.extend(self.per_env.iter().filter_map(|list| list.get(j)));
+                for start in (first..self.pass_rows.len()).step_by(self.chunk) {
+                    let end = (start + self.chunk).min(self.pass_rows.len());
+                    self.passes.push(Pass { start: self.positions[k], rows: start..end });
+                }
+            }
+        }
+    }
+
+    /// How many passes of the last batch read the main forward's activation in place (one row per env,
+    /// in env order) rather than gathering it.
+    pub fn in_place_passes(&self) -> usize {
+        self.in_place_passes
     }
 
     /// Number of virtual envs (Σ configurations) this epoch.
@@ -217,9 +298,13 @@ impl<T: Real> FusedValidator<T> {
     }
 
     /// Evaluate one test batch (`images` `[E, B_in, C, H, W]`, `labels` `[E, B_in]`, `counts[e]` valid
-    /// rows of env `e`, at most this validator's batch) for every configuration.
+    /// rows of env `e`, at most this validator's batch) for every configuration. The main configuration
+    /// runs in `main` (a workspace over the real envs with the validator's batch and the bank's slots:
+    /// the trainer's, say), which then holds its activations for the others to start from.
+    #[allow(clippy::too_many_arguments)]
     pub fn run_batch(
         &mut self,
+        main: &mut HostWorkspace<T>,
         params: &HostParams<T>,
         bank: &SeedBank<T>,
         images: &[T],
@@ -227,38 +312,66 @@ impl<T: Real> FusedValidator<T> {
         batch_in: usize,
         counts: &[usize],
     ) {
-        let image_len = self.arch.image_len();
-        let (b, chunk) = (self.batch, self.chunk);
-        for start in (0..self.virtual_envs.len()).step_by(chunk) {
-            let group = &self.virtual_envs[start..(start + chunk).min(self.virtual_envs.len())];
-            let n = group.len();
-            for (v, &(e, mask)) in group.iter().enumerate() {
-                assert!(
-                    counts[e] <= b,
-                    "test batch of {} images per env exceeds the validator's {b}",
-                    counts[e]
-                );
-                self.params.copy_env_row_from(params, e, v);
+        let b = self.batch;
+        assert_eq!(main.batch, b, "the main workspace must have the validator's batch");
+        assert_eq!(batch_in, b, "test batches must have the validator's batch");
+        for &c in counts {
+            assert!(c <= b, "test batch of {c} images per env exceeds the validator's {b}");
+        }
+        main.forward_eval(params, bank, images);
+        self.chunk_totals.resize(main.envs);
+        accumulate_validation(&main.logits, b, self.arch.num_classes, labels, counts, &mut self.chunk_totals);
+        let mut first = 0;
+        for (e, c) in self.configs.iter().enumerate() {
+            self.totals.add_row(first, &self.chunk_totals, e);
+            first += c.masks.len();
+        }
+        self.chunk_totals.resize(self.chunk);
+        self.in_place_passes = 0;
+        for p in 0..self.passes.len() {
+            let Pass { start: (block, row), rows } = self.passes[p].clone();
+            let rows = &self.pass_rows[rows];
+            let n = rows.len();
+            // One row per env, in env order, filling the workspace: the main activation is read in place.
+            let in_place = n == self.chunk
+                && n == main.envs
+                && rows.iter().enumerate().all(|(i, &v)| self.virtual_envs[v].0 == i);
+            let h = main.slot_input(block, row);
+            let per_row = h.len() / main.envs;
+            for (i, &v) in rows.iter().enumerate() {
+                let (e, mask) = self.virtual_envs[v];
+                self.params.copy_env_row_from(params, e, i);
                 for (k, (src, dst)) in bank.slots().zip(self.bank.slots_mut()).enumerate() {
-                    copy_slot_row(src, dst, e, v);
+                    copy_slot_row(src, dst, e, i);
                     if mask & (1 << k) != 0 {
-                        dst.state[v].mode = SeedMode::Off;
+                        dst.state[i].mode = SeedMode::Off;
                     }
                 }
-                let rows = counts[e];
-                let src = &images[e * batch_in * image_len..(e * batch_in + rows) * image_len];
-                self.images[v * b * image_len..(v * b + rows) * image_len].copy_from_slice(src);
-                self.labels[v * b..v * b + rows].copy_from_slice(&labels[e * batch_in..e * batch_in + rows]);
-                self.counts[v] = rows;
+                self.labels[i * b..(i + 1) * b].copy_from_slice(&labels[e * b..(e + 1) * b]);
+                self.counts[i] = counts[e];
             }
-            // Unused rows of a short last chunk: nothing to count, seeds off.
-            for v in n..chunk {
-                self.counts[v] = 0;
+            // Unused rows of a short pass: nothing to count, seeds off, the start slot's input zero.
+            for i in n..self.chunk {
+                self.counts[i] = 0;
                 for slot in self.bank.slots_mut() {
-                    slot.state[v].mode = SeedMode::Off;
+                    slot.state[i].mode = SeedMode::Off;
                 }
             }
-            self.ws.forward_eval(&self.params, &self.bank, &self.images);
+            let input = if in_place {
+                self.in_place_passes += 1;
+                h
+            } else {
+                let buf = &mut self.start_input[..self.chunk * per_row];
+                buf.par_chunks_mut(per_row).enumerate().for_each(|(i, dst)| match rows.get(i) {
+                    Some(&v) => {
+                        let e = self.virtual_envs[v].0;
+                        dst.copy_from_slice(&h[e * per_row..(e + 1) * per_row]);
+                    }
+                    None => dst.fill(T::ZERO),
+                });
+                &self.start_input[..self.chunk * per_row]
+            };
+            self.ws.forward_eval_from_slot(block, row, input, &self.params, &self.bank);
             self.chunk_totals.reset();
             accumulate_validation(
                 &self.ws.logits,
@@ -268,12 +381,8 @@ impl<T: Real> FusedValidator<T> {
                 &self.counts,
                 &mut self.chunk_totals,
             );
-            for v in 0..n {
-                let t = &mut self.totals;
-                t.correct[start + v] += self.chunk_totals.correct[v];
-                t.total[start + v] += self.chunk_totals.total[v];
-                t.loss_sum[start + v] += self.chunk_totals.loss_sum[v];
-                t.batches[start + v] += self.chunk_totals.batches[v];
+            for (i, &v) in rows.iter().enumerate() {
+                self.totals.add_row(v, &self.chunk_totals, i);
             }
         }
     }
@@ -291,6 +400,8 @@ impl<T: Real> FusedValidator<T> {
         out.resize_with(self.configs.len(), EnvCounterfactuals::default);
         let mut first = 0;
         for (c, r) in self.configs.iter().zip(out.iter_mut()) {
+            r.slots.clear();
+            r.slots.extend_from_slice(&c.slots);
             r.config_acc.clear();
             r.config_acc.extend((0..c.masks.len()).map(|k| self.totals.accuracy(first + k)));
             r.val_loss = self.totals.loss(first);

@@ -2,6 +2,7 @@
 //! evaluated as one computation over all envs.
 
 pub mod arch;
+pub mod backend;
 pub mod counterfactual;
 pub mod network;
 pub mod params;
@@ -10,6 +11,10 @@ pub mod slot;
 pub mod train;
 
 pub use arch::HostArch;
+pub use backend::{
+    CpuHostBackend, EpochTrain, FossilRow, HostBackend, SeedTelemetry, SlotSync, SnapshotStore,
+    TELEMETRY_STRIDE, ValidationPlan,
+};
 pub use counterfactual::{EnvConfigs, EnvCounterfactuals, FusedValidator};
 pub use network::HostWorkspace;
 pub use params::{HostParams, Stacked};

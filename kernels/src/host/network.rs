@@ -203,9 +203,9 @@ impl<T: Real> HostWorkspace<T> {
             let w = &params.weights.tensors;
             let (conv_w, gamma, beta) = (&w[3 * b], &w[3 * b + 1], &w[3 * b + 2]);
             let (mean, var) = (&mut params.running_mean[b], &mut params.running_var[b]);
-            self.block_forward(b, images, conv_w, Norm::Train { gamma, beta, mean, var }, bank);
+            self.block_forward(b, 0, images, conv_w, Norm::Train { gamma, beta, mean, var }, bank);
         }
-        self.head_forward(params);
+        self.head_forward(params, None);
         let shape = ClassifierShape { envs: self.envs, batch: self.batch, classes: self.arch.num_classes };
         ops::softmax_cross_entropy(
             shape,
@@ -220,20 +220,100 @@ impl<T: Real> HostWorkspace<T> {
     /// logits in `self.logits`.
     pub fn forward_eval(&mut self, params: &HostParams<T>, bank: &SeedBank<T>, images: &[T]) {
         self.check(params, images);
-        for b in 0..self.arch.n_blocks {
-            let (gamma, beta) = (params.gamma(b), params.beta(b));
-            let (mean, var) = (&params.running_mean[b], &params.running_var[b]);
-            self.block_forward(b, images, params.conv(b), Norm::Eval { gamma, beta, mean, var }, bank);
-        }
-        self.head_forward(params);
+        self.eval_blocks_from(0, images, params, bank);
     }
 
-    /// conv → batch norm (train or eval) → ReLU → slot r0 → pool → slot r1 for block `b`. With a pool
-    /// and no active seed at slot r0, batch norm, ReLU and pool run fused (see [`ops::fused`]).
+    /// Evaluation forward from a slot on, given the host activation `h` there (`[E, B, C, H, W]`) and
+    /// with that slot's seed off in every env: block `block`'s slot at `row` passes `h` through, the rest
+    /// of the network runs as [`Self::forward_eval`] would. What an env gets is bit for bit what a full
+    /// evaluation forward with that slot off gives it, when `h` is that forward's activation there —
+    /// the same up to the slot whenever every slot before it is configured alike.
+    pub fn forward_eval_from_slot(
+        &mut self,
+        block: usize,
+        row: u8,
+        h: &[T],
+        params: &HostParams<T>,
+        bank: &SeedBank<T>,
+    ) {
+        assert_eq!(params.arch, self.arch, "workspace and parameters disagree on the architecture");
+        assert_eq!(params.n_envs(), self.envs, "workspace and parameters disagree on the env count");
+        let pools = self.arch.pools_after(block);
+        assert!(row == 0 || pools, "slot r1 of block {block}: the block has no pool");
+        let off = |p: &Option<SlotParams<T>>| p.as_ref().is_none_or(|p| !p.any_active());
+        let slot = if row == 0 { &bank.r0[block] } else { &bank.r1[block] };
+        assert!(off(slot), "the slot a forward starts from must be off in every env");
+        if row == 0 && pools {
+            let shape = self.pool_shape(block);
+            assert_eq!(h.len(), self.blocks[block].block_out.len(), "slot input must be [E, B, C, H, W]");
+            let cur = &mut self.blocks[block];
+            ops::max_pool2x2_forward(shape, h, &mut cur.pooled, &mut cur.argmax);
+            cur.fused = false;
+            if let Some(ws) = &mut cur.r0 {
+                ws.active = false;
+            }
+            if let (Some(ws), Some(p)) = (&mut cur.r1, &bank.r1[block]) {
+                ws.forward(p, &cur.pooled, false);
+            }
+            self.eval_blocks_after(block, params, bank);
+        } else {
+            // The slot passes `h`: it is the block's output, the next block's input.
+            let len =
+                if row == 0 { self.blocks[block].block_out.len() } else { self.blocks[block].pooled.len() };
+            assert_eq!(h.len(), len, "slot input must be [E, B, C, H, W]");
+            self.eval_blocks_from(block + 1, h, params, bank);
+        }
+    }
+
+    /// The host activation at block `block`'s slot `row` of the last evaluation forward: the ReLU output
+    /// (row 0; the block must not have run fused) or the pooled output (row 1).
+    pub fn slot_input(&self, block: usize, row: u8) -> &[T] {
+        let cur = &self.blocks[block];
+        if row == 0 {
+            assert!(!cur.fused, "block {block} ran fused: its ReLU output was not kept");
+            &cur.block_out
+        } else {
+            &cur.pooled
+        }
+    }
+
+    /// Eval blocks `first..` (block `first` reading `input`; `first == n_blocks`: `input` is the last
+    /// block's output), then the head.
+    fn eval_blocks_from(&mut self, first: usize, input: &[T], params: &HostParams<T>, bank: &SeedBank<T>) {
+        for b in first..self.arch.n_blocks {
+            let (gamma, beta) = (params.gamma(b), params.beta(b));
+            let (mean, var) = (&params.running_mean[b], &params.running_var[b]);
+            self.block_forward(b, first, input, params.conv(b), Norm::Eval { gamma, beta, mean, var }, bank);
+        }
+        self.head_forward(params, (first == self.arch.n_blocks).then_some(input));
+    }
+
+    /// Eval blocks after `block` (whose output is in place), then the head.
+    fn eval_blocks_after(&mut self, block: usize, params: &HostParams<T>, bank: &SeedBank<T>) {
+        for b in block + 1..self.arch.n_blocks {
+            let (gamma, beta) = (params.gamma(b), params.beta(b));
+            let (mean, var) = (&params.running_mean[b], &params.running_var[b]);
+            self.block_forward(
+                b,
+                usize::MAX,
+                &[],
+                params.conv(b),
+                Norm::Eval { gamma, beta, mean, var },
+                bank,
+            );
+        }
+        self.head_forward(params, None);
+    }
+
+    /// conv → batch norm (train or eval) → ReLU → slot r0 → pool → slot r1 for block `b`, reading
+    /// `first_input` when `b == first` and the previous block's output otherwise. With a pool and no
+    /// active seed at slot r0, batch norm, ReLU and pool run fused (see [`ops::fused`]).
+    #[allow(clippy::too_many_arguments)]
     fn block_forward(
         &mut self,
         b: usize,
-        images: &[T],
+        first: usize,
+        first_input: &[T],
         conv_weight: &[T],
         norm: Norm<'_, T>,
         bank: &SeedBank<T>,
@@ -244,8 +324,8 @@ impl<T: Real> HostWorkspace<T> {
         let fuse = self.fuse;
         let (done, rest) = self.blocks.split_at_mut(b);
         let input = match done.last() {
-            Some(prev) => prev.final_output(arch.pools_after(b - 1)),
-            None => images,
+            Some(prev) if b != first => prev.final_output(arch.pools_after(b - 1)),
+            _ => first_input,
         };
         let cur = &mut rest[0];
         let r0_active = cur.r0.is_some() && bank.r0[b].as_ref().is_some_and(|p| p.any_active());
@@ -328,10 +408,11 @@ impl<T: Real> HostWorkspace<T> {
         }
     }
 
-    fn head_forward(&mut self, params: &HostParams<T>) {
+    /// Global average pool and the linear head over `input`, or the last block's output when None.
+    fn head_forward(&mut self, params: &HostParams<T>, input: Option<&[T]>) {
         let (pool, head) = (self.last_pool_shape(), self.head_shape());
         let last = self.arch.n_blocks - 1;
-        let out = self.blocks[last].final_output(self.arch.pools_after(last));
+        let out = input.unwrap_or_else(|| self.blocks[last].final_output(self.arch.pools_after(last)));
         ops::global_avg_pool_forward(pool, out, &mut self.features);
         ops::linear_forward(
             head,

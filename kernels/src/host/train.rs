@@ -244,6 +244,14 @@ impl ValTotals {
         self.batches.fill(0);
     }
 
+    /// Add `other`'s row `from` to row `to`.
+    pub fn add_row(&mut self, to: usize, other: &ValTotals, from: usize) {
+        self.correct[to] += other.correct[from];
+        self.total[to] += other.total[from];
+        self.loss_sum[to] += other.loss_sum[from];
+        self.batches[to] += other.batches[from];
+    }
+
     pub fn accuracy(&self, env: usize) -> f64 {
         if self.total[env] == 0 { 0.0 } else { 100.0 * self.correct[env] as f64 / self.total[env] as f64 }
     }
