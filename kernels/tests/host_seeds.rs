@@ -59,6 +59,24 @@ fn incubating_seeds_leave_host_output_and_gradients_bit_identical() {
     }
 }
 
+/// Evaluation skips a slot whose seeds all incubate (their value is exactly `h`), so it costs nothing and
+/// keeps its block on the fused path; training runs them (the seeds learn through the straight-through
+/// path).
+#[test]
+fn eval_never_runs_incubating_seeds() {
+    let (envs, batch, c, size) = (2, 2, 4, 4);
+    let mut slot = SlotParams::<f32>::new(envs, c, size);
+    slot.state = vec![state(SeedMode::Incubator, CnnBlueprint::ConvLight, 0.0); envs];
+    let h = vec![0.5f32; envs * batch * c * size * size];
+    let mut ws = SlotWorkspace::new(envs, batch, c, size);
+    assert!(!ws.forward(&slot, &h, false), "eval: incubators only, the slot is skipped");
+    assert!(!slot.any_active_in(false) && slot.any_active_in(true));
+    assert!(ws.forward(&slot, &h, true), "training runs the incubators");
+    slot.state[1] = state(SeedMode::Add, CnnBlueprint::ConvLight, 0.5);
+    assert!(ws.forward(&slot, &h, false), "eval runs a blending seed");
+    assert_eq!(&ws.out[..ws.out.len() / 2], &h[..h.len() / 2], "the incubating env passes h");
+}
+
 /// A slot alone: `h` in, `y` out, with `L = Σ w·y` for a fixed random `w`.
 fn slot_loss(slot: &SlotParams<f64>, h: &[f64], w: &[f64], batch: usize) -> f64 {
     let mut ws = SlotWorkspace::new(slot.n_envs(), batch, slot.channels, slot.size);

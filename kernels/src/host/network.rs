@@ -28,8 +28,13 @@ struct BlockActs<T> {
     plane_stats: Vec<T>,
     /// Fused path: each window's winning `conv_out` value (pooled-size); empty without a pool.
     winner: Vec<T>,
-    /// The last forward took the fused batch norm → ReLU → pool path (`block_out` was not written).
+    /// The last forward took the fused batch norm → ReLU → pool path in every env (`block_out` was not
+    /// written).
     fused: bool,
+    /// `[E]`: the env took the fused path in the last forward. Envs whose seed at slot r0 is active take
+    /// the op-by-op path, the others stay fused: `mixed` when both kinds ran.
+    fused_envs: Vec<bool>,
+    mixed: bool,
     r0: Option<SlotWorkspace<T>>,
     r1: Option<SlotWorkspace<T>>,
 }
@@ -102,6 +107,8 @@ impl<T: Real> HostWorkspace<T> {
                 plane_stats: vec![T::ZERO; 2 * envs * batch * arch.block_channels(b)],
                 winner: vec![T::ZERO; pooled(b)],
                 fused: false,
+                fused_envs: vec![false; envs],
+                mixed: false,
                 r0: slot(&bank.r0[b]),
                 r1: slot(&bank.r1[b]),
             })
@@ -240,7 +247,7 @@ impl<T: Real> HostWorkspace<T> {
         assert_eq!(params.n_envs(), self.envs, "workspace and parameters disagree on the env count");
         let pools = self.arch.pools_after(block);
         assert!(row == 0 || pools, "slot r1 of block {block}: the block has no pool");
-        let off = |p: &Option<SlotParams<T>>| p.as_ref().is_none_or(|p| !p.any_active());
+        let off = |p: &Option<SlotParams<T>>| p.as_ref().is_none_or(|p| !p.any_active_in(false));
         let slot = if row == 0 { &bank.r0[block] } else { &bank.r1[block] };
         assert!(off(slot), "the slot a forward starts from must be off in every env");
         if row == 0 && pools {
@@ -328,8 +335,18 @@ impl<T: Real> HostWorkspace<T> {
             _ => first_input,
         };
         let cur = &mut rest[0];
-        let r0_active = cur.r0.is_some() && bank.r0[b].as_ref().is_some_and(|p| p.any_active());
-        cur.fused = fuse && arch.pools_after(b) && !r0_active;
+        // An env runs fused unless its own seed at slot r0 takes part in this forward.
+        let pools = arch.pools_after(b);
+        match (&cur.r0, &bank.r0[b]) {
+            (Some(_), Some(p)) => {
+                for (f, st) in cur.fused_envs.iter_mut().zip(&p.state) {
+                    *f = fuse && pools && !st.mode.runs_in(train);
+                }
+            }
+            _ => cur.fused_envs.fill(fuse && pools),
+        }
+        cur.fused = cur.fused_envs.iter().all(|&f| f);
+        cur.mixed = !cur.fused && cur.fused_envs.iter().any(|&f| f);
         // Training also takes each output plane's statistics while the conv has it in cache.
         if train {
             ops::conv2d_forward_with_plane_stats(
@@ -344,58 +361,78 @@ impl<T: Real> HostWorkspace<T> {
         }
         // Fused into `pooled`, or op by op into `block_out` with the same arithmetic: an env gets the same
         // bits either way.
-        match (cur.fused, norm) {
-            (true, Norm::Train { gamma, beta, mean, var }) => ops::batch_norm_relu_max_pool_train_forward(
-                shape,
-                &cur.conv_out,
-                &cur.plane_stats,
-                gamma,
-                beta,
-                &mut cur.bn_mean,
-                &mut cur.bn_inv_std,
-                mean,
-                var,
-                &mut cur.pooled,
-                &mut cur.argmax,
-                &mut cur.winner,
-            ),
-            (true, Norm::Eval { gamma, beta, mean, var }) => ops::batch_norm_relu_max_pool_eval_forward(
-                shape,
-                &cur.conv_out,
-                gamma,
-                beta,
-                mean,
-                var,
-                &mut cur.pooled,
-            ),
-            (false, Norm::Train { gamma, beta, mean, var }) => ops::batch_norm_relu_train_forward(
-                shape,
-                &cur.conv_out,
-                &cur.plane_stats,
-                gamma,
-                beta,
-                &mut cur.block_out,
-                &mut cur.bn_mean,
-                &mut cur.bn_inv_std,
-                mean,
-                var,
-            ),
-            (false, Norm::Eval { gamma, beta, mean, var }) => ops::batch_norm_relu_eval_forward(
-                shape,
-                &cur.conv_out,
-                gamma,
-                beta,
-                mean,
-                var,
-                &mut cur.block_out,
-            ),
+        if cur.mixed {
+            mixed_norm_forward(shape, cur, norm);
+        } else {
+            match (cur.fused, norm) {
+                (true, Norm::Train { gamma, beta, mean, var }) => {
+                    ops::batch_norm_relu_max_pool_train_forward(
+                        shape,
+                        &cur.conv_out,
+                        &cur.plane_stats,
+                        gamma,
+                        beta,
+                        &mut cur.bn_mean,
+                        &mut cur.bn_inv_std,
+                        mean,
+                        var,
+                        &mut cur.pooled,
+                        &mut cur.argmax,
+                        &mut cur.winner,
+                    )
+                }
+                (true, Norm::Eval { gamma, beta, mean, var }) => ops::batch_norm_relu_max_pool_eval_forward(
+                    shape,
+                    &cur.conv_out,
+                    gamma,
+                    beta,
+                    mean,
+                    var,
+                    &mut cur.pooled,
+                ),
+                (false, Norm::Train { gamma, beta, mean, var }) => ops::batch_norm_relu_train_forward(
+                    shape,
+                    &cur.conv_out,
+                    &cur.plane_stats,
+                    gamma,
+                    beta,
+                    &mut cur.block_out,
+                    &mut cur.bn_mean,
+                    &mut cur.bn_inv_std,
+                    mean,
+                    var,
+                ),
+                (false, Norm::Eval { gamma, beta, mean, var }) => ops::batch_norm_relu_eval_forward(
+                    shape,
+                    &cur.conv_out,
+                    gamma,
+                    beta,
+                    mean,
+                    var,
+                    &mut cur.block_out,
+                ),
+            }
         }
         if let (Some(ws), Some(p)) = (&mut cur.r0, &bank.r0[b]) {
             // Fused, no env is active: this only records that the slot was skipped (`block_out` is not read).
-            ws.forward(p, &cur.block_out, train);
+            // Mixed: the fused envs' rows of the slot's output are never read, so they are not written.
+            ws.forward_with(p, &cur.block_out, train, !cur.mixed);
         }
         if arch.pools_after(b) {
-            if !cur.fused {
+            if cur.mixed {
+                let out = &cur.r0.as_ref().expect("a mixed block has an active slot r0").out;
+                let (act, pl) = (cur.block_out.len() / pool.envs, cur.pooled.len() / pool.envs);
+                for (r, fused) in env_runs(&cur.fused_envs) {
+                    if !fused {
+                        ops::max_pool2x2_forward(
+                            PoolShape { envs: r.len(), ..pool },
+                            &out[r.start * act..r.end * act],
+                            &mut cur.pooled[r.start * pl..r.end * pl],
+                            &mut cur.argmax[r.start * pl..r.end * pl],
+                        );
+                    }
+                }
+            } else if !cur.fused {
                 let pool_in = match &cur.r0 {
                     Some(s) if s.active => &s.out,
                     _ => &cur.block_out,
@@ -469,7 +506,9 @@ impl<T: Real> HostWorkspace<T> {
                 std::mem::swap(&mut self.grad_a, &mut self.grad_b);
             }
             // Into `grad_b`: the gradient at the batch norm's input.
-            if cur.fused {
+            if cur.mixed {
+                self.mixed_block_backward(b, params, bank, &mut gamma_grad[0], &mut beta_grad[0]);
+            } else if cur.fused {
                 ops::batch_norm_relu_max_pool_backward(
                     norm,
                     &cur.conv_out,
@@ -495,6 +534,74 @@ impl<T: Real> HostWorkspace<T> {
                 let grad_in = &mut self.grad_a[..input.len()];
                 ops::conv2d_backward_input(conv, &self.grad_b[..act_len], params.conv(b), grad_in);
             }
+        }
+    }
+
+    /// [`Self::unfused_block_backward`] for a block whose envs ran partly fused: the fused envs' rows
+    /// through the fused backward, the others op by op (pool, slot r0, ReLU, batch norm), each run of
+    /// consecutive envs as one call. Every env gets the bits it gets when its whole batch takes its path.
+    fn mixed_block_backward(
+        &mut self,
+        b: usize,
+        params: &HostParams<T>,
+        bank: &mut SeedBank<T>,
+        gamma_grad: &mut [T],
+        beta_grad: &mut [T],
+    ) {
+        let (norm, pool) = (self.norm_shape(b), self.pool_shape(b));
+        let cur = &mut self.blocks[b];
+        let e = norm.envs;
+        let (act, pl, c) = (cur.block_out.len() / e, cur.pooled.len() / e, norm.channels);
+        let (act_len, pooled_len) = (cur.block_out.len(), cur.pooled.len());
+        let (gamma, mean, inv_std) = (params.gamma(b), &cur.bn_mean, &cur.bn_inv_std);
+        {
+            let (dy, dx) = (&self.grad_a[..pooled_len], &mut self.grad_b[..act_len]);
+            for (r, fused) in env_runs(&cur.fused_envs) {
+                let (a, p, k) =
+                    (r.start * act..r.end * act, r.start * pl..r.end * pl, r.start * c..r.end * c);
+                if fused {
+                    ops::batch_norm_relu_max_pool_backward(
+                        NormShape { envs: r.len(), ..norm },
+                        &cur.conv_out[a.clone()],
+                        &gamma[k.clone()],
+                        &mean[k.clone()],
+                        &inv_std[k.clone()],
+                        &dy[p.clone()],
+                        &cur.argmax[p.clone()],
+                        &cur.winner[p],
+                        &mut dx[a],
+                        &mut gamma_grad[k.clone()],
+                        &mut beta_grad[k],
+                    );
+                } else {
+                    let shape = PoolShape { envs: r.len(), ..pool };
+                    ops::max_pool2x2_backward(shape, &dy[p.clone()], &cur.argmax[p], &mut dx[a]);
+                }
+            }
+        }
+        // The slot's backward writes the op-by-op envs' rows of `grad_a` (the fused envs' rows of
+        // `grad_b` are final).
+        let (Some(ws), Some(p)) = (&mut cur.r0, &mut bank.r0[b]) else {
+            unreachable!("a mixed block has an active slot r0")
+        };
+        ws.backward(p, &cur.block_out, &self.grad_b[..act_len], &mut self.grad_a[..act_len]);
+        for (r, fused) in env_runs(&cur.fused_envs) {
+            if fused {
+                continue;
+            }
+            let (a, k) = (r.start * act..r.end * act, r.start * c..r.end * c);
+            ops::relu_backward_in_place(&cur.block_out[a.clone()], &mut self.grad_a[a.clone()]);
+            ops::batch_norm_backward_window_order(
+                NormShape { envs: r.len(), ..norm },
+                &cur.conv_out[a.clone()],
+                &gamma[k.clone()],
+                &mean[k.clone()],
+                &inv_std[k.clone()],
+                &self.grad_a[a.clone()],
+                &mut self.grad_b[a],
+                &mut gamma_grad[k.clone()],
+                &mut beta_grad[k],
+            );
         }
     }
 
@@ -541,6 +648,98 @@ impl<T: Real> HostWorkspace<T> {
             gamma_grad,
             beta_grad,
         );
+    }
+}
+
+/// Maximal runs of consecutive envs with the same flag, in order: `(envs, flag)`.
+fn env_runs(flags: &[bool]) -> impl Iterator<Item = (std::ops::Range<usize>, bool)> + '_ {
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        let &flag = flags.get(start)?;
+        let end = start + flags[start..].iter().take_while(|&&f| f == flag).count();
+        let run = start..end;
+        start = end;
+        Some((run, flag))
+    })
+}
+
+/// A block's batch norm → ReLU (→ pool) when some envs run fused and some op by op: each run of
+/// consecutive envs as one call of its path, on that run's rows.
+fn mixed_norm_forward<T: Real>(shape: NormShape, cur: &mut BlockActs<T>, norm: Norm<'_, T>) {
+    let (e, c) = (shape.envs, shape.channels);
+    let (act, pl, st) = (cur.block_out.len() / e, cur.pooled.len() / e, cur.plane_stats.len() / e);
+    let rows = |r: &std::ops::Range<usize>| {
+        (
+            r.start * act..r.end * act,
+            r.start * pl..r.end * pl,
+            r.start * c..r.end * c,
+            r.start * st..r.end * st,
+        )
+    };
+    match norm {
+        Norm::Train { gamma, beta, mean, var } => {
+            for (r, fused) in env_runs(&cur.fused_envs) {
+                let sub = NormShape { envs: r.len(), ..shape };
+                let (a, p, k, s) = rows(&r);
+                if fused {
+                    ops::batch_norm_relu_max_pool_train_forward(
+                        sub,
+                        &cur.conv_out[a],
+                        &cur.plane_stats[s],
+                        &gamma[k.clone()],
+                        &beta[k.clone()],
+                        &mut cur.bn_mean[k.clone()],
+                        &mut cur.bn_inv_std[k.clone()],
+                        &mut mean[k.clone()],
+                        &mut var[k],
+                        &mut cur.pooled[p.clone()],
+                        &mut cur.argmax[p.clone()],
+                        &mut cur.winner[p],
+                    );
+                } else {
+                    ops::batch_norm_relu_train_forward(
+                        sub,
+                        &cur.conv_out[a.clone()],
+                        &cur.plane_stats[s],
+                        &gamma[k.clone()],
+                        &beta[k.clone()],
+                        &mut cur.block_out[a],
+                        &mut cur.bn_mean[k.clone()],
+                        &mut cur.bn_inv_std[k.clone()],
+                        &mut mean[k.clone()],
+                        &mut var[k],
+                    );
+                }
+            }
+        }
+        Norm::Eval { gamma, beta, mean, var } => {
+            for (r, fused) in env_runs(&cur.fused_envs) {
+                let sub = NormShape { envs: r.len(), ..shape };
+                let (a, p, k, _) = rows(&r);
+                let (g, b, m, v) = (&gamma[k.clone()], &beta[k.clone()], &mean[k.clone()], &var[k]);
+                if fused {
+                    ops::batch_norm_relu_max_pool_eval_forward(
+                        sub,
+                        &cur.conv_out[a],
+                        g,
+                        b,
+                        m,
+                        v,
+                        &mut cur.pooled[p],
+                    );
+                } else {
+                    ops::batch_norm_relu_eval_forward(
+                        sub,
+                        &cur.conv_out[a.clone()],
+                        g,
+                        b,
+                        m,
+                        v,
+                        &mut cur.block_out[a],
+                    );
+                }
+            }
+        }
     }
 }
 

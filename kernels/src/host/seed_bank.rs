@@ -24,6 +24,18 @@ pub enum SeedMode {
     Gate,
 }
 
+impl SeedMode {
+    /// The seed runs in a training forward (every mode but Off) or an evaluation forward (the blending
+    /// modes only: an incubator's output value is exactly `h`).
+    pub fn runs_in(self, train: bool) -> bool {
+        match self {
+            SeedMode::Off => false,
+            SeedMode::Incubator => train,
+            SeedMode::Add | SeedMode::Multiply | SeedMode::Gate => true,
+        }
+    }
+}
+
 /// One env's seed at one slot, as the lifecycle sets it at each epoch boundary.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SeedEnvState {
@@ -109,9 +121,15 @@ impl<T: Real> SlotParams<T> {
         &mut self.pools[bp as usize - 1]
     }
 
-    /// Any env's seed takes part in the forward (otherwise the slot is skipped entirely).
+    /// Any env's seed takes part in the training forward (otherwise the slot is skipped entirely).
     pub fn any_active(&self) -> bool {
         self.state.iter().any(|s| s.mode != SeedMode::Off)
+    }
+
+    /// Any env's seed takes part in a forward: in training every seed that is not off, in evaluation only
+    /// the blending ones (an incubator's output value is exactly `h`, so eval never runs it).
+    pub fn any_active_in(&self, train: bool) -> bool {
+        self.state.iter().any(|s| s.mode.runs_in(train))
     }
 
     /// Germinate: re-initialise env `env`'s row of `bp` from its own stream and reset its optimizer

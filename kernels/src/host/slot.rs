@@ -72,10 +72,10 @@ fn scatter<T: Real>(src: &[T], rows: &[usize], len: usize, dst: &mut [T], at: &m
     });
 }
 
-/// `dst` row `e` = `src` row `e` for every env `e` whose `blended[e]` is false, in parallel.
-fn copy_unblended<T: Real>(src: &[T], blended: &[bool], len: usize, dst: &mut [T]) {
-    dst.par_chunks_mut(len).zip(src.par_chunks(len)).zip(blended.par_iter()).for_each(|((d, s), &b)| {
-        if !b {
+/// `dst` row `e` = `src` row `e` for every env `e` whose `copied[e]` is set, in parallel.
+fn copy_rows<T: Real>(src: &[T], copied: &[bool], len: usize, dst: &mut [T]) {
+    dst.par_chunks_mut(len).zip(src.par_chunks(len)).zip(copied.par_iter()).for_each(|((d, s), &c)| {
+        if c {
             d.copy_from_slice(s);
         }
     });
@@ -99,6 +99,9 @@ pub struct SlotWorkspace<T> {
     /// `[E]`: the env's output is a blend (ADD / MULTIPLY / GATE) this pass; otherwise it is `h`, and its
     /// input gradient is the output gradient.
     blended: Vec<bool>,
+    /// `[E]`: the env's output (forward) or input gradient (backward) rows are copied through: not
+    /// blended, and either the caller reads every env's rows or the env's seed runs (an incubator).
+    copied: Vec<bool>,
     /// Scatter scratch: env → position in a group.
     at: Vec<usize>,
     /// The slot's output `[E, B, C, H, W]`; valid after a forward with any env active.
@@ -118,6 +121,7 @@ impl<T: Real> SlotWorkspace<T> {
             size,
             groups: CnnBlueprint::ALL.iter().map(|_| Group::default()).collect(),
             blended: vec![false; envs],
+            copied: vec![false; envs],
             at: Vec::with_capacity(envs),
             out: vec![T::ZERO; envs * batch * channels * size * size],
             active: false,
@@ -165,16 +169,25 @@ impl<T: Real> SlotWorkspace<T> {
     /// The slot's forward over `h` (`[E, B, C, H, W]`). Returns false when no env's seed is active, in
     /// which case the output is `h` itself and nothing was written.
     pub fn forward(&mut self, params: &SlotParams<T>, h: &[T], train: bool) -> bool {
+        self.forward_with(params, h, train, true)
+    }
+
+    /// [`Self::forward`]; with `every_row` false the caller reads only the rows of envs whose seed runs,
+    /// so the output rows of the others are not written (nor their input-gradient rows in the backward).
+    pub fn forward_with(&mut self, params: &SlotParams<T>, h: &[T], train: bool, every_row: bool) -> bool {
         assert_eq!(params.n_envs(), self.envs, "slot parameters and workspace disagree on the env count");
         assert_eq!(h.len(), self.out.len(), "slot input must be [E, B, C, H, W]");
-        self.active = params.any_active();
+        self.active = params.any_active_in(train);
         self.trained = train;
         if !self.active {
             return false;
         }
         self.plan(params, train);
+        for ((copied, &blended), st) in self.copied.iter_mut().zip(&self.blended).zip(&params.state) {
+            *copied = !blended && (every_row || st.mode.runs_in(train));
+        }
         let sample = self.sample_len() * self.batch;
-        copy_unblended(h, &self.blended, sample, &mut self.out);
+        copy_rows(h, &self.copied, sample, &mut self.out);
         for (gi, bp) in CnnBlueprint::ALL.into_iter().enumerate() {
             let eb = self.groups[gi].envs.len();
             if eb == 0 {
@@ -252,7 +265,7 @@ impl<T: Real> SlotWorkspace<T> {
         assert!(self.active && self.trained, "slot backward needs a training forward with an active seed");
         assert_eq!(h.len(), self.out.len(), "slot input must be [E, B, C, H, W]");
         let sample = self.sample_len() * self.batch;
-        copy_unblended(grad_y, &self.blended, sample, grad_h);
+        copy_rows(grad_y, &self.copied, sample, grad_h);
         for pool in params.pools.iter_mut().chain([&mut params.gate]) {
             pool.grads.fill(T::ZERO);
         }
