@@ -270,6 +270,8 @@ impl HostBackend for CpuHostBackend {
         }
     }
 
+    /// The main configuration's forward runs in the training workspace (its activations and logits are
+    /// the evaluation's afterwards; the next training batch overwrites them).
     fn validate(
         &mut self,
         data: &Dataset,

@@ -298,7 +298,7 @@ impl<T: Real> FusedValidator<T> {
     }
 
     /// Evaluate one test batch (`images` `[E, B_in, C, H, W]`, `labels` `[E, B_in]`, `counts[e]` valid
-    /// rows of env `e`, at most this validator's batch) for every configuration. The main configuration
+    /// rows of env `e`, at most this validator's batch; `B_in` must be that batch) for every configuration. The main configuration
     /// runs in `main` (a workspace over the real envs with the validator's batch and the bank's slots:
     /// the trainer's, say), which then holds its activations for the others to start from.
     #[allow(clippy::too_many_arguments)]

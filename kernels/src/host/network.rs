@@ -255,7 +255,10 @@ impl<T: Real> HostWorkspace<T> {
             assert_eq!(h.len(), self.blocks[block].block_out.len(), "slot input must be [E, B, C, H, W]");
             let cur = &mut self.blocks[block];
             ops::max_pool2x2_forward(shape, h, &mut cur.pooled, &mut cur.argmax);
+            // The block's own activations were not computed: nothing of it ran fused.
             cur.fused = false;
+            cur.mixed = false;
+            cur.fused_envs.fill(false);
             if let Some(ws) = &mut cur.r0 {
                 ws.active = false;
             }
@@ -273,7 +276,9 @@ impl<T: Real> HostWorkspace<T> {
     }
 
     /// The host activation at block `block`'s slot `row` of the last evaluation forward: the ReLU output
-    /// (row 0; the block must not have run fused) or the pooled output (row 1).
+    /// (row 0; the block must not have run fused) or the pooled output (row 1). In a block that ran
+    /// mixed, row 0 is valid only for the envs whose seed at the slot ran (the others took the fused
+    /// path and their rows are stale): a caller reads only those envs' rows.
     pub fn slot_input(&self, block: usize, row: u8) -> &[T] {
         let cur = &self.blocks[block];
         if row == 0 {

@@ -110,6 +110,8 @@ pub struct SlotWorkspace<T> {
     pub active: bool,
     /// The last forward was a training forward (its backward may follow).
     trained: bool,
+    /// Where the last forward's input lives: the backward must get the same `h` (in-place groups read it).
+    input_at: usize,
 }
 
 impl<T: Real> SlotWorkspace<T> {
@@ -126,6 +128,7 @@ impl<T: Real> SlotWorkspace<T> {
             out: vec![T::ZERO; envs * batch * channels * size * size],
             active: false,
             trained: false,
+            input_at: 0,
         }
     }
 
@@ -179,6 +182,7 @@ impl<T: Real> SlotWorkspace<T> {
         assert_eq!(h.len(), self.out.len(), "slot input must be [E, B, C, H, W]");
         self.active = params.any_active_in(train);
         self.trained = train;
+        self.input_at = h.as_ptr() as usize;
         if !self.active {
             return false;
         }
@@ -264,6 +268,7 @@ impl<T: Real> SlotWorkspace<T> {
     pub fn backward(&mut self, params: &mut SlotParams<T>, h: &[T], grad_y: &[T], grad_h: &mut [T]) {
         assert!(self.active && self.trained, "slot backward needs a training forward with an active seed");
         assert_eq!(h.len(), self.out.len(), "slot input must be [E, B, C, H, W]");
+        assert_eq!(h.as_ptr() as usize, self.input_at, "the backward must get the forward's input `h`");
         let sample = self.sample_len() * self.batch;
         copy_rows(grad_y, &self.copied, sample, grad_h);
         for pool in params.pools.iter_mut().chain([&mut params.gate]) {
