@@ -10,11 +10,13 @@ use esper_components::{CnnHostSpec, SlotConfig};
 /// activations (input plus every injection point's tensor). Measured: cifar_baseline, batch 128, no
 /// seeds: 29 MB per env resident over the data (227 KB per image against 84 KB of activations).
 const HOST_BYTES_PER_ACTIVATION: u64 = 4 * 3;
-/// The same for a seeded slot, per value of the slot's tensor: a seed's forward caches, gradients,
-/// blend buffers and the counterfactual validation copies. Measured: cifar_baseline, batch 128, three
-/// BLENDING seeds in r0c0, r0c1, r0c2 and 8 validation configurations (`esper-ecs bench`): 136 MB per
-/// env (the estimate gives 142 MB).
-const SEED_BYTES_PER_ACTIVATION: u64 = 4 * 15;
+/// The same for a seeded slot, per value of the slot's tensor: a seed's forward caches, gradients and
+/// the slot's output. Measured (`esper-ecs bench`, cifar_baseline, batch 64, three BLENDING seeds in
+/// r0c0, r0c1, r0c2, 8 validation configurations; every env on one blueprint per slot, so the slot layer
+/// reads in place): 788 MB resident at 16 envs, 3,119 MB at 64, 48.6 MB per added env of which 3 MB is
+/// data — 32 bytes per seed value over the host's. Envs on different blueprints at one slot are gathered
+/// instead, which adds the gathered input, blend output and host gradient (12 bytes per value): 44.
+const SEED_BYTES_PER_ACTIVATION: u64 = 4 * 11;
 /// Program, thread stacks, allocator slack and the small per-run buffers.
 const FIXED_BYTES: u64 = 64 << 20;
 
@@ -118,12 +120,12 @@ mod tests {
         // Activations of one image: input 3·32² + r0c0 8·32² + r1c0 8·16² + r0c1 16·16² + r1c1 16·8²
         // + r0c2 32·8² + r1c2 32·4² = 3072 + 8192 + 2048 + 4096 + 1024 + 2048 + 512 = 20,992;
         // the seeded slots r0c0, r0c1, r0c2 hold 8192 + 4096 + 2048 = 14,336.
-        assert_eq!(est.per_env, 128 * (20_992 * 12 + 14_336 * 60));
+        assert_eq!(est.per_env, 128 * (20_992 * 12 + 14_336 * 44));
         assert_eq!(est.data, 16 * 1280 * (3072 * 4 + 1));
         assert_eq!(est.total(), est.data + 16 * est.per_env + FIXED_BYTES);
         // Fewer slots, less memory; the data term does not move.
         let one = MemoryEstimate::new(&host, &SlotConfig::parse_list("r0c2").unwrap(), 128, 16, 16 * 1280);
-        assert_eq!(one.per_env, 128 * (20_992 * 12 + 2048 * 60));
+        assert_eq!(one.per_env, 128 * (20_992 * 12 + 2048 * 44));
         assert_eq!(one.data, est.data);
     }
 
