@@ -110,7 +110,7 @@ fn full_world(envs: usize) -> (HostParams<f32>, SeedBank<f32>, Vec<Vec<bool>>) {
 fn check_fused_equals_alone(
     envs: usize,
     chunk: usize,
-    (params, bank, fossilized): (HostParams<f32>, SeedBank<f32>, Vec<Vec<bool>>),
+    (params, mut bank, fossilized): (HostParams<f32>, SeedBank<f32>, Vec<Vec<bool>>),
 ) -> (FusedValidator<f32>, usize) {
     let batch = 6;
     let mut s = StreamKey::new(4, 0, 0, Purpose::Test).stream(0);
@@ -120,7 +120,7 @@ fn check_fused_equals_alone(
     let mut fused = FusedValidator::new(ARCH, &bank, &SLOTS, chunk, batch);
     let mut main = HostWorkspace::with_slots(ARCH, envs, batch, &bank);
     fused.plan(&bank, &fossilized);
-    fused.run_batch(&mut main, &params, &bank, &images, &labels, batch, &counts);
+    fused.run_batch(&mut main, &params, &mut bank, &images, &labels, batch, &counts);
     let in_place = fused.in_place_passes();
     let results = fused.results();
     let image_len = ARCH.image_len();

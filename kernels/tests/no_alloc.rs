@@ -105,7 +105,7 @@ fn a_training_step_allocates_nothing_after_the_first() {
 #[test]
 fn a_fused_validation_pass_allocates_nothing_after_the_first() {
     let (envs, batch) = (3, 6);
-    let (params, bank, images, labels) = world(envs, batch);
+    let (params, mut bank, images, labels) = world(envs, batch);
     let fossilized = vec![vec![false; envs]; SLOTS.len()];
     let counts = [6, 4, 5];
     let mut validator = FusedValidator::new(ARCH, &bank, &SLOTS, 4, batch);
@@ -113,7 +113,7 @@ fn a_fused_validation_pass_allocates_nothing_after_the_first() {
     let mut results: Vec<EnvCounterfactuals> = Vec::new();
     let mut pass = |validator: &mut FusedValidator<f32>, results: &mut Vec<EnvCounterfactuals>| {
         validator.plan(&bank, &fossilized);
-        validator.run_batch(&mut main, &params, &bank, &images, &labels, batch, &counts);
+        validator.run_batch(&mut main, &params, &mut bank, &images, &labels, batch, &counts);
         validator.results_into(results);
     };
     let count = with_threads(1, || {
@@ -125,4 +125,37 @@ fn a_fused_validation_pass_allocates_nothing_after_the_first() {
     assert_eq!(results.iter().map(|r| r.config_acc.len()).collect::<Vec<_>>(), vec![1, 4, 8]);
     assert_eq!(results[2].interactions.len(), 3);
     assert_eq!(count, 0, "allocations in the second validation pass");
+}
+
+/// The passes that run on the caller's parameters and bank in place (one row per env, the seeds'
+/// states swapped in for the pass) allocate nothing either, and leave the bank as it was.
+#[test]
+fn an_in_place_validation_pass_allocates_nothing_after_the_first() {
+    let (envs, batch) = (3, 6);
+    let (params, mut bank, images, labels) = world(envs, batch);
+    for e in 0..envs {
+        bank.slots_mut().next().unwrap().state[e] = state(SeedMode::Add, CnnBlueprint::ConvLight, 0.5);
+        bank.slots_mut().nth(1).unwrap().state[e] = state(SeedMode::Multiply, CnnBlueprint::Attention, 0.4);
+        bank.slots_mut().nth(2).unwrap().state[e] = Default::default();
+    }
+    let before = bank.clone();
+    let fossilized = vec![vec![false; envs]; SLOTS.len()];
+    let counts = [6, 4, 5];
+    let mut validator = FusedValidator::new(ARCH, &bank, &SLOTS, envs, batch);
+    let mut main = HostWorkspace::with_slots(ARCH, envs, batch, &bank);
+    let mut results: Vec<EnvCounterfactuals> = Vec::new();
+    let mut pass = |validator: &mut FusedValidator<f32>, results: &mut Vec<EnvCounterfactuals>| {
+        validator.plan(&bank, &fossilized);
+        validator.run_batch(&mut main, &params, &mut bank, &images, &labels, batch, &counts);
+        validator.results_into(results);
+    };
+    let count = with_threads(1, || {
+        pass(&mut validator, &mut results);
+        allocations(|| pass(&mut validator, &mut results))
+    });
+    // Two ablatable seeds per env: main, each one off, both off — the three non-main ones in place.
+    assert_eq!(validator.virtual_env_count(), 4 * envs);
+    assert_eq!(validator.in_place_passes(), 3);
+    assert_eq!(count, 0, "allocations in the second validation pass");
+    assert_eq!(bank, before, "the bank's states are put back");
 }

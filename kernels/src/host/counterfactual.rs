@@ -15,7 +15,7 @@
 use super::arch::HostArch;
 use super::network::HostWorkspace;
 use super::params::HostParams;
-use super::seed_bank::{SeedBank, SeedMode, SlotParams};
+use super::seed_bank::{SeedBank, SeedEnvState, SeedMode, SlotParams};
 use super::train::{ValTotals, accumulate_validation};
 use crate::ops::Real;
 use rayon::prelude::*;
@@ -163,6 +163,9 @@ pub struct FusedValidator<T> {
     pass_rows: Vec<usize>,
     /// Plan scratch: per env, its virtual envs starting at one slot.
     per_env: Vec<Vec<usize>>,
+    /// Per slot `[E]`: the seed states of an in-place pass (the configuration's off-set switched off),
+    /// swapped into the caller's bank for that pass and back.
+    held_states: Vec<Vec<SeedEnvState>>,
     params: HostParams<T>,
     bank: SeedBank<T>,
     ws: HostWorkspace<T>,
@@ -211,6 +214,7 @@ impl<T: Real> FusedValidator<T> {
             passes: vec![],
             pass_rows: vec![],
             per_env: vec![],
+            held_states: vec![],
             params,
             bank: chunk_bank,
             ws,
@@ -252,6 +256,11 @@ impl<T: Real> FusedValidator<T> {
             self.virtual_envs.extend(configs.masks.iter().map(|&m| (e, m)));
         }
         self.totals.resize(self.virtual_envs.len());
+        self.held_states.resize_with(self.positions.len(), Vec::new);
+        for held in &mut self.held_states {
+            held.clear();
+            held.reserve(n_envs);
+        }
         self.plan_passes(n_envs);
     }
 
@@ -300,13 +309,16 @@ impl<T: Real> FusedValidator<T> {
     /// Evaluate one test batch (`images` `[E, B_in, C, H, W]`, `labels` `[E, B_in]`, `counts[e]` valid
     /// rows of env `e`, at most this validator's batch; `B_in` must be that batch) for every configuration. The main configuration
     /// runs in `main` (a workspace over the real envs with the validator's batch and the bank's slots:
-    /// the trainer's, say), which then holds its activations for the others to start from.
+    /// the trainer's, say), which then holds its activations for the others to start from. A pass of one
+    /// row per env in env order runs on `params` and `bank` themselves, with the configuration's seeds
+    /// switched off for that pass only (the bank's states are put back before this returns); other passes
+    /// gather their rows.
     #[allow(clippy::too_many_arguments)]
     pub fn run_batch(
         &mut self,
         main: &mut HostWorkspace<T>,
         params: &HostParams<T>,
-        bank: &SeedBank<T>,
+        bank: &mut SeedBank<T>,
         images: &[T],
         labels: &[u8],
         batch_in: usize,
@@ -318,7 +330,7 @@ impl<T: Real> FusedValidator<T> {
         for &c in counts {
             assert!(c <= b, "test batch of {c} images per env exceeds the validator's {b}");
         }
-        main.forward_eval(params, bank, images);
+        main.forward_eval(params, &*bank, images);
         self.chunk_totals.resize(main.envs);
         accumulate_validation(&main.logits, b, self.arch.num_classes, labels, counts, &mut self.chunk_totals);
         let mut first = 0;
@@ -329,62 +341,95 @@ impl<T: Real> FusedValidator<T> {
         self.chunk_totals.resize(self.chunk);
         self.in_place_passes = 0;
         for p in 0..self.passes.len() {
-            let Pass { start: (block, row), rows } = self.passes[p].clone();
-            let rows = &self.pass_rows[rows];
+            let Pass { start: (block, row), rows: range } = self.passes[p].clone();
+            let rows = &self.pass_rows[range.clone()];
             let n = rows.len();
             // One row per env, in env order, filling the workspace: the main activation is read in place.
             let in_place = n == self.chunk
                 && n == main.envs
                 && rows.iter().enumerate().all(|(i, &v)| self.virtual_envs[v].0 == i);
             let h = main.slot_input(block, row);
-            let per_row = h.len() / main.envs;
-            for (i, &v) in rows.iter().enumerate() {
-                let (e, mask) = self.virtual_envs[v];
-                self.params.copy_env_row_from(params, e, i);
-                for (k, (src, dst)) in bank.slots().zip(self.bank.slots_mut()).enumerate() {
-                    copy_slot_row(src, dst, e, i);
-                    if mask & (1 << k) != 0 {
-                        dst.state[i].mode = SeedMode::Off;
-                    }
-                }
-                self.labels[i * b..(i + 1) * b].copy_from_slice(&labels[e * b..(e + 1) * b]);
-                self.counts[i] = counts[e];
-            }
-            // Unused rows of a short pass: nothing to count, seeds off, the start slot's input zero.
-            for i in n..self.chunk {
-                self.counts[i] = 0;
-                for slot in self.bank.slots_mut() {
-                    slot.state[i].mode = SeedMode::Off;
-                }
-            }
-            let input = if in_place {
-                self.in_place_passes += 1;
-                h
-            } else {
-                let buf = &mut self.start_input[..self.chunk * per_row];
-                buf.par_chunks_mut(per_row).enumerate().for_each(|(i, dst)| match rows.get(i) {
-                    Some(&v) => {
-                        let e = self.virtual_envs[v].0;
-                        dst.copy_from_slice(&h[e * per_row..(e + 1) * per_row]);
-                    }
-                    None => dst.fill(T::ZERO),
-                });
-                &self.start_input[..self.chunk * per_row]
-            };
-            self.ws.forward_eval_from_slot(block, row, input, &self.params, &self.bank);
             self.chunk_totals.reset();
-            accumulate_validation(
-                &self.ws.logits,
-                b,
-                self.arch.num_classes,
-                &self.labels,
-                &self.counts,
-                &mut self.chunk_totals,
-            );
+            if in_place {
+                self.in_place_passes += 1;
+                // Every env's own parameters and activation, in place: only the seeds' modes differ.
+                for (k, slot) in bank.slots_mut().enumerate() {
+                    let held = &mut self.held_states[k];
+                    held.clear();
+                    held.extend(slot.state.iter().zip(rows).map(|(st, &v)| {
+                        let off = self.virtual_envs[v].1 & (1 << k) != 0;
+                        if off { SeedEnvState { mode: SeedMode::Off, ..*st } } else { *st }
+                    }));
+                    std::mem::swap(&mut slot.state, held);
+                }
+                self.ws.forward_eval_from_slot(block, row, h, params, &*bank);
+                for (slot, held) in bank.slots_mut().zip(&mut self.held_states) {
+                    std::mem::swap(&mut slot.state, held);
+                }
+                let classes = self.arch.num_classes;
+                accumulate_validation(&self.ws.logits, b, classes, labels, counts, &mut self.chunk_totals);
+            } else {
+                self.run_gathered(range.clone(), block, row, h, main.envs, params, &*bank, labels, counts);
+            }
+            let rows = &self.pass_rows[range];
             for (i, &v) in rows.iter().enumerate() {
                 self.totals.add_row(v, &self.chunk_totals, i);
             }
         }
+    }
+
+    /// A pass whose rows are not one per env in env order: their parameter rows, seed rows (the
+    /// configuration's off-set switched off), labels and start activations gathered into the
+    /// validator's own buffers; unused rows count nothing.
+    #[allow(clippy::too_many_arguments)]
+    fn run_gathered(
+        &mut self,
+        range: std::ops::Range<usize>,
+        block: usize,
+        row: u8,
+        h: &[T],
+        main_envs: usize,
+        params: &HostParams<T>,
+        bank: &SeedBank<T>,
+        labels: &[u8],
+        counts: &[usize],
+    ) {
+        let (b, chunk, classes) = (self.batch, self.chunk, self.arch.num_classes);
+        let Self { pass_rows, virtual_envs, start_input, ws, chunk_totals, .. } = self;
+        let (vparams, vbank, vlabels, vcounts) =
+            (&mut self.params, &mut self.bank, &mut self.labels, &mut self.counts);
+        let rows = &pass_rows[range];
+        let n = rows.len();
+        let per_row = h.len() / main_envs;
+        for (i, &v) in rows.iter().enumerate() {
+            let (e, mask) = virtual_envs[v];
+            vparams.copy_env_row_from(params, e, i);
+            for (k, (src, dst)) in bank.slots().zip(vbank.slots_mut()).enumerate() {
+                copy_slot_row(src, dst, e, i);
+                if mask & (1 << k) != 0 {
+                    dst.state[i].mode = SeedMode::Off;
+                }
+            }
+            vlabels[i * b..(i + 1) * b].copy_from_slice(&labels[e * b..(e + 1) * b]);
+            vcounts[i] = counts[e];
+        }
+        // Unused rows of a short pass: nothing to count, seeds off, the start slot's input zero.
+        vcounts[n..chunk].fill(0);
+        for slot in vbank.slots_mut() {
+            for st in &mut slot.state[n..chunk] {
+                st.mode = SeedMode::Off;
+            }
+        }
+        let buf = &mut start_input[..chunk * per_row];
+        buf.par_chunks_mut(per_row).enumerate().for_each(|(i, dst)| match rows.get(i) {
+            Some(&v) => {
+                let e = virtual_envs[v].0;
+                dst.copy_from_slice(&h[e * per_row..(e + 1) * per_row]);
+            }
+            None => dst.fill(T::ZERO),
+        });
+        ws.forward_eval_from_slot(block, row, &start_input[..chunk * per_row], vparams, vbank);
+        accumulate_validation(&ws.logits, b, classes, vlabels, vcounts, chunk_totals);
     }
 
     /// Per-env results of the pass so far.
