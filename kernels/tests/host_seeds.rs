@@ -210,16 +210,7 @@ fn gathered_and_in_place_groups_give_the_same_bits() {
         }
         // The same four envs, consecutive (read in place).
         let mut packed = SlotParams::<f64>::new(4, c, size);
-        for (dst, src) in
-            packed.pools.iter_mut().chain([&mut packed.gate]).zip(gapped.pools.iter().chain([&gapped.gate]))
-        {
-            for (i, &e) in members.iter().enumerate() {
-                dst.params[i * src.row_len..(i + 1) * src.row_len].copy_from_slice(src.row(e));
-            }
-        }
-        for (i, &e) in members.iter().enumerate() {
-            packed.state[i] = gapped.state[e];
-        }
+        gapped.gather_rows(&members, &mut packed);
         let h: Vec<f64> = (0..5 * sample).map(|_| s.normal()).collect();
         let w: Vec<f64> = (0..5 * sample).map(|_| s.normal()).collect();
         let rows = |v: &[f64]| {

@@ -102,24 +102,37 @@ fn a_training_step_allocates_nothing_after_the_first() {
     assert_eq!(counts, [0, 0], "allocations in a step with statistics, without");
 }
 
-#[test]
-fn a_fused_validation_pass_allocates_nothing_after_the_first() {
-    let (envs, batch) = (3, 6);
-    let (params, mut bank, images, labels) = world(envs, batch);
+/// Plans and runs one validation batch twice over `bank` in chunks of `chunk` virtual envs; returns the
+/// validator, the results and the allocations of the second pass.
+fn second_validation_pass(
+    bank: &mut SeedBank<f32>,
+    params: &HostParams<f32>,
+    images: &[f32],
+    labels: &[u8],
+    chunk: usize,
+) -> (FusedValidator<f32>, Vec<EnvCounterfactuals>, usize) {
+    let (envs, batch) = (params.n_envs(), labels.len() / params.n_envs());
     let fossilized = vec![vec![false; envs]; SLOTS.len()];
     let counts = [6, 4, 5];
-    let mut validator = FusedValidator::new(ARCH, &bank, &SLOTS, 4, batch);
-    let mut main = HostWorkspace::with_slots(ARCH, envs, batch, &bank);
+    let mut validator = FusedValidator::new(ARCH, bank, &SLOTS, chunk, batch);
+    let mut main = HostWorkspace::with_slots(ARCH, envs, batch, bank);
     let mut results: Vec<EnvCounterfactuals> = Vec::new();
     let mut pass = |validator: &mut FusedValidator<f32>, results: &mut Vec<EnvCounterfactuals>| {
-        validator.plan(&bank, &fossilized);
-        validator.run_batch(&mut main, &params, &mut bank, &images, &labels, batch, &counts);
+        validator.plan(bank, &fossilized);
+        validator.run_batch(&mut main, params, bank, images, labels, batch, &counts);
         validator.results_into(results);
     };
     let count = with_threads(1, || {
         pass(&mut validator, &mut results);
         allocations(|| pass(&mut validator, &mut results))
     });
+    (validator, results, count)
+}
+
+#[test]
+fn a_fused_validation_pass_allocates_nothing_after_the_first() {
+    let (params, mut bank, images, labels) = world(3, 6);
+    let (validator, results, count) = second_validation_pass(&mut bank, &params, &images, &labels, 4);
     // The plan is the one the seeds call for (1 + 4 + 8 configurations), and the results are filled in.
     assert_eq!(validator.virtual_env_count(), 13);
     assert_eq!(results.iter().map(|r| r.config_acc.len()).collect::<Vec<_>>(), vec![1, 4, 8]);
@@ -131,28 +144,15 @@ fn a_fused_validation_pass_allocates_nothing_after_the_first() {
 /// states swapped in for the pass) allocate nothing either, and leave the bank as it was.
 #[test]
 fn an_in_place_validation_pass_allocates_nothing_after_the_first() {
-    let (envs, batch) = (3, 6);
-    let (params, mut bank, images, labels) = world(envs, batch);
+    let envs = 3;
+    let (params, mut bank, images, labels) = world(envs, 6);
     for e in 0..envs {
         bank.slots_mut().next().unwrap().state[e] = state(SeedMode::Add, CnnBlueprint::ConvLight, 0.5);
         bank.slots_mut().nth(1).unwrap().state[e] = state(SeedMode::Multiply, CnnBlueprint::Attention, 0.4);
         bank.slots_mut().nth(2).unwrap().state[e] = Default::default();
     }
     let before = bank.clone();
-    let fossilized = vec![vec![false; envs]; SLOTS.len()];
-    let counts = [6, 4, 5];
-    let mut validator = FusedValidator::new(ARCH, &bank, &SLOTS, envs, batch);
-    let mut main = HostWorkspace::with_slots(ARCH, envs, batch, &bank);
-    let mut results: Vec<EnvCounterfactuals> = Vec::new();
-    let mut pass = |validator: &mut FusedValidator<f32>, results: &mut Vec<EnvCounterfactuals>| {
-        validator.plan(&bank, &fossilized);
-        validator.run_batch(&mut main, &params, &mut bank, &images, &labels, batch, &counts);
-        validator.results_into(results);
-    };
-    let count = with_threads(1, || {
-        pass(&mut validator, &mut results);
-        allocations(|| pass(&mut validator, &mut results))
-    });
+    let (validator, _, count) = second_validation_pass(&mut bank, &params, &images, &labels, envs);
     // Two ablatable seeds per env: main, each one off, both off — the three non-main ones in place.
     assert_eq!(validator.virtual_env_count(), 4 * envs);
     assert_eq!(validator.in_place_passes(), 3);

@@ -210,7 +210,8 @@ impl<T: Real> HostWorkspace<T> {
             let w = &params.weights.tensors;
             let (conv_w, gamma, beta) = (&w[3 * b], &w[3 * b + 1], &w[3 * b + 2]);
             let (mean, var) = (&mut params.running_mean[b], &mut params.running_var[b]);
-            self.block_forward(b, 0, images, conv_w, Norm::Train { gamma, beta, mean, var }, bank);
+            let input = (b == 0).then_some(images);
+            self.block_forward(b, input, conv_w, Norm::Train { gamma, beta, mean, var }, bank);
         }
         self.head_forward(params, None);
         let shape = ClassifierShape { envs: self.envs, batch: self.batch, classes: self.arch.num_classes };
@@ -227,7 +228,7 @@ impl<T: Real> HostWorkspace<T> {
     /// logits in `self.logits`.
     pub fn forward_eval(&mut self, params: &HostParams<T>, bank: &SeedBank<T>, images: &[T]) {
         self.check(params, images);
-        self.eval_blocks_from(0, images, params, bank);
+        self.eval_blocks_from(0, Some(images), params, bank);
     }
 
     /// Evaluation forward from a slot on, given the host activation `h` there (`[E, B, C, H, W]`) and
@@ -265,13 +266,13 @@ impl<T: Real> HostWorkspace<T> {
             if let (Some(ws), Some(p)) = (&mut cur.r1, &bank.r1[block]) {
                 ws.forward(p, &cur.pooled, false);
             }
-            self.eval_blocks_after(block, params, bank);
+            self.eval_blocks_from(block + 1, None, params, bank);
         } else {
             // The slot passes `h`: it is the block's output, the next block's input.
             let len =
                 if row == 0 { self.blocks[block].block_out.len() } else { self.blocks[block].pooled.len() };
             assert_eq!(h.len(), len, "slot input must be [E, B, C, H, W]");
-            self.eval_blocks_from(block + 1, h, params, bank);
+            self.eval_blocks_from(block + 1, Some(h), params, bank);
         }
     }
 
@@ -289,43 +290,32 @@ impl<T: Real> HostWorkspace<T> {
         }
     }
 
-    /// Eval blocks `first..` (block `first` reading `input`; `first == n_blocks`: `input` is the last
-    /// block's output), then the head.
-    fn eval_blocks_from(&mut self, first: usize, input: &[T], params: &HostParams<T>, bank: &SeedBank<T>) {
+    /// Eval blocks `first..` — block `first` reading `input`, or the previous block's output when None
+    /// (`first == n_blocks`: `input` is the last block's output) — then the head.
+    fn eval_blocks_from(
+        &mut self,
+        first: usize,
+        input: Option<&[T]>,
+        params: &HostParams<T>,
+        bank: &SeedBank<T>,
+    ) {
         for b in first..self.arch.n_blocks {
             let (gamma, beta) = (params.gamma(b), params.beta(b));
             let (mean, var) = (&params.running_mean[b], &params.running_var[b]);
-            self.block_forward(b, first, input, params.conv(b), Norm::Eval { gamma, beta, mean, var }, bank);
+            let block_input = if b == first { input } else { None };
+            self.block_forward(b, block_input, params.conv(b), Norm::Eval { gamma, beta, mean, var }, bank);
         }
-        self.head_forward(params, (first == self.arch.n_blocks).then_some(input));
+        self.head_forward(params, if first == self.arch.n_blocks { input } else { None });
     }
 
-    /// Eval blocks after `block` (whose output is in place), then the head.
-    fn eval_blocks_after(&mut self, block: usize, params: &HostParams<T>, bank: &SeedBank<T>) {
-        for b in block + 1..self.arch.n_blocks {
-            let (gamma, beta) = (params.gamma(b), params.beta(b));
-            let (mean, var) = (&params.running_mean[b], &params.running_var[b]);
-            self.block_forward(
-                b,
-                usize::MAX,
-                &[],
-                params.conv(b),
-                Norm::Eval { gamma, beta, mean, var },
-                bank,
-            );
-        }
-        self.head_forward(params, None);
-    }
-
-    /// conv → batch norm (train or eval) → ReLU → slot r0 → pool → slot r1 for block `b`, reading
-    /// `first_input` when `b == first` and the previous block's output otherwise. With a pool and no
-    /// active seed at slot r0, batch norm, ReLU and pool run fused (see [`ops::fused`]).
-    #[allow(clippy::too_many_arguments)]
+    /// conv → batch norm (train or eval) → ReLU → slot r0 → pool → slot r1 for block `b`, reading `input`
+    /// (the images, or an activation a forward starts from) or, when None, the previous block's output.
+    /// With a pool, the envs without an active seed at slot r0 run batch norm, ReLU and pool fused (see
+    /// [`ops::fused`]).
     fn block_forward(
         &mut self,
         b: usize,
-        first: usize,
-        first_input: &[T],
+        input: Option<&[T]>,
         conv_weight: &[T],
         norm: Norm<'_, T>,
         bank: &SeedBank<T>,
@@ -335,10 +325,10 @@ impl<T: Real> HostWorkspace<T> {
         let train = matches!(norm, Norm::Train { .. });
         let fuse = self.fuse;
         let (done, rest) = self.blocks.split_at_mut(b);
-        let input = match done.last() {
-            Some(prev) if b != first => prev.final_output(arch.pools_after(b - 1)),
-            _ => first_input,
-        };
+        let input = input.unwrap_or_else(|| {
+            let prev = done.last().expect("block 0 reads the images");
+            prev.final_output(arch.pools_after(b - 1))
+        });
         let cur = &mut rest[0];
         // An env runs fused unless its own seed at slot r0 takes part in this forward.
         let pools = arch.pools_after(b);

@@ -231,22 +231,6 @@ impl<T: Real> SeedBank<T> {
         Self { r0: one(&self.r0), r1: one(&self.r1) }
     }
 
-    /// Overwrite env `env`'s row of blueprint `bp` at slot `k` (canonical index), and its gate row when
-    /// `gate`, with `other`'s (same shapes): what a governor snapshot and restore move for one fossil
-    /// seed. No other row is touched; optimizer state is not copied.
-    pub fn copy_seed_row_from(&mut self, other: &Self, k: usize, bp: CnnBlueprint, gate: bool, env: usize) {
-        let src = other.slots().nth(k).expect("slot k exists in the source bank");
-        let dst = self.slot_mut(k).expect("slot k exists in the destination bank");
-        let copy_row = |d: &mut Pool<T>, s: &Pool<T>| {
-            let rows = env * s.row_len..(env + 1) * s.row_len;
-            d.params[rows.clone()].copy_from_slice(&s.params[rows]);
-        };
-        copy_row(dst.pool_mut(bp), src.pool(bp));
-        if gate {
-            copy_row(&mut dst.gate, &src.gate);
-        }
-    }
-
     /// No slots at all (the plain host).
     pub fn empty(arch: &super::HostArch) -> Self {
         Self { r0: vec![None; arch.n_blocks], r1: vec![None; arch.n_blocks] }

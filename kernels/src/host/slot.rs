@@ -96,11 +96,9 @@ pub struct SlotWorkspace<T> {
     channels: usize,
     size: usize,
     groups: Vec<Group<T>>,
-    /// `[E]`: the env's output is a blend (ADD / MULTIPLY / GATE) this pass; otherwise it is `h`, and its
-    /// input gradient is the output gradient.
-    blended: Vec<bool>,
-    /// `[E]`: the env's output (forward) or input gradient (backward) rows are copied through: not
-    /// blended, and either the caller reads every env's rows or the env's seed runs (an incubator).
+    /// `[E]`: the env's output (forward) or input gradient (backward) rows are copied through: its output
+    /// is not a blend (ADD / MULTIPLY / GATE) this pass, so it is `h` and its input gradient the output
+    /// gradient, and either the caller reads every env's rows or the env's seed runs (an incubator).
     copied: Vec<bool>,
     /// Scatter scratch: env → position in a group.
     at: Vec<usize>,
@@ -122,7 +120,6 @@ impl<T: Real> SlotWorkspace<T> {
             channels,
             size,
             groups: CnnBlueprint::ALL.iter().map(|_| Group::default()).collect(),
-            blended: vec![false; envs],
             copied: vec![false; envs],
             at: Vec::with_capacity(envs),
             out: vec![T::ZERO; envs * batch * channels * size * size],
@@ -144,10 +141,12 @@ impl<T: Real> SlotWorkspace<T> {
         BlendShape { envs, batch: self.batch, features: self.sample_len() }
     }
 
-    /// Partition the envs by blueprint and mode. In eval, incubating seeds are not run at all (their
-    /// output value is exactly `h`).
-    fn plan(&mut self, params: &SlotParams<T>, train: bool) {
-        self.blended.fill(false);
+    /// Partition the envs by blueprint and mode, and mark the rows copied through (see `copied`). In
+    /// eval, incubating seeds are not run at all (their output value is exactly `h`).
+    fn plan(&mut self, params: &SlotParams<T>, train: bool, every_row: bool) {
+        for (copied, st) in self.copied.iter_mut().zip(&params.state) {
+            *copied = every_row || st.mode.runs_in(train);
+        }
         for (gi, group) in self.groups.iter_mut().enumerate() {
             group.envs.clear();
             for (m, &mode) in MODES.iter().enumerate() {
@@ -161,7 +160,7 @@ impl<T: Real> SlotWorkspace<T> {
                 group.ranges[m] = start..group.envs.len();
                 if mode != SeedMode::Incubator {
                     for &e in &group.envs[start..] {
-                        self.blended[e] = true;
+                        self.copied[e] = false;
                     }
                 }
             }
@@ -186,10 +185,7 @@ impl<T: Real> SlotWorkspace<T> {
         if !self.active {
             return false;
         }
-        self.plan(params, train);
-        for ((copied, &blended), st) in self.copied.iter_mut().zip(&self.blended).zip(&params.state) {
-            *copied = !blended && (every_row || st.mode.runs_in(train));
-        }
+        self.plan(params, train, every_row);
         let sample = self.sample_len() * self.batch;
         copy_rows(h, &self.copied, sample, &mut self.out);
         for (gi, bp) in CnnBlueprint::ALL.into_iter().enumerate() {
