@@ -21,9 +21,10 @@ pub const EXIT_BAD_INPUT: u8 = 2;
 ///
 /// Every stage of an epoch runs as one batched operation over all environments, scheduled by bevy_ecs.
 /// The seed lifecycle (stages, gates, alpha ramps, action masks), the batched host kernels and fused
-/// validation are implemented; `esper-ecs train` runs them: N envs, a heuristic or random policy, on
-/// built-in synthetic data or CIFAR-10. `esper-ecs profile` reads a run's trace as a per-system
-/// table, `esper-ecs bench` measures step throughput. `replay` arrives with a later milestone.
+/// validation are implemented; `esper-ecs train` runs them: N envs, a heuristic, random or static
+/// policy, on built-in synthetic data or CIFAR-10, and records every step in `trace.bin`.
+/// `esper-ecs replay` reports, verifies, exports or draws a `trace.bin`; `compare` runs policies ×
+/// seeds; `profile` reads a run's timing trace as a per-system table; `bench` measures step throughput.
 #[derive(Parser, Debug)]
 #[command(name = "esper-ecs", version, about, long_about, arg_required_else_help = true)]
 pub struct Cli {
@@ -35,8 +36,67 @@ pub struct Cli {
 pub enum Command {
     Train(TrainArgs),
     Compare(CompareArgs),
+    Replay(ReplayArgs),
     Profile(ProfileArgs),
     Bench(BenchArgs),
+}
+
+/// Read a run's trace.bin: a report, a verification by re-running it, JSON lines, or a picture.
+///
+/// Without flags: the run config, a summary per round (mean final validation accuracy, mean return,
+/// executed ops by kind, seeds germinated / fossilized / pruned, rollbacks) and per env a lifecycle
+/// timeline, one line per slot and one character per epoch. Reads `trace.bin` and the
+/// `trace.bin.partial` of a run that is still going or was killed (up to its last complete step).
+/// `--verify` re-runs the recorded config with this build on the CPU and checks every step of every
+/// env: the sampled action, the effective op and its outcome, stages, rewards, metrics and the
+/// parameter checksum, bit for bit; it reports the first divergence. `--json` and `--plot` export.
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Exit codes: 0 done (verify: every compared step matches), 1 verify found a divergence \
+                        or the re-run failed, 2 bad input (a missing, damaged or unsupported trace, bad flags)."
+)]
+pub struct ReplayArgs {
+    /// The trace: <run folder>/trace.bin, or trace.bin.partial.
+    #[arg(value_name = "TRACE")]
+    pub trace: PathBuf,
+
+    #[arg(long, help = "Re-run the recorded config and check every step against the trace")]
+    pub verify: bool,
+
+    #[arg(
+        long,
+        value_name = "X",
+        requires = "verify",
+        help = "With --verify: compare floats within a \
+          relative tolerance X and the parameter fingerprints instead of the bit-exact checksum (for a \
+          trace made on another device)"
+    )]
+    pub tolerance: Option<f64>,
+
+    #[arg(long, value_name = "A..B", requires = "verify", value_parser = parse_round_range,
+          help = "With --verify: compare rounds A to B−1 only (also A..=B, or one round A). The rounds \
+                  before A are re-run, not compared, since no checkpoint of the policy exists to start from")]
+    pub rounds: Option<std::ops::Range<u64>>,
+
+    #[arg(long, conflicts_with_all = ["verify", "plot"],
+          help = "Print the header and every env's record of every step as JSON lines (for jq or pandas)")]
+    pub json: bool,
+
+    #[arg(
+        long,
+        value_name = "FILE.svg|FILE.png",
+        conflicts_with = "verify",
+        help = "Draw every env's slots as swimlanes over the epochs, coloured by stage, with the mean \
+                  validation accuracy (and return) below, to an SVG or PNG file"
+    )]
+    pub plot: Option<PathBuf>,
+
+    #[arg(long, help = "No progress bar while verifying")]
+    pub quiet: bool,
+}
+
+fn parse_round_range(s: &str) -> Result<std::ops::Range<u64>, String> {
+    crate::replay::parse_rounds(s)
 }
 
 /// Train every policy × run seed with the same settings and compare their final accuracy.
@@ -83,6 +143,9 @@ impl CompareArgs {
         if !self.train.profile.is_empty() {
             return refuse("--profile", "profile a single run with `esper-ecs train --profile`");
         }
+        if self.train.trace.is_some() {
+            return refuse("--trace", "every run writes its own <run folder>/trace.bin");
+        }
         let mut seen = Vec::new();
         for p in &self.policies {
             if seen.contains(p) {
@@ -97,6 +160,7 @@ impl CompareArgs {
         }
         let mut config = self.train.to_config()?;
         config.out = None; // the compare folder is `--out`; each run gets a folder inside it
+        config.trace = None; // and writes its trace.bin there
         Ok(config)
     }
 }
@@ -346,6 +410,12 @@ pub struct TrainArgs {
     #[arg(long, help = "Write into an existing --out directory")]
     pub force: bool,
 
+    #[arg(long, value_name = "FILE", help = with_default(
+        "Write the run's trace (every step's actions, outcomes, rewards, stages, metrics and parameter \
+         checksums; read it with `esper-ecs replay`) to FILE instead of <out>/trace.bin",
+        "<out>/trace.bin"))]
+    pub trace: Option<PathBuf>,
+
     #[arg(long, help = "No progress bar and no summary table")]
     pub quiet: bool,
 
@@ -394,6 +464,9 @@ impl TrainArgs {
         c.log_observations |= self.log_observations;
         if self.out.is_some() {
             c.out = self.out.clone();
+        }
+        if self.trace.is_some() {
+            c.trace = self.trace.clone();
         }
         Ok(c)
     }

@@ -106,6 +106,8 @@ pub struct RunConfig {
     pub synthetic_test_per_env: usize,
     /// Output directory (default `runs/<timestamp>`).
     pub out: Option<PathBuf>,
+    /// Where the run's `trace.bin` goes (default `<out>/trace.bin`).
+    pub trace: Option<PathBuf>,
     /// Reward mode of the contribution family: shaped, escrow, basic, basic_plus, sparse, minimal,
     /// simplified (simic §2.1).
     pub reward_mode: RewardMode,
@@ -151,6 +153,7 @@ impl Default for RunConfig {
             synthetic_train_per_env: 1024,
             synthetic_test_per_env: 256,
             out: None,
+            trace: None,
             reward_mode: reward.mode,
             reward_family: reward.family,
             disable_pbrs: reward.disable_pbrs,
@@ -205,6 +208,11 @@ pub struct RunPlan {
 }
 
 impl RunPlan {
+    /// Where the run's trace goes: `trace` when set, else `<out>/trace.bin`.
+    pub fn trace_path(&self) -> PathBuf {
+        self.config.trace.clone().unwrap_or_else(|| self.out_dir.join("trace.bin"))
+    }
+
     /// Refuses a run whose estimated memory exceeds what the machine has available now (where that
     /// can be read), before anything is allocated.
     pub fn check_memory(&self) -> Result<(), ConfigError> {

@@ -12,4 +12,6 @@ pub mod compare;
 pub mod config;
 pub mod memory;
 pub mod profile;
+pub mod replay;
 pub mod run;
+pub mod trace;

@@ -5,6 +5,7 @@
 
 use crate::config::{PolicyKind, RunPlan};
 use crate::profile::{mean, min_max};
+use crate::trace::{TraceHeader, TraceWriter, partial_path};
 use bevy_ecs::prelude::*;
 use esper_components::governor::GovernorConfig;
 use esper_components::heuristic::HeuristicConfig;
@@ -20,6 +21,7 @@ use esper_systems::policy::{ActivePolicy, HeuristicPolicy, Policy, RandomPolicy,
 use esper_systems::update_obs_normalizer::round_end_schedule;
 use esper_systems::update_signals::{EnvSignals, SlotReports};
 use esper_systems::write_metrics::MetricsSink;
+use esper_systems::write_trace::TraceSink;
 use esper_systems::{add_training_systems, empty_step_schedule};
 use esper_systems::{insert_run_resources, spawn_env, spawn_slot};
 use std::fmt;
@@ -241,6 +243,10 @@ pub fn train_session(
         .with_reward(&cfg.reward(), cfg.log_reward_inputs)
         .with_observations(cfg.log_observations);
     session.world.insert_resource(sink);
+    let trace_path = plan.trace_path();
+    let writer = TraceWriter::create(&trace_path, &trace_header(plan))
+        .map_err(|e| io_error(&partial_path(&trace_path).display().to_string(), e))?;
+    session.world.insert_resource(TraceSink::new(Box::new(writer)));
     let progress = (!plan.quiet).then(|| progress_bar(cfg.rounds * cfg.epochs));
 
     let mut summary = RunSummary::default();
@@ -257,6 +263,9 @@ pub fn train_session(
             session.run_epoch(epoch);
             drop(step_span);
             if let Some(err) = session.world.resource::<MetricsSink>().error() {
+                return Err(RunError(err.to_string()));
+            }
+            if let Some(err) = session.world.resource::<TraceSink>().error() {
                 return Err(RunError(err.to_string()));
             }
             session.val_accuracy_into(&mut summary.final_val_accuracy);
@@ -289,6 +298,14 @@ pub fn train_session(
     if let Some(bar) = progress {
         bar.finish_and_clear();
     }
+    let writer = session
+        .world
+        .remove_resource::<TraceSink>()
+        .and_then(|sink| sink.into_inner().downcast::<TraceWriter>().ok())
+        .expect("the trace writer installed above");
+    writer
+        .finish(summary.rounds_completed as u64, summary.interrupted)
+        .map_err(|e| io_error(&trace_path.display().to_string(), e))?;
     summary.wall_seconds = started.elapsed().as_secs_f64();
     summary.env_epochs_per_second =
         (summary.epochs_completed * cfg.envs) as f64 / summary.wall_seconds.max(1e-9);
@@ -304,6 +321,27 @@ pub fn train_session(
         print_table(plan, &summary);
     }
     Ok(summary)
+}
+
+/// The header of `plan`'s trace.
+pub fn trace_header(plan: &RunPlan) -> TraceHeader {
+    let cfg = &plan.config;
+    TraceHeader {
+        program_version: env!("CARGO_PKG_VERSION").to_string(),
+        git_commit: crate::trace::git_commit(),
+        config_json: serde_json::to_string(cfg).expect("a config serialises"),
+        task: plan.task.name().to_string(),
+        data: cfg.data.name().to_string(),
+        policy: cfg.policy.name().to_string(),
+        seed: cfg.seed,
+        envs: cfg.envs as u64,
+        rounds: cfg.rounds as u64,
+        epochs: cfg.epochs as u64,
+        slots: plan.slots.ids().iter().map(|s| s.to_string()).collect(),
+        created_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    }
 }
 
 /// Sum every env's lifecycle tally into `total` and clear them (one round's worth).

@@ -9,8 +9,8 @@ use esper_ecs::run::Session;
 use esper_kernels::data::{Batcher, Dataset};
 use esper_kernels::host::train::SeedGradStats;
 use esper_kernels::host::{
-    EnvCounterfactuals, EpochTrain, FossilRow, HostArch, HostBackend, SeedMode, SeedTelemetry, SlotSync,
-    ValidationPlan,
+    EnvCounterfactuals, EpochTrain, FossilRow, HostArch, HostBackend, ParamPrint, SeedMode, SeedTelemetry,
+    SlotSync, ValidationPlan,
 };
 use esper_kernels::seeds::CnnBlueprint;
 use esper_systems::host_resources::Hosts;
@@ -110,6 +110,10 @@ impl HostBackend for Double {
     }
     fn reset_round(&mut self, seed: u64, round: u64) {
         self.resets.push((seed, round));
+    }
+    fn param_fingerprint(&self, env: usize, groups: &mut [ParamPrint]) -> u64 {
+        groups.fill(ParamPrint { sum: env as f64, sum_sq: self.epoch as f64 });
+        self.epoch * 100 + env as u64
     }
     fn as_any(&self) -> &dyn Any {
         self

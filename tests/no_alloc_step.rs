@@ -2,7 +2,7 @@
 //! after two warm-up epochs, four epochs of 4 envs with three live seeds each (so validation runs the
 //! counterfactual plan with pairs, and the scaffold ledger fills) under the heuristic policy allocate
 //! nothing — in the shaped, escrow and basic_plus reward modes, with the reward inputs and the
-//! observations logged — and neither does the round end's observation-normaliser update.
+//! observations logged and every step recorded into `trace.bin` — and neither does the round end's observation-normaliser update.
 //!
 //! Not covered yet: a lifecycle change that puts more envs into one blueprint group, or a gate, than
 //! any step before grows that group's kernel workspace once (`host/slot.rs` `fit`, `seeds` `grown`):
@@ -18,8 +18,11 @@ use esper_components::RewardMode;
 use esper_components::{BlueprintAction, EnvIndex, SeedStage, SlotEvents, SlotIndex};
 use esper_ecs::config::{PolicyKind, RunConfig};
 use esper_ecs::run::Session;
+use esper_ecs::run::trace_header;
+use esper_ecs::trace::TraceWriter;
 use esper_systems::slot_query::SlotLifecycle;
 use esper_systems::write_metrics::MetricsSink;
+use esper_systems::write_trace::TraceSink;
 use std::alloc::{GlobalAlloc, Layout, System};
 
 mod common;
@@ -110,6 +113,10 @@ fn step_allocations(policy: PolicyKind, reward_mode: RewardMode) -> usize {
         .with_reward(&reward, true)
         .with_observations(true);
     session.world.insert_resource(sink);
+    // And every step recorded into a real trace.bin, as a run does.
+    std::fs::create_dir_all(&plan.out_dir).unwrap();
+    let writer = TraceWriter::create(&plan.out_dir.join("trace.bin"), &trace_header(&plan)).unwrap();
+    session.world.insert_resource(TraceSink::new(Box::new(writer)));
     session.use_single_threaded_executor();
     session.start_round(0);
     seed_every_env(&mut session.world);

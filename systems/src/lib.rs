@@ -30,6 +30,7 @@ pub mod update_signals;
 pub mod validate;
 pub mod world;
 pub mod write_metrics;
+pub mod write_trace;
 
 pub use resources::{ActionBatch, EffectiveOps, EnvCount, MaskBatch, OpOutcomes, ParamCounts};
 pub use schedule::{

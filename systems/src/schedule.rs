@@ -7,6 +7,7 @@ use crate::compute_rewards::compute_rewards;
 use crate::decide::decide;
 use crate::normalize_observations::normalize_observations;
 use crate::note_fossilizations::note_fossilizations;
+use crate::write_trace::write_trace;
 use crate::{apply_ops::apply_ops, build_masks::build_masks, record_accuracy::record_accuracy};
 use crate::{governor_check::governor_check, governor_rollback::governor_rollback};
 use crate::{gradient_telemetry::sync_gradient_telemetry, update_signals::update_signals};
@@ -133,12 +134,13 @@ pub fn add_reward_systems(schedule: &mut Schedule) {
 }
 
 /// Act (governor rollbacks, the ops, then the action bookkeeping), Tick, Record (counts, fossilization
-/// snapshots and `metrics.jsonl`, in parallel).
+/// snapshots, `metrics.jsonl` and `trace.bin`, in parallel; the trace only where a `TraceSink` is
+/// installed).
 pub fn add_act_record_systems(schedule: &mut Schedule) {
     schedule.add_systems((
         (governor_rollback, apply_ops, track_actions).chain().in_set(StepSet::Act),
         tick.in_set(StepSet::Tick),
-        (tally_lifecycle, note_fossilizations, write_metrics).in_set(StepSet::Record),
+        (tally_lifecycle, note_fossilizations, write_metrics, write_trace).in_set(StepSet::Record),
     ));
 }
 

@@ -11,7 +11,7 @@ use super::arch::HostArch;
 use super::counterfactual::{EnvCounterfactuals, FusedValidator};
 use super::network::HostWorkspace;
 use super::params::HostParams;
-use super::seed_bank::{SeedBank, SeedEnvState};
+use super::seed_bank::{SeedBank, SeedEnvState, SeedMode};
 use super::train::{SeedGradStats, Trainer};
 use crate::data::{Batcher, Dataset};
 use crate::ops::{ClassifierShape, count_correct};
@@ -63,6 +63,39 @@ pub struct FossilRow {
     pub gate: bool,
 }
 
+/// A sum and a sum of squares (f64) over one group of an env's parameters: a fingerprint that two
+/// devices can compare within a tolerance, where the bit-exact checksum of [`HostBackend::param_fingerprint`]
+/// only matches on the same build and device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ParamPrint {
+    pub sum: f64,
+    pub sum_sq: f64,
+}
+
+impl ParamPrint {
+    fn add(&mut self, values: &[f32]) {
+        for &v in values {
+            let v = v as f64;
+            self.sum += v;
+            self.sum_sq += v * v;
+        }
+    }
+}
+
+/// 64-bit FNV-1a over the bit patterns of `values`, one 32-bit word at a time, continuing from `hash`.
+/// Equal hashes mean (to 2^-64) bit-identical values: −0 and +0, or two NaN payloads, differ.
+pub fn fnv1a_f32(mut hash: u64, values: &[f32]) -> u64 {
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    for &v in values {
+        hash ^= v.to_bits() as u64;
+        hash = hash.wrapping_mul(PRIME);
+    }
+    hash
+}
+
+/// FNV-1a's offset basis: the hash of nothing.
+pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
 /// Which seeds validation ablates.
 #[derive(Clone, Copy, Debug)]
 pub struct ValidationPlan<'a> {
@@ -104,6 +137,11 @@ pub trait HostBackend: Send + Sync + 'static {
     /// Fresh hosts for `round` (env `e` from its stream `(seed, round, e, HostInit)`), empty seeds, zero
     /// optimizer state, and every snapshot the fresh host with no fossils.
     fn reset_round(&mut self, seed: u64, round: u64);
+    /// Env `env`'s parameters as the forward reads them, for `trace.bin`: returns a bit-exact checksum
+    /// ([`fnv1a_f32`] over the host's tensors in order, its BN running means and variances, then per slot
+    /// the seed's blueprint row and, in GATE mode, its gate row) and fills `groups` (`[1 + S]`) with a
+    /// [`ParamPrint`] of the host (`groups[0]`) and of each slot's seed (zeros for an empty slot).
+    fn param_fingerprint(&self, env: usize, groups: &mut [ParamPrint]) -> u64;
     /// The implementation, for tests and tools that inspect it.
     fn as_any(&self) -> &dyn Any;
     fn as_any_mut(&mut self) -> &mut dyn Any;
@@ -342,6 +380,36 @@ impl HostBackend for CpuHostBackend {
         self.bank = SeedBank::new(&self.arch, n, &self.slot_ids);
         self.trainer = Trainer::new(&self.params, &self.bank);
         self.snapshots = SnapshotStore::of(&self.params, &self.bank);
+    }
+
+    fn param_fingerprint(&self, env: usize, groups: &mut [ParamPrint]) -> u64 {
+        assert_eq!(groups.len(), 1 + self.slot_ids.len(), "one group for the host and one per slot");
+        groups.fill(ParamPrint::default());
+        let mut hash = FNV_OFFSET;
+        let host = &mut groups[0];
+        let stats = self.params.running_mean.iter().chain(&self.params.running_var);
+        for t in (0..self.params.weights.tensors.len()).map(|t| self.params.weights.env(t, env)).chain(
+            stats.map(|s| {
+                let c = s.len() / self.n_envs();
+                &s[env * c..(env + 1) * c]
+            }),
+        ) {
+            hash = fnv1a_f32(hash, t);
+            host.add(t);
+        }
+        for (slot, group) in self.bank.slots().zip(&mut groups[1..]) {
+            let state = slot.state[env];
+            let Some(bp) = state.blueprint else { continue };
+            let row = slot.pool(bp).row(env);
+            hash = fnv1a_f32(hash, row);
+            group.add(row);
+            if state.mode == SeedMode::Gate {
+                let gate = slot.gate.row(env);
+                hash = fnv1a_f32(hash, gate);
+                group.add(gate);
+            }
+        }
+        hash
     }
 
     fn as_any(&self) -> &dyn Any {

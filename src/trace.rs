@@ -1,0 +1,398 @@
+//! `trace.bin`: every step of a run, recorded as it runs, readable after a crash, and verifiable by
+//! `esper-ecs replay --verify` (DESIGN §7).
+//!
+//! # Layout (format version [`FORMAT_VERSION`]; all integers little-endian)
+//!
+//! ```text
+//! offset 0      magic          8 bytes  "ESPERTRC"
+//!        8      version        u32      FORMAT_VERSION of the writer
+//!       12      header length  u32      N
+//!       16      header         N bytes  postcard(TraceHeader)
+//!       16 + N  header CRC     u32      CRC-32 of bytes 8 .. 16 + N (version, length, header)
+//! then frames, one after another, to the end of the file:
+//!               kind           u8       b'C' a chunk (one step), b'F' the footer (last frame)
+//!               length         u32      M
+//!               ¬length        u32      the bitwise complement of M (a flipped length is caught
+//!                                       before it is trusted)
+//!               payload        M bytes  postcard(StepRecord) or postcard(TraceFooter)
+//!               CRC            u32      CRC-32 of kind, length and payload
+//! ```
+//!
+//! A run streams to `trace.bin.partial`, one chunk per step, flushed after each, and renames it to
+//! `trace.bin` after the footer when it ends (also after Ctrl-C). A killed run leaves the `.partial`
+//! file: its complete chunks read back, and the reader says where the file stops.
+//!
+//! Postcard is not self-describing: a record type that changes shape needs a new [`FORMAT_VERSION`];
+//! the reader refuses traces newer than itself. The run config is stored as JSON text inside the
+//! header, so a config that gains a field still reads. Wall-clock figures live in the header only
+//! (`created_unix`): the record section of two runs of the same config is byte-identical.
+
+use esper_systems::write_trace::{StepRecord, StepSink};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+/// The file's first bytes.
+pub const MAGIC: &[u8; 8] = b"ESPERTRC";
+/// The layout and record types this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+const KIND_CHUNK: u8 = b'C';
+const KIND_FOOTER: u8 = b'F';
+/// kind + length + ¬length.
+const FRAME_HEAD: usize = 9;
+/// A frame longer than this is corrupt, whatever its length field says (a step of 4,096 envs with
+/// 8 slots is under 1 MiB).
+const MAX_FRAME: u32 = 256 << 20;
+
+/// What a trace says about the run that wrote it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TraceHeader {
+    pub program_version: String,
+    /// The git commit the binary was built from, when the build could tell.
+    pub git_commit: Option<String>,
+    /// The full run config (`RunConfig`) as JSON.
+    pub config_json: String,
+    pub task: String,
+    pub data: String,
+    pub policy: String,
+    /// The run seed (every random stream derives from it).
+    pub seed: u64,
+    pub envs: u64,
+    pub rounds: u64,
+    pub epochs: u64,
+    /// Enabled slots, canonical order (the order of every `[S]` row of a record).
+    pub slots: Vec<String>,
+    /// Seconds since the Unix epoch when the run started (the only wall-clock figure of a trace).
+    pub created_unix: u64,
+}
+
+/// The last frame of a finished run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceFooter {
+    pub steps: u64,
+    /// Env records over all steps.
+    pub env_records: u64,
+    pub rounds_completed: u64,
+    /// Stopped by Ctrl-C before its last epoch.
+    pub interrupted: bool,
+}
+
+/// Why a file cannot be read as a trace. Every one is a bad input (exit 2).
+#[derive(Debug, Clone, PartialEq)]
+pub enum TraceError {
+    Io(String),
+    /// The first bytes are not [`MAGIC`] (or there are fewer than 8).
+    NotATrace,
+    /// Written by a newer format than this build reads.
+    NewerVersion {
+        found: u32,
+    },
+    /// The header is damaged or cut short.
+    Header {
+        reason: String,
+    },
+    /// A frame fails its checks: checksum, length, kind, or a payload that does not decode.
+    Corrupt {
+        chunk: u64,
+        offset: u64,
+        reason: String,
+    },
+}
+
+impl TraceError {
+    /// A short name of the error's class (the property test checks it).
+    pub fn class(&self) -> &'static str {
+        match self {
+            Self::Io(_) => "io",
+            Self::NotATrace => "not_a_trace",
+            Self::NewerVersion { .. } => "newer_version",
+            Self::Header { .. } => "header",
+            Self::Corrupt { .. } => "corrupt",
+        }
+    }
+}
+
+impl fmt::Display for TraceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Io(e) => f.write_str(e),
+            Self::NotATrace => {
+                write!(f, "not an esper-ecs trace (no {:?} magic)", std::str::from_utf8(MAGIC).unwrap())
+            }
+            Self::NewerVersion { found } => write!(
+                f,
+                "trace format version {found} is newer than this build reads ({FORMAT_VERSION}): replay it with the \
+                 esper-ecs that wrote it"
+            ),
+            Self::Header { reason } => write!(f, "trace header: {reason}"),
+            Self::Corrupt { chunk, offset, reason } => {
+                write!(f, "checksum error in chunk {chunk} at byte offset {offset}: {reason}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for TraceError {}
+
+/// How the record section ends.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TraceEnd {
+    /// The footer was read.
+    Complete(TraceFooter),
+    /// No footer: the file stops after `chunks` complete chunks, at byte `offset` (a `.partial` trace
+    /// of a killed run, or a cut file); `partial_bytes` of an incomplete frame follow.
+    Truncated { chunks: u64, offset: u64, partial_bytes: u64 },
+}
+
+/// A decoded trace.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Trace {
+    pub version: u32,
+    pub header: TraceHeader,
+    pub steps: Vec<StepRecord>,
+    pub end: TraceEnd,
+    /// Byte range of the record section (the frames after the header, footer included when present).
+    pub records: std::ops::Range<usize>,
+}
+
+impl Trace {
+    pub fn read(path: &Path) -> Result<Trace, TraceError> {
+        let bytes = std::fs::read(path).map_err(|e| TraceError::Io(format!("{}: {e}", path.display())))?;
+        Self::parse(&bytes)
+    }
+
+    /// Decodes a whole trace from memory. Never panics: every malformed input is an error.
+    pub fn parse(bytes: &[u8]) -> Result<Trace, TraceError> {
+        if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
+            return Err(TraceError::NotATrace);
+        }
+        let short =
+            || TraceError::Header { reason: format!("file ends inside the header ({} bytes)", bytes.len()) };
+        let version = read_u32(bytes, 8).ok_or_else(short)?;
+        let len = read_u32(bytes, 12).ok_or_else(short)? as usize;
+        let end = 16usize.checked_add(len).filter(|&e| e.checked_add(4).is_some_and(|t| t <= bytes.len()));
+        let Some(end) = end else {
+            // A version from the future may have a different header: say that first.
+            if version > FORMAT_VERSION {
+                return Err(TraceError::NewerVersion { found: version });
+            }
+            return Err(short());
+        };
+        let crc = read_u32(bytes, end).ok_or_else(short)?;
+        if crc32fast::hash(&bytes[8..end]) != crc {
+            if version > FORMAT_VERSION {
+                return Err(TraceError::NewerVersion { found: version });
+            }
+            return Err(TraceError::Header { reason: "checksum mismatch".into() });
+        }
+        if version > FORMAT_VERSION {
+            return Err(TraceError::NewerVersion { found: version });
+        }
+        if version == 0 {
+            return Err(TraceError::Header { reason: "format version 0 does not exist".into() });
+        }
+        let header: TraceHeader = postcard::from_bytes(&bytes[16..end])
+            .map_err(|e| TraceError::Header { reason: format!("does not decode: {e}") })?;
+        let first = end + 4;
+        let mut at = first;
+        let mut steps = Vec::new();
+        let mut chunk = 0u64;
+        loop {
+            if at == bytes.len() {
+                return Ok(Trace {
+                    version,
+                    header,
+                    steps,
+                    end: TraceEnd::Truncated { chunks: chunk, offset: at as u64, partial_bytes: 0 },
+                    records: first..at,
+                });
+            }
+            let corrupt = |reason: String| TraceError::Corrupt { chunk, offset: at as u64, reason };
+            let truncated = || TraceEnd::Truncated {
+                chunks: chunk,
+                offset: at as u64,
+                partial_bytes: (bytes.len() - at) as u64,
+            };
+            if bytes.len() - at < FRAME_HEAD {
+                return Ok(Trace { version, header, steps, end: truncated(), records: first..at });
+            }
+            let kind = bytes[at];
+            let len = read_u32(bytes, at + 1).expect("checked");
+            let not_len = read_u32(bytes, at + 5).expect("checked");
+            if len != !not_len {
+                return Err(corrupt("the frame's length and its complement disagree".into()));
+            }
+            if kind != KIND_CHUNK && kind != KIND_FOOTER {
+                return Err(corrupt(format!("unknown frame kind {kind:#04x}")));
+            }
+            if len > MAX_FRAME {
+                return Err(corrupt(format!("frame length {len} is over the {MAX_FRAME}-byte limit")));
+            }
+            let payload = at + FRAME_HEAD;
+            let frame_end = payload + len as usize;
+            if frame_end + 4 > bytes.len() {
+                return Ok(Trace { version, header, steps, end: truncated(), records: first..at });
+            }
+            let mut hasher = crc32fast::Hasher::new();
+            hasher.update(&bytes[at..at + 5]);
+            hasher.update(&bytes[payload..frame_end]);
+            if hasher.finalize() != read_u32(bytes, frame_end).expect("checked") {
+                return Err(corrupt("CRC mismatch".into()));
+            }
+            let body = &bytes[payload..frame_end];
+            if kind == KIND_FOOTER {
+                let footer: TraceFooter = postcard::from_bytes(body)
+                    .map_err(|e| corrupt(format!("footer does not decode: {e}")))?;
+                let after = frame_end + 4;
+                if after != bytes.len() {
+                    return Err(TraceError::Corrupt {
+                        chunk: chunk + 1,
+                        offset: after as u64,
+                        reason: format!("{} bytes after the footer", bytes.len() - after),
+                    });
+                }
+                return Ok(Trace {
+                    version,
+                    header,
+                    steps,
+                    end: TraceEnd::Complete(footer),
+                    records: first..after,
+                });
+            }
+            let step: StepRecord =
+                postcard::from_bytes(body).map_err(|e| corrupt(format!("record does not decode: {e}")))?;
+            steps.push(step);
+            chunk += 1;
+            at = frame_end + 4;
+        }
+    }
+}
+
+fn read_u32(bytes: &[u8], at: usize) -> Option<u32> {
+    let b = bytes.get(at..at.checked_add(4)?)?;
+    Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+/// Encodes a frame of `kind` around `payload` into `out`.
+fn frame(kind: u8, payload: &[u8], out: &mut Vec<u8>) {
+    let len = u32::try_from(payload.len()).expect("a frame fits in u32");
+    let start = out.len();
+    out.push(kind);
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&(!len).to_le_bytes());
+    out.extend_from_slice(payload);
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&out[start..start + 5]);
+    hasher.update(payload);
+    out.extend_from_slice(&hasher.finalize().to_le_bytes());
+}
+
+/// The header bytes (magic through header CRC).
+pub fn encode_header(header: &TraceHeader) -> Vec<u8> {
+    let body = postcard::to_allocvec(header).expect("a header encodes");
+    let mut out = Vec::with_capacity(20 + body.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&u32::try_from(body.len()).expect("header fits in u32").to_le_bytes());
+    out.extend_from_slice(&body);
+    let crc = crc32fast::hash(&out[8..]);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// One chunk frame for `step` (tests use it to build traces by hand).
+pub fn encode_chunk(step: &StepRecord) -> Vec<u8> {
+    let mut out = Vec::new();
+    frame(KIND_CHUNK, &postcard::to_allocvec(step).expect("a record encodes"), &mut out);
+    out
+}
+
+/// The footer frame.
+pub fn encode_footer(footer: &TraceFooter) -> Vec<u8> {
+    let mut out = Vec::new();
+    frame(KIND_FOOTER, &postcard::to_allocvec(footer).expect("a footer encodes"), &mut out);
+    out
+}
+
+/// Streams a run's records to `<path>.partial` and renames it to `path` when finished.
+pub struct TraceWriter {
+    file: BufWriter<File>,
+    partial: PathBuf,
+    path: PathBuf,
+    /// Reused encode buffers.
+    payload: Vec<u8>,
+    framed: Vec<u8>,
+    footer: TraceFooter,
+}
+
+impl TraceWriter {
+    /// Creates `<path>.partial` and writes the header.
+    pub fn create(path: &Path, header: &TraceHeader) -> std::io::Result<Self> {
+        let partial = partial_path(path);
+        let mut file = BufWriter::new(File::create(&partial)?);
+        file.write_all(&encode_header(header))?;
+        file.flush()?;
+        Ok(Self {
+            file,
+            partial,
+            path: path.to_path_buf(),
+            payload: Vec::new(),
+            framed: Vec::new(),
+            footer: TraceFooter::default(),
+        })
+    }
+
+    /// The footer, a flush to disk and the rename to the final name.
+    pub fn finish(mut self, rounds_completed: u64, interrupted: bool) -> std::io::Result<PathBuf> {
+        self.footer.rounds_completed = rounds_completed;
+        self.footer.interrupted = interrupted;
+        let payload = postcard::to_allocvec(&self.footer).expect("a footer encodes");
+        self.framed.clear();
+        frame(KIND_FOOTER, &payload, &mut self.framed);
+        self.file.write_all(&self.framed)?;
+        self.file.flush()?;
+        self.file.get_ref().sync_all()?;
+        std::fs::rename(&self.partial, &self.path)?;
+        Ok(self.path)
+    }
+}
+
+impl StepSink for TraceWriter {
+    fn write_step(&mut self, step: &StepRecord) -> Result<(), String> {
+        let payload = std::mem::take(&mut self.payload);
+        self.payload = postcard::to_extend(step, {
+            let mut p = payload;
+            p.clear();
+            p
+        })
+        .map_err(|e| e.to_string())?;
+        self.framed.clear();
+        frame(KIND_CHUNK, &self.payload, &mut self.framed);
+        // Flushed per step: a run killed at any moment leaves every finished step readable.
+        self.file
+            .write_all(&self.framed)
+            .and_then(|()| self.file.flush())
+            .map_err(|e| format!("{}: {e}", self.partial.display()))?;
+        self.footer.steps += 1;
+        self.footer.env_records += step.envs.len() as u64;
+        Ok(())
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {
+        self
+    }
+}
+
+/// Where a trace being written lives until it is finished: `<path>.partial`.
+pub fn partial_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".partial");
+    PathBuf::from(name)
+}
+
+/// The commit the binary was built from, when the build could ask git (see build.rs).
+pub fn git_commit() -> Option<String> {
+    option_env!("ESPER_GIT_COMMIT").filter(|c| !c.is_empty()).map(str::to_string)
+}

@@ -1,0 +1,142 @@
+//! Record: one [`StepRecord`] per step into the run's [`TraceSink`] (`trace.bin`, DESIGN §7): for every
+//! env the action its policy sampled, the op that counted and what became of it, the reward (raw and
+//! normalised) when there is one, every slot's stage and alpha, the validation and training figures,
+//! and its parameters as a bit-exact checksum plus a per-group sum / sum of squares (for comparing runs
+//! made on different devices). The record lives in the system's `Local` and is refilled in place, so a
+//! step allocates nothing here once the first one has sized it; the sink encodes it.
+//!
+//! Nothing in a record depends on wall-clock time or on the thread count: the same config run twice
+//! gives the same records.
+
+use crate::compute_rewards::RewardBatch;
+use crate::host_resources::{Hosts, StepClock};
+use crate::resources::{ActionBatch, EffectiveOps, EnvCount, OpOutcomes};
+use crate::step_span::StepInfo;
+use bevy_ecs::prelude::*;
+use esper_components::{
+    EnvIndex, FactoredAction, HostMetrics, LifecycleOp, OpOutcome, SeedAlpha, SeedStage, SlotIndex, Stage,
+};
+use esper_kernels::host::ParamPrint;
+use serde::{Deserialize, Serialize};
+
+/// One env's step.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EnvStep {
+    /// The factored action the policy sampled (kept as sampled, simic §1.3 D).
+    pub action: FactoredAction,
+    /// The op that counts for the reward (`action_for_reward`).
+    pub effective_op: LifecycleOp,
+    /// What became of the sampled op.
+    pub outcome: OpOutcome,
+    /// Raw and normalised reward; None for an env that rolled back (it gets none).
+    pub reward: Option<f64>,
+    pub reward_norm: Option<f64>,
+    pub val_acc: f64,
+    pub val_loss: f64,
+    pub train_acc: f64,
+    pub train_loss: f64,
+    /// `[S]` in canonical slot order, after the step's tick.
+    pub stages: Vec<SeedStage>,
+    pub alphas: Vec<f64>,
+    /// Bit-exact checksum of the env's parameters (see `HostBackend::param_fingerprint`).
+    pub checksum: u64,
+    /// `[1 + S]`: the host, then each slot's seed.
+    pub fingerprint: Vec<ParamPrint>,
+}
+
+/// Every env's record of one step.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepRecord {
+    pub round: u64,
+    /// 1-based epoch of the round.
+    pub epoch: u64,
+    /// 0-based index of the step in the run.
+    pub step: u64,
+    pub envs: Vec<EnvStep>,
+}
+
+/// Where the records go: the app's `trace.bin` writer, or the replay's comparison.
+pub trait StepSink: Send + Sync + 'static {
+    fn write_step(&mut self, step: &StepRecord) -> Result<(), String>;
+    /// The sink itself, for its owner to finish it or read what it collected.
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any>;
+}
+
+/// The run's trace sink. An error stops the recording and is kept for the run driver to report after
+/// the step (a system has no caller to return it to).
+#[derive(Resource)]
+pub struct TraceSink {
+    out: Box<dyn StepSink>,
+    error: Option<String>,
+}
+
+impl TraceSink {
+    pub fn new(out: Box<dyn StepSink>) -> Self {
+        Self { out, error: None }
+    }
+
+    /// The first write error, if any (nothing is recorded after it).
+    pub fn error(&self) -> Option<&str> {
+        self.error.as_deref()
+    }
+
+    /// The sink, to finish it (the app's writer) or read what it collected (the replay).
+    pub fn into_inner(self) -> Box<dyn std::any::Any> {
+        self.out.into_any()
+    }
+}
+
+#[allow(clippy::too_many_arguments)] // a system: each parameter is one resource or query it touches
+pub fn write_trace(
+    envs: Query<(&EnvIndex, &HostMetrics)>,
+    slots: Query<(&EnvIndex, &SlotIndex, &Stage, &SeedAlpha)>,
+    actions: Res<ActionBatch>,
+    effective: Res<EffectiveOps>,
+    outcomes: Res<OpOutcomes>,
+    clock: Res<StepClock>,
+    n_envs: Res<EnvCount>,
+    rewards: Res<RewardBatch>,
+    hosts: Option<Res<Hosts>>,
+    sink: Option<ResMut<TraceSink>>,
+    mut record: Local<StepRecord>,
+    info: StepInfo,
+) {
+    let _span = crate::system_span!(info, "Record::write_trace");
+    let (Some(mut sink), Some(hosts)) = (sink, hosts) else { return };
+    if sink.error.is_some() {
+        return;
+    }
+    let n_slots = hosts.slot_ids().len();
+    record.round = clock.round;
+    record.epoch = clock.epoch;
+    record.step = clock.step;
+    record.envs.resize_with(n_envs.0, EnvStep::default);
+    for (e, env) in record.envs.iter_mut().enumerate() {
+        env.action = actions.get(e);
+        env.effective_op = effective.0[e];
+        env.outcome = outcomes.0[e];
+        let rewarded = rewards.rewarded(e);
+        env.reward = rewarded.then(|| rewards.outputs.raw[e]);
+        env.reward_norm = rewarded.then(|| rewards.normalized[e]);
+        env.stages.resize(n_slots, SeedStage::Dormant);
+        env.alphas.resize(n_slots, 0.0);
+        env.fingerprint.resize(1 + n_slots, ParamPrint::default());
+        env.checksum = hosts.param_fingerprint(e, &mut env.fingerprint);
+    }
+    for (env, m) in &envs {
+        let r = &mut record.envs[env.0 as usize];
+        r.val_acc = m.val_accuracy;
+        r.val_loss = m.val_loss;
+        r.train_acc = m.train_accuracy;
+        r.train_loss = m.train_loss;
+    }
+    for (env, index, stage, alpha) in &slots {
+        let r = &mut record.envs[env.0 as usize];
+        r.stages[index.0 as usize] = stage.current;
+        r.alphas[index.0 as usize] = alpha.0;
+    }
+    let sink = &mut *sink;
+    if let Err(err) = sink.out.write_step(&record) {
+        sink.error = Some(format!("trace: {err}"));
+    }
+}
