@@ -40,7 +40,9 @@ pub fn stage_char(stage: SeedStage) -> char {
     }
 }
 
-/// What a stage change into `now` from `before` marks: germinate, fossilize or prune.
+/// What a stage change into `now` from `before` marks: germinate `G`, fossilize `F` or prune `X`. A
+/// record holds the stages after the step's tick, and an instant prune moves PRUNED → EMBARGOED in the
+/// tick of its own step: so a live stage straight to EMBARGOED is a prune as well.
 pub fn transition_mark(before: SeedStage, now: SeedStage) -> Option<char> {
     if before == now {
         return None;
@@ -49,6 +51,7 @@ pub fn transition_mark(before: SeedStage, now: SeedStage) -> Option<char> {
         SeedStage::Germinated => Some('G'),
         SeedStage::Fossilized => Some('F'),
         SeedStage::Pruned => Some('X'),
+        SeedStage::Embargoed if before != SeedStage::Pruned => Some('X'),
         _ => None,
     }
 }
@@ -542,4 +545,84 @@ pub fn parse_rounds(s: &str) -> Result<Range<u64>, String> {
         return Err(format!("{s} holds no round (A..B means rounds A to B−1)"));
     }
     Ok(range)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::{TraceFooter, TraceHeader};
+    use SeedStage::*;
+
+    /// One env, one slot, a round following `stages` (after each step), with `executed` ops.
+    fn trace_of(stages: &[SeedStage], executed: &[(usize, LifecycleOp)]) -> Trace {
+        let steps = stages
+            .iter()
+            .enumerate()
+            .map(|(i, &stage)| {
+                let op = executed.iter().find(|(at, _)| *at == i).map_or(LifecycleOp::Wait, |(_, op)| *op);
+                StepRecord {
+                    round: 0,
+                    epoch: i as u64 + 1,
+                    step: i as u64,
+                    envs: vec![EnvStep {
+                        effective_op: op,
+                        stages: vec![stage],
+                        alphas: vec![0.0],
+                        val_acc: 10.0 + i as f64,
+                        reward: Some(0.5),
+                        ..EnvStep::default()
+                    }],
+                }
+            })
+            .collect();
+        Trace {
+            version: 1,
+            header: TraceHeader {
+                program_version: "test".into(),
+                git_commit: None,
+                config_json: "{}".into(),
+                task: "cifar_baseline".into(),
+                data: "synthetic".into(),
+                policy: "heuristic".into(),
+                seed: 0,
+                envs: 1,
+                rounds: 1,
+                epochs: stages.len() as u64,
+                slots: vec!["r0c0".into()],
+                created_unix: 0,
+            },
+            steps,
+            end: TraceEnd::Complete(TraceFooter::default()),
+            records: 0..0,
+        }
+    }
+
+    #[test]
+    fn timeline_marks_germinate_fossilize_and_an_instant_prune() {
+        // An instant prune is ticked PRUNED → EMBARGOED within its own step: the record shows EMBARGOED.
+        let stages = [
+            Dormant, Germinated, Training, Embargoed, Embargoed, Resetting, Dormant, Germinated, Training,
+            Blending, Holding, Fossilized, Fossilized,
+        ];
+        let ops = [(1, LifecycleOp::Germinate), (3, LifecycleOp::Prune), (7, LifecycleOp::Germinate)];
+        let trace = trace_of(&stages, &ops);
+        let report = report(&trace);
+        let lane = report.lines().find(|l| l.trim_start().starts_with("r0c0")).unwrap();
+        assert_eq!(lane.split_whitespace().nth(1), Some(".GtXer.GtbhFf"), "{report}");
+        let s = summarize_round(0, &trace.steps);
+        assert_eq!((s.germinated, s.fossilized, s.pruned, s.epochs), (2, 1, 1, 13));
+        assert_eq!(s.ops, [(LifecycleOp::Germinate, 2), (LifecycleOp::Prune, 1)]);
+        assert!((s.mean_return - 6.5).abs() < 1e-12 && (s.mean_final_acc - 22.0).abs() < 1e-12);
+        // A prune the tick has not moved on yet (PRUNED), then its embargo: one mark, not two.
+        let trace = trace_of(&[Dormant, Germinated, Pruned, Embargoed], &[]);
+        assert_eq!(summarize_round(0, &trace.steps).pruned, 1);
+    }
+
+    #[test]
+    fn rounds_range_parses_half_open_inclusive_and_single() {
+        assert_eq!(parse_rounds("2..4"), Ok(2..4));
+        assert_eq!(parse_rounds("2..=4"), Ok(2..5));
+        assert_eq!(parse_rounds("3"), Ok(3..4));
+        assert!(parse_rounds("4..4").is_err() && parse_rounds("a..b").is_err() && parse_rounds("").is_err());
+    }
 }

@@ -76,14 +76,10 @@ impl Mark {
 
     /// The event of a slot going from `before` to `now`, if it is one that gets a mark.
     fn of(before: SeedStage, now: SeedStage) -> Option<Mark> {
-        if before == now {
-            return None;
-        }
-        match now {
-            SeedStage::Germinated => Some(Mark::Germinate),
-            SeedStage::Fossilized => Some(Mark::Fossilize),
-            SeedStage::Pruned => Some(Mark::Prune),
-            _ => None,
+        match super::transition_mark(before, now)? {
+            'G' => Some(Mark::Germinate),
+            'F' => Some(Mark::Fossilize),
+            _ => Some(Mark::Prune),
         }
     }
 
