@@ -53,7 +53,8 @@ pub enum Command {
 #[derive(Args, Debug)]
 #[command(
     after_help = "Exit codes: 0 done (verify: every compared step matches), 1 verify found a divergence \
-                        or the re-run failed, 2 bad input (a missing, damaged or unsupported trace, bad flags)."
+                  or the re-run failed, 2 bad input (a missing, damaged or unsupported trace, bad \
+                  flags, a --rounds range the trace does not hold)."
 )]
 pub struct ReplayArgs {
     /// The trace: <run folder>/trace.bin, or trace.bin.partial.

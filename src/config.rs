@@ -449,6 +449,15 @@ impl RunConfig {
             return Err(ConfigError::Zero { name });
         }
         self.reward().validate().map_err(ConfigError::Reward)?;
+        if let Some(trace) = &self.trace {
+            let folder = trace.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            if !folder.is_dir() {
+                return Err(ConfigError::Invalid {
+                    name: "--trace (trace)",
+                    reason: format!("{}: the folder {} does not exist", trace.display(), folder.display()),
+                });
+            }
+        }
         let task = TaskPreset::from_name(&self.task)
             .ok_or_else(|| ConfigError::UnknownTask { name: self.task.clone() })?;
         let slots = SlotConfig::parse_list(&self.slots)

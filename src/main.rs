@@ -105,7 +105,8 @@ fn replay_command(args: &ReplayArgs) -> ExitCode {
             println!("{d}");
             ExitCode::from(EXIT_RUN_FAILED)
         }
-        Err(e) => bad_input(e),
+        Err(replay::VerifyError::BadInput(e)) => bad_input(e),
+        Err(replay::VerifyError::Failed(e)) => failed(format!("the re-run failed: {e}")),
     }
 }
 

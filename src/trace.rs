@@ -42,8 +42,8 @@ const KIND_CHUNK: u8 = b'C';
 const KIND_FOOTER: u8 = b'F';
 /// kind + length + ¬length.
 const FRAME_HEAD: usize = 9;
-/// A frame longer than this is corrupt, whatever its length field says (a step of 4,096 envs with
-/// 8 slots is under 1 MiB).
+/// A frame longer than this is corrupt, whatever its length field says (a step is about 165 bytes per
+/// env with 3 slots: 4,096 envs with 8 slots take about 1.2 MB).
 const MAX_FRAME: u32 = 256 << 20;
 
 /// What a trace says about the run that wrote it.
@@ -93,10 +93,12 @@ pub enum TraceError {
     Header {
         reason: String,
     },
-    /// A frame fails its checks: checksum, length, kind, or a payload that does not decode.
+    /// A frame fails its checks: `checksum` its CRC; else its length, kind, payload (does not decode,
+    /// or leaves bytes over), its place (a step index out of sequence) or the footer's counts.
     Corrupt {
         chunk: u64,
         offset: u64,
+        checksum: bool,
         reason: String,
     },
 }
@@ -127,8 +129,11 @@ impl fmt::Display for TraceError {
                  esper-ecs that wrote it"
             ),
             Self::Header { reason } => write!(f, "trace header: {reason}"),
-            Self::Corrupt { chunk, offset, reason } => {
-                write!(f, "checksum error in chunk {chunk} at byte offset {offset}: {reason}")
+            Self::Corrupt { chunk, offset, checksum: true, .. } => {
+                write!(f, "checksum error in chunk {chunk} at byte offset {offset}")
+            }
+            Self::Corrupt { chunk, offset, checksum: false, reason } => {
+                write!(f, "damaged chunk {chunk} at byte offset {offset}: {reason}")
             }
         }
     }
@@ -182,10 +187,12 @@ impl Trace {
         };
         let crc = read_u32(bytes, end).ok_or_else(short)?;
         if crc32fast::hash(&bytes[8..end]) != crc {
-            if version > FORMAT_VERSION {
-                return Err(TraceError::NewerVersion { found: version });
-            }
-            return Err(TraceError::Header { reason: "checksum mismatch".into() });
+            let newer = if version > FORMAT_VERSION {
+                format!(" (or a newer format, version {version}, than this build reads)")
+            } else {
+                String::new()
+            };
+            return Err(TraceError::Header { reason: format!("checksum mismatch{newer}") });
         }
         if version > FORMAT_VERSION {
             return Err(TraceError::NewerVersion { found: version });
@@ -193,30 +200,27 @@ impl Trace {
         if version == 0 {
             return Err(TraceError::Header { reason: "format version 0 does not exist".into() });
         }
-        let header: TraceHeader = postcard::from_bytes(&bytes[16..end])
+        let header: TraceHeader = decode_all(&bytes[16..end])
             .map_err(|e| TraceError::Header { reason: format!("does not decode: {e}") })?;
         let first = end + 4;
         let mut at = first;
-        let mut steps = Vec::new();
-        let mut chunk = 0u64;
+        let mut steps: Vec<StepRecord> = Vec::new();
         loop {
-            if at == bytes.len() {
-                return Ok(Trace {
-                    version,
-                    header,
-                    steps,
-                    end: TraceEnd::Truncated { chunks: chunk, offset: at as u64, partial_bytes: 0 },
-                    records: first..at,
-                });
-            }
-            let corrupt = |reason: String| TraceError::Corrupt { chunk, offset: at as u64, reason };
-            let truncated = || TraceEnd::Truncated {
-                chunks: chunk,
-                offset: at as u64,
-                partial_bytes: (bytes.len() - at) as u64,
+            let chunk = steps.len() as u64;
+            let corrupt =
+                |reason: String| TraceError::Corrupt { chunk, offset: at as u64, checksum: false, reason };
+            let truncated = |partial_bytes: usize| {
+                let end = TraceEnd::Truncated {
+                    chunks: chunk,
+                    offset: at as u64,
+                    partial_bytes: partial_bytes as u64,
+                };
+                (end, first..at)
             };
-            if bytes.len() - at < FRAME_HEAD {
-                return Ok(Trace { version, header, steps, end: truncated(), records: first..at });
+            let rest = bytes.len() - at;
+            if rest < FRAME_HEAD {
+                let (end, records) = truncated(rest);
+                return Ok(Trace { version, header, steps, end, records });
             }
             let kind = bytes[at];
             let len = read_u32(bytes, at + 1).expect("checked");
@@ -233,25 +237,37 @@ impl Trace {
             let payload = at + FRAME_HEAD;
             let frame_end = payload + len as usize;
             if frame_end + 4 > bytes.len() {
-                return Ok(Trace { version, header, steps, end: truncated(), records: first..at });
+                let (end, records) = truncated(rest);
+                return Ok(Trace { version, header, steps, end, records });
             }
             let mut hasher = crc32fast::Hasher::new();
             hasher.update(&bytes[at..at + 5]);
             hasher.update(&bytes[payload..frame_end]);
             if hasher.finalize() != read_u32(bytes, frame_end).expect("checked") {
-                return Err(corrupt("CRC mismatch".into()));
+                return Err(TraceError::Corrupt {
+                    chunk,
+                    offset: at as u64,
+                    checksum: true,
+                    reason: "CRC mismatch".into(),
+                });
             }
             let body = &bytes[payload..frame_end];
+            let after = frame_end + 4;
             if kind == KIND_FOOTER {
-                let footer: TraceFooter = postcard::from_bytes(body)
-                    .map_err(|e| corrupt(format!("footer does not decode: {e}")))?;
-                let after = frame_end + 4;
+                let footer: TraceFooter =
+                    decode_all(body).map_err(|e| corrupt(format!("footer does not decode: {e}")))?;
                 if after != bytes.len() {
-                    return Err(TraceError::Corrupt {
-                        chunk: chunk + 1,
-                        offset: after as u64,
-                        reason: format!("{} bytes after the footer", bytes.len() - after),
-                    });
+                    return Err(corrupt(format!("{} bytes follow the footer", bytes.len() - after)));
+                }
+                // Chunks are checked one by one; the footer's counts catch a whole chunk gone missing.
+                let env_records: u64 = steps.iter().map(|s| s.envs.len() as u64).sum();
+                if (footer.steps, footer.env_records) != (steps.len() as u64, env_records) {
+                    return Err(corrupt(format!(
+                        "the footer counts {} steps and {} env records, the file holds {} and {env_records}",
+                        footer.steps,
+                        footer.env_records,
+                        steps.len()
+                    )));
                 }
                 return Ok(Trace {
                     version,
@@ -262,12 +278,24 @@ impl Trace {
                 });
             }
             let step: StepRecord =
-                postcard::from_bytes(body).map_err(|e| corrupt(format!("record does not decode: {e}")))?;
+                decode_all(body).map_err(|e| corrupt(format!("record does not decode: {e}")))?;
+            // Steps are written in order from 0: a repeated, swapped or missing chunk shows here.
+            if step.step != chunk {
+                return Err(corrupt(format!(
+                    "step {} where step {chunk} belongs (a chunk missing, repeated or out of order)",
+                    step.step
+                )));
+            }
             steps.push(step);
-            chunk += 1;
-            at = frame_end + 4;
+            at = after;
         }
     }
+}
+
+/// Decodes a whole payload: bytes left over after the value are an error (postcard would ignore them).
+fn decode_all<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, String> {
+    let (value, rest) = postcard::take_from_bytes(bytes).map_err(|e| e.to_string())?;
+    if rest.is_empty() { Ok(value) } else { Err(format!("{} bytes left over after the value", rest.len())) }
 }
 
 fn read_u32(bytes: &[u8], at: usize) -> Option<u32> {
@@ -328,8 +356,13 @@ pub struct TraceWriter {
 }
 
 impl TraceWriter {
-    /// Creates `<path>.partial` and writes the header.
+    /// Creates `<path>.partial` and writes the header. An older trace at `path` (a run folder reused
+    /// with `--force`) is removed first, so that it cannot be taken for this run's if this run is killed.
     pub fn create(path: &Path, header: &TraceHeader) -> std::io::Result<Self> {
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
         let partial = partial_path(path);
         let mut file = BufWriter::new(File::create(&partial)?);
         file.write_all(&encode_header(header))?;
@@ -368,6 +401,12 @@ impl StepSink for TraceWriter {
             p
         })
         .map_err(|e| e.to_string())?;
+        if self.payload.len() > MAX_FRAME as usize {
+            return Err(format!(
+                "a step of {} bytes is over the {MAX_FRAME}-byte frame limit",
+                self.payload.len()
+            ));
+        }
         self.framed.clear();
         frame(KIND_CHUNK, &self.payload, &mut self.framed);
         // Flushed per step: a run killed at any moment leaves every finished step readable.
@@ -395,4 +434,82 @@ pub fn partial_path(path: &Path) -> PathBuf {
 /// The commit the binary was built from, when the build could ask git (see build.rs).
 pub fn git_commit() -> Option<String> {
     option_env!("ESPER_GIT_COMMIT").filter(|c| !c.is_empty()).map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use esper_components::{FactoredAction, LifecycleOp, OpOutcome, SeedStage};
+    use esper_kernels::host::ParamPrint;
+    use esper_systems::write_trace::{EVENT_GERMINATED, EnvStep};
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The bytes of a fixed chunk, pinned: the record types live in three crates, and a change to any of
+    /// them (a field, an enum's order) changes what traces hold. When this fails, the change needs a new
+    /// `FORMAT_VERSION` (and these bytes updated with it).
+    #[test]
+    fn a_chunk_is_encoded_as_format_version_1_says() {
+        let step = StepRecord {
+            round: 1,
+            epoch: 2,
+            step: 3,
+            envs: vec![EnvStep {
+                action: FactoredAction { slot: 1, blueprint: 2, op: 1, ..FactoredAction::default() },
+                effective_op: LifecycleOp::Germinate,
+                outcome: OpOutcome::Executed,
+                reward: Some(0.5),
+                reward_norm: None,
+                val_acc: 50.0,
+                val_loss: 1.25,
+                train_acc: 40.0,
+                train_loss: 2.0,
+                stages: vec![SeedStage::Germinated, SeedStage::Dormant],
+                alphas: vec![0.0, 1.0],
+                events: vec![EVENT_GERMINATED, 0],
+                checksum: 0x0123_4567_89ab_cdef,
+                fingerprint: vec![ParamPrint { sum: 1.0, sum_sq: 2.0 }],
+            }],
+        };
+        assert_eq!(FORMAT_VERSION, 1);
+        // 'C', length 105 and its complement; round, epoch, step; one env: the eight heads, op 1
+        // (GERMINATE), outcome 0, Some(0.5), None, four f64 metrics, stages [2, 1], alphas, events [1, 0],
+        // the checksum as a varint, one (sum, sum_sq) pair; the CRC.
+        let expected = "436900000096ffffff010203010102000000000001010001000000000000\
+                        e03f000000000000004940000000000000f43f0000000000004440000000000000004002020102000000000000\
+                        0000000000000000f03f020100ef9bafcdf8acd1910101000000000000f03f0000000000000040b06cbddf";
+        assert_eq!(hex(&encode_chunk(&step)), expected);
+    }
+
+    #[test]
+    fn a_header_and_footer_round_trip() {
+        let header = TraceHeader {
+            program_version: "0.1.0".into(),
+            git_commit: Some("abc".into()),
+            config_json: "{\"envs\":2}".into(),
+            task: "cifar_baseline".into(),
+            data: "synthetic".into(),
+            policy: "random".into(),
+            seed: 9,
+            envs: 2,
+            rounds: 1,
+            epochs: 0,
+            slots: vec!["r0c0".into()],
+            created_unix: 1,
+        };
+        let footer = TraceFooter { steps: 0, env_records: 0, rounds_completed: 1, interrupted: false };
+        let mut bytes = encode_header(&header);
+        bytes.extend(encode_footer(&footer));
+        let trace = Trace::parse(&bytes).unwrap();
+        assert_eq!((&trace.header, &trace.end), (&header, &TraceEnd::Complete(footer)));
+        // A payload that decodes but leaves bytes over is damage, not a valid frame.
+        let mut padded = postcard::to_allocvec(&footer).unwrap();
+        padded.push(0);
+        let mut bytes = encode_header(&trace.header);
+        frame(KIND_FOOTER, &padded, &mut bytes);
+        let err = Trace::parse(&bytes).unwrap_err();
+        assert!(err.to_string().contains("1 bytes left over"), "{err}");
+    }
 }

@@ -2,7 +2,8 @@
 //! after two warm-up epochs, four epochs of 4 envs with three live seeds each (so validation runs the
 //! counterfactual plan with pairs, and the scaffold ledger fills) under the heuristic policy allocate
 //! nothing — in the shaped, escrow and basic_plus reward modes, with the reward inputs and the
-//! observations logged and every step recorded into `trace.bin` — and neither does the round end's observation-normaliser update.
+//! observations logged and every step recorded into `trace.bin` — and neither does the round end's
+//! observation-normaliser update.
 //!
 //! Not covered yet: a lifecycle change that puts more envs into one blueprint group, or a gate, than
 //! any step before grows that group's kernel workspace once (`host/slot.rs` `fit`, `seeds` `grown`):

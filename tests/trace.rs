@@ -54,12 +54,20 @@ fn esper(args: &[&str], threads: Option<&str>) -> Output {
     cmd.output().expect("the esper-ecs binary runs")
 }
 
-/// Trains the tiny run into `<dir>/run` and returns its trace path.
-fn tiny_run(dir: &Path, seed: &str, threads: Option<&str>) -> PathBuf {
+/// Trains the tiny run into `<dir>/run` (with `extra` flags) and returns its trace path.
+fn tiny_run(dir: &Path, seed: &str, threads: Option<&str>, extra: &[&str]) -> PathBuf {
     let out = dir.join("run");
     let config = tiny_config(dir);
-    let mut args = TINY.to_vec();
+    // A flag in `extra` replaces TINY's (clap refuses a flag given twice).
+    let mut args: Vec<&str> = Vec::new();
+    for pair in TINY[1..].chunks(2) {
+        if !extra.contains(&pair[0]) {
+            args.extend(pair);
+        }
+    }
+    args.insert(0, TINY[0]);
     args.extend(["--seed", seed, "--config", config.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    args.extend(extra);
     let o = esper(&args, threads);
     assert!(o.status.success(), "train failed: {}", String::from_utf8_lossy(&o.stderr));
     out.join("trace.bin")
@@ -69,7 +77,7 @@ fn tiny_run(dir: &Path, seed: &str, threads: Option<&str>) -> PathBuf {
 fn shared_trace() -> &'static (PathBuf, Vec<u8>) {
     static TRACE: OnceLock<(PathBuf, Vec<u8>)> = OnceLock::new();
     TRACE.get_or_init(|| {
-        let path = tiny_run(&temp_dir("shared"), "3", None);
+        let path = tiny_run(&temp_dir("shared"), "3", None, &[]);
         let bytes = std::fs::read(&path).unwrap();
         (path, bytes)
     })
@@ -184,6 +192,11 @@ fn replay_verify_passes_and_fails_at_exactly_the_changed_action() {
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stdout).contains("parameter fingerprint (host)"));
 
+    // A range with no recorded round is bad input, not a pass over nothing.
+    let o = esper(&["replay", "--verify", "--quiet", "--rounds", "5..7", path.to_str().unwrap()], None);
+    assert_eq!(o.status.code(), Some(2), "{}", String::from_utf8_lossy(&o.stdout));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("the trace holds rounds 0 to 1"));
+
     // --rounds 1 compares round 1 only: the round-0 change above is not looked at.
     let o = esper(&["replay", "--verify", "--quiet", "--rounds", "1", changed.to_str().unwrap()], None);
     let stdout = String::from_utf8_lossy(&o.stdout);
@@ -193,13 +206,42 @@ fn replay_verify_passes_and_fails_at_exactly_the_changed_action() {
 
 #[test]
 fn record_section_is_identical_with_one_and_two_threads() {
-    let one = std::fs::read(tiny_run(&temp_dir("threads1"), "5", Some("1"))).unwrap();
-    let two = std::fs::read(tiny_run(&temp_dir("threads2"), "5", Some("2"))).unwrap();
+    // 3 envs: with 2 threads the kernels cannot split the envs evenly, so a split inside an env's rows
+    // is exercised too (4 envs would split 2 + 2, the same whole-env work as with 1 thread).
+    let run = |tag: &str, threads: &str| {
+        let path = tiny_run(&temp_dir(tag), "5", Some(threads), &["--envs", "3"]);
+        std::fs::read(path).unwrap()
+    };
+    let (one, two) = (run("threads1", "1"), run("threads2", "2"));
     let (a, b) = (Trace::parse(&one).unwrap(), Trace::parse(&two).unwrap());
-    assert_eq!(a.steps.len(), 12);
+    assert_eq!((a.steps.len(), a.steps[0].envs.len()), (12, 3));
     assert!(one[a.records.clone()] == two[b.records.clone()], "record sections differ");
-    // Only the header's wall clock and output paths may differ.
-    assert_eq!((a.header.seed, a.header.envs), (b.header.seed, b.header.envs));
+}
+
+#[test]
+fn trace_flag_puts_the_trace_where_asked_and_refuses_a_missing_folder() {
+    let dir = temp_dir("flag");
+    let file = dir.join("elsewhere.bin");
+    let path =
+        tiny_run(&dir, "1", None, &["--rounds", "1", "--epochs", "2", "--trace", file.to_str().unwrap()]);
+    assert!(!path.exists(), "no trace in the run folder when --trace is given");
+    assert_eq!(Trace::read(&file).unwrap().steps.len(), 2);
+    let missing = dir.join("no-such-folder").join("t.bin");
+    let o = esper(
+        &[
+            "train",
+            "--envs",
+            "2",
+            "--trace",
+            missing.to_str().unwrap(),
+            "--out",
+            dir.join("x").to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).starts_with("error: --trace (trace): "));
+    assert!(!dir.join("x").exists(), "nothing created for a run refused");
 }
 
 #[test]
@@ -250,7 +292,11 @@ fn killed_run_leaves_a_partial_trace_that_replays_to_its_last_complete_chunk() {
     let o = esper(&["replay", partial.to_str().unwrap()], None);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(stderr.contains(&format!("stops after chunk {chunks} at byte {offset}")), "{stderr}");
+    assert!(stderr.contains(&format!("stops after {chunks} complete chunks, at byte {offset}")), "{stderr}");
+    let o = esper(&["replay", "--verify", "--quiet", partial.to_str().unwrap()], None);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{stdout}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stdout.starts_with(&format!("verified {chunks} steps × 4 envs")), "{stdout}");
     // Asking for trace.bin points at the .partial.
     let o = esper(&["replay", out.join("trace.bin").to_str().unwrap()], None);
     assert_eq!(o.status.code(), Some(2));
@@ -273,6 +319,17 @@ fn replay_report_json_and_plot_describe_the_run() {
     let lanes: Vec<&str> = report.lines().filter(|l| l.starts_with("    r0c")).collect();
     assert_eq!(lanes.len(), 2 * 4 * 3, "{report}");
     assert!(lanes.iter().all(|l| l.split_whitespace().nth(1).is_some_and(|t| t.chars().count() == 6)));
+    // The round summaries count what the run's summary.json counted (from the lifecycle tallies).
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path.parent().unwrap().join("summary.json")).unwrap())
+            .unwrap();
+    let totals = esper_ecs::replay::rounds(&trace).iter().fold([0usize; 3], |t, (r, steps)| {
+        let s = esper_ecs::replay::summarize_round(*r, steps);
+        [t[0] + s.germinated, t[1] + s.fossilized, t[2] + s.pruned]
+    });
+    let counted = ["seeds_germinated", "seeds_fossilized", "seeds_pruned"]
+        .map(|k| summary[k].as_u64().unwrap() as usize);
+    assert_eq!(totals, counted);
     // The timeline marks every germination the records show.
     let germinations: usize = lanes.iter().map(|l| l.matches('G').count()).sum();
     let recorded = esper_ecs::replay::rounds(&trace)
@@ -311,9 +368,21 @@ fn replay_refuses_bad_files_with_exit_2() {
             {
                 let mut b = bytes.clone();
                 b[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+                let end = Trace::parse(bytes).unwrap().records.start - 4;
+                let crc = crc32fast::hash(&b[8..end]);
+                b[end..end + 4].copy_from_slice(&crc.to_le_bytes());
                 b
             },
             "trace format version 2 is newer than this build reads",
+        ),
+        (
+            "missing-chunk",
+            {
+                let mut trace = Trace::parse(bytes).unwrap();
+                trace.steps.remove(5);
+                reencode(bytes, &trace)
+            },
+            "damaged chunk 5 at byte offset",
         ),
         (
             "flipped-header",
@@ -381,7 +450,10 @@ fn frame_ends(bytes: &[u8], trace: &Trace) -> Vec<usize> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 4_000, failure_persistence: None, ..ProptestConfig::default() })]
+    // 3 properties × 4,000 cases: 12,000 damaged or random inputs per run.
+    #![proptest_config(ProptestConfig {
+        cases: 4_000, failure_persistence: None, ..ProptestConfig::default()
+    })]
 
     /// Every single-byte change of a real trace is caught, as the class its position calls for.
     #[test]
@@ -423,7 +495,10 @@ proptest! {
 
     /// Random bytes, with and without the magic and a real header in front, never panic.
     #[test]
-    fn reader_never_panics_on_random_bytes(noise in prop::collection::vec(any::<u8>(), 0..600), prefix in 0usize..3) {
+    fn reader_never_panics_on_random_bytes(
+        noise in prop::collection::vec(any::<u8>(), 0..600),
+        prefix in 0usize..3,
+    ) {
         let (_, bytes) = shared_trace();
         let start = Trace::parse(bytes).unwrap().records.start;
         let mut input = match prefix {

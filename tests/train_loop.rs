@@ -68,6 +68,10 @@ fn a_stop_request_ends_the_run_after_the_current_epoch() {
     assert_eq!((summary.epochs_completed, summary.interrupted), (1, true));
     assert_eq!(metrics(&plan).len(), 4);
     assert!(plan.out_dir.join("summary.json").exists());
+    // The trace is finished too: renamed from .partial, with a footer saying the run was interrupted.
+    let trace = esper_ecs::trace::Trace::read(&plan.out_dir.join("trace.bin")).unwrap();
+    let esper_ecs::trace::TraceEnd::Complete(footer) = trace.end else { panic!("{:?}", trace.end) };
+    assert_eq!((footer.steps, footer.rounds_completed, footer.interrupted), (1, 0, true));
 }
 
 /// A NaN in one env's host weights among 8: the governor rolls that env back to its snapshot bit for

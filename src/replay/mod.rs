@@ -17,14 +17,16 @@ use crate::run::Session;
 use crate::trace::{Trace, TraceEnd};
 use esper_components::{LifecycleOp, OpOutcome, SeedStage};
 use esper_systems::write_metrics::MetricsSink;
-use esper_systems::write_trace::{EnvStep, StepRecord, StepSink, TraceSink};
+use esper_systems::write_trace::{
+    EVENT_FOSSILIZED, EVENT_GERMINATED, EVENT_PRUNED, EnvStep, StepRecord, StepSink, TraceSink,
+};
 use std::fmt::Write as _;
 use std::io::Write;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 /// One character per stage in the timeline; the epoch a seed germinates, fossilizes or is pruned shows
-/// the upper-case mark instead.
+/// the upper-case mark of [`event_mark`] instead.
 pub fn stage_char(stage: SeedStage) -> char {
     match stage {
         SeedStage::Unknown => '?',
@@ -40,19 +42,16 @@ pub fn stage_char(stage: SeedStage) -> char {
     }
 }
 
-/// What a stage change into `now` from `before` marks: germinate `G`, fossilize `F` or prune `X`. A
-/// record holds the stages after the step's tick, and an instant prune moves PRUNED → EMBARGOED in the
-/// tick of its own step: so a live stage straight to EMBARGOED is a prune as well.
-pub fn transition_mark(before: SeedStage, now: SeedStage) -> Option<char> {
-    if before == now {
-        return None;
-    }
-    match now {
-        SeedStage::Germinated => Some('G'),
-        SeedStage::Fossilized => Some('F'),
-        SeedStage::Pruned => Some('X'),
-        SeedStage::Embargoed if before != SeedStage::Pruned => Some('X'),
-        _ => None,
+/// The timeline's mark for a slot's events of one step: germinate `G`, fossilize `F`, prune `X`.
+pub fn event_mark(events: u8) -> Option<char> {
+    if events & EVENT_PRUNED != 0 {
+        Some('X')
+    } else if events & EVENT_GERMINATED != 0 {
+        Some('G')
+    } else if events & EVENT_FOSSILIZED != 0 {
+        Some('F')
+    } else {
+        None
     }
 }
 
@@ -94,8 +93,6 @@ pub fn summarize_round(round: u64, steps: &[StepRecord]) -> RoundSummary {
     s.mean_final_acc = last.envs.iter().map(|e| e.val_acc).sum::<f64>() / n_envs as f64;
     let mut returns = vec![0.0; last.envs.len()];
     let mut ops = [0usize; LifecycleOp::COUNT];
-    let mut previous: Vec<Vec<SeedStage>> =
-        last.envs.iter().map(|e| vec![SeedStage::Dormant; e.stages.len()]).collect();
     for step in steps {
         for (e, env) in step.envs.iter().enumerate() {
             if let Some(r) = env.reward
@@ -111,19 +108,10 @@ pub fn summarize_round(round: u64, steps: &[StepRecord]) -> RoundSummary {
                 o if o.failed() => s.failed_ops += 1,
                 _ => {}
             }
-            if let Some(before) = previous.get_mut(e) {
-                for (k, &now) in env.stages.iter().enumerate() {
-                    let was = before.get(k).copied().unwrap_or(SeedStage::Dormant);
-                    match transition_mark(was, now) {
-                        Some('G') => s.germinated += 1,
-                        Some('F') => s.fossilized += 1,
-                        Some('X') => s.pruned += 1,
-                        _ => {}
-                    }
-                    if let Some(b) = before.get_mut(k) {
-                        *b = now;
-                    }
-                }
+            for &events in &env.events {
+                s.germinated += usize::from(events & EVENT_GERMINATED != 0);
+                s.fossilized += usize::from(events & EVENT_FOSSILIZED != 0);
+                s.pruned += usize::from(events & EVENT_PRUNED != 0);
             }
         }
     }
@@ -158,13 +146,7 @@ pub fn report(trace: &Trace) -> String {
         h.epochs,
         h.slots.join(",")
     );
-    if let Ok(config) = serde_json::from_str::<RunConfig>(&h.config_json) {
-        let _ = writeln!(
-            out,
-            "     batch {} per env, reward {} ({})",
-            config.batch_per_env, config.reward_mode, config.reward_family
-        );
-    }
+    let _ = writeln!(out, "     settings not at their default: {}", non_default_settings(&h.config_json));
     let _ = writeln!(out, "{}", end_line(trace));
     let rounds = rounds(trace);
     if rounds.is_empty() {
@@ -206,18 +188,32 @@ pub fn report(trace: &Trace) -> String {
             let _ = writeln!(out, "  env {e}  final val acc {final_acc:.2}%");
             for (k, name) in h.slots.iter().enumerate() {
                 let mut line = String::with_capacity(steps.len());
-                let mut before = SeedStage::Dormant;
                 for step in steps.iter() {
-                    let now =
-                        step.envs.get(e).and_then(|r| r.stages.get(k)).copied().unwrap_or(SeedStage::Unknown);
-                    line.push(transition_mark(before, now).unwrap_or(stage_char(now)));
-                    before = now;
+                    let record = step.envs.get(e);
+                    let now = record.and_then(|r| r.stages.get(k)).copied().unwrap_or(SeedStage::Unknown);
+                    let events = record.and_then(|r| r.events.get(k)).copied().unwrap_or(0);
+                    line.push(event_mark(events).unwrap_or(stage_char(now)));
                 }
                 let _ = writeln!(out, "    {name:<slot_width$}  {line}");
             }
         }
     }
     out
+}
+
+/// The run config's keys whose value is not `RunConfig::default()`'s, as `key = value` (the whole
+/// config is in `--json`'s header line).
+pub fn non_default_settings(config_json: &str) -> String {
+    let Ok(serde_json::Value::Object(config)) = serde_json::from_str::<serde_json::Value>(config_json) else {
+        return "(the config does not read)".to_string();
+    };
+    let defaults = serde_json::to_value(RunConfig::default()).unwrap_or_default();
+    let changed: Vec<String> = config
+        .iter()
+        .filter(|(key, value)| defaults.get(key.as_str()) != Some(*value))
+        .map(|(key, value)| format!("{key} = {value}"))
+        .collect();
+    if changed.is_empty() { "none".to_string() } else { changed.join(", ") }
 }
 
 /// One line saying how the record section ends.
@@ -230,8 +226,8 @@ pub fn end_line(trace: &Trace) -> String {
             if f.interrupted { " (the run was stopped by Ctrl-C)" } else { "" }
         ),
         TraceEnd::Truncated { chunks, offset, partial_bytes } => format!(
-            "records: {n_steps} steps × {n_envs} envs; the trace has no footer: it stops after chunk {chunks} at byte \
-             {offset}{} (a run that was killed, or a cut file)",
+            "records: {n_steps} steps × {n_envs} envs; the trace has no footer: it stops after {chunks} complete chunks, \
+             at byte {offset}{} (a run that was killed, or a cut file)",
             if *partial_bytes > 0 {
                 format!(", followed by {partial_bytes} bytes of an incomplete chunk")
             } else {
@@ -331,8 +327,11 @@ pub enum Exactness {
 fn floats_match(a: f64, b: f64, how: Exactness) -> bool {
     match how {
         Exactness::Exact => a.to_bits() == b.to_bits(),
+        // An infinity matches only itself: `|inf − x| ≤ tol · inf` would pass any x.
         Exactness::Tolerance(tol) => {
-            (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= tol * 1f64.max(a.abs()).max(b.abs())
+            (a.is_nan() && b.is_nan())
+                || a == b
+                || (a.is_finite() && b.is_finite() && (a - b).abs() <= tol * 1f64.max(a.abs()).max(b.abs()))
         }
     }
 }
@@ -461,6 +460,15 @@ impl StepSink for Collector {
     }
 }
 
+/// Why `verify` could not give an answer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum VerifyError {
+    /// The trace's config cannot be run here, or nothing in the trace is in the asked rounds (exit 2).
+    BadInput(String),
+    /// The re-run failed on the way (exit 1).
+    Failed(String),
+}
+
 /// What `verify` found.
 #[derive(Clone, Debug, PartialEq)]
 pub enum VerifyOutcome {
@@ -475,18 +483,32 @@ pub enum VerifyOutcome {
 /// Re-runs `trace`'s config and compares its steps with the recorded ones: every step of the rounds in
 /// `rounds` (all when None) that the trace holds. Rounds before the range are re-run but not compared
 /// (a round's start depends on the rounds before it, e.g. the observation normaliser). `on_step` is
-/// called after every replayed step (progress). Errors: the config cannot be read or run here (exit 2).
+/// called after every replayed step (progress).
 pub fn verify(
     trace: &Trace,
     how: Exactness,
     rounds: Option<Range<u64>>,
     mut on_step: impl FnMut(usize),
-) -> Result<VerifyOutcome, String> {
+) -> Result<VerifyOutcome, VerifyError> {
+    let bad = VerifyError::BadInput;
     let config: RunConfig = serde_json::from_str(&trace.header.config_json)
-        .map_err(|e| format!("the trace's run config does not read: {e}"))?;
-    let plan =
-        config.plan_in(std::env::temp_dir(), true).map_err(|e| format!("the trace's run config: {e}"))?;
-    let mut session = Session::new(&plan).map_err(|e| e.to_string())?;
+        .map_err(|e| bad(format!("the trace's run config does not read: {e}")))?;
+    if let Some(r) = &rounds
+        && !trace.steps.iter().any(|s| r.contains(&s.round))
+    {
+        let held = match (trace.steps.first(), trace.steps.last()) {
+            (Some(a), Some(b)) => format!("rounds {} to {}", a.round, b.round),
+            _ => "no step".to_string(),
+        };
+        return Err(bad(format!("--rounds {}..{}: the trace holds {held}", r.start, r.end)));
+    }
+    if trace.steps.is_empty() {
+        return Err(bad("the trace holds no step to verify".into()));
+    }
+    let plan = config
+        .plan_in(std::env::temp_dir(), true)
+        .map_err(|e| bad(format!("the trace's run config: {e}")))?;
+    let mut session = Session::new(&plan).map_err(|e| bad(e.to_string()))?;
     session.world.insert_resource(MetricsSink::new(Box::new(std::io::sink()), &plan.slots));
     let latest = Arc::new(Mutex::new(StepRecord::default()));
     session.world.insert_resource(TraceSink::new(Box::new(Collector(Arc::clone(&latest)))));
@@ -502,12 +524,12 @@ pub fn verify(
             let Some(recorded) = trace.steps.get(index) else { break 'rounds };
             session.run_epoch(epoch);
             if let Some(err) = session.world.resource::<TraceSink>().error() {
-                return Err(err.to_string());
+                return Err(VerifyError::Failed(err.to_string()));
             }
             index += 1;
             on_step(index);
             if wanted(recorded.round) {
-                let replayed = latest.lock().map_err(|_| "collector poisoned".to_string())?;
+                let replayed = latest.lock().map_err(|_| VerifyError::Failed("collector poisoned".into()))?;
                 if let Some(d) = compare_steps(recorded, &replayed, how) {
                     return Ok(VerifyOutcome::Diverged(d));
                 }
@@ -553,13 +575,14 @@ mod tests {
     use crate::trace::{TraceFooter, TraceHeader};
     use SeedStage::*;
 
-    /// One env, one slot, a round following `stages` (after each step), with `executed` ops.
-    fn trace_of(stages: &[SeedStage], executed: &[(usize, LifecycleOp)]) -> Trace {
+    /// One env, one slot, a round following `stages` (after each step) with `events`, and `executed` ops.
+    fn trace_of(stages: &[SeedStage], events: &[(usize, u8)], executed: &[(usize, LifecycleOp)]) -> Trace {
         let steps = stages
             .iter()
             .enumerate()
             .map(|(i, &stage)| {
                 let op = executed.iter().find(|(at, _)| *at == i).map_or(LifecycleOp::Wait, |(_, op)| *op);
+                let bits = events.iter().find(|(at, _)| *at == i).map_or(0, |(_, b)| *b);
                 StepRecord {
                     round: 0,
                     epoch: i as u64 + 1,
@@ -567,6 +590,7 @@ mod tests {
                     envs: vec![EnvStep {
                         effective_op: op,
                         stages: vec![stage],
+                        events: vec![bits],
                         alphas: vec![0.0],
                         val_acc: 10.0 + i as f64,
                         reward: Some(0.5),
@@ -598,14 +622,16 @@ mod tests {
     }
 
     #[test]
-    fn timeline_marks_germinate_fossilize_and_an_instant_prune() {
-        // An instant prune is ticked PRUNED → EMBARGOED within its own step: the record shows EMBARGOED.
+    fn timeline_marks_the_recorded_germinate_fossilize_and_prune_events() {
+        // A prune's own tick already moves PRUNED on to EMBARGOED: the stage never shows it, the event does.
         let stages = [
             Dormant, Germinated, Training, Embargoed, Embargoed, Resetting, Dormant, Germinated, Training,
             Blending, Holding, Fossilized, Fossilized,
         ];
+        let events =
+            [(1, EVENT_GERMINATED), (3, EVENT_PRUNED), (7, EVENT_GERMINATED), (11, EVENT_FOSSILIZED)];
         let ops = [(1, LifecycleOp::Germinate), (3, LifecycleOp::Prune), (7, LifecycleOp::Germinate)];
-        let trace = trace_of(&stages, &ops);
+        let trace = trace_of(&stages, &events, &ops);
         let report = report(&trace);
         let lane = report.lines().find(|l| l.trim_start().starts_with("r0c0")).unwrap();
         assert_eq!(lane.split_whitespace().nth(1), Some(".GtXer.GtbhFf"), "{report}");
@@ -613,9 +639,6 @@ mod tests {
         assert_eq!((s.germinated, s.fossilized, s.pruned, s.epochs), (2, 1, 1, 13));
         assert_eq!(s.ops, [(LifecycleOp::Germinate, 2), (LifecycleOp::Prune, 1)]);
         assert!((s.mean_return - 6.5).abs() < 1e-12 && (s.mean_final_acc - 22.0).abs() < 1e-12);
-        // A prune the tick has not moved on yet (PRUNED), then its embargo: one mark, not two.
-        let trace = trace_of(&[Dormant, Germinated, Pruned, Embargoed], &[]);
-        assert_eq!(summarize_round(0, &trace.steps).pruned, 1);
     }
 
     #[test]

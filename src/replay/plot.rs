@@ -16,7 +16,8 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use std::path::Path;
 use std::sync::OnceLock;
 
-/// DejaVu Sans (Bitstream Vera / DejaVu license, free to redistribute).
+/// DejaVu Sans (Bitstream Vera / DejaVu license, free to redistribute; its text is in
+/// `DejaVuSans-LICENSE.txt` beside the font).
 static FONT: &[u8] = include_bytes!("DejaVuSans.ttf");
 /// The family name the font is registered under and every text style asks for.
 const FAMILY: &str = "sans-serif";
@@ -74,9 +75,9 @@ enum Mark {
 impl Mark {
     const ALL: [Mark; 3] = [Mark::Germinate, Mark::Fossilize, Mark::Prune];
 
-    /// The event of a slot going from `before` to `now`, if it is one that gets a mark.
-    fn of(before: SeedStage, now: SeedStage) -> Option<Mark> {
-        match super::transition_mark(before, now)? {
+    /// The mark of a slot's events in one step (see [`super::event_mark`]).
+    fn of(events: u8) -> Option<Mark> {
+        match super::event_mark(events)? {
             'G' => Some(Mark::Germinate),
             'F' => Some(Mark::Fossilize),
             _ => Some(Mark::Prune),
@@ -330,15 +331,9 @@ fn draw_swimlanes<DB: DrawingBackend>(
                 }
                 start = i;
             }
-            for i in 0..n {
-                let Some(now) = stage_at(i, e, s) else { continue };
-                // A round starts with fresh hosts: every slot is empty before its first step.
-                let before = if i == 0 || steps[i].round != steps[i - 1].round {
-                    SeedStage::Dormant
-                } else {
-                    stage_at(i - 1, e, s).unwrap_or(SeedStage::Dormant)
-                };
-                if let Some(mark) = Mark::of(before, now) {
+            for (i, step) in steps.iter().enumerate() {
+                let events = step.envs.get(e).and_then(|r| r.events.get(s)).copied().unwrap_or(0);
+                if let Some(mark) = Mark::of(events) {
                     marks.push((mark, (i as f64, (y0 + y1) / 2.0)));
                 }
             }
@@ -612,7 +607,7 @@ fn segments(values: &[f64], steps: &[StepRecord]) -> Vec<Vec<(f64, f64)>> {
 mod tests {
     use super::*;
     use crate::trace::{TraceEnd, TraceHeader};
-    use esper_systems::write_trace::EnvStep;
+    use esper_systems::write_trace::{EVENT_FOSSILIZED, EVENT_GERMINATED, EVENT_PRUNED, EnvStep};
     use std::path::PathBuf;
 
     const ENVS: usize = 2;
@@ -662,14 +657,18 @@ mod tests {
                 let envs = (0..ENVS)
                     .map(|env| {
                         let mut stages = vec![Dormant; SLOTS];
+                        let mut events = vec![0u8; SLOTS];
                         if round == 0 && env == 0 {
                             stages[0] = lane00[e];
+                            events[0] = [0, EVENT_GERMINATED, 0, 0, 0, EVENT_FOSSILIZED][e];
                         }
                         if round == 1 && env == 1 {
                             stages[1] = lane11[e];
+                            events[1] = [0, EVENT_GERMINATED, 0, EVENT_PRUNED, 0, 0][e];
                         }
                         EnvStep {
                             stages,
+                            events,
                             alphas: vec![0.0; SLOTS],
                             val_acc: if step == 3 && env == 0 { f64::NAN } else { 40.0 + step as f64 },
                             reward: if epoch == 4 && env == 1 { None } else { Some(0.1 * env as f64 - 0.02) },
@@ -715,6 +714,20 @@ mod tests {
         assert!(svg.contains("\nenv 1 r0c0\n") && svg.contains("\nr0c1\n"), "lane labels");
         assert!(svg.contains("round 1"), "round label");
         assert!(svg.contains("mean raw return so far in round"), "return axis");
+        // The marks come from the recorded events: without them, two triangles (germinations) and one
+        // dot (the fossilization) fewer, and the prune's × strokes gone.
+        let mut quiet = small_trace();
+        quiet.steps.iter_mut().flat_map(|s| s.envs.iter_mut()).for_each(|e| e.events.fill(0));
+        let bare = dir.join("bare.svg");
+        render(&quiet, &bare).unwrap();
+        let bare = std::fs::read_to_string(&bare).unwrap();
+        let count = |text: &str, tag: &str| text.matches(tag).count();
+        assert_eq!(count(&svg, "<polygon") - count(&bare, "<polygon"), 2, "germinate triangles");
+        assert_eq!(count(&svg, "<circle") - count(&bare, "<circle"), 1, "fossilize dot");
+        assert!(
+            count(&svg, "<polyline") + count(&svg, "<line")
+                > count(&bare, "<polyline") + count(&bare, "<line")
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -1,6 +1,7 @@
 //! Record: one [`StepRecord`] per step into the run's [`TraceSink`] (`trace.bin`, DESIGN §7): for every
 //! env the action its policy sampled, the op that counted and what became of it, the reward (raw and
-//! normalised) when there is one, every slot's stage and alpha, the validation and training figures,
+//! normalised) when there is one, every slot's stage, alpha and events (germinated, fossilized,
+//! pruned this step), the validation and training figures,
 //! and its parameters as a bit-exact checksum plus a per-group sum / sum of squares (for comparing runs
 //! made on different devices). The record lives in the system's `Local` and is refilled in place, so a
 //! step allocates nothing here once the first one has sized it; the sink encodes it.
@@ -14,7 +15,8 @@ use crate::resources::{ActionBatch, EffectiveOps, EnvCount, OpOutcomes};
 use crate::step_span::StepInfo;
 use bevy_ecs::prelude::*;
 use esper_components::{
-    EnvIndex, FactoredAction, HostMetrics, LifecycleOp, OpOutcome, SeedAlpha, SeedStage, SlotIndex, Stage,
+    EnvIndex, FactoredAction, HostMetrics, LifecycleOp, OpOutcome, SeedAlpha, SeedStage, SlotEvents,
+    SlotIndex, Stage,
 };
 use esper_kernels::host::ParamPrint;
 use serde::{Deserialize, Serialize};
@@ -38,11 +40,20 @@ pub struct EnvStep {
     /// `[S]` in canonical slot order, after the step's tick.
     pub stages: Vec<SeedStage>,
     pub alphas: Vec<f64>,
+    /// `[S]`: what happened to each slot this step, as [`EVENT_GERMINATED`] | [`EVENT_FOSSILIZED`] |
+    /// [`EVENT_PRUNED`] bits (the slot's `SlotEvents`: a prune by the policy, a completed scheduled
+    /// prune or a rollback). Stages alone miss most prunes: the tick of a prune's own step already
+    /// moves PRUNED on to EMBARGOED.
+    pub events: Vec<u8>,
     /// Bit-exact checksum of the env's parameters (see `HostBackend::param_fingerprint`).
     pub checksum: u64,
     /// `[1 + S]`: the host, then each slot's seed.
     pub fingerprint: Vec<ParamPrint>,
 }
+
+pub const EVENT_GERMINATED: u8 = 1;
+pub const EVENT_FOSSILIZED: u8 = 2;
+pub const EVENT_PRUNED: u8 = 4;
 
 /// Every env's record of one step.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -89,7 +100,7 @@ impl TraceSink {
 #[allow(clippy::too_many_arguments)] // a system: each parameter is one resource or query it touches
 pub fn write_trace(
     envs: Query<(&EnvIndex, &HostMetrics)>,
-    slots: Query<(&EnvIndex, &SlotIndex, &Stage, &SeedAlpha)>,
+    slots: Query<(&EnvIndex, &SlotIndex, &Stage, &SeedAlpha, &SlotEvents)>,
     actions: Res<ActionBatch>,
     effective: Res<EffectiveOps>,
     outcomes: Res<OpOutcomes>,
@@ -120,6 +131,7 @@ pub fn write_trace(
         env.reward_norm = rewarded.then(|| rewards.normalized[e]);
         env.stages.resize(n_slots, SeedStage::Dormant);
         env.alphas.resize(n_slots, 0.0);
+        env.events.resize(n_slots, 0);
         env.fingerprint.resize(1 + n_slots, ParamPrint::default());
         env.checksum = hosts.param_fingerprint(e, &mut env.fingerprint);
     }
@@ -130,10 +142,14 @@ pub fn write_trace(
         r.train_acc = m.train_accuracy;
         r.train_loss = m.train_loss;
     }
-    for (env, index, stage, alpha) in &slots {
+    for (env, index, stage, alpha, events) in &slots {
         let r = &mut record.envs[env.0 as usize];
-        r.stages[index.0 as usize] = stage.current;
-        r.alphas[index.0 as usize] = alpha.0;
+        let k = index.0 as usize;
+        r.stages[k] = stage.current;
+        r.alphas[k] = alpha.0;
+        r.events[k] = u8::from(events.germinated) * EVENT_GERMINATED
+            + u8::from(events.fossilized) * EVENT_FOSSILIZED
+            + u8::from(events.pruned) * EVENT_PRUNED;
     }
     let sink = &mut *sink;
     if let Err(err) = sink.out.write_step(&record) {

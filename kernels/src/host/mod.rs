@@ -12,8 +12,8 @@ pub mod train;
 
 pub use arch::HostArch;
 pub use backend::{
-    CpuHostBackend, EpochTrain, FNV_OFFSET, FossilRow, HostBackend, ParamPrint, SeedTelemetry, SlotSync,
-    SnapshotStore, TELEMETRY_STRIDE, ValidationPlan, fnv1a_f32,
+    CpuHostBackend, EpochTrain, FossilRow, HostBackend, ParamPrint, SeedTelemetry, SlotSync, SnapshotStore,
+    TELEMETRY_STRIDE, ValidationPlan,
 };
 pub use counterfactual::{EnvConfigs, EnvCounterfactuals, FusedValidator};
 pub use network::HostWorkspace;
