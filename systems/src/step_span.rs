@@ -36,7 +36,7 @@ macro_rules! system_span {
 
 /// Every span the step schedule of [`add_training_systems`](crate::add_training_systems) opens, in
 /// schedule order; a test checks it against the schedule's systems.
-pub const TRAINING_SYSTEM_SPANS: [&str; 19] = [
+pub const TRAINING_SYSTEM_SPANS: [&str; 20] = [
     "TrainHosts::train_hosts",
     "Validate::validate",
     "Observe::governor_check",
@@ -56,4 +56,5 @@ pub const TRAINING_SYSTEM_SPANS: [&str; 19] = [
     "Record::tally_lifecycle",
     "Record::note_fossilizations",
     "Record::write_metrics",
+    "Record::write_trace",
 ];
