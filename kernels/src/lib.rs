@@ -10,6 +10,7 @@ pub mod obs_normalizer;
 pub mod observation;
 pub mod ops;
 pub mod optim;
+pub mod policy;
 pub mod reward;
 pub mod rng;
 pub mod seeds;
