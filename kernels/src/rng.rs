@@ -17,6 +17,8 @@ pub enum Purpose {
     SyntheticData = 5,
     Policy = 6,
     Test = 7,
+    /// The learned policy's initial weights.
+    PolicyInit = 8,
 }
 
 /// The identity of one stream.

@@ -1,8 +1,9 @@
-//! The learned policy's numeric pieces that are plain functions over batches: the masked, floored
-//! action distribution of every head ([`distribution`]), generalised advantage estimation ([`gae`]) and
-//! the critic's target scale ([`value_normalizer`]). The network and the PPO update (candle) build on
+//! The learned policy's numeric pieces: the masked, floored action distribution of every head
+//! ([`distribution`]), the factored LSTM network in candle ([`network`]), generalised advantage
+//! estimation ([`gae`]) and the critic's target scale ([`value_normalizer`]). The PPO update builds on
 //! them.
 
 pub mod distribution;
 pub mod gae;
+pub mod network;
 pub mod value_normalizer;
