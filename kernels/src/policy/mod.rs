@@ -1,9 +1,11 @@
 //! The learned policy's numeric pieces: the masked, floored action distribution of every head
-//! ([`distribution`]), the factored LSTM network in candle ([`network`]), generalised advantage
+//! ([`distribution`]) and the draw of a whole factored action with op-conditioned masks ([`sampler`]),
+//! the factored LSTM network in candle ([`network`]), generalised advantage
 //! estimation ([`gae`]) and the critic's target scale ([`value_normalizer`]). The PPO update builds on
 //! them.
 
 pub mod distribution;
 pub mod gae;
 pub mod network;
+pub mod sampler;
 pub mod value_normalizer;
