@@ -1,11 +1,13 @@
 //! The learned policy's numeric pieces: the masked, floored action distribution of every head
 //! ([`distribution`]) and the draw of a whole factored action with op-conditioned masks ([`sampler`]),
-//! the factored LSTM network in candle ([`network`]), generalised advantage
+//! the same log-prob and entropy as candle ops for the update ([`log_prob`]), the factored LSTM network
+//! in candle ([`network`]), generalised advantage
 //! estimation ([`gae`]) and the critic's target scale ([`value_normalizer`]). The PPO update builds on
 //! them.
 
 pub mod distribution;
 pub mod gae;
+pub mod log_prob;
 pub mod network;
 pub mod sampler;
 pub mod value_normalizer;

@@ -128,7 +128,7 @@ mod tests {
             .map(|k| {
                 let b = (bits >> (8 * k)) & 0xFF;
                 let stage = SeedStage::ALL[(b % 10) as usize];
-                (b % 3 != 0 && stage.has_seed()).then(|| MaskSeedInfo {
+                (!b.is_multiple_of(3) && stage.has_seed()).then(|| MaskSeedInfo {
                     stage,
                     seed_age_epochs: (b / 10) as u32 % 12,
                     alpha_mode: [AlphaMode::Hold, AlphaMode::Up, AlphaMode::Down][(b % 3) as usize],
