@@ -381,10 +381,7 @@ impl TraceWriter {
     pub fn finish(mut self, rounds_completed: u64, interrupted: bool) -> std::io::Result<PathBuf> {
         self.footer.rounds_completed = rounds_completed;
         self.footer.interrupted = interrupted;
-        let payload = postcard::to_allocvec(&self.footer).expect("a footer encodes");
-        self.framed.clear();
-        frame(KIND_FOOTER, &payload, &mut self.framed);
-        self.file.write_all(&self.framed)?;
+        self.file.write_all(&encode_footer(&self.footer))?;
         self.file.flush()?;
         self.file.get_ref().sync_all()?;
         std::fs::rename(&self.partial, &self.path)?;
@@ -394,13 +391,9 @@ impl TraceWriter {
 
 impl StepSink for TraceWriter {
     fn write_step(&mut self, step: &StepRecord) -> Result<(), String> {
-        let payload = std::mem::take(&mut self.payload);
-        self.payload = postcard::to_extend(step, {
-            let mut p = payload;
-            p.clear();
-            p
-        })
-        .map_err(|e| e.to_string())?;
+        self.payload.clear();
+        self.payload =
+            postcard::to_extend(step, std::mem::take(&mut self.payload)).map_err(|e| e.to_string())?;
         if self.payload.len() > MAX_FRAME as usize {
             return Err(format!(
                 "a step of {} bytes is over the {MAX_FRAME}-byte frame limit",
@@ -434,6 +427,25 @@ pub fn partial_path(path: &Path) -> PathBuf {
 /// The commit the binary was built from, when the build could ask git (see build.rs).
 pub fn git_commit() -> Option<String> {
     option_env!("ESPER_GIT_COMMIT").filter(|c| !c.is_empty()).map(str::to_string)
+}
+
+/// A header for hand-built traces in tests: a heuristic run on cifar_baseline, slots `r0c0, r0c1, …`.
+#[cfg(test)]
+pub(crate) fn test_header(envs: u64, slots: usize, rounds: u64, epochs: u64) -> TraceHeader {
+    TraceHeader {
+        program_version: "test".into(),
+        git_commit: None,
+        config_json: "{}".into(),
+        task: "cifar_baseline".into(),
+        data: "synthetic".into(),
+        policy: "heuristic".into(),
+        seed: 0,
+        envs,
+        rounds,
+        epochs,
+        slots: (0..slots).map(|s| format!("r0c{s}")).collect(),
+        created_unix: 0,
+    }
 }
 
 #[cfg(test)]

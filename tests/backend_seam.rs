@@ -111,9 +111,14 @@ impl HostBackend for Double {
     fn reset_round(&mut self, seed: u64, round: u64) {
         self.resets.push((seed, round));
     }
-    fn param_fingerprint(&self, env: usize, groups: &mut [ParamPrint]) -> u64 {
-        groups.fill(ParamPrint { sum: env as f64, sum_sq: self.epoch as f64 });
-        self.epoch * 100 + env as u64
+    fn param_fingerprints(&self, checksums: &mut [u64], prints: &mut [ParamPrint]) {
+        for (env, checksum) in checksums.iter_mut().enumerate() {
+            *checksum = self.epoch * 100 + env as u64;
+        }
+        let groups = prints.len() / checksums.len();
+        for (env, p) in prints.chunks_mut(groups).enumerate() {
+            p.fill(ParamPrint { sum: env as f64, sum_sq: self.epoch as f64 });
+        }
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -407,6 +407,20 @@ impl FactoredAction {
         }
     }
 
+    pub fn set_head(&mut self, head: Head, value: u8) {
+        let field = match head {
+            Head::Slot => &mut self.slot,
+            Head::Blueprint => &mut self.blueprint,
+            Head::Style => &mut self.style,
+            Head::Tempo => &mut self.tempo,
+            Head::AlphaTarget => &mut self.alpha_target,
+            Head::AlphaSpeed => &mut self.alpha_speed,
+            Head::AlphaCurve => &mut self.alpha_curve,
+            Head::Op => &mut self.op,
+        };
+        *field = value;
+    }
+
     /// WAIT with every other head at its placeholder (slot 0).
     pub fn wait() -> Self {
         Self {

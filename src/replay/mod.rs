@@ -572,7 +572,7 @@ pub fn parse_rounds(s: &str) -> Result<Range<u64>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::{TraceFooter, TraceHeader};
+    use crate::trace::{TraceFooter, test_header};
     use SeedStage::*;
 
     /// One env, one slot, a round following `stages` (after each step) with `events`, and `executed` ops.
@@ -601,20 +601,7 @@ mod tests {
             .collect();
         Trace {
             version: 1,
-            header: TraceHeader {
-                program_version: "test".into(),
-                git_commit: None,
-                config_json: "{}".into(),
-                task: "cifar_baseline".into(),
-                data: "synthetic".into(),
-                policy: "heuristic".into(),
-                seed: 0,
-                envs: 1,
-                rounds: 1,
-                epochs: stages.len() as u64,
-                slots: vec!["r0c0".into()],
-                created_unix: 0,
-            },
+            header: test_header(1, 1, 1, stages.len() as u64),
             steps,
             end: TraceEnd::Complete(TraceFooter::default()),
             records: 0..0,

@@ -606,7 +606,7 @@ fn segments(values: &[f64], steps: &[StepRecord]) -> Vec<Vec<(f64, f64)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::{TraceEnd, TraceHeader};
+    use crate::trace::{TraceEnd, TraceHeader, test_header};
     use esper_systems::write_trace::{EVENT_FOSSILIZED, EVENT_GERMINATED, EVENT_PRUNED, EnvStep};
     use std::path::PathBuf;
 
@@ -614,23 +614,6 @@ mod tests {
     const SLOTS: usize = 2;
     const ROUNDS: u64 = 2;
     const EPOCHS: u64 = 6;
-
-    fn header(envs: u64, slots: usize, rounds: u64, epochs: u64) -> TraceHeader {
-        TraceHeader {
-            program_version: "test".into(),
-            git_commit: None,
-            config_json: "{}".into(),
-            task: "cifar_baseline".into(),
-            data: "synthetic".into(),
-            policy: "heuristic".into(),
-            seed: 7,
-            envs,
-            rounds,
-            epochs,
-            slots: (0..slots).map(|s| format!("r0c{s}")).collect(),
-            created_unix: 0,
-        }
-    }
 
     fn trace(header: TraceHeader, steps: Vec<StepRecord>) -> Trace {
         Trace {
@@ -679,7 +662,7 @@ mod tests {
                 steps.push(StepRecord { round, epoch, step, envs });
             }
         }
-        trace(header(ENVS as u64, SLOTS, ROUNDS, EPOCHS), steps)
+        trace(test_header(ENVS as u64, SLOTS, ROUNDS, EPOCHS), steps)
     }
 
     /// A fresh directory for one test's files.
@@ -756,7 +739,7 @@ mod tests {
     #[test]
     fn empty_trace_says_so() {
         let dir = temp_dir("empty");
-        let empty = trace(header(4, 3, 2, 10), Vec::new());
+        let empty = trace(test_header(4, 3, 2, 10), Vec::new());
         render(&empty, &dir.join("run.svg")).unwrap();
         render(&empty, &dir.join("run.png")).unwrap();
         let svg = std::fs::read_to_string(dir.join("run.svg")).unwrap();
@@ -783,7 +766,7 @@ mod tests {
                     .collect(),
             })
             .collect();
-        let many = trace(header(256, 3, 1, 40), steps);
+        let many = trace(test_header(256, 3, 1, 40), steps);
         render(&many, &dir.join("many.svg")).unwrap();
         render(&many, &dir.join("many.png")).unwrap();
         // One env, no slots, one step.
@@ -793,7 +776,7 @@ mod tests {
             step: 0,
             envs: vec![EnvStep { val_acc: 10.0, ..EnvStep::default() }],
         };
-        render(&trace(header(1, 0, 1, 1), vec![one]), &dir.join("one.svg")).unwrap();
+        render(&trace(test_header(1, 0, 1, 1), vec![one]), &dir.join("one.svg")).unwrap();
         std::fs::remove_dir_all(dir).unwrap();
     }
 

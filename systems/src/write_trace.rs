@@ -1,10 +1,10 @@
 //! Record: one [`StepRecord`] per step into the run's [`TraceSink`] (`trace.bin`, DESIGN §7): for every
 //! env the action its policy sampled, the op that counted and what became of it, the reward (raw and
-//! normalised) when there is one, every slot's stage, alpha and events (germinated, fossilized,
-//! pruned this step), the validation and training figures,
-//! and its parameters as a bit-exact checksum plus a per-group sum / sum of squares (for comparing runs
-//! made on different devices). The record lives in the system's `Local` and is refilled in place, so a
-//! step allocates nothing here once the first one has sized it; the sink encodes it.
+//! normalised) when there is one, every slot's stage, alpha and events (germinated, fossilized, pruned
+//! this step), the validation and training figures, and its parameters as a bit-exact checksum plus a
+//! per-group sum / sum of squares (for comparing runs made on different devices), read from the
+//! backend for every env in one call. The record lives in the system's `Local` and is refilled in
+//! place, so a step allocates nothing here once the first one has sized it; the sink encodes it.
 //!
 //! Nothing in a record depends on wall-clock time or on the thread count: the same config run twice
 //! gives the same records.
@@ -45,7 +45,7 @@ pub struct EnvStep {
     /// prune or a rollback). Stages alone miss most prunes: the tick of a prune's own step already
     /// moves PRUNED on to EMBARGOED.
     pub events: Vec<u8>,
-    /// Bit-exact checksum of the env's parameters (see `HostBackend::param_fingerprint`).
+    /// Bit-exact checksum of the env's parameters (see `HostBackend::param_fingerprints`).
     pub checksum: u64,
     /// `[1 + S]`: the host, then each slot's seed.
     pub fingerprint: Vec<ParamPrint>,
@@ -97,6 +97,15 @@ impl TraceSink {
     }
 }
 
+/// The system's reused buffers: the record, and the `[E]` checksums and `[E, 1 + S]` prints the backend
+/// fills in one call.
+#[derive(Default)]
+pub struct TraceScratch {
+    record: StepRecord,
+    checksums: Vec<u64>,
+    prints: Vec<ParamPrint>,
+}
+
 #[allow(clippy::too_many_arguments)] // a system: each parameter is one resource or query it touches
 pub fn write_trace(
     envs: Query<(&EnvIndex, &HostMetrics)>,
@@ -109,7 +118,7 @@ pub fn write_trace(
     rewards: Res<RewardBatch>,
     hosts: Option<Res<Hosts>>,
     sink: Option<ResMut<TraceSink>>,
-    mut record: Local<StepRecord>,
+    mut scratch: Local<TraceScratch>,
     info: StepInfo,
 ) {
     let _span = crate::system_span!(info, "Record::write_trace");
@@ -118,6 +127,10 @@ pub fn write_trace(
         return;
     }
     let n_slots = hosts.slot_ids().len();
+    let TraceScratch { record, checksums, prints } = &mut *scratch;
+    checksums.resize(n_envs.0, 0);
+    prints.resize(n_envs.0 * (1 + n_slots), ParamPrint::default());
+    hosts.param_fingerprints(checksums, prints);
     record.round = clock.round;
     record.epoch = clock.epoch;
     record.step = clock.step;
@@ -132,8 +145,9 @@ pub fn write_trace(
         env.stages.resize(n_slots, SeedStage::Dormant);
         env.alphas.resize(n_slots, 0.0);
         env.events.resize(n_slots, 0);
-        env.fingerprint.resize(1 + n_slots, ParamPrint::default());
-        env.checksum = hosts.param_fingerprint(e, &mut env.fingerprint);
+        env.checksum = checksums[e];
+        env.fingerprint.clear();
+        env.fingerprint.extend_from_slice(&prints[e * (1 + n_slots)..(e + 1) * (1 + n_slots)]);
     }
     for (env, m) in &envs {
         let r = &mut record.envs[env.0 as usize];
@@ -152,7 +166,7 @@ pub fn write_trace(
             + u8::from(events.pruned) * EVENT_PRUNED;
     }
     let sink = &mut *sink;
-    if let Err(err) = sink.out.write_step(&record) {
+    if let Err(err) = sink.out.write_step(record) {
         sink.error = Some(format!("trace: {err}"));
     }
 }

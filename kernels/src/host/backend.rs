@@ -7,6 +7,8 @@
 
 use std::any::Any;
 
+use rayon::prelude::*;
+
 use super::arch::HostArch;
 use super::counterfactual::{EnvCounterfactuals, FusedValidator};
 use super::network::HostWorkspace;
@@ -64,8 +66,8 @@ pub struct FossilRow {
 }
 
 /// A sum and a sum of squares (f64) over one group of an env's parameters: a fingerprint that two
-/// devices can compare within a tolerance, where the bit-exact checksum of [`HostBackend::param_fingerprint`]
-/// only matches on the same build and device.
+/// devices can compare within a tolerance, where the bit-exact checksum of
+/// [`HostBackend::param_fingerprints`] only matches on the same build and device.
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ParamPrint {
     pub sum: f64,
@@ -137,11 +139,12 @@ pub trait HostBackend: Send + Sync + 'static {
     /// Fresh hosts for `round` (env `e` from its stream `(seed, round, e, HostInit)`), empty seeds, zero
     /// optimizer state, and every snapshot the fresh host with no fossils.
     fn reset_round(&mut self, seed: u64, round: u64);
-    /// Env `env`'s parameters as the forward reads them, for `trace.bin`: returns a bit-exact checksum
-    /// ([`fnv1a_f32`] over the host's tensors in order, its BN running means and variances, then per slot
-    /// the seed's blueprint row and, in GATE mode, its gate row) and fills `groups` (`[1 + S]`) with a
-    /// [`ParamPrint`] of the host (`groups[0]`) and of each slot's seed (zeros for an empty slot).
-    fn param_fingerprint(&self, env: usize, groups: &mut [ParamPrint]) -> u64;
+    /// Every env's parameters as the forward reads them, for `trace.bin`, in one call per step (on a
+    /// device, part of the step's one read-back): `checksums[e]` (`[E]`) a bit-exact checksum of env
+    /// `e` ([`fnv1a_f32`] over [`HostParams::env_rows`], then per slot the seed's blueprint row and, in
+    /// GATE mode, its gate row) and `prints[e·(1 + S)..]` (`[E, 1 + S]`) a [`ParamPrint`] of its host
+    /// and of each slot's seed (zeros for an empty slot).
+    fn param_fingerprints(&self, checksums: &mut [u64], prints: &mut [ParamPrint]);
     /// The implementation, for tests and tools that inspect it.
     fn as_any(&self) -> &dyn Any;
     fn as_any_mut(&mut self) -> &mut dyn Any;
@@ -251,6 +254,28 @@ impl CpuHostBackend {
 fn init_params(arch: HostArch, n_envs: usize, seed: u64, round: u64) -> HostParams<f32> {
     let ids: Vec<u64> = (0..n_envs as u64).collect();
     HostParams::init(arch, seed, round, &ids)
+}
+
+impl CpuHostBackend {
+    /// Env `env`'s checksum and prints (see [`HostBackend::param_fingerprints`]).
+    fn env_fingerprint(&self, env: usize, groups: &mut [ParamPrint]) -> u64 {
+        groups.fill(ParamPrint::default());
+        let mut hash = FNV_OFFSET;
+        for row in self.params.env_rows(env) {
+            hash = fnv1a_f32(hash, row);
+            groups[0].add(row);
+        }
+        for (slot, group) in self.bank.slots().zip(&mut groups[1..]) {
+            let state = slot.state[env];
+            let Some(bp) = state.blueprint else { continue };
+            let gate = (state.mode == SeedMode::Gate).then(|| slot.gate.row(env));
+            for row in std::iter::once(slot.pool(bp).row(env)).chain(gate) {
+                hash = fnv1a_f32(hash, row);
+                group.add(row);
+            }
+        }
+        hash
+    }
 }
 
 impl HostBackend for CpuHostBackend {
@@ -382,34 +407,18 @@ impl HostBackend for CpuHostBackend {
         self.snapshots = SnapshotStore::of(&self.params, &self.bank);
     }
 
-    fn param_fingerprint(&self, env: usize, groups: &mut [ParamPrint]) -> u64 {
-        assert_eq!(groups.len(), 1 + self.slot_ids.len(), "one group for the host and one per slot");
-        groups.fill(ParamPrint::default());
-        let mut hash = FNV_OFFSET;
-        let host = &mut groups[0];
-        let stats = self.params.running_mean.iter().chain(&self.params.running_var);
-        for t in (0..self.params.weights.tensors.len()).map(|t| self.params.weights.env(t, env)).chain(
-            stats.map(|s| {
-                let c = s.len() / self.n_envs();
-                &s[env * c..(env + 1) * c]
-            }),
-        ) {
-            hash = fnv1a_f32(hash, t);
-            host.add(t);
-        }
-        for (slot, group) in self.bank.slots().zip(&mut groups[1..]) {
-            let state = slot.state[env];
-            let Some(bp) = state.blueprint else { continue };
-            let row = slot.pool(bp).row(env);
-            hash = fnv1a_f32(hash, row);
-            group.add(row);
-            if state.mode == SeedMode::Gate {
-                let gate = slot.gate.row(env);
-                hash = fnv1a_f32(hash, gate);
-                group.add(gate);
-            }
-        }
-        hash
+    fn param_fingerprints(&self, checksums: &mut [u64], prints: &mut [ParamPrint]) {
+        let groups = 1 + self.slot_ids.len();
+        assert_eq!(
+            (checksums.len(), prints.len()),
+            (self.n_envs(), self.n_envs() * groups),
+            "[E] and [E, 1 + S]"
+        );
+        checksums.par_iter_mut().zip(prints.par_chunks_mut(groups)).enumerate().for_each(
+            |(env, (checksum, groups))| {
+                *checksum = self.env_fingerprint(env, groups);
+            },
+        );
     }
 
     fn as_any(&self) -> &dyn Any {

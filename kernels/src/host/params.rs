@@ -136,6 +136,18 @@ impl<T: Real> HostParams<T> {
         &self.weights.tensors[3 * self.arch.n_blocks + 1]
     }
 
+    /// Env `env`'s rows, in a fixed order: every weight tensor, then the running means and the running
+    /// variances block by block.
+    pub fn env_rows(&self, env: usize) -> impl Iterator<Item = &[T]> {
+        let n_blocks = self.arch.n_blocks;
+        let weights = (0..self.weights.tensors.len()).map(move |t| self.weights.env(t, env));
+        let stats = self.running_mean.iter().chain(&self.running_var).enumerate().map(move |(i, s)| {
+            let c = self.arch.block_channels(i % n_blocks);
+            &s[env * c..(env + 1) * c]
+        });
+        weights.chain(stats)
+    }
+
     /// Overwrite env `env`'s weights and running statistics with `other`'s env `env` (same shapes): a
     /// governor snapshot or rollback of one env.
     pub fn copy_env_from(&mut self, other: &Self, env: usize) {

@@ -56,12 +56,17 @@ pub fn floored_logits(logits: &[f32], mask: &[bool], floor: f32, out: &mut [f32]
     }
 }
 
+/// `max(z) + ln Σ e^(z − max)`: the shift that turns `z` into log-probabilities.
+fn log_normalizer(z: &[f32]) -> f32 {
+    let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    max + z.iter().map(|&v| (v - max).exp()).sum::<f32>().ln()
+}
+
 /// `log_softmax(z)` into `out`.
 pub fn log_softmax(z: &[f32], out: &mut [f32]) {
-    let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let log_sum = z.iter().map(|&v| (v - max).exp()).sum::<f32>().ln();
+    let shift = log_normalizer(z);
     for (o, &v) in out.iter_mut().zip(z) {
-        *o = v - max - log_sum;
+        *o = v - shift;
     }
 }
 
@@ -72,14 +77,13 @@ pub fn normalized_entropy(z: &[f32], mask: &[bool]) -> f32 {
     if legal <= 1 {
         return 0.0;
     }
-    let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let log_sum = z.iter().map(|&v| (v - max).exp()).sum::<f32>().ln();
+    let shift = log_normalizer(z);
     let entropy: f32 = z
         .iter()
         .zip(mask)
         .filter(|(_, m)| **m)
         .map(|(&v, _)| {
-            let log_p = v - max - log_sum;
+            let log_p = v - shift;
             -log_p.exp() * log_p
         })
         .sum();

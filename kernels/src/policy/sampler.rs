@@ -87,19 +87,9 @@ pub fn draw(
         log_softmax(floored, log_probs);
         out.log_probs[h] = log_probs[index];
         out.entropies[h] = normalized_entropy(floored, mask);
-        let index = index as u8;
-        match head {
-            Head::Slot => out.action.slot = index,
-            Head::Blueprint => out.action.blueprint = index,
-            Head::Style => out.action.style = index,
-            Head::Tempo => out.action.tempo = index,
-            Head::AlphaTarget => out.action.alpha_target = index,
-            Head::AlphaSpeed => out.action.alpha_speed = index,
-            Head::AlphaCurve => out.action.alpha_curve = index,
-            Head::Op => {
-                out.action.op = index;
-                op = LifecycleOp::from_index(index).expect("the op head has one logit per op");
-            }
+        out.action.set_head(head, index as u8);
+        if head == Head::Op {
+            op = LifecycleOp::from_index(index as u8).expect("the op head has one logit per op");
         }
     }
     out
