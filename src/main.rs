@@ -29,85 +29,12 @@ fn main() -> ExitCode {
 }
 
 fn replay_command(args: &ReplayArgs) -> ExitCode {
-    use esper_ecs::replay::{self, Exactness, VerifyOutcome};
-    use esper_ecs::trace::{Trace, TraceEnd, partial_path};
-    if let Some(tol) = args.tolerance
-        && !(tol.is_finite() && tol >= 0.0)
-    {
-        return bad_input(format!("--tolerance {tol}: must be a finite number ≥ 0"));
-    }
-    if !args.trace.exists() && partial_path(&args.trace).exists() {
-        return bad_input(format!(
-            "{} does not exist, but {} does (a run still going, or killed): replay that",
-            args.trace.display(),
-            partial_path(&args.trace).display()
-        ));
-    }
-    let trace = match Trace::read(&args.trace) {
-        Ok(t) => t,
-        Err(e) => return bad_input(format!("{}: {e}", args.trace.display())),
-    };
-    if let TraceEnd::Truncated { .. } = trace.end {
-        eprintln!("note: {}", replay::end_line(&trace));
-    }
-    if args.json {
-        let stdout = std::io::stdout();
-        let mut out = std::io::BufWriter::new(stdout.lock());
-        return match replay::write_json(&trace, &mut out).and_then(|()| std::io::Write::flush(&mut out)) {
-            Ok(()) => ExitCode::SUCCESS,
-            // A closed pipe (`| head`) is not a failure of the replay.
-            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
-            Err(e) => failed(format!("writing JSON: {e}")),
-        };
-    }
-    if let Some(path) = &args.plot {
-        if let Err(e) = replay::plot::render(&trace, path) {
-            return bad_input(format!("--plot {}: {e}", path.display()));
-        }
-        println!("wrote {}", path.display());
-        return ExitCode::SUCCESS;
-    }
-    if !args.verify {
-        print!("{}", replay::report(&trace));
-        return ExitCode::SUCCESS;
-    }
-    let how = args.tolerance.map_or(Exactness::Exact, Exactness::Tolerance);
-    let bar = (!args.quiet).then(|| {
-        let bar = indicatif::ProgressBar::new(trace.steps.len() as u64);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template("verifying {bar:30} {pos}/{len} steps  eta {eta}")
-                .expect("static template"),
-        );
-        bar
-    });
-    let result = replay::verify(&trace, how, args.rounds.clone(), |i| {
-        if let Some(bar) = &bar {
-            bar.set_position(i as u64);
-        }
-    });
-    if let Some(bar) = bar {
-        bar.finish_and_clear();
-    }
-    let what = match how {
-        Exactness::Exact => {
-            "every action, outcome, reward, metric and parameter checksum matches bit for bit".to_string()
-        }
-        Exactness::Tolerance(t) => {
-            format!("every action and outcome matches, floats and parameter fingerprints within {t}")
-        }
-    };
-    match result {
-        Ok(VerifyOutcome::Match { steps, envs }) => {
-            println!("verified {steps} steps × {envs} envs of {}: {what}", args.trace.display());
-            ExitCode::SUCCESS
-        }
-        Ok(VerifyOutcome::Diverged(d)) => {
-            println!("{d}");
-            ExitCode::from(EXIT_RUN_FAILED)
-        }
-        Err(replay::VerifyError::BadInput(e)) => bad_input(e),
-        Err(replay::VerifyError::Failed(e)) => failed(format!("the re-run failed: {e}")),
-    }
+    let (stdout, stderr) = (std::io::stdout(), std::io::stderr());
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let code = esper_ecs::replay::command::command(args, &mut out, &mut stderr.lock());
+    // Flushing into a closed pipe (`| head`) is not a failure of the replay.
+    let _ = std::io::Write::flush(&mut out);
+    ExitCode::from(code)
 }
 
 fn bad_input(message: impl std::fmt::Display) -> ExitCode {

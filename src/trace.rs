@@ -93,8 +93,9 @@ pub enum TraceError {
     Header {
         reason: String,
     },
-    /// A frame fails its checks: `checksum` its CRC; else its length, kind, payload (does not decode,
-    /// or leaves bytes over), its place (a step index out of sequence) or the footer's counts.
+    /// A frame fails its checks: `checksum` its CRC, its length's complement or its kind (what a flipped
+    /// byte hits); else its length limit, payload (does not decode, or leaves bytes over), its place (a
+    /// step index out of sequence) or the footer's counts.
     Corrupt {
         chunk: u64,
         offset: u64,
@@ -129,8 +130,8 @@ impl fmt::Display for TraceError {
                  esper-ecs that wrote it"
             ),
             Self::Header { reason } => write!(f, "trace header: {reason}"),
-            Self::Corrupt { chunk, offset, checksum: true, .. } => {
-                write!(f, "checksum error in chunk {chunk} at byte offset {offset}")
+            Self::Corrupt { chunk, offset, checksum: true, reason } => {
+                write!(f, "checksum error in chunk {chunk} at byte offset {offset} ({reason})")
             }
             Self::Corrupt { chunk, offset, checksum: false, reason } => {
                 write!(f, "damaged chunk {chunk} at byte offset {offset}: {reason}")
@@ -225,11 +226,14 @@ impl Trace {
             let kind = bytes[at];
             let len = read_u32(bytes, at + 1).expect("checked");
             let not_len = read_u32(bytes, at + 5).expect("checked");
+            // The complement and the kind are checks too: a flipped byte there is a checksum error.
+            let checksum =
+                |reason: String| TraceError::Corrupt { chunk, offset: at as u64, checksum: true, reason };
             if len != !not_len {
-                return Err(corrupt("the frame's length and its complement disagree".into()));
+                return Err(checksum("the frame's length and its complement disagree".into()));
             }
             if kind != KIND_CHUNK && kind != KIND_FOOTER {
-                return Err(corrupt(format!("unknown frame kind {kind:#04x}")));
+                return Err(checksum(format!("unknown frame kind {kind:#04x}")));
             }
             if len > MAX_FRAME {
                 return Err(corrupt(format!("frame length {len} is over the {MAX_FRAME}-byte limit")));
@@ -244,12 +248,7 @@ impl Trace {
             hasher.update(&bytes[at..at + 5]);
             hasher.update(&bytes[payload..frame_end]);
             if hasher.finalize() != read_u32(bytes, frame_end).expect("checked") {
-                return Err(TraceError::Corrupt {
-                    chunk,
-                    offset: at as u64,
-                    checksum: true,
-                    reason: "CRC mismatch".into(),
-                });
+                return Err(checksum("CRC mismatch".into()));
             }
             let body = &bytes[payload..frame_end];
             let after = frame_end + 4;

@@ -449,8 +449,34 @@ fn frame_ends(bytes: &[u8], trace: &Trace) -> Vec<usize> {
     ends
 }
 
+/// `esper-ecs replay FILE` (the report) run in-process on `bytes` — the function the binary calls:
+/// its exit code and what it wrote to stderr. `tag` names the scratch file (one per property).
+fn replay_exit(bytes: &[u8], tag: &str) -> (u8, String) {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    let file = DIR.get_or_init(|| temp_dir("prop")).join(tag);
+    std::fs::write(&file, bytes).unwrap();
+    let args = esper_ecs::cli::ReplayArgs {
+        trace: file,
+        verify: false,
+        tolerance: None,
+        rounds: None,
+        json: false,
+        plot: None,
+        quiet: true,
+    };
+    let mut err = Vec::new();
+    let code = esper_ecs::replay::command::command(&args, &mut std::io::sink(), &mut err);
+    (code, String::from_utf8(err).unwrap())
+}
+
+/// Exit 2 with exactly one `error:` line, naming `what`.
+fn is_bad_input(code: u8, stderr: &str, what: &str) -> bool {
+    code == 2 && stderr.lines().count() == 1 && stderr.starts_with("error: ") && stderr.contains(what)
+}
+
 proptest! {
-    // 3 properties × 4,000 cases: 12,000 damaged or random inputs per run.
+    // 3 properties × 4,000 cases: 12,000 damaged or random inputs per run, each read by the reader and
+    // by the replay command (exit codes as documented: 0 readable, 2 bad input).
     #![proptest_config(ProptestConfig {
         cases: 4_000, failure_persistence: None, ..ProptestConfig::default()
     })]
@@ -469,6 +495,15 @@ proptest! {
         if let Err(TraceError::Corrupt { offset, .. }) = &result {
             prop_assert!(*offset as usize <= at, "the reported frame starts at or before the flip");
         }
+        let (code, stderr) = replay_exit(&damaged, "flip");
+        let what = if at < MAGIC.len() {
+            "not an esper-ecs trace"
+        } else if at < start {
+            "trace"
+        } else {
+            "checksum error in chunk"
+        };
+        prop_assert!(is_bad_input(code, &stderr, what), "flip at {}: exit {}, {}", at, code, stderr);
     }
 
     /// A trace cut anywhere reads back every complete chunk before the cut (or fails in the header).
@@ -478,11 +513,16 @@ proptest! {
         let full = Trace::parse(bytes).unwrap();
         let cut = pos.index(bytes.len());
         let result = Trace::parse(&bytes[..cut]);
+        let (code, stderr) = replay_exit(&bytes[..cut], "cut");
         if cut < MAGIC.len() {
             prop_assert_eq!(class(&result), "not_a_trace");
+            prop_assert!(is_bad_input(code, &stderr, "not an esper-ecs trace"), "{}", stderr);
         } else if cut < full.records.start {
             prop_assert_eq!(class(&result), "header");
+            prop_assert!(is_bad_input(code, &stderr, "trace header: "), "{}", stderr);
         } else {
+            // Readable up to the cut: exit 0, and a note on where it stops.
+            prop_assert!(code == 0 && stderr.starts_with("note: "), "cut at {}: exit {}, {}", cut, code, stderr);
             let trace = result.unwrap();
             let complete = frame_ends(bytes, &full).iter().filter(|&&e| e <= cut).count();
             // The footer is the last frame: a cut file never has it.
@@ -508,6 +548,11 @@ proptest! {
         };
         input.extend(&noise);
         let result = Trace::parse(&input);
+        let (code, stderr) = replay_exit(&input, "random");
+        match &result {
+            Ok(_) => prop_assert_eq!(code, 0),
+            Err(e) => prop_assert!(is_bad_input(code, &stderr, &e.to_string()), "exit {}, {}", code, stderr),
+        }
         match prefix {
             0 if noise.len() < 8 || noise[..8] != MAGIC[..] => prop_assert_eq!(class(&result), "not_a_trace"),
             2 => prop_assert!(matches!(class(&result), "ok" | "corrupt"), "{:?}", result.err()),

@@ -10,6 +10,7 @@
 //!   device); stops at the first divergence.
 //! * [`write_json`]: the header, then one JSON object per env per step, then how the trace ends.
 
+pub mod command;
 pub mod plot;
 
 use crate::config::RunConfig;
@@ -239,7 +240,7 @@ pub fn end_line(trace: &Trace) -> String {
 
 /// `{"header": …}`, then one object per env per step (`round`, `epoch`, `step`, `env` and the record's
 /// fields, ops, outcomes and stages by name), then `{"end": …}`.
-pub fn write_json(trace: &Trace, out: &mut impl Write) -> std::io::Result<()> {
+pub fn write_json(trace: &Trace, out: &mut dyn Write) -> std::io::Result<()> {
     let header = serde_json::json!({
         "format_version": trace.version,
         "header": {
