@@ -102,7 +102,7 @@ fn host_step(c: &mut Criterion) {
         group.bench_function(BenchmarkId::new("validate_seeded", envs), |b| {
             b.iter(|| {
                 validator.plan(&bank, &fossilized);
-                validator.run_batch(&mut ws, &params, &mut bank, &images, &labels, BATCH_PER_ENV, &counts)
+                validator.run_batch(&mut ws, &params, &mut bank, &images, &labels, &counts)
             })
         });
     }

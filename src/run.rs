@@ -14,7 +14,7 @@ use esper_components::{
     EnvIndex, EpisodeReturn, HostMetrics, LifecycleConfig, LifecycleTally, ScaffoldLedger, Topology,
 };
 use esper_kernels::data::{Batcher, Dataset};
-use esper_kernels::host::HostArch;
+use esper_kernels::host::{CpuHostBackend, HostArch};
 use esper_systems::episode_end::episode_end_schedule;
 use esper_systems::host_resources::{Hosts, StepClock, TrainData};
 use esper_systems::policy::{ActivePolicy, HeuristicPolicy, Policy, RandomPolicy, StaticPolicy};
@@ -102,7 +102,14 @@ pub fn build_world(plan: &RunPlan) -> Result<World, RunError> {
         step: 0,
         episode_epochs: cfg.epochs as u64,
     });
-    world.insert_resource(Hosts::cpu(arch, &slot_ids, n_envs, cfg.batch_per_env, cfg.seed, 0));
+    world.insert_resource(Hosts::from(CpuHostBackend::new(
+        arch,
+        &slot_ids,
+        n_envs,
+        cfg.batch_per_env,
+        cfg.seed,
+        0,
+    )));
     world.insert_resource(GovernorConfig::for_classes(arch.num_classes as u32));
     world.insert_resource(TrainData { dataset, batcher });
     let signal_config = SignalConfig::default();

@@ -154,7 +154,7 @@ fn a_test_double_backend_runs_the_step_schedule_unchanged() {
     };
     let n_slots = slot_ids.len();
     assert!(n_slots >= 1);
-    s.world.insert_resource(Hosts(Box::new(Double::new(arch, &slot_ids))));
+    s.world.insert_resource(Hosts::from(Double::new(arch, &slot_ids)));
     // A seed in env 1, slot 0 (the lifecycle's state; the double gets the germination through its sync).
     force_seed(&mut s.world, 1, 0, SeedStage::Blending, BlueprintAction::ConvLight, 0.5);
     for epoch in 1..=NAN_EPOCH {

@@ -120,7 +120,7 @@ fn check_fused_equals_alone(
     let mut fused = FusedValidator::new(ARCH, &bank, &SLOTS, chunk, batch);
     let mut main = HostWorkspace::with_slots(ARCH, envs, batch, &bank);
     fused.plan(&bank, &fossilized);
-    fused.run_batch(&mut main, &params, &mut bank, &images, &labels, batch, &counts);
+    fused.run_batch(&mut main, &params, &mut bank, &images, &labels, &counts);
     let in_place = fused.in_place_passes();
     let results = fused.results();
     let image_len = ARCH.image_len();

@@ -119,7 +119,7 @@ fn second_validation_pass(
     let mut results: Vec<EnvCounterfactuals> = Vec::new();
     let mut pass = |validator: &mut FusedValidator<f32>, results: &mut Vec<EnvCounterfactuals>| {
         validator.plan(bank, &fossilized);
-        validator.run_batch(&mut main, params, bank, images, labels, batch, &counts);
+        validator.run_batch(&mut main, params, bank, images, labels, &counts);
         validator.results_into(results);
     };
     let count = with_threads(1, || {

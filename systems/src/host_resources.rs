@@ -4,7 +4,7 @@
 use crate::resources::ParamCounts;
 use bevy_ecs::resource::Resource;
 use esper_kernels::data::{Batcher, Dataset};
-use esper_kernels::host::{CpuHostBackend, HostArch, HostBackend};
+use esper_kernels::host::{CpuHostBackend, HostBackend};
 use esper_kernels::seeds::{self, CnnBlueprint};
 
 /// Where the step is: the run seed, the round (fresh hosts each round), the epoch (1-based), the step
@@ -25,19 +25,6 @@ pub struct StepClock {
 pub struct Hosts(pub Box<dyn HostBackend>);
 
 impl Hosts {
-    /// The CPU backend with fresh hosts for `round`: env `e` initialised from its own stream
-    /// `(seed, round, e, HostInit)`.
-    pub fn cpu(
-        arch: HostArch,
-        slot_ids: &[(u8, u8)],
-        n_envs: usize,
-        batch: usize,
-        seed: u64,
-        round: u64,
-    ) -> Self {
-        Self(Box::new(CpuHostBackend::new(arch, slot_ids, n_envs, batch, seed, round)))
-    }
-
     /// The CPU backend, when that is the one installed (tests and tools inspect it).
     pub fn as_cpu(&self) -> Option<&CpuHostBackend> {
         self.0.as_any().downcast_ref()
@@ -64,6 +51,13 @@ impl Hosts {
             .collect();
         let gate = slots.iter().map(|id| seeds::gate_param_count(channels(id)) as u64).collect();
         ParamCounts { host: arch.param_count() as u64, seed, gate }
+    }
+}
+
+/// Install a backend: `Hosts::from(CpuHostBackend::new(…))`.
+impl<B: HostBackend> From<B> for Hosts {
+    fn from(backend: B) -> Self {
+        Self(Box::new(backend))
     }
 }
 

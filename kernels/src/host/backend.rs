@@ -243,12 +243,6 @@ impl CpuHostBackend {
             results: Vec::new(),
         }
     }
-
-    /// Env `env`'s slot `slot` row copy between a bank and a snapshot row: `(blueprint row, gate row)`.
-    fn fossil_ranges(&self, slot: usize, fossil: FossilRow) -> (usize, usize) {
-        let s = self.bank.slots().nth(slot).expect("the slot exists");
-        (s.pool(fossil.blueprint).row_len, if fossil.gate { s.gate.row_len } else { 0 })
-    }
 }
 
 fn init_params(arch: HostArch, n_envs: usize, seed: u64, round: u64) -> HostParams<f32> {
@@ -343,11 +337,10 @@ impl HostBackend for CpuHostBackend {
     ) -> &[EnvCounterfactuals] {
         self.validator.ablate_fossils = plan.ablate_fossils;
         self.validator.plan(&self.bank, plan.fossilized);
-        let batch_in = batcher.sharding().batch_per_env;
         for b in 0..batcher.sharding().num_test_batches() {
             batcher.fill_test(data, b, &mut self.images, &mut self.labels, &mut self.counts);
             let Self { validator, workspace, params, bank, images, labels, counts, .. } = self;
-            validator.run_batch(workspace, params, bank, images, labels, batch_in, counts);
+            validator.run_batch(workspace, params, bank, images, labels, counts);
         }
         self.validator.results_into(&mut self.results);
         &self.results
@@ -382,14 +375,13 @@ impl HostBackend for CpuHostBackend {
         let n_slots = self.slot_ids.len();
         for k in 0..n_slots {
             let Some(fossil) = self.snapshots.fossils[env * n_slots + k] else { continue };
-            let (len, gate_len) = self.fossil_ranges(k, fossil);
-            let row = &self.snapshots.rows[env * n_slots + k];
             let slot = self.bank.slot_mut(k).expect("the slot exists");
             let pool = slot.pool_mut(fossil.blueprint);
-            pool.params[env * len..(env + 1) * len].copy_from_slice(&row[..len]);
+            // The snapshot row is the blueprint row, then the gate row when there is one.
+            let (seed, gate) = self.snapshots.rows[env * n_slots + k].split_at(pool.row_len);
+            pool.row_mut(env).copy_from_slice(seed);
             if fossil.gate {
-                slot.gate.params[env * gate_len..(env + 1) * gate_len]
-                    .copy_from_slice(&row[len..len + gate_len]);
+                slot.gate.row_mut(env).copy_from_slice(gate);
             }
         }
         // The weights were copied in place, so the reference clears its optimizers (tamiyo §6.5).

@@ -306,8 +306,8 @@ impl<T: Real> FusedValidator<T> {
         self.virtual_envs.len()
     }
 
-    /// Evaluate one test batch (`images` `[E, B_in, C, H, W]`, `labels` `[E, B_in]`, `counts[e]` valid
-    /// rows of env `e`, at most this validator's batch; `B_in` must be that batch) for every configuration. The main configuration
+    /// Evaluate one test batch (`images` `[E, B, C, H, W]`, `labels` `[E, B]` with this validator's batch
+    /// `B`, `counts[e]` valid rows of env `e`, at most `B`) for every configuration. The main configuration
     /// runs in `main` (a workspace over the real envs with the validator's batch and the bank's slots:
     /// the trainer's, say), which then holds its activations for the others to start from. A pass of one
     /// row per env in env order runs on `params` and `bank` themselves, with the configuration's seeds
@@ -321,12 +321,10 @@ impl<T: Real> FusedValidator<T> {
         bank: &mut SeedBank<T>,
         images: &[T],
         labels: &[u8],
-        batch_in: usize,
         counts: &[usize],
     ) {
         let b = self.batch;
         assert_eq!(main.batch, b, "the main workspace must have the validator's batch");
-        assert_eq!(batch_in, b, "test batches must have the validator's batch");
         for &c in counts {
             assert!(c <= b, "test batch of {c} images per env exceeds the validator's {b}");
         }

@@ -73,6 +73,10 @@ impl<T: Real> Pool<T> {
         &self.params[env * self.row_len..(env + 1) * self.row_len]
     }
 
+    pub fn row_mut(&mut self, env: usize) -> &mut [T] {
+        &mut self.params[env * self.row_len..(env + 1) * self.row_len]
+    }
+
     pub fn grad_row(&self, env: usize) -> &[T] {
         &self.grads[env * self.row_len..(env + 1) * self.row_len]
     }
@@ -119,11 +123,6 @@ impl<T: Real> SlotParams<T> {
 
     pub fn pool_mut(&mut self, bp: CnnBlueprint) -> &mut Pool<T> {
         &mut self.pools[bp as usize - 1]
-    }
-
-    /// Any env's seed takes part in the training forward (otherwise the slot is skipped entirely).
-    pub fn any_active(&self) -> bool {
-        self.state.iter().any(|s| s.mode != SeedMode::Off)
     }
 
     /// Any env's seed takes part in a forward: in training every seed that is not off, in evaluation only

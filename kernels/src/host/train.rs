@@ -130,7 +130,7 @@ impl<T: Real> Trainer<T> {
             optim::sgd_step(p, g, m, &self.all_envs, self.host);
         }
         for (s, slot) in bank.slots_mut().enumerate() {
-            if !slot.any_active() {
+            if !slot.any_active_in(true) {
                 continue;
             }
             if collect_stats {
