@@ -355,84 +355,30 @@ impl<T: Real> HostWorkspace<T> {
             ops::conv2d_forward(conv, input, conv_weight, &mut cur.conv_out);
         }
         // Fused into `pooled`, or op by op into `block_out` with the same arithmetic: an env gets the same
-        // bits either way.
-        if cur.mixed {
-            mixed_norm_forward(shape, cur, norm);
-        } else {
-            match (cur.fused, norm) {
-                (true, Norm::Train { gamma, beta, mean, var }) => {
-                    ops::batch_norm_relu_max_pool_train_forward(
-                        shape,
-                        &cur.conv_out,
-                        &cur.plane_stats,
-                        gamma,
-                        beta,
-                        &mut cur.bn_mean,
-                        &mut cur.bn_inv_std,
-                        mean,
-                        var,
-                        &mut cur.pooled,
-                        &mut cur.argmax,
-                        &mut cur.winner,
-                    )
-                }
-                (true, Norm::Eval { gamma, beta, mean, var }) => ops::batch_norm_relu_max_pool_eval_forward(
-                    shape,
-                    &cur.conv_out,
-                    gamma,
-                    beta,
-                    mean,
-                    var,
-                    &mut cur.pooled,
-                ),
-                (false, Norm::Train { gamma, beta, mean, var }) => ops::batch_norm_relu_train_forward(
-                    shape,
-                    &cur.conv_out,
-                    &cur.plane_stats,
-                    gamma,
-                    beta,
-                    &mut cur.block_out,
-                    &mut cur.bn_mean,
-                    &mut cur.bn_inv_std,
-                    mean,
-                    var,
-                ),
-                (false, Norm::Eval { gamma, beta, mean, var }) => ops::batch_norm_relu_eval_forward(
-                    shape,
-                    &cur.conv_out,
-                    gamma,
-                    beta,
-                    mean,
-                    var,
-                    &mut cur.block_out,
-                ),
-            }
-        }
+        // bits either way. One call per run of envs on the same path (one run unless the block is mixed).
+        norm_forward(shape, cur, norm);
         if let (Some(ws), Some(p)) = (&mut cur.r0, &bank.r0[b]) {
             // Fused, no env is active: this only records that the slot was skipped (`block_out` is not read).
             // Mixed: the fused envs' rows of the slot's output are never read, so they are not written.
             ws.forward_with(p, &cur.block_out, train, !cur.mixed);
         }
         if arch.pools_after(b) {
-            if cur.mixed {
-                let out = &cur.r0.as_ref().expect("a mixed block has an active slot r0").out;
-                let (act, pl) = (cur.block_out.len() / pool.envs, cur.pooled.len() / pool.envs);
-                for (r, fused) in env_runs(&cur.fused_envs) {
-                    if !fused {
-                        ops::max_pool2x2_forward(
-                            PoolShape { envs: r.len(), ..pool },
-                            &out[r.start * act..r.end * act],
-                            &mut cur.pooled[r.start * pl..r.end * pl],
-                            &mut cur.argmax[r.start * pl..r.end * pl],
-                        );
-                    }
+            // The fused envs are pooled already; the others pool the slot's output when it ran, else
+            // the block's.
+            let pool_in = match &cur.r0 {
+                Some(s) if s.active => &s.out,
+                _ => &cur.block_out,
+            };
+            let (act, pl) = (cur.block_out.len() / pool.envs, cur.pooled.len() / pool.envs);
+            for (r, fused) in env_runs(&cur.fused_envs) {
+                if !fused {
+                    ops::max_pool2x2_forward(
+                        PoolShape { envs: r.len(), ..pool },
+                        &pool_in[r.start * act..r.end * act],
+                        &mut cur.pooled[r.start * pl..r.end * pl],
+                        &mut cur.argmax[r.start * pl..r.end * pl],
+                    );
                 }
-            } else if !cur.fused {
-                let pool_in = match &cur.r0 {
-                    Some(s) if s.active => &s.out,
-                    _ => &cur.block_out,
-                };
-                ops::max_pool2x2_forward(pool, pool_in, &mut cur.pooled, &mut cur.argmax);
             }
             if let (Some(ws), Some(p)) = (&mut cur.r1, &bank.r1[b]) {
                 ws.forward(p, &cur.pooled, train);
@@ -658,9 +604,10 @@ fn env_runs(flags: &[bool]) -> impl Iterator<Item = (std::ops::Range<usize>, boo
     })
 }
 
-/// A block's batch norm → ReLU (→ pool) when some envs run fused and some op by op: each run of
-/// consecutive envs as one call of its path, on that run's rows.
-fn mixed_norm_forward<T: Real>(shape: NormShape, cur: &mut BlockActs<T>, norm: Norm<'_, T>) {
+/// A block's batch norm → ReLU (→ pool): each run of consecutive envs on the same path (fused into
+/// `pooled`, or op by op into `block_out`) as one call of that path on the run's rows — one call over
+/// every env unless the block is mixed.
+fn norm_forward<T: Real>(shape: NormShape, cur: &mut BlockActs<T>, norm: Norm<'_, T>) {
     let (e, c) = (shape.envs, shape.channels);
     let (act, pl, st) = (cur.block_out.len() / e, cur.pooled.len() / e, cur.plane_stats.len() / e);
     let rows = |r: &std::ops::Range<usize>| {
