@@ -31,8 +31,9 @@ pub struct MaskParams {
     pub disable_advance: bool,
 }
 
-/// Boolean masks of every head for one env. Slot rows hold `n_slots` meaningful entries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Boolean masks of every head for one env. Slot rows hold `n_slots` meaningful entries. (`Default`,
+/// everything illegal, is only a placeholder for storage that is overwritten before it is read.)
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ActionMasks {
     pub n_slots: u8,
     pub slot: [bool; MAX_SLOTS],

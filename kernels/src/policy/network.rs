@@ -358,14 +358,30 @@ impl PolicyNet {
 
     /// `T` steps for `B` envs from `state` (the PPO update's full-sequence pass): observations
     /// `[B, T, D]`, blueprint indices `[B·T·S]`; outputs with rows `b·T + t`. Gradients flow through
-    /// time to the start.
-    pub fn sequence(&self, obs: &Tensor, blueprints: &[i64], state: &Recurrent) -> Result<PolicyOutput> {
+    /// time to the start. `resets` (`[B·T]`, or empty for none) marks the steps before which a row's
+    /// state goes back to zero (a new episode after a rollback ended one mid-row).
+    pub fn sequence(
+        &self,
+        obs: &Tensor,
+        blueprints: &[i64],
+        state: &Recurrent,
+        resets: &[bool],
+    ) -> Result<PolicyOutput> {
         let (b, t, d) = obs.dims3()?;
+        if !resets.is_empty() && resets.len() != b * t {
+            candle_core::bail!("{} reset flags for {b} rows of {t} steps", resets.len());
+        }
         // The feature net has no recurrence: all B·T rows at once.
         let f = self.features(&obs.reshape((b * t, d))?, blueprints)?.reshape((b, t, self.shape.hidden))?;
         let (mut h, mut c) = (state.h.clone(), state.c.clone());
         let mut hs = Vec::with_capacity(t);
         for step in 0..t {
+            if (0..b).any(|row| resets.get(row * t + step).copied().unwrap_or(false)) {
+                let keep: Vec<f32> = (0..b).map(|row| f32::from(u8::from(!resets[row * t + step]))).collect();
+                let keep = Tensor::from_vec(keep, (b, 1), h.device())?.to_dtype(h.dtype())?;
+                h = h.broadcast_mul(&keep)?;
+                c = c.broadcast_mul(&keep)?;
+            }
             let x = f.narrow(1, step, 1)?.squeeze(1)?;
             (h, c) = self.lstm.step(&x, &h, &c)?;
             hs.push(h.clone());
@@ -498,7 +514,7 @@ mod tests {
         let obs = input(b * t, shape.obs_dim, 5).reshape((b, t, shape.obs_dim)).unwrap();
         let blueprints: Vec<i64> = (0..b * t * 2).map(|i| [-1, 0, 1, 7, 12][i % 5]).collect();
         let start = Recurrent { h: input(b, shape.hidden, 6), c: input(b, shape.hidden, 7) };
-        let seq = net.sequence(&obs, &blueprints, &start).unwrap();
+        let seq = net.sequence(&obs, &blueprints, &start, &[]).unwrap();
         let mut state = start.clone();
         for step in 0..t {
             let o = obs.narrow(1, step, 1).unwrap().squeeze(1).unwrap();
@@ -535,6 +551,37 @@ mod tests {
         );
     }
 
+    /// A reset before step k of a row gives that row's steps k.. what a fresh sequence from the zero
+    /// state over the same inputs gives; the other rows are untouched.
+    #[test]
+    fn a_reset_restarts_the_row_from_the_zero_state() {
+        let shape = tiny();
+        let net = PolicyNet::init(shape, init_key(12), DType::F64, &Device::Cpu).unwrap();
+        let (b, t, k) = (2, 5, 2);
+        let obs = input(b * t, shape.obs_dim, 13).reshape((b, t, shape.obs_dim)).unwrap();
+        let blueprints: Vec<i64> = (0..b * t * 2).map(|i| [-1, 3, 5][i % 3]).collect();
+        let start = Recurrent { h: input(b, shape.hidden, 14), c: input(b, shape.hidden, 15) };
+        let mut resets = vec![false; b * t];
+        resets[k] = true; // row 0, before step k
+        let with = net.sequence(&obs, &blueprints, &start, &resets).unwrap();
+        let without = net.sequence(&obs, &blueprints, &start, &[]).unwrap();
+        let tail = obs.narrow(0, 0, 1).unwrap().narrow(1, k, t - k).unwrap();
+        let fresh = net
+            .sequence(&tail, &blueprints[k * 2..t * 2], &Recurrent::zeros(1, 8, DType::F64, &Device::Cpu).unwrap(), &[])
+            .unwrap();
+        let v = |x: &PolicyOutput| values(&x.value);
+        let (w, wo, f) = (v(&with), v(&without), v(&fresh));
+        for step in 0..t {
+            if step < k {
+                assert_eq!(w[step], wo[step], "before the reset");
+            } else {
+                assert!((w[step] - f[step - k]).abs() < 1e-12, "step {step}");
+                assert!((w[step] - wo[step]).abs() > 1e-9, "the reset changed step {step}");
+            }
+            assert_eq!(w[t + step], wo[t + step], "row 1 has no reset");
+        }
+    }
+
     /// Autograd through two LSTM steps, every head and the critic, against central differences on a
     /// few weights of the LSTM and the embedding (f64).
     #[test]
@@ -546,7 +593,7 @@ mod tests {
         let start = Recurrent::zeros(2, shape.hidden, DType::F64, &Device::Cpu).unwrap();
         let weights = input(8, 1, 11);
         let loss = |net: &PolicyNet| -> Tensor {
-            let out = net.sequence(&obs, &blueprints, &start).unwrap();
+            let out = net.sequence(&obs, &blueprints, &start, &[]).unwrap();
             let mut total = out.value.sqr().unwrap().sum_all().unwrap();
             for (k, logits) in out.logits.iter().enumerate() {
                 let w = weights.narrow(0, k, 1).unwrap().squeeze(0).unwrap().squeeze(0).unwrap();
