@@ -324,10 +324,52 @@ pub struct TrainArgs {
     pub slots: Option<String>,
 
     #[arg(long, value_name = "POLICY", value_parser = parse_policy_kind,
-          help = with_default("Policy: heuristic (Tamiyo's rules), random (uniform legal actions) or static \
-                               (never germinates: the static host, the baseline to judge the others by)",
-                              "heuristic"))]
+          help = with_default("Policy: ppo (the learned LSTM policy, trained with PPO once per round; \
+                               saves <out>/checkpoint.safetensors after every round), heuristic (Tamiyo's \
+                               rules), random (uniform legal actions) or static (never germinates: the \
+                               static host, the baseline to judge the others by)",
+                              "ppo"))]
     pub policy: Option<PolicyKind>,
+
+    #[arg(long, value_name = "K", allow_negative_numbers = true,
+          help = with_default("PPO passes over each round's batch", d().ppo_epochs))]
+    pub ppo_epochs: Option<usize>,
+
+    #[arg(long, value_name = "LR", allow_negative_numbers = true,
+          help = with_default("PPO: Adam's learning rate", d().ppo_lr))]
+    pub ppo_lr: Option<f64>,
+
+    #[arg(long, value_name = "C", allow_negative_numbers = true,
+          help = with_default("PPO: entropy coefficient (per-head multipliers on top)", d().entropy_coef))]
+    pub entropy_coef: Option<f64>,
+
+    #[arg(long, value_name = "KL", allow_negative_numbers = true,
+          help = with_default("PPO: stop a round's passes when the approximate KL exceeds 1.5× this (0: never)",
+                              d().target_kl))]
+    pub target_kl: Option<f64>,
+
+    #[arg(long, value_name = "H", allow_negative_numbers = true,
+          help = with_default("The learned policy's LSTM width (heads are half of it)", d().policy_hidden))]
+    pub policy_hidden: Option<usize>,
+
+    #[arg(long, value_name = "FILE", help = with_default(
+        "Start the learned policy from this checkpoint (weights and normalisers; a run's \
+         checkpoint.safetensors)", "none"))]
+    pub policy_checkpoint: Option<PathBuf>,
+
+    #[arg(long, help = "Run the --policy-checkpoint policy without learning (no updates, no checkpoints)")]
+    pub eval: bool,
+
+    #[arg(
+        long,
+        help = "The learned policy takes each head's most probable legal choice instead of sampling"
+    )]
+    pub deterministic: bool,
+
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["config", "policy_checkpoint"], help = with_default(
+        "Continue the run a checkpoint.safetensors was saved from, at its next round, with its config \
+         (only --rounds, --out, --force, --trace, --quiet and --profile may be given with it)", "none"))]
+    pub resume: Option<PathBuf>,
 
     #[arg(long, value_name = "S", allow_negative_numbers = true,
           help = with_default("Run seed; every random draw derives from it", d().seed))]
@@ -432,10 +474,43 @@ impl TrainArgs {
     /// `--data synthetic` on the command line also drops a `data_dir` that came from the file (it would
     /// be an error with synthetic data); a `--data-dir` flag is kept and rejected by `resolve`.
     pub fn to_config(&self) -> Result<RunConfig, ConfigError> {
-        let mut c = match &self.config {
+        if let Some(path) = &self.resume {
+            return self.resumed_config(path);
+        }
+        let base = match &self.config {
             Some(path) => RunConfig::from_toml_file(path)?,
             None => RunConfig::default(),
         };
+        Ok(self.apply(base))
+    }
+
+    /// `--resume`: the checkpoint's config with `--rounds`, `--out` and `--trace` applied; any other
+    /// setting given is an error (the run would not be the one the checkpoint continues).
+    fn resumed_config(&self, path: &std::path::Path) -> Result<RunConfig, ConfigError> {
+        let checkpoint = crate::checkpoint::load(path)
+            .map_err(|reason| ConfigError::Invalid { name: "--resume", reason })?;
+        let mut saved = checkpoint.header.config;
+        saved.out = None;
+        saved.trace = None;
+        let mut given = self.apply(saved.clone());
+        saved.rounds = given.rounds;
+        saved.out = given.out.take();
+        saved.trace = given.trace.take();
+        given.out = saved.out.clone();
+        given.trace = saved.trace.clone();
+        if given != saved {
+            return Err(ConfigError::Invalid {
+                name: "--resume",
+                reason: "continues the checkpoint's run with its config; only --rounds, --out, --force, \
+                         --trace, --quiet and --profile may be given with it"
+                    .into(),
+            });
+        }
+        Ok(saved)
+    }
+
+    /// The flags given, over `c`.
+    fn apply(&self, mut c: RunConfig) -> RunConfig {
         set(&mut c.envs, self.envs);
         set(&mut c.rounds, self.rounds);
         set(&mut c.epochs, self.epochs);
@@ -469,7 +544,17 @@ impl TrainArgs {
         if self.trace.is_some() {
             c.trace = self.trace.clone();
         }
-        Ok(c)
+        set(&mut c.ppo_epochs, self.ppo_epochs);
+        set(&mut c.ppo_lr, self.ppo_lr);
+        set(&mut c.entropy_coef, self.entropy_coef);
+        set(&mut c.target_kl, self.target_kl);
+        set(&mut c.policy_hidden, self.policy_hidden);
+        if self.policy_checkpoint.is_some() {
+            c.policy_checkpoint = self.policy_checkpoint.clone();
+        }
+        c.eval |= self.eval;
+        c.deterministic |= self.deterministic;
+        c
     }
 }
 

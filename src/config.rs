@@ -45,17 +45,19 @@ impl DataKind {
 #[serde(rename_all = "snake_case")]
 pub enum PolicyKind {
     /// Heuristic Tamiyo (spec tamiyo §5).
-    #[default]
     Heuristic,
     /// Uniformly random legal actions (a baseline).
     Random,
     /// Never germinates: every decision is WAIT — the static host, the baseline every morphogenetic
     /// result is judged against.
     Static,
+    /// The learned policy (factored LSTM), trained with PPO once per round — or only run, with `eval`.
+    #[default]
+    Ppo,
 }
 
 impl PolicyKind {
-    pub const ALL: [PolicyKind; 3] = [Self::Heuristic, Self::Random, Self::Static];
+    pub const ALL: [PolicyKind; 4] = [Self::Ppo, Self::Heuristic, Self::Random, Self::Static];
 
     /// The name used on the command line, in configs and in `summary.json`.
     pub fn name(self) -> &'static str {
@@ -63,6 +65,7 @@ impl PolicyKind {
             Self::Heuristic => "heuristic",
             Self::Random => "random",
             Self::Static => "static",
+            Self::Ppo => "ppo",
         }
     }
 
@@ -134,6 +137,22 @@ pub struct RunConfig {
     /// Every metrics.jsonl line also carries the env's raw observation (`observation`, the
     /// `23 + 31·S` Obs V3 features the policy's input was normalised from) and `blueprint_indices`.
     pub log_observations: bool,
+    /// PPO: passes over each round's batch (K).
+    pub ppo_epochs: usize,
+    /// PPO: Adam's learning rate.
+    pub ppo_lr: f64,
+    /// PPO: the entropy coefficient (per-head multipliers on top).
+    pub entropy_coef: f64,
+    /// PPO: early stop of the K passes when the approximate KL exceeds 1.5× this (0: never).
+    pub target_kl: f64,
+    /// The learned policy's LSTM width (the reference's 512; heads are half of it).
+    pub policy_hidden: usize,
+    /// Start the learned policy from this checkpoint (its weights and normalisers).
+    pub policy_checkpoint: Option<PathBuf>,
+    /// Run the learned policy without learning (needs `policy_checkpoint`).
+    pub eval: bool,
+    /// The learned policy takes each head's most probable legal choice instead of sampling.
+    pub deterministic: bool,
 }
 
 impl Default for RunConfig {
@@ -147,7 +166,7 @@ impl Default for RunConfig {
             data: DataKind::Synthetic,
             data_dir: None,
             slots: "r0c0,r0c1,r0c2".into(),
-            policy: PolicyKind::Heuristic,
+            policy: PolicyKind::Ppo,
             seed: 0,
             batch_per_env: 128,
             synthetic_train_per_env: 1024,
@@ -166,11 +185,31 @@ impl Default for RunConfig {
             basic_acc_delta_weight: reward.basic_acc_delta_weight,
             log_reward_inputs: false,
             log_observations: false,
+            ppo_epochs: 1,
+            ppo_lr: 3e-4,
+            entropy_coef: 0.05,
+            target_kl: 0.015,
+            policy_hidden: 512,
+            policy_checkpoint: None,
+            eval: false,
+            deterministic: false,
         }
     }
 }
 
 impl RunConfig {
+    /// The PPO settings of this run (the rest are the reference's defaults, simic §5).
+    pub fn ppo(&self) -> esper_kernels::policy::ppo::PpoConfig {
+        esper_kernels::policy::ppo::PpoConfig {
+            epochs: self.ppo_epochs,
+            lr: self.ppo_lr,
+            entropy_coef: self.entropy_coef,
+            target_kl: (self.target_kl > 0.0).then_some(self.target_kl),
+            total_updates: self.rounds as u64,
+            ..Default::default()
+        }
+    }
+
     /// The reward settings of this run (every other reward constant is the reference's).
     pub fn reward(&self) -> RewardConfig {
         RewardConfig {
@@ -205,6 +244,9 @@ pub struct RunPlan {
     pub table: bool,
     /// The run's estimated peak memory (data, hosts, seeds in every slot).
     pub memory: MemoryEstimate,
+    /// Continue the learned policy's run from this checkpoint (`--resume`): its state, from its next
+    /// round.
+    pub resume: Option<PathBuf>,
 }
 
 impl RunPlan {
@@ -444,9 +486,43 @@ impl RunConfig {
             (self.batch_per_env, "--batch-per-env (batch_per_env)"),
             (self.synthetic_train_per_env, "synthetic_train_per_env"),
             (self.synthetic_test_per_env, "synthetic_test_per_env"),
+            (self.ppo_epochs, "--ppo-epochs"),
+            (self.policy_hidden, "--policy-hidden"),
         ];
         if let Some(&(_, name)) = positive.iter().find(|(v, _)| *v == 0) {
             return Err(ConfigError::Zero { name });
+        }
+        let invalid =
+            |name: &'static str, reason: &str| Err(ConfigError::Invalid { name, reason: reason.into() });
+        if !(self.ppo_lr.is_finite() && self.ppo_lr > 0.0) {
+            return invalid("--ppo-lr", &format!("must be a positive number (got {})", self.ppo_lr));
+        }
+        if !(self.entropy_coef.is_finite() && self.entropy_coef >= 0.0) {
+            return invalid("--entropy-coef", &format!("must be a number ≥ 0 (got {})", self.entropy_coef));
+        }
+        if !(self.target_kl.is_finite() && self.target_kl >= 0.0) {
+            return invalid(
+                "--target-kl",
+                &format!("must be a number ≥ 0, 0 for none (got {})", self.target_kl),
+            );
+        }
+        if self.policy_hidden % 4 != 0 {
+            return invalid(
+                "--policy-hidden",
+                &format!("must be a multiple of 4 (got {})", self.policy_hidden),
+            );
+        }
+        let learned = self.policy == PolicyKind::Ppo;
+        if (self.eval || self.deterministic || self.policy_checkpoint.is_some()) && !learned {
+            return invalid("--eval, --deterministic, --policy-checkpoint", "only apply to --policy ppo");
+        }
+        if self.eval && self.policy_checkpoint.is_none() {
+            return invalid("--eval", "needs --policy-checkpoint FILE (the policy to run)");
+        }
+        if let Some(path) = &self.policy_checkpoint
+            && !path.is_file()
+        {
+            return invalid("--policy-checkpoint", &format!("{} is not a file", path.display()));
         }
         self.reward().validate().map_err(ConfigError::Reward)?;
         if let Some(trace) = &self.trace {
@@ -488,7 +564,7 @@ impl RunConfig {
         Sharding::new(n_train, n_test, self.envs, self.batch_per_env).map_err(ConfigError::CannotFeed)?;
         let memory =
             MemoryEstimate::new(&task.host(), &slots, self.batch_per_env, self.envs, n_train + n_test);
-        Ok(RunPlan { config: self, task, slots, data, out_dir, quiet, table: !quiet, memory })
+        Ok(RunPlan { config: self, task, slots, data, out_dir, quiet, table: !quiet, memory, resume: None })
     }
 }
 

@@ -7,6 +7,7 @@
 pub use esper_components as components;
 pub use esper_systems as systems;
 pub mod bench;
+pub mod checkpoint;
 pub mod cli;
 pub mod compare;
 pub mod config;

@@ -87,7 +87,10 @@ fn train(args: &TrainArgs) -> ExitCode {
         return bad_input(format!("--profile chrome={}: {e}", path.display()));
     }
     let plan = match args.to_config().and_then(|config| config.resolve(args.force, args.quiet)) {
-        Ok(plan) => plan,
+        Ok(mut plan) => {
+            plan.resume = args.resume.clone();
+            plan
+        }
         Err(e) => {
             if let Some(path) = chromes.first() {
                 let _ = std::fs::remove_file(path);

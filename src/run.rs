@@ -3,6 +3,7 @@
 //! `summary.json`. A stop request (Ctrl-C) is honoured after the current epoch, with everything written
 //! so far intact.
 
+use crate::checkpoint::{self, CheckpointHeader};
 use crate::config::{PolicyKind, RunPlan};
 use crate::profile::{mean, min_max};
 use crate::trace::{TraceHeader, TraceWriter, partial_path};
@@ -15,8 +16,15 @@ use esper_components::{
 };
 use esper_kernels::data::{Batcher, Dataset};
 use esper_kernels::host::{CpuHostBackend, HostArch};
+use esper_kernels::observation::obs_dim;
+use esper_kernels::policy::network::PolicyShape;
+use esper_kernels::policy::ppo::PpoAgent;
+use esper_kernels::policy::rollout::RolloutBuffer;
+use esper_systems::compute_rewards::SharedRewardNormalizer;
 use esper_systems::episode_end::episode_end_schedule;
 use esper_systems::host_resources::{Hosts, StepClock, TrainData};
+use esper_systems::learner::{Learner, Rollout};
+use esper_systems::normalize_observations::ObsNormalization;
 use esper_systems::policy::{ActivePolicy, HeuristicPolicy, Policy, RandomPolicy, StaticPolicy};
 use esper_systems::update_obs_normalizer::round_end_schedule;
 use esper_systems::update_signals::{EnvSignals, SlotReports};
@@ -51,6 +59,8 @@ pub struct RunSummary {
     pub failed_ops: u64,
     pub rollbacks: u64,
     pub vetoed_ops: u64,
+    /// Rounds after which the learned policy saved a checkpoint (0 for the other policies).
+    pub policy_updates: u64,
 }
 
 /// A run that could not start or stopped on an error (I/O, data).
@@ -121,14 +131,53 @@ pub fn build_world(plan: &RunPlan) -> Result<World, RunError> {
         }
         PolicyKind::Random => Box::new(RandomPolicy),
         PolicyKind::Static => Box::new(StaticPolicy),
+        PolicyKind::Ppo => {
+            install_learner(&mut world, plan)?;
+            return finish_world(world, plan, n_envs);
+        }
     };
     world.insert_resource(ActivePolicy(policy));
+    finish_world(world, plan, n_envs)
+}
+
+/// The learned policy: a fresh agent (or one from `policy_checkpoint`, with the observation and
+/// reward normalisers it was trained with), and the rollout buffer unless it only evaluates.
+fn install_learner(world: &mut World, plan: &RunPlan) -> Result<(), RunError> {
+    let cfg = &plan.config;
+    let n_slots = plan.slots.len();
+    let shape = PolicyShape {
+        hidden: cfg.policy_hidden,
+        head_hidden: cfg.policy_hidden / 2,
+        ..PolicyShape::reference(n_slots)
+    };
+    let device = candle_core::Device::Cpu;
+    let error = |e: candle_core::Error| RunError(format!("policy: {e}"));
+    let mut agent = PpoAgent::new(shape, cfg.seed, cfg.ppo(), &device).map_err(error)?;
+    if let Some(path) = &cfg.policy_checkpoint {
+        let checkpoint = checkpoint::load(path).map_err(RunError)?;
+        checkpoint.restore(&mut agent, false).map_err(|e| RunError(format!("{}: {e}", path.display())))?;
+        world.insert_resource(ObsNormalization::from_normalizer(checkpoint.header.obs_normalizer.clone()));
+        world.insert_resource(SharedRewardNormalizer(checkpoint.header.reward_normalizer));
+    }
+    let learner = Learner::new(agent, cfg.envs, cfg.deterministic).map_err(error)?;
+    world.insert_resource(learner);
+    if !cfg.eval {
+        let buffer = RolloutBuffer::new(cfg.envs, cfg.epochs, obs_dim(n_slots), n_slots);
+        world.insert_resource(Rollout(buffer));
+    }
+    Ok(())
+}
+
+/// The resources and entities every policy's world has.
+fn finish_world(mut world: World, plan: &RunPlan, n_envs: usize) -> Result<World, RunError> {
+    let cfg = &plan.config;
     world.insert_resource(SlotReports::default());
     world.insert_resource(world.resource::<Hosts>().param_counts());
     world.insert_resource(cfg.reward());
     let ledger_capacity = ScaffoldLedger::episode_capacity(plan.slots.len(), cfg.epochs);
     for e in 0..n_envs as u32 {
         let env = spawn_env(&mut world, e, ledger_capacity);
+        let signal_config = *world.resource::<SignalConfig>();
         world.entity_mut(env).insert((SignalTracker::new(&signal_config), EnvSignals::default()));
         for s in 0..plan.slots.len() as u8 {
             spawn_slot(&mut world, env, e, s);
@@ -140,6 +189,8 @@ pub fn build_world(plan: &RunPlan) -> Result<World, RunError> {
 /// A built world and its step schedule: what [`train`] drives, and what tests step by hand.
 pub struct Session {
     pub world: World,
+    /// The first round this session plays (after a resumed checkpoint's last, else 0).
+    pub first_round: u64,
     schedule: Schedule,
     episode_end: Schedule,
     round_end: Schedule,
@@ -168,7 +219,61 @@ impl Session {
         round_end.initialize(&mut world).map_err(|e| RunError(format!("round-end schedule: {e:?}")))?;
         let env_metrics = world.query();
         let env_returns = world.query();
-        Ok(Self { world, schedule, episode_end, round_end, env_metrics, env_returns })
+        let mut session =
+            Self { world, first_round: 0, schedule, episode_end, round_end, env_metrics, env_returns };
+        if let Some(path) = &plan.resume {
+            session.resume(path)?;
+        }
+        Ok(session)
+    }
+
+    /// Continue from a checkpoint: the learner's weights, Adam state and update count, the three
+    /// normalisers, and the next round.
+    fn resume(&mut self, path: &Path) -> Result<(), RunError> {
+        let checkpoint = checkpoint::load(path).map_err(RunError)?;
+        let mut learner = self
+            .world
+            .get_resource_mut::<Learner>()
+            .ok_or_else(|| RunError("--resume: only a --policy ppo run has a checkpoint to resume".into()))?;
+        checkpoint
+            .restore(&mut learner.agent, true)
+            .map_err(|e| RunError(format!("{}: {e}", path.display())))?;
+        let header = checkpoint.header;
+        self.world.insert_resource(ObsNormalization::from_normalizer(header.obs_normalizer));
+        self.world.insert_resource(SharedRewardNormalizer(header.reward_normalizer));
+        self.first_round = header.next_round;
+        Ok(())
+    }
+
+    /// The learner's state as a checkpoint header (None when the policy does not learn).
+    pub fn checkpoint_header(&self, plan: &RunPlan, next_round: u64) -> Option<CheckpointHeader> {
+        self.world.get_resource::<Rollout>()?;
+        let learner = self.world.get_resource::<Learner>()?;
+        Some(CheckpointHeader {
+            format_version: checkpoint::CHECKPOINT_FORMAT,
+            program_version: env!("CARGO_PKG_VERSION").to_string(),
+            config: plan.config.clone(),
+            next_round,
+            train_steps: learner.agent.train_steps,
+            adam_step: learner.agent.adam.step,
+            shape: learner.agent.net.shape,
+            obs_normalizer: self.world.resource::<ObsNormalization>().normalizer.clone(),
+            reward_normalizer: self.world.resource::<SharedRewardNormalizer>().0,
+            value_normalizer: learner.agent.value_normalizer,
+        })
+    }
+
+    /// Write the learner's checkpoint for `next_round` to `path` (nothing when it does not learn).
+    pub fn save_checkpoint(&self, plan: &RunPlan, next_round: u64, path: &Path) -> Result<bool, RunError> {
+        let Some(header) = self.checkpoint_header(plan, next_round) else { return Ok(false) };
+        let learner = self.world.resource::<Learner>();
+        checkpoint::save(path, &header, &learner.agent).map_err(RunError)?;
+        Ok(true)
+    }
+
+    /// Every env's raw episode return this round, in no particular order.
+    pub fn episode_returns(&mut self) -> Vec<f64> {
+        self.env_returns.iter(&self.world).map(|r| r.raw).collect()
     }
 
     /// Fresh hosts, empty slots and fresh per-env state for `round` (round 0 is set up by `new`).
@@ -258,7 +363,14 @@ pub fn train_session(
 
     let mut summary = RunSummary::default();
     let mut tallies = LifecycleTally::default();
-    'rounds: for round in 0..cfg.rounds as u64 {
+    let first_round = session.first_round;
+    if first_round >= cfg.rounds as u64 {
+        return Err(RunError(format!(
+            "--resume: the checkpoint already holds {first_round} rounds; give --rounds more than that to continue"
+        )));
+    }
+    'rounds: for round in first_round..cfg.rounds as u64 {
+        let round_started = Instant::now();
         let _round_span = tracing::info_span!(target: "esper", "round", round).entered();
         session.start_round(round);
         for epoch in 1..=cfg.epochs as u64 {
@@ -279,8 +391,9 @@ pub fn train_session(
             summary.epochs_completed += 1;
             if let Some(bar) = &progress {
                 let mean = mean(&summary.final_val_accuracy);
+                let ret = session.mean_episode_return();
                 bar.set_message(format!(
-                    "round {}/{} epoch {epoch}/{} | val acc {mean:5.1}%",
+                    "round {}/{} epoch {epoch}/{} | val acc {mean:5.1}% | return {ret:6.2}",
                     round + 1,
                     cfg.rounds,
                     cfg.epochs
@@ -301,6 +414,13 @@ pub fn train_session(
         add_tallies(&mut session.world, &mut tallies);
         summary.mean_episode_return.push(session.mean_episode_return());
         summary.rounds_completed += 1;
+        if session.save_checkpoint(plan, round + 1, &checkpoint::path_in(&plan.out_dir))? {
+            summary.policy_updates += 1;
+        }
+        write_round_line(&mut session, round, round_started.elapsed().as_secs_f64(), cfg.envs * cfg.epochs);
+        if let Some(err) = session.world.resource::<MetricsSink>().error() {
+            return Err(RunError(err.to_string()));
+        }
     }
     if let Some(bar) = progress {
         bar.finish_and_clear();
@@ -328,6 +448,26 @@ pub fn train_session(
         print_table(plan, &summary);
     }
     Ok(summary)
+}
+
+/// The round's line in `metrics.jsonl`: the raw episode returns' mean and spread, throughput, and
+/// the learner's update (losses, KL, clip fraction, explained variance, per-head entropy, grad norm)
+/// when it learned.
+fn write_round_line(session: &mut Session, round: u64, seconds: f64, env_epochs: usize) {
+    let returns = session.episode_returns();
+    let n = returns.len().max(1) as f64;
+    let mean = returns.iter().sum::<f64>() / n;
+    let std = (returns.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / n).sqrt();
+    let update = session.world.get_resource::<Learner>().and_then(|l| l.last_update.clone());
+    let line = serde_json::json!({
+        "kind": "round",
+        "round": round,
+        "episode_return_mean": mean,
+        "episode_return_std": std,
+        "env_epochs_per_second": env_epochs as f64 / seconds.max(1e-9),
+        "update": update,
+    });
+    session.world.resource_mut::<MetricsSink>().write_line(&line);
 }
 
 /// The header of `plan`'s trace.

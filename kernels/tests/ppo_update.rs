@@ -31,8 +31,12 @@ fn masks(stream: &mut esper_kernels::rng::Stream) -> ActionMasks {
             })
         })
         .collect();
-    let params =
-        MaskParams { topology: Topology::Cnn, max_seeds: 3, allow_governor_override: false, disable_advance: false };
+    let params = MaskParams {
+        topology: Topology::Cnn,
+        max_seeds: 3,
+        allow_governor_override: false,
+        disable_advance: false,
+    };
     let seeds = slots.iter().filter(|s| s.is_some()).count() as u32;
     compute_action_masks(&slots, seeds, &params)
 }
@@ -50,7 +54,8 @@ fn collect(agent: &PpoAgent, rows: usize, cols: usize, seed: u64) -> RolloutBuff
         let blueprints: Vec<i64> = (0..rows * SLOTS).map(|_| stream.below(14) as i64 - 1).collect();
         let obs_t = Tensor::from_slice(&obs, (rows, sh.obs_dim), &Device::Cpu).unwrap();
         let out = agent.net.step(&obs_t, &blueprints, &state).unwrap();
-        let logits: Vec<Vec<f32>> = out.logits.iter().map(|l| l.flatten_all().unwrap().to_vec1().unwrap()).collect();
+        let logits: Vec<Vec<f32>> =
+            out.logits.iter().map(|l| l.flatten_all().unwrap().to_vec1().unwrap()).collect();
         let values: Vec<f32> = out.value.to_vec1().unwrap();
         let sizes = sh.head_sizes();
         for e in 0..rows {
@@ -137,7 +142,11 @@ fn one_update_raises_positive_and_lowers_negative_advantage_actions() {
             right += usize::from(delta < 0.0);
         }
     }
-    eprintln!("rows {up}+{down}: mean rise {:.5}, mean fall {:.5}, {right} right", rise / up as f64, fall / down as f64);
+    eprintln!(
+        "rows {up}+{down}: mean rise {:.5}, mean fall {:.5}, {right} right",
+        rise / up as f64,
+        fall / down as f64
+    );
     assert!(up >= 10 && down >= 10, "{up} positive and {down} negative rows with a choice");
     assert!(rise > 0.0 && fall < 0.0, "Σ Δ log π: {rise} where A > 0, {fall} where A < 0");
     // Row by row it is a majority, not a law: one shared network moves every row's logits at once.

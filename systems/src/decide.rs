@@ -1,9 +1,11 @@
 //! Decide: the installed [`Policy`](crate::policy::Policy) reads every env's observations (the
 //! normalised features and blueprint indices of [`ObsBatch`], with the signals and slot reports) and
-//! masks and writes the batch of factored actions — one call per step for all envs.
+//! masks and writes the batch of factored actions — one call per step for all envs. Without an
+//! installed policy the learned one decides ([`Learner::decide`]: one batched network forward).
 
 use crate::build_observations::ObsBatch;
 use crate::host_resources::StepClock;
+use crate::learner::Learner;
 use crate::policy::{ActivePolicy, Observations};
 use crate::resources::{ActionBatch, MaskBatch};
 use crate::step_span::StepInfo;
@@ -20,12 +22,28 @@ pub fn decide(
     observations: Res<ObsBatch>,
     slot_config: Res<SlotConfig>,
     clock: Res<StepClock>,
-    mut policy: ResMut<ActivePolicy>,
+    policy: Option<ResMut<ActivePolicy>>,
+    learner: Option<ResMut<Learner>>,
     mut actions: ResMut<ActionBatch>,
     mut signals: Local<Vec<Option<TrainingSignals>>>,
     info: StepInfo,
 ) {
     let _span = crate::system_span!(info, "Decide::decide");
+    let mut learner = learner;
+    if let Some(learner) = learner.as_deref_mut() {
+        learner.decided = false;
+    }
+    let Some(mut policy) = policy else {
+        let learner = learner.expect("a run installs a policy or the learner");
+        learner.into_inner().decide(
+            &observations.normalized,
+            &observations.blueprint_indices,
+            &masks.0,
+            *clock,
+            &mut actions,
+        );
+        return;
+    };
     signals.clear();
     signals.resize(masks.0.len(), None);
     for (env, s) in &envs {

@@ -1,9 +1,11 @@
 //! The episode-end schedule: runs once between rounds. Every env gets a fresh host (drawn from its
 //! stream for the new round) and its snapshot, empty slots, and fresh trackers, governors and policy
-//! state — the reference builds new environments for every batch of episodes (simic §1.1).
+//! state (the learned policy's LSTM state included) — the reference builds new environments for every
+//! batch of episodes (simic §1.1).
 
 use crate::governor_check::GovernorVerdict;
 use crate::host_resources::{Hosts, StepClock};
+use crate::learner::Learner;
 use crate::policy::ActivePolicy;
 use crate::slot_query::SlotLifecycle;
 use crate::step_span::StepInfo;
@@ -44,14 +46,20 @@ pub fn reset_episode(
     clock: Res<StepClock>,
     signal_config: Res<SignalConfig>,
     mut hosts: ResMut<Hosts>,
-    mut policy: ResMut<ActivePolicy>,
+    policy: Option<ResMut<ActivePolicy>>,
+    learner: Option<ResMut<Learner>>,
     mut envs: Query<EnvState>,
     mut slots: Query<(SlotLifecycle, &mut SlotTracking, &mut FossilSnapshot, &mut SlotRewardState)>,
     info: StepInfo,
 ) {
     let _span = crate::system_span!(info, "EpisodeEnd::reset_episode");
     hosts.reset_round(clock.seed, clock.round);
-    policy.0.reset();
+    if let Some(mut policy) = policy {
+        policy.0.reset();
+    }
+    if let Some(mut learner) = learner {
+        learner.reset_hidden();
+    }
     for (mut metrics, mut tracker, mut signals, mut governor, mut verdict, books) in &mut envs {
         let (mut last, mut fossils, mut pending, mut ledger, mut episode) = books;
         *episode = EpisodeReturn::default();

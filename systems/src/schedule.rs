@@ -7,6 +7,7 @@ use crate::compute_rewards::compute_rewards;
 use crate::decide::decide;
 use crate::normalize_observations::normalize_observations;
 use crate::note_fossilizations::note_fossilizations;
+use crate::record_rollout::record_rollout;
 use crate::write_trace::write_trace;
 use crate::{apply_ops::apply_ops, build_masks::build_masks, record_accuracy::record_accuracy};
 use crate::{governor_check::governor_check, governor_rollback::governor_rollback};
@@ -134,13 +135,14 @@ pub fn add_reward_systems(schedule: &mut Schedule) {
 }
 
 /// Act (governor rollbacks, the ops, then the action bookkeeping), Tick, Record (counts, fossilization
-/// snapshots, `metrics.jsonl` and `trace.bin`, in parallel; the trace only where a `TraceSink` is
-/// installed).
+/// snapshots, `metrics.jsonl`, `trace.bin` and the learner's rollout, in parallel; the trace only where
+/// a `TraceSink` is installed, the rollout only where the learner decided).
 pub fn add_act_record_systems(schedule: &mut Schedule) {
     schedule.add_systems((
         (governor_rollback, apply_ops, track_actions).chain().in_set(StepSet::Act),
         tick.in_set(StepSet::Tick),
-        (tally_lifecycle, note_fossilizations, write_metrics, write_trace).in_set(StepSet::Record),
+        (tally_lifecycle, note_fossilizations, write_metrics, write_trace, record_rollout)
+            .in_set(StepSet::Record),
     ));
 }
 

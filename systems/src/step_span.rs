@@ -36,7 +36,7 @@ macro_rules! system_span {
 
 /// Every span the step schedule of [`add_training_systems`](crate::add_training_systems) opens, in
 /// schedule order; a test checks it against the schedule's systems.
-pub const TRAINING_SYSTEM_SPANS: [&str; 20] = [
+pub const TRAINING_SYSTEM_SPANS: [&str; 21] = [
     "TrainHosts::train_hosts",
     "Validate::validate",
     "Observe::governor_check",
@@ -57,4 +57,5 @@ pub const TRAINING_SYSTEM_SPANS: [&str; 20] = [
     "Record::note_fossilizations",
     "Record::write_metrics",
     "Record::write_trace",
+    "Record::record_rollout",
 ];

@@ -1,7 +1,7 @@
 //! Round end: the observation normaliser's one EMA step from the moments of all of the round's raw
 //! observations (simic §4.6), then fresh moments about the new mean. It runs after a round's last
 //! epoch (or the epoch a stop request ended the round at, as the reference's graceful stop still
-//! updates) and before anything learns from the round (the learned policy's update will follow it in the
+//! updates) and before anything learns from the round (the learned policy's update follows it in the
 //! same schedule); the observations stored during the round keep the normalisation they had.
 
 use crate::normalize_observations::ObsNormalization;
@@ -22,9 +22,23 @@ pub fn update_obs_normalizer(mut normalization: ResMut<ObsNormalization>, info: 
     round.restart(&normalizer.mean);
 }
 
-/// The round-end schedule (ambiguity detection at error, like the step's).
+/// The round-end schedule (ambiguity detection at error, like the step's): with the learned policy
+/// learning, the bootstrap observation and values first (frozen statistics), then this update, then
+/// the PPO update.
 pub fn round_end_schedule() -> Schedule {
+    use crate::build_observations::build_observations;
+    use crate::learner::Rollout;
+    use crate::ppo_update::{bootstrap_values, ppo_update};
     let mut schedule = crate::schedule::strict_schedule(RoundEnd);
-    schedule.add_systems(update_obs_normalizer);
+    let learning = resource_exists::<Rollout>;
+    schedule.add_systems(
+        (
+            build_observations.run_if(learning),
+            bootstrap_values.run_if(learning),
+            update_obs_normalizer,
+            ppo_update.run_if(learning),
+        )
+            .chain(),
+    );
     schedule
 }

@@ -64,6 +64,20 @@ impl MetricsSink {
     pub fn error(&self) -> Option<&str> {
         self.error.as_deref()
     }
+
+    /// One more line (the run's per-round line), flushed; a failure is kept like a step's.
+    pub fn write_line(&mut self, line: &serde_json::Value) {
+        if self.error.is_some() {
+            return;
+        }
+        let result = serde_json::to_writer(&mut self.out, line)
+            .map_err(|e| e.to_string())
+            .and_then(|()| self.out.write_all(b"\n").map_err(|e| e.to_string()))
+            .and_then(|()| self.out.flush().map_err(|e| e.to_string()));
+        if let Err(e) = result {
+            self.error = Some(format!("metrics.jsonl: {e}"));
+        }
+    }
 }
 
 /// One line of `metrics.jsonl`.

@@ -33,7 +33,12 @@ impl Adam {
     /// One step of every variable with its gradient (`grads[i]` for `vars[i]`).
     pub fn step(&mut self, vars: &[Var], grads: &[Tensor]) -> Result<()> {
         if vars.len() != self.m.len() || grads.len() != vars.len() {
-            candle_core::bail!("{} variables, {} gradients, {} moments", vars.len(), grads.len(), self.m.len());
+            candle_core::bail!(
+                "{} variables, {} gradients, {} moments",
+                vars.len(),
+                grads.len(),
+                self.m.len()
+            );
         }
         self.step += 1;
         let t = self.step as i32;

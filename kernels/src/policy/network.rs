@@ -27,7 +27,7 @@ pub const EMBED_DIM: usize = 4;
 const LN_EPS: f64 = 1e-5;
 
 /// The sizes of the network.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PolicyShape {
     pub n_slots: usize,
     /// Observation features per env (`23 + 31·S` for Obs V3).
@@ -567,7 +567,12 @@ mod tests {
         let without = net.sequence(&obs, &blueprints, &start, &[]).unwrap();
         let tail = obs.narrow(0, 0, 1).unwrap().narrow(1, k, t - k).unwrap();
         let fresh = net
-            .sequence(&tail, &blueprints[k * 2..t * 2], &Recurrent::zeros(1, 8, DType::F64, &Device::Cpu).unwrap(), &[])
+            .sequence(
+                &tail,
+                &blueprints[k * 2..t * 2],
+                &Recurrent::zeros(1, 8, DType::F64, &Device::Cpu).unwrap(),
+                &[],
+            )
             .unwrap();
         let v = |x: &PolicyOutput| values(&x.value);
         let (w, wo, f) = (v(&with), v(&without), v(&fresh));

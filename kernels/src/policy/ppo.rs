@@ -241,12 +241,19 @@ impl PpoAgent {
         let adv_norm: Vec<f32> = advantages
             .iter()
             .zip(&valid)
-            .map(|(&a, &v)| if v { ((a as f64 - adv_mean) / (adv_std.max(ADVANTAGE_STD_FLOOR) + 1e-8)) as f32 } else { 0.0 })
+            .map(|(&a, &v)| {
+                if v {
+                    ((a as f64 - adv_mean) / (adv_std.max(ADVANTAGE_STD_FLOOR) + 1e-8)) as f32
+                } else {
+                    0.0
+                }
+            })
             .collect();
 
         // 2. Explained variance (raw scale, Bessel), the normaliser's step, the critic's targets.
         let valid_returns = valid_values(&returns);
-        let residual: Vec<f64> = valid_returns.iter().zip(valid_values(&values_raw)).map(|(r, v)| r - v).collect();
+        let residual: Vec<f64> =
+            valid_returns.iter().zip(valid_values(&values_raw)).map(|(r, v)| r - v).collect();
         metrics.explained_variance = 1.0 - sample_var(&residual) / sample_var(&valid_returns).max(1.0);
         let valid_returns_f32: Vec<f32> = valid_returns.iter().map(|&r| r as f32).collect();
         self.value_normalizer.update(&valid_returns_f32);
@@ -285,7 +292,11 @@ impl PpoAgent {
             .iter()
             .map(|&h| {
                 (0..n)
-                    .map(|i| f32::from(u8::from(unforced[i] && relevant_heads(buffer.effective_ops[i])[h as usize])))
+                    .map(|i| {
+                        f32::from(u8::from(
+                            unforced[i] && relevant_heads(buffer.effective_ops[i])[h as usize],
+                        ))
+                    })
                     .collect()
             })
             .collect();
@@ -303,15 +314,23 @@ impl PpoAgent {
             })
             .collect();
         let value_weights: Vec<f32> = (0..n)
-            .map(|i| if !valid[i] { 0.0 } else if buffer.forced[i] { FORCED_VALUE_WEIGHT } else { 1.0 })
+            .map(|i| {
+                if !valid[i] {
+                    0.0
+                } else if buffer.forced[i] {
+                    FORCED_VALUE_WEIGHT
+                } else {
+                    1.0
+                }
+            })
             .collect();
         let valid_f: Vec<f32> = valid.iter().map(|&v| f32::from(u8::from(v))).collect();
         let ops: Vec<u8> = buffer.actions.iter().map(|a| a.op).collect();
-        let aux_mask: Vec<f32> = (0..n * s)
-            .map(|j| f32::from(u8::from(valid[j / s] && buffer.contribution_mask[j])))
-            .collect();
+        let aux_mask: Vec<f32> =
+            (0..n * s).map(|j| f32::from(u8::from(valid[j / s] && buffer.contribution_mask[j]))).collect();
         let t1 = |v: &[f32]| Tensor::from_slice(v, n, dev);
-        let (adv_t, target_t, weight_t, valid_t) = (t1(&adv_norm)?, t1(&targets)?, t1(&value_weights)?, t1(&valid_f)?);
+        let (adv_t, target_t, weight_t, valid_t) =
+            (t1(&adv_norm)?, t1(&targets)?, t1(&value_weights)?, t1(&valid_f)?);
         let aux_target_t = Tensor::from_slice(&buffer.contribution_targets, (n, s), dev)?;
         let aux_mask_t = Tensor::from_slice(&aux_mask, (n, s), dev)?;
         let causal_t = causal.iter().map(|m| t1(m)).collect::<Result<Vec<_>>>()?;
@@ -327,7 +346,8 @@ impl PpoAgent {
             let mut entropies = Vec::with_capacity(8);
             for head in Head::ALL {
                 let h = head as usize;
-                let (lp, ent) = floored_log_prob(&out.logits[h], &head_masks[h], HEAD_FLOORS[h], &head_actions[h])?;
+                let (lp, ent) =
+                    floored_log_prob(&out.logits[h], &head_masks[h], HEAD_FLOORS[h], &head_actions[h])?;
                 log_probs.push(lp);
                 entropies.push(ent);
             }
@@ -357,7 +377,9 @@ impl PpoAgent {
                 joint_log = (joint_log + &log_ratio)?;
                 let n_h = causal[h].iter().sum::<f32>() as f64;
                 if n_h > 0.0 {
-                    let kl = (((&ratio - 1.0)? - &log_ratio)? * &causal_t[h])?.sum_all()?.to_scalar::<f32>()? as f64;
+                    let kl = (((&ratio - 1.0)? - &log_ratio)? * &causal_t[h])?
+                        .sum_all()?
+                        .to_scalar::<f32>()? as f64;
                     kl_sum += kl; // Σ_h w_h·KL_h / Σ_h w_h with w_h = n_h / T is Σ_h Σ kl / Σ_h n_h
                     kl_weight += n_h;
                 }
@@ -393,7 +415,8 @@ impl PpoAgent {
                     let h_bar = ((&entropies[h] * &avail)?.sum_all()? / avail_count as f64)?;
                     metrics.head_entropy[h] = h_bar.to_scalar::<f32>()? as f64;
                     let shortfall = (h_bar.neg()? + cfg.entropy_floors[h])?.relu()?;
-                    floor_penalty = (floor_penalty + (shortfall.sqr()? * (cfg.entropy_floor_coefs[h] * schedule))?)?;
+                    floor_penalty =
+                        (floor_penalty + (shortfall.sqr()? * (cfg.entropy_floor_coefs[h] * schedule))?)?;
                 }
             }
             let n_w = count(&value_weights);
@@ -401,8 +424,10 @@ impl PpoAgent {
             let q_loss = ((((&q - &target_t)?.sqr()? * &weight_t)?.sum_all()? / n_w)? * 0.5)?;
             let n_aux = count(&aux_mask);
             let aux_loss = ((((&predicted - &aux_target_t)?.sqr()? * &aux_mask_t)?.sum_all()?) / n_aux)?;
-            let aux_coef = cfg.aux_coef * (self.train_steps as f64 / cfg.aux_warmup_updates.max(1) as f64).min(1.0);
-            let total = (((((&policy_loss + (&value_loss * beta_v)?)? + (&entropy_loss * beta_h)?)? + &floor_penalty)?
+            let aux_coef =
+                cfg.aux_coef * (self.train_steps as f64 / cfg.aux_warmup_updates.max(1) as f64).min(1.0);
+            let total = (((((&policy_loss + (&value_loss * beta_v)?)? + (&entropy_loss * beta_h)?)?
+                + &floor_penalty)?
                 + (&q_loss * (0.5 * beta_v))?)?
                 + (&aux_loss * aux_coef)?)?;
             let scalar = |t: &Tensor| -> Result<f64> { Ok(t.to_scalar::<f32>()? as f64) };
@@ -427,7 +452,8 @@ impl PpoAgent {
             let norm = norm_sq.sqrt();
             metrics.grad_norm = norm;
             let clip = (cfg.max_grad_norm / (norm + 1e-6)).min(1.0);
-            let grads = if clip < 1.0 { grads.iter().map(|g| g * clip).collect::<Result<Vec<_>>>()? } else { grads };
+            let grads =
+                if clip < 1.0 { grads.iter().map(|g| g * clip).collect::<Result<Vec<_>>>()? } else { grads };
             self.adam.step(&vars, &grads)?;
             metrics.epochs_run += 1;
         }
@@ -464,7 +490,11 @@ pub fn set_vars(vars: &[Var], values: &[Tensor]) -> Result<()> {
     }
     for (var, value) in vars.iter().zip(values) {
         if var.dims() != value.dims() {
-            candle_core::bail!("a saved tensor of shape {:?} for a variable of shape {:?}", value.dims(), var.dims());
+            candle_core::bail!(
+                "a saved tensor of shape {:?} for a variable of shape {:?}",
+                value.dims(),
+                var.dims()
+            );
         }
         var.set(&value.to_dtype(var.dtype())?.to_device(var.device())?)?;
     }
