@@ -113,7 +113,8 @@ fn parse_round_range(s: &str) -> Result<std::ops::Range<u64>, String> {
 pub struct CompareArgs {
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_policy_kind,
           default_value = "static,random,heuristic",
-          help = "Policies to compare, comma-separated (heuristic, random, static)")]
+          help = "Policies to compare, comma-separated (ppo, heuristic, random, static); ppo evaluates \
+                  --policy-checkpoint FILE when given (else it trains from scratch for --rounds)")]
     pub policies: Vec<PolicyKind>,
 
     #[arg(

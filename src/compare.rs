@@ -62,7 +62,22 @@ pub fn mean_sd(values: &[f64]) -> (f64, f64) {
     (m, var.sqrt())
 }
 
-/// The plan of one run: `base` with the run's policy and seed, writing into `dir`.
+/// The config of one run: `base` with the run's policy and seed. The learned policy's settings
+/// (`--policy-checkpoint`, `--eval`, `--deterministic`) apply to the `ppo` runs only; with a checkpoint
+/// the `ppo` runs evaluate it (`--eval` is implied), without one they train from scratch.
+pub fn run_config(base: &RunConfig, policy: PolicyKind, seed: u64) -> RunConfig {
+    let mut config = RunConfig { policy, seed, ..base.clone() };
+    if policy == PolicyKind::Ppo {
+        config.eval |= config.policy_checkpoint.is_some();
+    } else {
+        config.policy_checkpoint = None;
+        config.eval = false;
+        config.deterministic = false;
+    }
+    config
+}
+
+/// The plan of one run: [`run_config`], writing into `dir`.
 pub fn run_plan(
     base: &RunConfig,
     policy: PolicyKind,
@@ -70,7 +85,7 @@ pub fn run_plan(
     dir: &Path,
     force: bool,
 ) -> Result<RunPlan, ConfigError> {
-    let config = RunConfig { policy, seed, out: Some(dir.to_path_buf()), ..base.clone() };
+    let config = RunConfig { out: Some(dir.to_path_buf()), ..run_config(base, policy, seed) };
     config.resolve(force, true)
 }
 
@@ -78,7 +93,11 @@ pub fn run_plan(
 /// an hour of runs), without creating anything.
 pub fn check(base: &RunConfig, policies: &[PolicyKind], seeds: &[u64]) -> Result<(), ConfigError> {
     for &seed in seeds {
-        RunConfig { seed, out: None, ..base.clone() }.plan_in(PathBuf::new(), true)?.check_memory()?;
+        for &policy in policies {
+            RunConfig { out: None, ..run_config(base, policy, seed) }
+                .plan_in(PathBuf::new(), true)?
+                .check_memory()?;
+        }
     }
     if policies.is_empty() {
         return Err(ConfigError::Invalid { name: "--policies", reason: "give at least one policy".into() });

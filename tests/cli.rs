@@ -138,8 +138,8 @@ fn unknown_data_kind() {
 #[test]
 fn unknown_policy() {
     bad_input(
-        &["train", "--policy", "ppo"],
-        "invalid value 'ppo' for '--policy <POLICY>': unknown policy (known: heuristic, random, static)",
+        &["train", "--policy", "dqn"],
+        "invalid value 'dqn' for '--policy <POLICY>': unknown policy (known: ppo, heuristic, random, static)",
     );
 }
 
@@ -150,8 +150,8 @@ fn compare_refuses_single_run_flags_and_repeats() {
     bad_input(&["compare", "--policies", "static,static"], "--policies: static is listed twice");
     bad_input(&["compare", "--seeds", "1,2,1"], "--seeds: a seed is listed twice");
     bad_input(
-        &["compare", "--policies", "ppo"],
-        "invalid value 'ppo' for '--policies <LIST>': unknown policy",
+        &["compare", "--policies", "dqn"],
+        "invalid value 'dqn' for '--policies <LIST>': unknown policy",
     );
     bad_input(&["compare", "--envs", "0"], "--envs must be at least 1");
 }
@@ -466,7 +466,14 @@ fn train_help_lists_every_flag_with_its_default() {
         ("--data <KIND>", "synthetic".to_string()),
         ("--data-dir <DIR>", "none".to_string()),
         ("--slots <LIST>", "r0c0,r0c1,r0c2".to_string()),
-        ("--policy <POLICY>", "heuristic".to_string()),
+        ("--policy <POLICY>", "ppo".to_string()),
+        ("--ppo-epochs <K>", "1".to_string()),
+        ("--ppo-lr <LR>", "0.0003".to_string()),
+        ("--entropy-coef <C>", "0.05".to_string()),
+        ("--target-kl <KL>", "0.015".to_string()),
+        ("--policy-hidden <H>", "512".to_string()),
+        ("--policy-checkpoint <FILE>", "none".to_string()),
+        ("--resume <FILE>", "none".to_string()),
         ("--seed <S>", d.seed.to_string()),
         ("--batch-per-env <B>", d.batch_per_env.to_string()),
         ("--config <FILE>", "none".to_string()),
