@@ -506,7 +506,7 @@ impl RunConfig {
                 &format!("must be a number ≥ 0, 0 for none (got {})", self.target_kl),
             );
         }
-        if self.policy_hidden % 4 != 0 {
+        if !self.policy_hidden.is_multiple_of(4) {
             return invalid(
                 "--policy-hidden",
                 &format!("must be a multiple of 4 (got {})", self.policy_hidden),

@@ -50,8 +50,8 @@ pub fn record_rollout(
     let inputs = &observations.inputs;
     let s = inputs.n_slots;
     let last_step = clock.epoch >= clock.episode_epochs;
-    for e in 0..n {
-        if rolled_back[e] {
+    for (e, &rolled) in rolled_back.iter().enumerate() {
+        if rolled {
             rollout.0.end_with_rollback(e);
             continue;
         }
