@@ -79,16 +79,14 @@ fn ppo_update(c: &mut Criterion) {
             learner.decide(&obs, &blueprints, &masks, clock(t as u64 + 1), &mut actions);
             let d = PolicyShape::reference(SLOTS).obs_dim;
             for e in 0..envs {
-                let draw = learner.draws[e];
+                let action = actions.get(e);
                 buffer.push(
                     e,
                     StepRow {
                         state: &obs[e * d..(e + 1) * d],
                         blueprints: &blueprints[e * SLOTS..(e + 1) * SLOTS],
-                        action: draw.action,
-                        effective_op: esper_components::LifecycleOp::from_index(draw.action.op)
-                            .expect("an op"),
-                        log_probs: draw.log_probs,
+                        action,
+                        effective_op: esper_components::LifecycleOp::from_index(action.op).expect("an op"),
                         value: learner.values[e],
                         reward: ((e + t) % 3) as f32 - 1.0,
                         truncated: t + 1 == STEPS,

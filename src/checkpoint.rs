@@ -61,28 +61,53 @@ pub fn save(path: &Path, header: &CheckpointHeader, agent: &PpoAgent) -> Result<
     let json = serde_json::to_string(header).map_err(|e| e.to_string())?;
     let metadata = HashMap::from([(METADATA_KEY.to_string(), json)]);
     let bytes = safetensors::serialize(tensors, Some(metadata)).map_err(|e| e.to_string())?;
-    let tmp = path.with_extension("safetensors.tmp");
-    std::fs::write(&tmp, bytes).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+    crate::run::write_atomically(path, bytes).map_err(|e| e.to_string())
+}
+
+/// The header of the checkpoint at `path`, reading only the file's safetensors header (a run's
+/// config without its 48 MB of tensors).
+pub fn read_header(path: &Path) -> Result<CheckpointHeader, String> {
+    use std::io::Read;
+    let what = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let mut file = std::fs::File::open(path).map_err(|e| what(&e))?;
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len).map_err(|e| what(&e))?;
+    let len = u64::from_le_bytes(len);
+    if len > MAX_HEADER_BYTES {
+        return Err(what(&format!("not an esper-ecs checkpoint (a {len}-byte safetensors header)")));
+    }
+    let mut prefix = len.to_le_bytes().to_vec();
+    prefix.resize(8 + len as usize, 0);
+    file.read_exact(&mut prefix[8..]).map_err(|e| what(&e))?;
+    header_of(&prefix).map_err(|e| what(&e))
+}
+
+/// safetensors' own limit on its header.
+const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// Our header from the bytes of a safetensors file (its first `8 + n` bytes are enough).
+fn header_of(bytes: &[u8]) -> Result<CheckpointHeader, String> {
+    let (_, metadata) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| e.to_string())?;
+    let json = metadata
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get(METADATA_KEY))
+        .ok_or("not an esper-ecs checkpoint (no esper_checkpoint metadata)")?;
+    let header: CheckpointHeader = serde_json::from_str(json).map_err(|e| e.to_string())?;
+    if header.format_version > CHECKPOINT_FORMAT {
+        return Err(format!(
+            "checkpoint format {} is newer than this build's {CHECKPOINT_FORMAT}",
+            header.format_version
+        ));
+    }
+    Ok(header)
 }
 
 /// Read a checkpoint (any damage or a newer format is an error naming the file).
 pub fn load(path: &Path) -> Result<Checkpoint, String> {
     let what = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
     let bytes = std::fs::read(path).map_err(|e| what(&e))?;
-    let (_, metadata) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| what(&e))?;
-    let json = metadata
-        .metadata()
-        .as_ref()
-        .and_then(|m| m.get(METADATA_KEY))
-        .ok_or_else(|| what(&"not an esper-ecs checkpoint (no esper_checkpoint metadata)"))?;
-    let header: CheckpointHeader = serde_json::from_str(json).map_err(|e| what(&e))?;
-    if header.format_version > CHECKPOINT_FORMAT {
-        return Err(what(&format!(
-            "checkpoint format {} is newer than this build's {CHECKPOINT_FORMAT}",
-            header.format_version
-        )));
-    }
+    let header = header_of(&bytes).map_err(|e| what(&e))?;
     let tensors = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu).map_err(|e| what(&e))?;
     Ok(Checkpoint { header, tensors })
 }

@@ -486,28 +486,29 @@ impl TrainArgs {
     }
 
     /// `--resume`: the checkpoint's config with `--rounds`, `--out` and `--trace` applied; any other
-    /// setting given is an error (the run would not be the one the checkpoint continues).
+    /// setting given is an error (the run would not be the one the checkpoint continues), and so is a
+    /// `--rounds` the checkpoint already holds.
     fn resumed_config(&self, path: &std::path::Path) -> Result<RunConfig, ConfigError> {
-        let checkpoint = crate::checkpoint::load(path)
-            .map_err(|reason| ConfigError::Invalid { name: "--resume", reason })?;
-        let mut saved = checkpoint.header.config;
-        saved.out = None;
-        saved.trace = None;
-        let mut given = self.apply(saved.clone());
-        saved.rounds = given.rounds;
-        saved.out = given.out.take();
-        saved.trace = given.trace.take();
-        given.out = saved.out.clone();
-        given.trace = saved.trace.clone();
-        if given != saved {
-            return Err(ConfigError::Invalid {
-                name: "--resume",
-                reason: "continues the checkpoint's run with its config; only --rounds, --out, --force, \
-                         --trace, --quiet and --profile may be given with it"
+        let invalid = |reason: String| ConfigError::Invalid { name: "--resume", reason };
+        let header = crate::checkpoint::read_header(path).map_err(invalid)?;
+        let saved = RunConfig { out: None, trace: None, ..header.config };
+        let given = self.apply(saved.clone());
+        let allowed =
+            RunConfig { rounds: given.rounds, out: given.out.clone(), trace: given.trace.clone(), ..saved };
+        if given != allowed {
+            return Err(invalid(
+                "continues the checkpoint's run with its config; only --rounds, --out, --force, --trace, \
+                 --quiet and --profile may be given with it"
                     .into(),
-            });
+            ));
         }
-        Ok(saved)
+        if given.rounds as u64 <= header.next_round {
+            return Err(invalid(format!(
+                "the checkpoint already holds {} rounds; give --rounds more than that to continue",
+                header.next_round
+            )));
+        }
+        Ok(given)
     }
 
     /// The flags given, over `c`.

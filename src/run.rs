@@ -152,20 +152,32 @@ fn install_learner(world: &mut World, plan: &RunPlan) -> Result<(), RunError> {
     };
     let device = candle_core::Device::Cpu;
     let error = |e: candle_core::Error| RunError(format!("policy: {e}"));
-    let mut agent = PpoAgent::new(shape, cfg.seed, cfg.ppo(), &device).map_err(error)?;
-    if let Some(path) = &cfg.policy_checkpoint {
-        let checkpoint = checkpoint::load(path).map_err(RunError)?;
-        checkpoint.restore(&mut agent, false).map_err(|e| RunError(format!("{}: {e}", path.display())))?;
-        world.insert_resource(ObsNormalization::from_normalizer(checkpoint.header.obs_normalizer.clone()));
-        world.insert_resource(SharedRewardNormalizer(checkpoint.header.reward_normalizer));
-    }
+    let agent = PpoAgent::new(shape, cfg.seed, cfg.ppo(), &device).map_err(error)?;
     let learner = Learner::new(agent, cfg.envs, cfg.deterministic).map_err(error)?;
     world.insert_resource(learner);
+    if let Some(path) = &cfg.policy_checkpoint {
+        restore_checkpoint(world, path, false)?;
+    }
     if !cfg.eval {
         let buffer = RolloutBuffer::new(cfg.envs, cfg.epochs, obs_dim(n_slots), n_slots);
         world.insert_resource(Rollout(buffer));
     }
     Ok(())
+}
+
+/// Load the checkpoint at `path` into the world's learner (its weights and value normaliser; with
+/// `optimizer` also Adam's state and the update count) and the world's observation and reward
+/// normalisers. Returns the round the checkpoint continues at.
+fn restore_checkpoint(world: &mut World, path: &Path, optimizer: bool) -> Result<u64, RunError> {
+    let checkpoint = checkpoint::load(path).map_err(RunError)?;
+    let mut learner = world.resource_mut::<Learner>();
+    checkpoint
+        .restore(&mut learner.agent, optimizer)
+        .map_err(|e| RunError(format!("{}: {e}", path.display())))?;
+    let header = checkpoint.header;
+    world.insert_resource(ObsNormalization::from_normalizer(header.obs_normalizer));
+    world.insert_resource(SharedRewardNormalizer(header.reward_normalizer));
+    Ok(header.next_round)
 }
 
 /// The resources and entities every policy's world has.
@@ -230,23 +242,15 @@ impl Session {
     /// Continue from a checkpoint: the learner's weights, Adam state and update count, the three
     /// normalisers, and the next round.
     fn resume(&mut self, path: &Path) -> Result<(), RunError> {
-        let checkpoint = checkpoint::load(path).map_err(RunError)?;
-        let mut learner = self
-            .world
-            .get_resource_mut::<Learner>()
-            .ok_or_else(|| RunError("--resume: only a --policy ppo run has a checkpoint to resume".into()))?;
-        checkpoint
-            .restore(&mut learner.agent, true)
-            .map_err(|e| RunError(format!("{}: {e}", path.display())))?;
-        let header = checkpoint.header;
-        self.world.insert_resource(ObsNormalization::from_normalizer(header.obs_normalizer));
-        self.world.insert_resource(SharedRewardNormalizer(header.reward_normalizer));
-        self.first_round = header.next_round;
+        if !self.world.contains_resource::<Learner>() {
+            return Err(RunError("--resume: only a --policy ppo run has a checkpoint to resume".into()));
+        }
+        self.first_round = restore_checkpoint(&mut self.world, path, true)?;
         Ok(())
     }
 
     /// The learner's state as a checkpoint header (None when the policy does not learn).
-    pub fn checkpoint_header(&self, plan: &RunPlan, next_round: u64) -> Option<CheckpointHeader> {
+    fn checkpoint_header(&self, plan: &RunPlan, next_round: u64) -> Option<CheckpointHeader> {
         self.world.get_resource::<Rollout>()?;
         let learner = self.world.get_resource::<Learner>()?;
         Some(CheckpointHeader {
@@ -348,6 +352,12 @@ pub fn train_session(
     started: Instant,
 ) -> Result<RunSummary, RunError> {
     let cfg = &plan.config;
+    if session.first_round >= cfg.rounds as u64 {
+        return Err(RunError(format!(
+            "--resume: the checkpoint already holds {} rounds; give --rounds more than that to continue",
+            session.first_round
+        )));
+    }
 
     let metrics_path = plan.out_dir.join("metrics.jsonl");
     let file = File::create(&metrics_path).map_err(|e| io_error(&metrics_path.display().to_string(), e))?;
@@ -359,17 +369,13 @@ pub fn train_session(
     let writer = TraceWriter::create(&trace_path, &trace_header(plan))
         .map_err(|e| io_error(&partial_path(&trace_path).display().to_string(), e))?;
     session.world.insert_resource(TraceSink::new(Box::new(writer)));
-    let progress = (!plan.quiet).then(|| progress_bar(cfg.rounds * cfg.epochs));
+    let first_round = session.first_round;
+    let rounds_left = (cfg.rounds as u64).saturating_sub(first_round) as usize;
+    let progress = (!plan.quiet).then(|| progress_bar(rounds_left * cfg.epochs));
 
     let mut summary = RunSummary::default();
     let mut tallies = LifecycleTally::default();
-    let first_round = session.first_round;
-    if first_round >= cfg.rounds as u64 {
-        return Err(RunError(format!(
-            "--resume: the checkpoint already holds {first_round} rounds; give --rounds more than that to continue"
-        )));
-    }
-    'rounds: for round in first_round..cfg.rounds as u64 {
+    for round in first_round..cfg.rounds as u64 {
         let round_started = Instant::now();
         let _round_span = tracing::info_span!(target: "esper", "round", round).entered();
         session.start_round(round);
@@ -402,24 +408,28 @@ pub fn train_session(
             }
             if stop.load(Ordering::SeqCst) {
                 summary.interrupted = true;
-                // As the reference on a graceful stop: the partial round's observations still make
-                // the round-end update.
-                session.finish_round();
-                add_tallies(&mut session.world, &mut tallies);
-                summary.mean_episode_return.push(session.mean_episode_return());
-                break 'rounds;
+                break;
             }
         }
+        // As the reference on a graceful stop: a partial round's observations still make the round-end
+        // update (the learner's update needs a complete round, see `ppo_update`).
         session.finish_round();
         add_tallies(&mut session.world, &mut tallies);
-        summary.mean_episode_return.push(session.mean_episode_return());
-        summary.rounds_completed += 1;
-        if session.save_checkpoint(plan, round + 1, &checkpoint::path_in(&plan.out_dir))? {
-            summary.policy_updates += 1;
+        let returns = session.episode_returns();
+        summary.mean_episode_return.push(mean(&returns));
+        if session.world.resource::<StepClock>().is_last_epoch() {
+            summary.rounds_completed += 1;
+            if session.save_checkpoint(plan, round + 1, &checkpoint::path_in(&plan.out_dir))? {
+                summary.policy_updates += 1;
+            }
+            let seconds = round_started.elapsed().as_secs_f64();
+            write_round_line(&mut session, round, &returns, seconds, cfg.envs * cfg.epochs);
+            if let Some(err) = session.world.resource::<MetricsSink>().error() {
+                return Err(RunError(err.to_string()));
+            }
         }
-        write_round_line(&mut session, round, round_started.elapsed().as_secs_f64(), cfg.envs * cfg.epochs);
-        if let Some(err) = session.world.resource::<MetricsSink>().error() {
-            return Err(RunError(err.to_string()));
+        if summary.interrupted {
+            break;
         }
     }
     if let Some(bar) = progress {
@@ -453,11 +463,9 @@ pub fn train_session(
 /// The round's line in `metrics.jsonl`: the raw episode returns' mean and spread, throughput, and
 /// the learner's update (losses, KL, clip fraction, explained variance, per-head entropy, grad norm)
 /// when it learned.
-fn write_round_line(session: &mut Session, round: u64, seconds: f64, env_epochs: usize) {
-    let returns = session.episode_returns();
-    let n = returns.len().max(1) as f64;
-    let mean = returns.iter().sum::<f64>() / n;
-    let std = (returns.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / n).sqrt();
+fn write_round_line(session: &mut Session, round: u64, returns: &[f64], seconds: f64, env_epochs: usize) {
+    let mean = mean(returns);
+    let std = (returns.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / returns.len().max(1) as f64).sqrt();
     let update = session.world.get_resource::<Learner>().and_then(|l| l.last_update.clone());
     let line = serde_json::json!({
         "kind": "round",
@@ -531,11 +539,11 @@ fn write_summary(plan: &RunPlan, summary: &RunSummary) -> Result<(), RunError> {
     write_atomically(&path, &text)
 }
 
-/// Write `text` to `path` through a temporary file and a rename, so an interrupted write never
+/// Write `contents` to `path` through a temporary file and a rename, so an interrupted write never
 /// leaves a torn file.
-pub fn write_atomically(path: &Path, text: &str) -> Result<(), RunError> {
+pub fn write_atomically(path: &Path, contents: impl AsRef<[u8]>) -> Result<(), RunError> {
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).map_err(|e| io_error(&tmp.display().to_string(), e))?;
+    std::fs::write(&tmp, contents).map_err(|e| io_error(&tmp.display().to_string(), e))?;
     std::fs::rename(&tmp, path).map_err(|e| io_error(&path.display().to_string(), e))
 }
 

@@ -244,10 +244,9 @@ impl Trace {
                 let (end, records) = truncated(rest);
                 return Ok(Trace { version, header, steps, end, records });
             }
-            let mut hasher = crc32fast::Hasher::new();
-            hasher.update(&bytes[at..at + 5]);
-            hasher.update(&bytes[payload..frame_end]);
-            if hasher.finalize() != read_u32(bytes, frame_end).expect("checked") {
+            if frame_crc(&bytes[at..payload], &bytes[payload..frame_end])
+                != read_u32(bytes, frame_end).expect("checked")
+            {
                 return Err(checksum("CRC mismatch".into()));
             }
             let body = &bytes[payload..frame_end];
@@ -302,18 +301,24 @@ fn read_u32(bytes: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
-/// Encodes a frame of `kind` around `payload` into `out`.
-fn frame(kind: u8, payload: &[u8], out: &mut Vec<u8>) {
-    let len = u32::try_from(payload.len()).expect("a frame fits in u32");
-    let start = out.len();
-    out.push(kind);
-    out.extend_from_slice(&len.to_le_bytes());
-    out.extend_from_slice(&(!len).to_le_bytes());
-    out.extend_from_slice(payload);
+/// A frame's CRC-32: over its kind and length (the first 5 bytes of its head) and its payload.
+fn frame_crc(head: &[u8], payload: &[u8]) -> u32 {
     let mut hasher = crc32fast::Hasher::new();
-    hasher.update(&out[start..start + 5]);
+    hasher.update(&head[..5]);
     hasher.update(payload);
-    out.extend_from_slice(&hasher.finalize().to_le_bytes());
+    hasher.finalize()
+}
+
+/// Writes a frame of `kind` around `payload` to `out` (a buffer, or the trace file's writer).
+fn write_frame(kind: u8, payload: &[u8], out: &mut impl Write) -> std::io::Result<()> {
+    let len = u32::try_from(payload.len()).expect("a frame fits in u32");
+    let mut head = [0u8; FRAME_HEAD];
+    head[0] = kind;
+    head[1..5].copy_from_slice(&len.to_le_bytes());
+    head[5..9].copy_from_slice(&(!len).to_le_bytes());
+    out.write_all(&head)?;
+    out.write_all(payload)?;
+    out.write_all(&frame_crc(&head, payload).to_le_bytes())
 }
 
 /// The header bytes (magic through header CRC).
@@ -332,14 +337,16 @@ pub fn encode_header(header: &TraceHeader) -> Vec<u8> {
 /// One chunk frame for `step` (tests use it to build traces by hand).
 pub fn encode_chunk(step: &StepRecord) -> Vec<u8> {
     let mut out = Vec::new();
-    frame(KIND_CHUNK, &postcard::to_allocvec(step).expect("a record encodes"), &mut out);
+    write_frame(KIND_CHUNK, &postcard::to_allocvec(step).expect("a record encodes"), &mut out)
+        .expect("into memory");
     out
 }
 
 /// The footer frame.
 pub fn encode_footer(footer: &TraceFooter) -> Vec<u8> {
     let mut out = Vec::new();
-    frame(KIND_FOOTER, &postcard::to_allocvec(footer).expect("a footer encodes"), &mut out);
+    write_frame(KIND_FOOTER, &postcard::to_allocvec(footer).expect("a footer encodes"), &mut out)
+        .expect("into memory");
     out
 }
 
@@ -348,9 +355,8 @@ pub struct TraceWriter {
     file: BufWriter<File>,
     partial: PathBuf,
     path: PathBuf,
-    /// Reused encode buffers.
+    /// The reused encode buffer.
     payload: Vec<u8>,
-    framed: Vec<u8>,
     footer: TraceFooter,
 }
 
@@ -371,7 +377,6 @@ impl TraceWriter {
             partial,
             path: path.to_path_buf(),
             payload: Vec::new(),
-            framed: Vec::new(),
             footer: TraceFooter::default(),
         })
     }
@@ -399,11 +404,8 @@ impl StepSink for TraceWriter {
                 self.payload.len()
             ));
         }
-        self.framed.clear();
-        frame(KIND_CHUNK, &self.payload, &mut self.framed);
         // Flushed per step: a run killed at any moment leaves every finished step readable.
-        self.file
-            .write_all(&self.framed)
+        write_frame(KIND_CHUNK, &self.payload, &mut self.file)
             .and_then(|()| self.file.flush())
             .map_err(|e| format!("{}: {e}", self.partial.display()))?;
         self.footer.steps += 1;
@@ -519,7 +521,7 @@ mod tests {
         let mut padded = postcard::to_allocvec(&footer).unwrap();
         padded.push(0);
         let mut bytes = encode_header(&trace.header);
-        frame(KIND_FOOTER, &padded, &mut bytes);
+        write_frame(KIND_FOOTER, &padded, &mut bytes).unwrap();
         let err = Trace::parse(&bytes).unwrap_err();
         assert!(err.to_string().contains("1 bytes left over"), "{err}");
     }

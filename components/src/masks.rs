@@ -176,6 +176,17 @@ impl ActionMasks {
     pub fn is_forced_wait(&self) -> bool {
         self.op.iter().filter(|&&b| b).count() == 1 && self.op[LifecycleOp::Wait as usize]
     }
+
+    /// Per head (`Head` order): some legal op makes it relevant (simic §4.3's availability, what the
+    /// PPO update's entropy floor averages over).
+    pub fn available_heads(&self) -> [bool; Head::COUNT] {
+        let mut available = [false; Head::COUNT];
+        for op in LifecycleOp::ALL.into_iter().filter(|&op| self.op[op as usize]) {
+            let relevant = relevant_heads(op);
+            available.iter_mut().zip(relevant).for_each(|(a, r)| *a |= r);
+        }
+        available
+    }
 }
 
 /// Draw a legal action uniformly per head: the op among legal ops, the slot among the slots legal for

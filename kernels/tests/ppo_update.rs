@@ -71,7 +71,6 @@ fn collect(agent: &PpoAgent, rows: usize, cols: usize, seed: u64) -> RolloutBuff
                     blueprints: &blueprints[e * SLOTS..(e + 1) * SLOTS],
                     action: d.action,
                     effective_op: op,
-                    log_probs: d.log_probs,
                     value: values[e],
                     reward: 0.0,
                     truncated: t + 1 == cols,

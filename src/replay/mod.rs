@@ -17,7 +17,6 @@ use crate::config::RunConfig;
 use crate::run::Session;
 use crate::trace::{Trace, TraceEnd};
 use esper_components::{LifecycleOp, OpOutcome, SeedStage};
-use esper_systems::write_metrics::MetricsSink;
 use esper_systems::write_trace::{
     EVENT_FOSSILIZED, EVENT_GERMINATED, EVENT_PRUNED, EnvStep, StepRecord, StepSink, TraceSink,
 };
@@ -116,7 +115,7 @@ pub fn summarize_round(round: u64, steps: &[StepRecord]) -> RoundSummary {
             }
         }
     }
-    s.mean_return = returns.iter().sum::<f64>() / n_envs as f64;
+    s.mean_return = crate::profile::mean(&returns);
     s.ops = LifecycleOp::ALL
         .iter()
         .filter(|&&op| ops[op as usize] > 0)
@@ -241,24 +240,17 @@ pub fn end_line(trace: &Trace) -> String {
 /// `{"header": …}`, then one object per env per step (`round`, `epoch`, `step`, `env` and the record's
 /// fields, ops, outcomes and stages by name), then `{"end": …}`.
 pub fn write_json(trace: &Trace, out: &mut dyn Write) -> std::io::Result<()> {
-    let header = serde_json::json!({
-        "format_version": trace.version,
-        "header": {
-            "program_version": trace.header.program_version,
-            "git_commit": trace.header.git_commit,
-            "config": serde_json::from_str::<serde_json::Value>(&trace.header.config_json)
-                .unwrap_or(serde_json::Value::String(trace.header.config_json.clone())),
-            "task": trace.header.task,
-            "data": trace.header.data,
-            "policy": trace.header.policy,
-            "seed": trace.header.seed,
-            "envs": trace.header.envs,
-            "rounds": trace.header.rounds,
-            "epochs": trace.header.epochs,
-            "slots": trace.header.slots,
-            "created_unix": trace.header.created_unix,
-        }
-    });
+    // The header's own fields, with the config as an object instead of its JSON text.
+    let mut fields = serde_json::to_value(&trace.header)?;
+    if let Some(map) = fields.as_object_mut() {
+        let text = &trace.header.config_json;
+        map.remove("config_json");
+        map.insert(
+            "config".into(),
+            serde_json::from_str(text).unwrap_or(serde_json::Value::String(text.clone())),
+        );
+    }
+    let header = serde_json::json!({ "format_version": trace.version, "header": fields });
     writeln!(out, "{header}")?;
     for step in &trace.steps {
         for (e, r) in step.envs.iter().enumerate() {
@@ -510,7 +502,6 @@ pub fn verify(
         .plan_in(std::env::temp_dir(), true)
         .map_err(|e| bad(format!("the trace's run config: {e}")))?;
     let mut session = Session::new(&plan).map_err(|e| bad(e.to_string()))?;
-    session.world.insert_resource(MetricsSink::new(Box::new(std::io::sink()), &plan.slots));
     let latest = Arc::new(Mutex::new(StepRecord::default()));
     session.world.insert_resource(TraceSink::new(Box::new(Collector(Arc::clone(&latest)))));
     let wanted = |round: u64| rounds.as_ref().is_none_or(|r| r.contains(&round));

@@ -11,6 +11,7 @@ use crate::step_span::StepInfo;
 use crate::update_signals::EnvSignals;
 use bevy_ecs::prelude::*;
 use bevy_ecs::query::QueryData;
+use bevy_ecs::system::SystemParam;
 use esper_components::signals::SIGNAL_HISTORY_EXPOSED;
 use esper_components::{
     AlphaController, BlendStyle, Blueprint, EnvIndex, GradientTelemetry, LastAction, SeedAlpha, SeedMetrics,
@@ -90,74 +91,84 @@ pub struct ObservedSlot {
     pub tracking: &'static SlotTracking,
 }
 
-#[allow(clippy::too_many_arguments)] // a system: each parameter is one resource or query it reads
-pub fn build_observations(
-    envs: Query<(&EnvIndex, &EnvSignals, &LastAction)>,
-    slots: Query<ObservedSlot>,
-    clock: Res<StepClock>,
-    n_envs: Res<EnvCount>,
-    slot_config: Res<SlotConfig>,
-    mut batch: ResMut<ObsBatch>,
-    info: StepInfo,
-) {
-    let _span = crate::system_span!(info, "Observe::build_observations");
-    let n_slots = slot_config.len();
-    batch.resize(n_envs.0, n_slots);
-    let ObsBatch { raw, blueprint_indices, inputs: x, .. } = &mut *batch;
-    x.max_epochs = match clock.episode_epochs {
-        0 => DEFAULT_EPISODE_LENGTH,
-        t => u32::try_from(t).unwrap_or(u32::MAX),
-    };
+/// What an observation is built from: the env and slot components and the run's shape. The Observe
+/// system fills the step's observation with it; the learner's round end fills the bootstrap
+/// observation of the post-action state with the same code.
+#[derive(SystemParam)]
+pub struct ObservationSources<'w, 's> {
+    envs: Query<'w, 's, (&'static EnvIndex, &'static EnvSignals, &'static LastAction)>,
+    slots: Query<'w, 's, ObservedSlot>,
+    clock: Res<'w, StepClock>,
+    n_envs: Res<'w, EnvCount>,
+    slot_config: Res<'w, SlotConfig>,
+}
 
-    for (env, signals, last) in &envs {
-        let e = env.0 as usize;
-        match &signals.0 {
-            Some(s) => {
-                x.epoch[e] = s.epoch;
-                x.val_loss[e] = s.val_loss;
-                x.val_accuracy[e] = s.val_accuracy;
-                x.loss_history[e] = s.loss_history;
-                x.accuracy_history[e] = s.accuracy_history;
-                x.history_len[e] = s.history_len;
+impl ObservationSources<'_, '_> {
+    /// Every env's raw observation and blueprint indices into `batch`, in one kernel call.
+    pub fn fill(&self, batch: &mut ObsBatch) {
+        let n_slots = self.slot_config.len();
+        batch.resize(self.n_envs.0, n_slots);
+        let ObsBatch { raw, blueprint_indices, inputs: x, .. } = batch;
+        x.max_epochs = match self.clock.episode_epochs {
+            0 => DEFAULT_EPISODE_LENGTH,
+            t => u32::try_from(t).unwrap_or(u32::MAX),
+        };
+
+        for (env, signals, last) in &self.envs {
+            let e = env.0 as usize;
+            match &signals.0 {
+                Some(s) => {
+                    x.epoch[e] = s.epoch;
+                    x.val_loss[e] = s.val_loss;
+                    x.val_accuracy[e] = s.val_accuracy;
+                    x.loss_history[e] = s.loss_history;
+                    x.accuracy_history[e] = s.accuracy_history;
+                    x.history_len[e] = s.history_len;
+                }
+                // No epoch validated yet (never the case after update_signals): nothing measured.
+                None => {
+                    x.epoch[e] = u32::try_from(self.clock.epoch).unwrap_or(u32::MAX);
+                    x.val_loss[e] = 0.0;
+                    x.val_accuracy[e] = 0.0;
+                    x.loss_history[e] = [0.0; SIGNAL_HISTORY_EXPOSED];
+                    x.accuracy_history[e] = [0.0; SIGNAL_HISTORY_EXPOSED];
+                    x.history_len[e] = 0;
+                }
             }
-            // No epoch validated yet (never the case after update_signals): nothing measured.
-            None => {
-                x.epoch[e] = u32::try_from(clock.epoch).unwrap_or(u32::MAX);
-                x.val_loss[e] = 0.0;
-                x.val_accuracy[e] = 0.0;
-                x.loss_history[e] = [0.0; SIGNAL_HISTORY_EXPOSED];
-                x.accuracy_history[e] = [0.0; SIGNAL_HISTORY_EXPOSED];
-                x.history_len[e] = 0;
-            }
+            x.last_action_success[e] = last.success;
+            x.last_action_op[e] = last.op;
         }
-        x.last_action_success[e] = last.success;
-        x.last_action_op[e] = last.op;
-    }
 
-    for s in &slots {
-        let i = s.env.0 as usize * n_slots + s.index.0 as usize;
-        x.stage[i] = s.stage.current;
-        x.blueprint[i] = s.blueprint.0;
-        x.alpha[i] = s.alpha.0;
-        x.contribution[i] = s.metrics.counterfactual_contribution;
-        x.contribution_velocity[i] = s.metrics.contribution_velocity;
-        x.blend_tempo_epochs[i] = s.tempo.epochs;
-        x.alpha_start[i] = s.controller.start;
-        x.alpha_target[i] = s.controller.target;
-        x.alpha_mode[i] = s.controller.mode;
-        x.alpha_steps_total[i] = s.controller.steps_total;
-        x.alpha_steps_done[i] = s.controller.steps_done;
-        x.alpha_algorithm[i] = s.blend.algorithm;
-        x.interaction_sum[i] = s.metrics.interaction_sum;
-        x.gradient_norm[i] = s.telemetry.gradient_norm;
-        x.gradient_health[i] = s.telemetry.gradient_health;
-        x.has_vanishing[i] = s.telemetry.has_vanishing;
-        x.has_exploding[i] = s.telemetry.has_exploding;
-        x.gradient_health_prev[i] = s.tracking.gradient_health_prev;
-        x.epochs_in_stage[i] = s.counters.epochs_in_stage;
-        x.epochs_since_counterfactual[i] = s.tracking.epochs_since_counterfactual;
-        x.epochs_total[i] = s.counters.epochs_total;
-    }
+        for s in &self.slots {
+            let i = s.env.0 as usize * n_slots + s.index.0 as usize;
+            x.stage[i] = s.stage.current;
+            x.blueprint[i] = s.blueprint.0;
+            x.alpha[i] = s.alpha.0;
+            x.contribution[i] = s.metrics.counterfactual_contribution;
+            x.contribution_velocity[i] = s.metrics.contribution_velocity;
+            x.blend_tempo_epochs[i] = s.tempo.epochs;
+            x.alpha_start[i] = s.controller.start;
+            x.alpha_target[i] = s.controller.target;
+            x.alpha_mode[i] = s.controller.mode;
+            x.alpha_steps_total[i] = s.controller.steps_total;
+            x.alpha_steps_done[i] = s.controller.steps_done;
+            x.alpha_algorithm[i] = s.blend.algorithm;
+            x.interaction_sum[i] = s.metrics.interaction_sum;
+            x.gradient_norm[i] = s.telemetry.gradient_norm;
+            x.gradient_health[i] = s.telemetry.gradient_health;
+            x.has_vanishing[i] = s.telemetry.has_vanishing;
+            x.has_exploding[i] = s.telemetry.has_exploding;
+            x.gradient_health_prev[i] = s.tracking.gradient_health_prev;
+            x.epochs_in_stage[i] = s.counters.epochs_in_stage;
+            x.epochs_since_counterfactual[i] = s.tracking.epochs_since_counterfactual;
+            x.epochs_total[i] = s.counters.epochs_total;
+        }
 
-    build(x, raw, blueprint_indices);
+        build(x, raw, blueprint_indices);
+    }
+}
+
+pub fn build_observations(sources: ObservationSources, mut batch: ResMut<ObsBatch>, info: StepInfo) {
+    let _span = crate::system_span!(info, "Observe::build_observations");
+    sources.fill(&mut batch);
 }

@@ -29,10 +29,6 @@ pub fn decide(
     info: StepInfo,
 ) {
     let _span = crate::system_span!(info, "Decide::decide");
-    let mut learner = learner;
-    if let Some(learner) = learner.as_deref_mut() {
-        learner.decided = false;
-    }
     let Some(mut policy) = policy else {
         let learner = learner.expect("a run installs a policy or the learner");
         learner.into_inner().decide(

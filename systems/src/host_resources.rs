@@ -19,6 +19,13 @@ pub struct StepClock {
     pub episode_epochs: u64,
 }
 
+impl StepClock {
+    /// The epoch that ends the round (the episode's time limit; every epoch when none is set).
+    pub fn is_last_epoch(&self) -> bool {
+        self.epoch >= self.episode_epochs
+    }
+}
+
 /// Every env's host and seeds behind the [`HostBackend`] seam: systems see only its operations, so a
 /// second implementation (a device backend, a test double) installs without touching a system.
 #[derive(Resource)]

@@ -12,7 +12,7 @@ use esper_components::ActionMasks;
 use esper_kernels::policy::network::Recurrent;
 use esper_kernels::policy::ppo::{PpoAgent, UpdateMetrics};
 use esper_kernels::policy::rollout::RolloutBuffer;
-use esper_kernels::policy::sampler::{Draw, DrawScratch, draw};
+use esper_kernels::policy::sampler::{DrawScratch, draw};
 use esper_kernels::rng::{Purpose, StreamKey};
 
 #[derive(Resource)]
@@ -22,14 +22,15 @@ pub struct Learner {
     pub deterministic: bool,
     /// `[E, H]` the LSTM state each env's next decision starts from.
     pub hidden: Recurrent,
-    /// `[E]` this step's draws (action, per-head log-prob and entropy) and V(s) on the critic's scale.
-    pub draws: Vec<Draw>,
+    /// `[E]` V(s) of this step, on the critic's scale.
     pub values: Vec<f32>,
-    /// The learner made this step's decision (a test may install a scripted policy over it).
-    pub decided: bool,
     /// What the last round's update reported (None before the first, or when it was skipped).
     pub last_update: Option<UpdateMetrics>,
     scratch: DrawScratch,
+    /// `[E, Σ head sizes + 1]`: this step's logits of every head and V, as read back.
+    read_back: Vec<f32>,
+    /// Where each head's logits start in a row of `read_back`.
+    offsets: [usize; 8],
 }
 
 /// The round's transitions, present only while the policy learns (not under `--eval`).
@@ -39,35 +40,32 @@ pub struct Rollout(pub RolloutBuffer);
 impl Learner {
     pub fn new(agent: PpoAgent, n_envs: usize, deterministic: bool) -> candle_core::Result<Self> {
         let hidden = Recurrent::zeros(n_envs, agent.net.shape.hidden, DType::F32, &agent.device)?;
+        let sizes = agent.net.shape.head_sizes();
+        let mut offsets = [0usize; 8];
+        for h in 1..8 {
+            offsets[h] = offsets[h - 1] + sizes[h - 1];
+        }
         Ok(Self {
             agent,
             deterministic,
             hidden,
-            draws: vec![Draw::default(); n_envs],
             values: vec![0.0; n_envs],
-            decided: false,
             last_update: None,
             scratch: DrawScratch::default(),
+            read_back: Vec::new(),
+            offsets,
         })
     }
 
     /// A fresh zero state for every env (round start).
     pub fn reset_hidden(&mut self) {
-        let n = self.draws.len();
-        self.hidden = Recurrent::zeros(n, self.agent.net.shape.hidden, DType::F32, &self.agent.device)
-            .expect("zeros of the state's own shape");
+        let zero = vec![true; self.values.len()];
+        self.zero_hidden_where(&zero);
     }
 
     /// Zero the state of the envs where `zero[e]` holds (a rollback).
     pub fn zero_hidden_where(&mut self, zero: &[bool]) {
-        if !zero.iter().any(|&z| z) {
-            return;
-        }
-        let keep: Vec<f32> = zero.iter().map(|&z| if z { 0.0 } else { 1.0 }).collect();
-        let keep = Tensor::from_vec(keep, (zero.len(), 1), &self.agent.device).expect("an [E, 1] mask");
-        let h = self.hidden.h.broadcast_mul(&keep).expect("[E, H] × [E, 1]");
-        let c = self.hidden.c.broadcast_mul(&keep).expect("[E, H] × [E, 1]");
-        self.hidden = Recurrent { h, c };
+        self.hidden = self.hidden.zero_rows(zero).expect("an [E, 1] mask over the [E, H] state");
     }
 
     /// One batched forward for every env (normalised observations `[E, D]`, blueprint indices
@@ -86,29 +84,26 @@ impl Learner {
         let net = &self.agent.net;
         let obs = Tensor::from_slice(features, (n, d), &self.agent.device).expect("[E, D] observations");
         let out = net.step(&obs, blueprints, &self.hidden).expect("the policy's forward");
-        // One read-back of every head's logits and one of the values.
-        let logits: Vec<f32> = Tensor::cat(&out.logits, 1)
+        // One read-back per step: every head's logits and V, a row per env.
+        let mut columns = out.logits.clone();
+        columns.push(out.value.unsqueeze(1).expect("[E] → [E, 1]"));
+        self.read_back = Tensor::cat(&columns, 1)
             .and_then(|t| t.flatten_all())
             .and_then(|t| t.to_vec1())
-            .expect("the logits read back");
-        self.values = out.value.to_vec1().expect("the values read back");
+            .expect("the logits and values read back");
         let sizes = net.shape.head_sizes();
-        let width: usize = sizes.iter().sum();
-        let mut offsets = [0usize; 8];
-        for h in 1..8 {
-            offsets[h] = offsets[h - 1] + sizes[h - 1];
-        }
+        let width = self.offsets[7] + sizes[7] + 1;
         for (e, m) in masks.iter().enumerate() {
-            let row = &logits[e * width..(e + 1) * width];
-            let heads: [&[f32]; 8] = std::array::from_fn(|h| &row[offsets[h]..offsets[h] + sizes[h]]);
+            let row = &self.read_back[e * width..(e + 1) * width];
+            let heads: [&[f32]; 8] =
+                std::array::from_fn(|h| &row[self.offsets[h]..self.offsets[h] + sizes[h]]);
+            self.values[e] = row[width - 1];
             let mut stream =
                 StreamKey::new(clock.seed, clock.round, e as u64, Purpose::Policy).stream(clock.epoch << 8);
             let uniforms: [f64; 8] = std::array::from_fn(|_| stream.next_f64());
             let d = draw(heads, m, uniforms, self.deterministic, &mut self.scratch);
             actions.set(e, d.action);
-            self.draws[e] = d;
         }
         self.hidden = out.state;
-        self.decided = true;
     }
 }

@@ -1,12 +1,12 @@
 //! Round end, for the learned policy (simic §1.3 D.12/D.15, §1.4): V of every env's post-action
 //! state for the truncation bootstrap, then the PPO update from the round's buffer, which is then
 //! emptied. The bootstrap observation is built from the state after the last step's action and tick
-//! (the reference's "peek") and normalised with the round's frozen statistics, so it runs before the
-//! observation normaliser's update; it is not added to the round's moments. An interrupted round
-//! (its last epoch never ran) makes no update: its buffer has no truncated ends to bootstrap, and a
-//! resumed run replays it from the last checkpoint.
+//! (the reference's "peek") with the Observe stage's own code, and normalised with the round's frozen
+//! statistics, so it runs before the observation normaliser's update; it is not added to the round's
+//! moments. An interrupted round (its last epoch never ran) makes no update: its buffer has no
+//! truncated ends to bootstrap, and a resumed run replays it from the last checkpoint.
 
-use crate::build_observations::ObsBatch;
+use crate::build_observations::{ObsBatch, ObservationSources};
 use crate::host_resources::StepClock;
 use crate::learner::{Learner, Rollout};
 use crate::normalize_observations::ObsNormalization;
@@ -14,34 +14,29 @@ use crate::step_span::StepInfo;
 use bevy_ecs::prelude::*;
 use candle_core::Tensor;
 
-/// The round ran to its last epoch.
-fn round_complete(clock: &StepClock) -> bool {
-    clock.epoch >= clock.episode_epochs
-}
-
 /// V(s_{T+1}) of every env from its carried LSTM state, into the bootstrap of each row's last column
 /// where that column was truncated (a row whose last step rolled back ended in a true terminal).
 pub fn bootstrap_values(
-    observations: Res<ObsBatch>,
+    sources: ObservationSources,
+    mut observations: ResMut<ObsBatch>,
     normalization: Res<ObsNormalization>,
     clock: Res<StepClock>,
     learner: Res<Learner>,
     mut rollout: ResMut<Rollout>,
-    mut normalized: Local<Vec<f32>>,
     info: StepInfo,
 ) {
     let _span = crate::system_span!(info, "RoundEnd::bootstrap_values");
-    if !round_complete(&clock) {
+    if !clock.is_last_epoch() {
         return;
     }
-    normalized.resize(observations.raw.len(), 0.0);
-    normalization.normalizer.normalize_into(&observations.raw, &mut normalized);
+    sources.fill(&mut observations);
+    let ObsBatch { raw, normalized, blueprint_indices, .. } = &mut *observations;
+    normalization.normalizer.normalize_into(raw, normalized);
     let buffer = &mut rollout.0;
-    let (n, d) = (buffer.n_envs, observations.dim());
+    let n = buffer.n_envs;
     let device = &learner.agent.device;
-    let obs = Tensor::from_slice(&normalized[..], (n, d), device).expect("[E, D] observations");
-    let out =
-        learner.agent.net.step(&obs, &observations.blueprint_indices, &learner.hidden).expect("the forward");
+    let obs = Tensor::from_slice(normalized, (n, normalized.len() / n), device).expect("[E, D] observations");
+    let out = learner.agent.net.step(&obs, blueprint_indices, &learner.hidden).expect("the forward");
     let values: Vec<f32> = out.value.to_vec1().expect("the values read back");
     for (e, &value) in values.iter().enumerate() {
         let len = buffer.lens[e];
@@ -61,7 +56,7 @@ pub fn ppo_update(
 ) {
     let _span = crate::system_span!(info, "RoundEnd::ppo_update");
     learner.last_update = None;
-    if round_complete(&clock) {
+    if clock.is_last_epoch() {
         learner.last_update = learner.agent.update(&rollout.0).expect("the PPO update");
     }
     rollout.0.clear();

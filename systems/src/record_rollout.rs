@@ -1,5 +1,5 @@
 //! Record: the learner's step into the round's rollout buffer (simic §1.3 D.9, §4.5) — the observation
-//! it read, the sampled action and its log-probs, V(s), the effective op, the normalised reward, the
+//! it read, the sampled action, V(s), the effective op, the normalised reward, the
 //! masks, the forced flag and the contribution predictor's targets (simic §3.4: where every measured
 //! slot's counterfactual is fresh this step, `target[slot] = val_acc − baseline_acc`, the slot's
 //! contribution). An env that rolled back leaves no column: its episode ends at its last column with
@@ -10,6 +10,7 @@ use crate::build_observations::ObsBatch;
 use crate::compute_rewards::RewardBatch;
 use crate::host_resources::StepClock;
 use crate::learner::{Learner, Rollout};
+use crate::policy::ActivePolicy;
 use crate::resources::{ActionBatch, EffectiveOps, MaskBatch, OpOutcomes};
 use crate::step_span::StepInfo;
 use bevy_ecs::prelude::*;
@@ -33,14 +34,13 @@ pub fn record_rollout(
     clock: Res<StepClock>,
     learner: Option<ResMut<Learner>>,
     rollout: Option<ResMut<Rollout>>,
+    policy: Option<Res<ActivePolicy>>,
     mut scratch: Local<RecordScratch>,
     info: StepInfo,
 ) {
     let _span = crate::system_span!(info, "Record::record_rollout");
-    let Some(mut learner) = learner else { return };
-    if !learner.decided {
-        return;
-    }
+    // The learner decided this step unless a policy was installed over it (a test's script).
+    let (Some(mut learner), None) = (learner, policy) else { return };
     let n = masks.0.len();
     let RecordScratch { rolled_back, targets } = &mut *scratch;
     rolled_back.clear();
@@ -49,7 +49,7 @@ pub fn record_rollout(
     let Some(mut rollout) = rollout else { return };
     let inputs = &observations.inputs;
     let s = inputs.n_slots;
-    let last_step = clock.epoch >= clock.episode_epochs;
+    let last_step = clock.is_last_epoch();
     for (e, &rolled) in rolled_back.iter().enumerate() {
         if rolled {
             rollout.0.end_with_rollback(e);
@@ -61,7 +61,6 @@ pub fn record_rollout(
             .all(|i| inputs.contribution[i].is_none() || inputs.epochs_since_counterfactual[i] == Some(0));
         targets.clear();
         targets.extend(slots.map(|i| if fresh { inputs.contribution[i].map(|c| c as f32) } else { None }));
-        let draw = learner.draws[e];
         rollout.0.push(
             e,
             StepRow {
@@ -69,7 +68,6 @@ pub fn record_rollout(
                 blueprints: observations.blueprint_row(e),
                 action: actions.get(e),
                 effective_op: effective.0[e],
-                log_probs: draw.log_probs,
                 value: learner.values[e],
                 reward: rewards.normalized[e] as f32,
                 truncated: last_step,

@@ -26,19 +26,12 @@ pub fn update_obs_normalizer(mut normalization: ResMut<ObsNormalization>, info: 
 /// learning, the bootstrap observation and values first (frozen statistics), then this update, then
 /// the PPO update.
 pub fn round_end_schedule() -> Schedule {
-    use crate::build_observations::build_observations;
     use crate::learner::Rollout;
     use crate::ppo_update::{bootstrap_values, ppo_update};
     let mut schedule = crate::schedule::strict_schedule(RoundEnd);
     let learning = resource_exists::<Rollout>;
     schedule.add_systems(
-        (
-            build_observations.run_if(learning),
-            bootstrap_values.run_if(learning),
-            update_obs_normalizer,
-            ppo_update.run_if(learning),
-        )
-            .chain(),
+        (bootstrap_values.run_if(learning), update_obs_normalizer, ppo_update.run_if(learning)).chain(),
     );
     schedule
 }

@@ -70,14 +70,18 @@ impl MetricsSink {
         if self.error.is_some() {
             return;
         }
-        let result = serde_json::to_writer(&mut self.out, line)
-            .map_err(|e| e.to_string())
-            .and_then(|()| self.out.write_all(b"\n").map_err(|e| e.to_string()))
-            .and_then(|()| self.out.flush().map_err(|e| e.to_string()));
+        let result =
+            json_line(&mut self.out, line).and_then(|()| self.out.flush().map_err(|e| e.to_string()));
         if let Err(e) = result {
             self.error = Some(format!("metrics.jsonl: {e}"));
         }
     }
+}
+
+/// `value` as one JSON line.
+fn json_line(out: &mut dyn Write, value: &impl serde::Serialize) -> Result<(), String> {
+    serde_json::to_writer(&mut *out, value).map_err(|err| err.to_string())?;
+    out.write_all(b"\n").map_err(|err| err.to_string())
 }
 
 /// One line of `metrics.jsonl`.
@@ -218,14 +222,13 @@ pub fn write_metrics(
     n_envs: Res<EnvCount>,
     rewards: Res<RewardBatch>,
     observations: Res<ObsBatch>,
-    mut sink: ResMut<MetricsSink>,
+    sink: Option<ResMut<MetricsSink>>,
     mut scratch: Local<MetricsScratch>,
     info: StepInfo,
 ) {
     let _span = crate::system_span!(info, "Record::write_metrics");
-    if sink.error.is_some() {
-        return;
-    }
+    // No sink (a replay's re-run), or one that failed: nothing to write.
+    let Some(mut sink) = sink.filter(|s| s.error.is_none()) else { return };
     let n_slots = sink.slot_names.len();
     let MetricsScratch { metrics, stages, alphas } = &mut *scratch;
     metrics.resize(n_envs.0, HostMetrics::default());
@@ -271,8 +274,7 @@ pub fn write_metrics(
                         observation: sink.log_observations.then(|| observations.raw_row(e)),
                         blueprint_indices: sink.log_observations.then(|| observations.blueprint_row(e)),
                     };
-                serde_json::to_writer(&mut sink.out, &line).map_err(|err| err.to_string())?;
-                sink.out.write_all(b"\n").map_err(|err| err.to_string())?;
+                json_line(&mut sink.out, &line)?;
             }
             sink.out.flush().map_err(|err| err.to_string())
         })();

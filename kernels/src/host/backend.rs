@@ -75,28 +75,24 @@ pub struct ParamPrint {
 }
 
 impl ParamPrint {
-    fn add(&mut self, values: &[f32]) {
+    /// Add `values` to the group's sums and continue the env's checksum `hash` over them, in one pass:
+    /// 64-bit FNV-1a over the bit patterns, one 32-bit word at a time. Equal hashes mean (to 2^-64)
+    /// bit-identical values: −0 and +0, or two NaN payloads, differ.
+    fn add_hashed(&mut self, mut hash: u64, values: &[f32]) -> u64 {
+        const PRIME: u64 = 0x0000_0100_0000_01b3;
         for &v in values {
+            hash ^= v.to_bits() as u64;
+            hash = hash.wrapping_mul(PRIME);
             let v = v as f64;
             self.sum += v;
             self.sum_sq += v * v;
         }
+        hash
     }
-}
-
-/// 64-bit FNV-1a over the bit patterns of `values`, one 32-bit word at a time, continuing from `hash`.
-/// Equal hashes mean (to 2^-64) bit-identical values: −0 and +0, or two NaN payloads, differ.
-pub fn fnv1a_f32(mut hash: u64, values: &[f32]) -> u64 {
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    for &v in values {
-        hash ^= v.to_bits() as u64;
-        hash = hash.wrapping_mul(PRIME);
-    }
-    hash
 }
 
 /// FNV-1a's offset basis: the hash of nothing.
-pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 
 /// Which seeds validation ablates.
 #[derive(Clone, Copy, Debug)]
@@ -141,7 +137,7 @@ pub trait HostBackend: Send + Sync + 'static {
     fn reset_round(&mut self, seed: u64, round: u64);
     /// Every env's parameters as the forward reads them, for `trace.bin`, in one call per step (on a
     /// device, part of the step's one read-back): `checksums[e]` (`[E]`) a bit-exact checksum of env
-    /// `e` ([`fnv1a_f32`] over [`HostParams::env_rows`], then per slot the seed's blueprint row and, in
+    /// `e` (64-bit FNV-1a over [`HostParams::env_rows`], then per slot the seed's blueprint row and, in
     /// GATE mode, its gate row) and `prints[e·(1 + S)..]` (`[E, 1 + S]`) a [`ParamPrint`] of its host
     /// and of each slot's seed (zeros for an empty slot).
     fn param_fingerprints(&self, checksums: &mut [u64], prints: &mut [ParamPrint]);
@@ -256,16 +252,14 @@ impl CpuHostBackend {
         groups.fill(ParamPrint::default());
         let mut hash = FNV_OFFSET;
         for row in self.params.env_rows(env) {
-            hash = fnv1a_f32(hash, row);
-            groups[0].add(row);
+            hash = groups[0].add_hashed(hash, row);
         }
         for (slot, group) in self.bank.slots().zip(&mut groups[1..]) {
             let state = slot.state[env];
             let Some(bp) = state.blueprint else { continue };
             let gate = (state.mode == SeedMode::Gate).then(|| slot.gate.row(env));
             for row in std::iter::once(slot.pool(bp).row(env)).chain(gate) {
-                hash = fnv1a_f32(hash, row);
-                group.add(row);
+                hash = group.add_hashed(hash, row);
             }
         }
         hash

@@ -143,6 +143,17 @@ impl Recurrent {
             c: Tensor::zeros((n, hidden), dtype, device)?,
         })
     }
+
+    /// The state with the rows where `zero[row]` holds set to zero (a new episode starts there); the
+    /// state itself when none does.
+    pub fn zero_rows(&self, zero: &[bool]) -> Result<Self> {
+        if !zero.iter().any(|&z| z) {
+            return Ok(self.clone());
+        }
+        let keep: Vec<f32> = zero.iter().map(|&z| if z { 0.0 } else { 1.0 }).collect();
+        let keep = Tensor::from_vec(keep, (zero.len(), 1), self.h.device())?.to_dtype(self.h.dtype())?;
+        Ok(Self { h: self.h.broadcast_mul(&keep)?, c: self.c.broadcast_mul(&keep)? })
+    }
 }
 
 /// What one forward gives: per head `[N, size]` logits (unmasked), V `[N]`, the trunk's output
@@ -373,22 +384,22 @@ impl PolicyNet {
         }
         // The feature net has no recurrence: all B·T rows at once.
         let f = self.features(&obs.reshape((b * t, d))?, blueprints)?.reshape((b, t, self.shape.hidden))?;
-        let (mut h, mut c) = (state.h.clone(), state.c.clone());
+        let mut state = state.clone();
         let mut hs = Vec::with_capacity(t);
+        let mut reset_now = vec![false; b];
         for step in 0..t {
-            if (0..b).any(|row| resets.get(row * t + step).copied().unwrap_or(false)) {
-                let keep: Vec<f32> = (0..b).map(|row| f32::from(u8::from(!resets[row * t + step]))).collect();
-                let keep = Tensor::from_vec(keep, (b, 1), h.device())?.to_dtype(h.dtype())?;
-                h = h.broadcast_mul(&keep)?;
-                c = c.broadcast_mul(&keep)?;
+            if !resets.is_empty() {
+                reset_now.iter_mut().enumerate().for_each(|(row, r)| *r = resets[row * t + step]);
+                state = state.zero_rows(&reset_now)?;
             }
             let x = f.narrow(1, step, 1)?.squeeze(1)?;
-            (h, c) = self.lstm.step(&x, &h, &c)?;
+            let (h, c) = self.lstm.step(&x, &state.h, &state.c)?;
             hs.push(h.clone());
+            state = Recurrent { h, c };
         }
         let hs = Tensor::stack(&hs, 1)?.reshape((b * t, self.shape.hidden))?;
         let lstm_out = (self.lstm_norm.forward(&hs)? + f.reshape((b * t, self.shape.hidden))?)?;
-        self.outputs(lstm_out, Recurrent { h, c })
+        self.outputs(lstm_out, state)
     }
 
     /// Q(s, op) `[N]` from the trunk's output (detached here: only the Q head learns from it) and the op

@@ -27,7 +27,7 @@ use super::log_prob::floored_log_prob;
 use super::network::{PolicyNet, PolicyShape, Recurrent, init_key};
 use super::rollout::RolloutBuffer;
 use super::sampler::head_mask;
-use super::value_normalizer::ValueNormalizer;
+use super::value_normalizer::{Moments, ValueNormalizer};
 
 /// `ADVANTAGE_STD_FLOOR`.
 const ADVANTAGE_STD_FLOOR: f64 = 0.1;
@@ -235,7 +235,8 @@ impl PpoAgent {
         let valid_values = |x: &[f32]| -> Vec<f64> {
             x.iter().zip(&valid).filter(|&(_, &v)| v).map(|(&a, _)| a as f64).collect()
         };
-        let (adv_mean, adv_std) = mean_std(&valid_values(&advantages));
+        let adv = Moments::of(valid_values(&advantages).into_iter());
+        let (adv_mean, adv_std) = (adv.mean, adv.population_var().sqrt());
         metrics.advantage_mean = adv_mean;
         metrics.advantage_std = adv_std;
         let adv_norm: Vec<f32> = advantages
@@ -254,87 +255,67 @@ impl PpoAgent {
         let valid_returns = valid_values(&returns);
         let residual: Vec<f64> =
             valid_returns.iter().zip(valid_values(&values_raw)).map(|(r, v)| r - v).collect();
-        metrics.explained_variance = 1.0 - sample_var(&residual) / sample_var(&valid_returns).max(1.0);
+        metrics.explained_variance = 1.0
+            - Moments::of(residual.into_iter()).sample_var()
+                / Moments::of(valid_returns.iter().copied()).sample_var().max(1.0);
         let valid_returns_f32: Vec<f32> = valid_returns.iter().map(|&r| r as f32).collect();
         self.value_normalizer.update(&valid_returns_f32);
         metrics.value_scale = self.value_normalizer.scale();
         let targets: Vec<f32> = returns.iter().map(|&r| self.value_normalizer.normalize(r)).collect();
 
-        // 3. The batch as the network reads it, and the per-head masks of the stored actions.
+        // 3. The batch as the network reads it, and everything the epochs share: per head the masks of
+        // the stored actions (canonicalised by the sampled op), the causal masks (from the effective
+        // op) and the availability masks (from the op mask), both times "valid and not forced".
         let dev = &self.device;
         let obs = Tensor::from_slice(&buffer.states, (rows, cols, buffer.obs_dim), dev)?;
         let mut resets = Vec::new();
         buffer.episode_starts(&mut resets);
         let sizes = self.net.shape.head_sizes();
-        let mut head_masks: Vec<Vec<bool>> = Vec::with_capacity(8);
-        let mut head_actions: Vec<Vec<u8>> = Vec::with_capacity(8);
-        for head in Head::ALL {
-            let k = sizes[head as usize];
-            let mut mask = vec![false; n * k];
-            let mut actions = vec![0u8; n];
-            for i in 0..n {
-                let out = &mut mask[i * k..(i + 1) * k];
-                if valid[i] {
-                    let op = LifecycleOp::from_index(buffer.actions[i].op).unwrap_or(LifecycleOp::Wait);
-                    head_mask(&buffer.masks[i], head, op, out);
-                    actions[i] = buffer.actions[i].head(head);
-                } else {
-                    out[0] = true; // padding: one legal entry, log-prob 0, outside every loss mask
+        let mut head_masks: Vec<Vec<bool>> = sizes.iter().map(|&k| vec![false; n * k]).collect();
+        let mut head_actions = vec![vec![0u8; n]; 8];
+        let mut causal = vec![vec![0f32; n]; 8];
+        let mut available = vec![vec![0f32; n]; 8];
+        let mut value_weights = vec![0f32; n];
+        for i in 0..n {
+            if !valid[i] {
+                for (h, &k) in sizes.iter().enumerate() {
+                    head_masks[h][i * k] = true; // padding: one legal entry, log-prob 0, outside every loss
                 }
+                continue;
             }
-            head_masks.push(mask);
-            head_actions.push(actions);
+            let masks = &buffer.masks[i];
+            let forced = masks.is_forced_wait();
+            value_weights[i] = if forced { FORCED_VALUE_WEIGHT } else { 1.0 };
+            let sampled = LifecycleOp::from_index(buffer.actions[i].op).unwrap_or(LifecycleOp::Wait);
+            let relevant = relevant_heads(buffer.effective_ops[i]);
+            let reachable = masks.available_heads();
+            for head in Head::ALL {
+                let (h, k) = (head as usize, sizes[head as usize]);
+                head_mask(masks, head, sampled, &mut head_masks[h][i * k..(i + 1) * k]);
+                head_actions[h][i] = buffer.actions[i].head(head);
+                causal[h][i] = f32::from(u8::from(!forced && relevant[h]));
+                available[h][i] = f32::from(u8::from(!forced && reachable[h]));
+            }
         }
-        // Causal masks (from the effective op) and availability masks (from the op mask), both times
-        // "not forced" and "valid".
-        let unforced: Vec<bool> = (0..n).map(|i| valid[i] && !buffer.forced[i]).collect();
-        let causal: Vec<Vec<f32>> = Head::ALL
-            .iter()
-            .map(|&h| {
-                (0..n)
-                    .map(|i| {
-                        f32::from(u8::from(
-                            unforced[i] && relevant_heads(buffer.effective_ops[i])[h as usize],
-                        ))
-                    })
-                    .collect()
-            })
-            .collect();
-        let available: Vec<Vec<f32>> = Head::ALL
-            .iter()
-            .map(|&h| {
-                (0..n)
-                    .map(|i| {
-                        let any = LifecycleOp::ALL
-                            .iter()
-                            .any(|&op| buffer.masks[i].op[op as usize] && relevant_heads(op)[h as usize]);
-                        f32::from(u8::from(unforced[i] && any))
-                    })
-                    .collect()
-            })
-            .collect();
-        let value_weights: Vec<f32> = (0..n)
-            .map(|i| {
-                if !valid[i] {
-                    0.0
-                } else if buffer.forced[i] {
-                    FORCED_VALUE_WEIGHT
-                } else {
-                    1.0
-                }
-            })
-            .collect();
-        let valid_f: Vec<f32> = valid.iter().map(|&v| f32::from(u8::from(v))).collect();
         let ops: Vec<u8> = buffer.actions.iter().map(|a| a.op).collect();
         let aux_mask: Vec<f32> =
             (0..n * s).map(|j| f32::from(u8::from(valid[j / s] && buffer.contribution_mask[j]))).collect();
+        let valid_f: Vec<f32> = valid.iter().map(|&v| f32::from(u8::from(v))).collect();
         let t1 = |v: &[f32]| Tensor::from_slice(v, n, dev);
         let (adv_t, target_t, weight_t, valid_t) =
             (t1(&adv_norm)?, t1(&targets)?, t1(&value_weights)?, t1(&valid_f)?);
         let aux_target_t = Tensor::from_slice(&buffer.contribution_targets, (n, s), dev)?;
         let aux_mask_t = Tensor::from_slice(&aux_mask, (n, s), dev)?;
         let causal_t = causal.iter().map(|m| t1(m)).collect::<Result<Vec<_>>>()?;
-        let count = |m: &[f32]| m.iter().sum::<f32>().max(1.0) as f64;
+        let available_t = available.iter().map(|m| t1(m)).collect::<Result<Vec<_>>>()?;
+        let total = |m: &[f32]| m.iter().sum::<f32>() as f64;
+        let n_causal: Vec<f64> = causal.iter().map(|m| total(m)).collect();
+        let n_available: Vec<f64> = available.iter().map(|m| total(m)).collect();
+        let (n_weights, n_aux) = (total(&value_weights).max(1.0), total(&aux_mask).max(1.0));
+        let kl_weight: f64 = n_causal.iter().sum();
+        let schedule = cfg.floor_schedule(self.train_steps);
+        let aux_coef =
+            cfg.aux_coef * (self.train_steps as f64 / cfg.aux_warmup_updates.max(1) as f64).min(1.0);
 
         let vars = self.net.vars();
         let zero_state = Recurrent::zeros(rows, self.net.shape.hidden, DType::F32, dev)?;
@@ -357,39 +338,31 @@ impl PpoAgent {
             let q = self.net.q_value(&out.lstm_out, &ops)?;
             let predicted = self.net.contribution(&out.lstm_out)?;
 
-            // Finiteness gate: x·0 is 0 for a finite x and NaN otherwise, so one sum checks them all.
+            // Ratios, the joint ratio, the KL terms; then one read-back of the finiteness probe (x·0 is 0
+            // for a finite x and NaN otherwise), the KL sum and the clip count, before any backward.
             let mut probe = ((&out.value * 0.0)?.sum_all()? + (&q * 0.0)?.sum_all()?)?;
-            for lp in &log_probs {
-                probe = (probe + (lp * 0.0)?.sum_all()?)?;
-            }
-            if !probe.to_scalar::<f32>()?.is_finite() {
-                metrics.nonfinite_skips += 1;
-                continue;
-            }
-
-            // Ratios, the joint ratio, the approximate KL.
             let mut ratios = Vec::with_capacity(8);
-            let mut joint_log = t1(&vec![0f32; n])?;
-            let (mut kl_sum, mut kl_weight) = (0.0, 0.0);
+            let mut joint_log = Tensor::zeros(n, DType::F32, dev)?;
+            let mut kl_sum = Tensor::new(0f32, dev)?;
             for h in 0..8 {
+                probe = (probe + (&log_probs[h] * 0.0)?.sum_all()?)?;
                 let log_ratio = (&log_probs[h] - &reference[h])?.clamp(-20f32, 20f32)?;
                 let ratio = log_ratio.exp()?;
                 joint_log = (joint_log + &log_ratio)?;
-                let n_h = causal[h].iter().sum::<f32>() as f64;
-                if n_h > 0.0 {
-                    let kl = (((&ratio - 1.0)? - &log_ratio)? * &causal_t[h])?
-                        .sum_all()?
-                        .to_scalar::<f32>()? as f64;
-                    kl_sum += kl; // Σ_h w_h·KL_h / Σ_h w_h with w_h = n_h / T is Σ_h Σ kl / Σ_h n_h
-                    kl_weight += n_h;
-                }
+                // Σ_h w_h·KL_h / Σ_h w_h with w_h = n_h / T is Σ_h Σ_t kl / Σ_h n_h.
+                kl_sum = (kl_sum + (((&ratio - 1.0)? - &log_ratio)? * &causal_t[h])?.sum_all()?)?;
                 ratios.push(ratio);
             }
-            let approx_kl = if kl_weight > 0.0 { kl_sum / kl_weight } else { 0.0 };
-            metrics.approx_kl = approx_kl;
             let joint = joint_log.clamp(-30f32, 30f32)?.exp()?;
-            let outside = ((&joint - 1.0)?.abs()?.gt(eps)?.to_dtype(DType::F32)? * &valid_t)?;
-            metrics.clip_fraction = outside.sum_all()?.to_scalar::<f32>()? as f64 / n_valid as f64;
+            let outside = ((&joint - 1.0)?.abs()?.gt(eps)?.to_dtype(DType::F32)? * &valid_t)?.sum_all()?;
+            let checks = Tensor::stack(&[probe, kl_sum, outside], 0)?.to_vec1::<f32>()?;
+            if !checks[0].is_finite() {
+                metrics.nonfinite_skips += 1;
+                continue;
+            }
+            let approx_kl = if kl_weight > 0.0 { checks[1] as f64 / kl_weight } else { 0.0 };
+            metrics.approx_kl = approx_kl;
+            metrics.clip_fraction = checks[2] as f64 / n_valid as f64;
             if cfg.target_kl.is_some_and(|target| approx_kl > 1.5 * target) {
                 metrics.early_stopped = true;
                 break;
@@ -399,57 +372,58 @@ impl PpoAgent {
             let mut policy_loss = Tensor::new(0f32, dev)?;
             let mut entropy_loss = Tensor::new(0f32, dev)?;
             let mut floor_penalty = Tensor::new(0f32, dev)?;
-            let schedule = cfg.floor_schedule(self.train_steps);
+            let mut head_entropy = Vec::with_capacity(8);
             for h in 0..8 {
                 let m = &causal_t[h];
-                let n_m = count(&causal[h]);
+                let n_m = n_causal[h].max(1.0);
                 let surrogate = (&ratios[h] * &adv_t)?;
                 let clipped = (ratios[h].clamp(1.0 - eps as f32, 1.0 + eps as f32)? * &adv_t)?;
                 let objective = (surrogate.minimum(&clipped)? * m)?.sum_all()?;
                 policy_loss = (policy_loss - (objective / n_m)?)?;
                 let mean_entropy = ((&entropies[h] * m)?.sum_all()? / n_m)?;
                 entropy_loss = (entropy_loss - (mean_entropy * cfg.entropy_head_multipliers[h])?)?;
-                let avail_count = available[h].iter().sum::<f32>();
-                if avail_count > 0.0 {
-                    let avail = t1(&available[h])?;
-                    let h_bar = ((&entropies[h] * &avail)?.sum_all()? / avail_count as f64)?;
-                    metrics.head_entropy[h] = h_bar.to_scalar::<f32>()? as f64;
+                let h_bar = if n_available[h] > 0.0 {
+                    let h_bar = ((&entropies[h] * &available_t[h])?.sum_all()? / n_available[h])?;
                     let shortfall = (h_bar.neg()? + cfg.entropy_floors[h])?.relu()?;
                     floor_penalty =
                         (floor_penalty + (shortfall.sqr()? * (cfg.entropy_floor_coefs[h] * schedule))?)?;
-                }
+                    h_bar
+                } else {
+                    Tensor::new(0f32, dev)?
+                };
+                head_entropy.push(h_bar);
             }
-            let n_w = count(&value_weights);
-            let value_loss = ((((&out.value - &target_t)?.sqr()? * &weight_t)?.sum_all()? / n_w)? * 0.5)?;
-            let q_loss = ((((&q - &target_t)?.sqr()? * &weight_t)?.sum_all()? / n_w)? * 0.5)?;
-            let n_aux = count(&aux_mask);
+            let value_loss =
+                ((((&out.value - &target_t)?.sqr()? * &weight_t)?.sum_all()? / n_weights)? * 0.5)?;
+            let q_loss = ((((&q - &target_t)?.sqr()? * &weight_t)?.sum_all()? / n_weights)? * 0.5)?;
             let aux_loss = ((((&predicted - &aux_target_t)?.sqr()? * &aux_mask_t)?.sum_all()?) / n_aux)?;
-            let aux_coef =
-                cfg.aux_coef * (self.train_steps as f64 / cfg.aux_warmup_updates.max(1) as f64).min(1.0);
             let total = (((((&policy_loss + (&value_loss * beta_v)?)? + (&entropy_loss * beta_h)?)?
                 + &floor_penalty)?
                 + (&q_loss * (0.5 * beta_v))?)?
                 + (&aux_loss * aux_coef)?)?;
-            let scalar = |t: &Tensor| -> Result<f64> { Ok(t.to_scalar::<f32>()? as f64) };
-            metrics.policy_loss = scalar(&policy_loss)?;
-            metrics.value_loss = scalar(&value_loss)?;
-            metrics.q_loss = scalar(&q_loss)?;
-            metrics.entropy_loss = scalar(&entropy_loss)?;
-            metrics.entropy_floor_penalty = scalar(&floor_penalty)?;
-            metrics.aux_loss = scalar(&aux_loss)?;
-            metrics.total_loss = scalar(&total)?;
 
-            // Backward, the global clip, one Adam step.
+            // Backward, the global clip (the norm reduced on the device, one read), one Adam step.
             let grads = total.backward()?;
             let grads: Vec<Tensor> = vars
                 .iter()
                 .map(|v| grads.get(v).cloned().map_or_else(|| v.as_tensor().zeros_like(), Ok))
                 .collect::<Result<_>>()?;
-            let mut norm_sq = 0.0;
-            for g in &grads {
-                norm_sq += g.sqr()?.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-            }
-            let norm = norm_sq.sqrt();
+            let squares =
+                grads.iter().map(|g| g.sqr()?.sum_all()?.to_dtype(DType::F64)).collect::<Result<Vec<_>>>()?;
+            let norm_sq = Tensor::stack(&squares, 0)?.sum_all()?;
+
+            // Every number this epoch reports, in one read-back.
+            let mut report =
+                vec![policy_loss, value_loss, q_loss, entropy_loss, floor_penalty, aux_loss, total];
+            report.extend(head_entropy);
+            let mut report = report.iter().map(|t| t.to_dtype(DType::F64)).collect::<Result<Vec<_>>>()?;
+            report.insert(7, norm_sq);
+            let r = Tensor::stack(&report, 0)?.to_vec1::<f64>()?;
+            (metrics.policy_loss, metrics.value_loss, metrics.q_loss, metrics.entropy_loss) =
+                (r[0], r[1], r[2], r[3]);
+            (metrics.entropy_floor_penalty, metrics.aux_loss, metrics.total_loss) = (r[4], r[5], r[6]);
+            metrics.head_entropy.copy_from_slice(&r[8..16]);
+            let norm = r[7].sqrt();
             metrics.grad_norm = norm;
             let clip = (cfg.max_grad_norm / (norm + 1e-6)).min(1.0);
             let grads =
@@ -462,25 +436,6 @@ impl PpoAgent {
         }
         Ok(Some(metrics))
     }
-}
-
-/// Population mean and standard deviation.
-fn mean_std(x: &[f64]) -> (f64, f64) {
-    if x.is_empty() {
-        return (0.0, 0.0);
-    }
-    let mean = x.iter().sum::<f64>() / x.len() as f64;
-    let var = x.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / x.len() as f64;
-    (mean, var.sqrt())
-}
-
-/// Sample variance (Bessel), 0 for fewer than two values.
-fn sample_var(x: &[f64]) -> f64 {
-    if x.len() < 2 {
-        return 0.0;
-    }
-    let mean = x.iter().sum::<f64>() / x.len() as f64;
-    x.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (x.len() - 1) as f64
 }
 
 /// The variables as `Var`s of one device (a checkpoint restores them with `Var::set`).

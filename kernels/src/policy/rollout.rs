@@ -10,7 +10,8 @@
 //!   has nowhere to put the penalty: it is dropped and counted.
 //!
 //! The round's last step is `done` and `truncated` (the episode ends by time limit and bootstraps
-//! from V of the post-action state, written at round end).
+//! from V of the post-action state, written at round end). The behaviour log-probs of simic §4.5 are
+//! not kept: the update's ratios are against its anchored recomputation, so nothing would read them.
 
 use esper_components::{ActionMasks, FactoredAction, LifecycleOp};
 
@@ -30,8 +31,6 @@ pub struct StepRow<'a> {
     pub action: FactoredAction,
     /// `action_for_reward`: the op the causal masks of the update credit.
     pub effective_op: LifecycleOp,
-    /// Per head (`Head` order), the behaviour log-prob.
-    pub log_probs: [f32; 8],
     /// V(s) on the critic's normalised scale.
     pub value: f32,
     /// The normalised reward.
@@ -57,7 +56,6 @@ pub struct RolloutBuffer {
     pub blueprints: Vec<i64>,
     pub actions: Vec<FactoredAction>,
     pub effective_ops: Vec<LifecycleOp>,
-    pub log_probs: Vec<[f32; 8]>,
     /// V(s) on the normalised scale.
     pub values: Vec<f32>,
     /// V of the state after the column's step, normalised scale; set on truncated columns only.
@@ -65,9 +63,9 @@ pub struct RolloutBuffer {
     pub rewards: Vec<f32>,
     pub done: Vec<bool>,
     pub truncated: Vec<bool>,
+    /// The step's masks (only WAIT legal — `is_forced_wait` — is a forced step: the value loss weighs
+    /// it 0.2, the policy loss skips it).
     pub masks: Vec<ActionMasks>,
-    /// Only WAIT was legal (the value loss weighs these 0.2; the policy loss skips them).
-    pub forced: Vec<bool>,
     /// `[E, T, S]` the contribution predictor's targets and where they hold.
     pub contribution_targets: Vec<f32>,
     pub contribution_mask: Vec<bool>,
@@ -92,14 +90,12 @@ impl RolloutBuffer {
             blueprints: vec![-1; cells * n_slots],
             actions: vec![FactoredAction::wait(); cells],
             effective_ops: vec![LifecycleOp::Wait; cells],
-            log_probs: vec![[0.0; 8]; cells],
             values: vec![0.0; cells],
             bootstrap: vec![0.0; cells],
             rewards: vec![0.0; cells],
             done: vec![false; cells],
             truncated: vec![false; cells],
             masks: vec![ActionMasks::default(); cells],
-            forced: vec![false; cells],
             contribution_targets: vec![0.0; cells * n_slots],
             contribution_mask: vec![false; cells * n_slots],
             lens: vec![0; n_envs],
@@ -132,14 +128,12 @@ impl RolloutBuffer {
         self.blueprints[i * s..(i + 1) * s].copy_from_slice(row.blueprints);
         self.actions[i] = row.action;
         self.effective_ops[i] = row.effective_op;
-        self.log_probs[i] = row.log_probs;
         self.values[i] = row.value;
         self.bootstrap[i] = 0.0;
         self.rewards[i] = row.reward;
         self.done[i] = row.truncated;
         self.truncated[i] = row.truncated;
         self.masks[i] = *row.masks;
-        self.forced[i] = row.masks.is_forced_wait();
         for (k, target) in row.contribution_targets.iter().enumerate() {
             self.contribution_targets[i * s + k] = target.unwrap_or(0.0).clamp(-10.0, 10.0);
             self.contribution_mask[i * s + k] = target.is_some();
@@ -197,7 +191,6 @@ mod tests {
                 blueprints: &[-1],
                 action: FactoredAction::wait(),
                 effective_op: LifecycleOp::Wait,
-                log_probs: [0.0; 8],
                 value: 0.0,
                 reward,
                 truncated,

@@ -14,6 +14,34 @@ pub const MIN_SAMPLES: u64 = 32;
 const MOMENTUM: f64 = 0.99;
 const EPSILON: f64 = 1e-4;
 
+/// The mean and the sum of squared deviations of a batch (two passes, in order), for the population
+/// and the sample variance.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Moments {
+    pub n: usize,
+    pub mean: f64,
+    pub squared_deviations: f64,
+}
+
+impl Moments {
+    pub fn of(values: impl Iterator<Item = f64> + Clone) -> Self {
+        let n = values.clone().count();
+        let mean = if n == 0 { 0.0 } else { values.clone().sum::<f64>() / n as f64 };
+        let squared_deviations = values.map(|v| (v - mean).powi(2)).sum();
+        Self { n, mean, squared_deviations }
+    }
+
+    /// 0 for an empty batch.
+    pub fn population_var(&self) -> f64 {
+        if self.n == 0 { 0.0 } else { self.squared_deviations / self.n as f64 }
+    }
+
+    /// Bessel's; 0 for fewer than two values.
+    pub fn sample_var(&self) -> f64 {
+        if self.n < 2 { 0.0 } else { self.squared_deviations / (self.n - 1) as f64 }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ValueNormalizer {
     pub mean: f64,
@@ -51,8 +79,8 @@ impl ValueNormalizer {
         if n == 0 {
             return;
         }
-        let batch_mean = returns.iter().map(|&r| r as f64).sum::<f64>() / n as f64;
-        let batch_var = returns.iter().map(|&r| (r as f64 - batch_mean).powi(2)).sum::<f64>() / n as f64;
+        let m = Moments::of(returns.iter().map(|&r| r as f64));
+        let (batch_mean, batch_var) = (m.mean, m.population_var());
         let delta = batch_mean - self.mean;
         if self.has_valid_stats() {
             self.mean = MOMENTUM * self.mean + (1.0 - MOMENTUM) * batch_mean;
