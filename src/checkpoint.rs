@@ -69,31 +69,37 @@ pub fn save(path: &Path, header: &CheckpointHeader, agent: &PpoAgent) -> Result<
 pub fn read_header(path: &Path) -> Result<CheckpointHeader, String> {
     use std::io::Read;
     let what = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let short = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => what(&"not an esper-ecs checkpoint (the file ends early)"),
+        _ => what(&e),
+    };
     let mut file = std::fs::File::open(path).map_err(|e| what(&e))?;
     let mut len = [0u8; 8];
-    file.read_exact(&mut len).map_err(|e| what(&e))?;
+    file.read_exact(&mut len).map_err(short)?;
     let len = u64::from_le_bytes(len);
     if len > MAX_HEADER_BYTES {
         return Err(what(&format!("not an esper-ecs checkpoint (a {len}-byte safetensors header)")));
     }
     let mut prefix = len.to_le_bytes().to_vec();
     prefix.resize(8 + len as usize, 0);
-    file.read_exact(&mut prefix[8..]).map_err(|e| what(&e))?;
+    file.read_exact(&mut prefix[8..]).map_err(short)?;
     header_of(&prefix).map_err(|e| what(&e))
 }
 
 /// safetensors' own limit on its header.
 const MAX_HEADER_BYTES: u64 = 100_000_000;
 
-/// Our header from the bytes of a safetensors file (its first `8 + n` bytes are enough).
+/// Our header from the bytes of a safetensors file: its first `8 + n` bytes are enough (the length
+/// `n`, then the JSON header whose `__metadata__` holds ours). The tensors are checked by `load`.
 fn header_of(bytes: &[u8]) -> Result<CheckpointHeader, String> {
-    let (_, metadata) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| e.to_string())?;
-    let json = metadata
-        .metadata()
-        .as_ref()
-        .and_then(|m| m.get(METADATA_KEY))
+    let not_ours = "not an esper-ecs checkpoint";
+    let len = bytes.get(..8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))).ok_or(not_ours)?;
+    let json = usize::try_from(len).ok().and_then(|n| bytes.get(8..8 + n)).ok_or(not_ours)?;
+    let table: serde_json::Value = serde_json::from_slice(json).map_err(|e| format!("{not_ours} ({e})"))?;
+    let ours = table["__metadata__"][METADATA_KEY]
+        .as_str()
         .ok_or("not an esper-ecs checkpoint (no esper_checkpoint metadata)")?;
-    let header: CheckpointHeader = serde_json::from_str(json).map_err(|e| e.to_string())?;
+    let header: CheckpointHeader = serde_json::from_str(ours).map_err(|e| e.to_string())?;
     if header.format_version > CHECKPOINT_FORMAT {
         return Err(format!(
             "checkpoint format {} is newer than this build's {CHECKPOINT_FORMAT}",

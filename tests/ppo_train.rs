@@ -163,3 +163,41 @@ fn ppo_learns_to_beat_its_start_and_random() {
         std::fs::remove_dir_all(d).unwrap();
     }
 }
+
+/// `--resume` through the binary: it continues with a larger `--rounds` (one more round line), and
+/// refuses a `--rounds` the checkpoint already holds, or a file that is no checkpoint, with exit 2
+/// before creating the run's folder.
+#[test]
+fn the_binary_resumes_and_refuses_what_it_cannot_continue() {
+    let dir = scratch("cli-resume");
+    std::fs::write(
+        dir.join("c.toml"),
+        "envs = 2\nepochs = 3\nsynthetic_train_per_env = 32\nsynthetic_test_per_env = 16\nbatch_per_env = 16\npolicy_hidden = 32\n",
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_esper-ecs"))
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .unwrap()
+    };
+    let first = run(&["train", "--config", "c.toml", "--rounds", "1", "--out", "a", "--quiet"]);
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let resumed =
+        run(&["train", "--resume", "a/checkpoint.safetensors", "--rounds", "2", "--out", "b", "--quiet"]);
+    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    let lines = std::fs::read_to_string(dir.join("b/metrics.jsonl")).unwrap();
+    assert_eq!(lines.lines().filter(|l| l.contains("\"kind\":\"round\"")).count(), 1);
+    assert_eq!(checkpoint::load(&dir.join("b/checkpoint.safetensors")).unwrap().header.next_round, 2);
+
+    let held = run(&["train", "--resume", "a/checkpoint.safetensors", "--out", "c", "--quiet"]);
+    assert_eq!(held.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&held.stderr).contains("already holds 1 rounds"));
+    std::fs::write(dir.join("junk.safetensors"), "junk").unwrap();
+    let junk = run(&["train", "--resume", "junk.safetensors", "--rounds", "2", "--out", "c", "--quiet"]);
+    assert_eq!(junk.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&junk.stderr).contains("not an esper-ecs checkpoint"));
+    assert!(!dir.join("c").exists(), "nothing is created for a refused resume");
+    std::fs::remove_dir_all(dir).unwrap();
+}
