@@ -43,7 +43,8 @@ pub const FORCED_BLUEPRINTS: [BlueprintAction; 3] =
 /// The forced seeds' alpha.
 pub const FORCED_ALPHA: f64 = 0.5;
 
-/// Where the bench runs. Only the CPU exists in this build; CUDA arrives with its issue.
+/// Where the bench runs. Only the CPU runs a step today; `--device cuda` is parsed and refused with a
+/// reason (see [`Device::parse`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Device {
@@ -55,6 +56,31 @@ impl Device {
         match self {
             Device::Cpu => "cpu",
         }
+    }
+
+    /// Parses `--device`: `cpu`, or `cuda` / `cuda:N`, which this build cannot run yet — the error says
+    /// why and what to do instead.
+    pub fn parse(name: &str) -> Result<Self, String> {
+        match name {
+            "cpu" => Ok(Device::Cpu),
+            cuda if cuda == "cuda"
+                || cuda.strip_prefix("cuda:").is_some_and(|i| i.parse::<u32>().is_ok()) =>
+            {
+                Err(format!("--device {cuda}: {}", cuda_unavailable()))
+            }
+            other => Err(format!("unknown device '{other}' (known: cpu, cuda, cuda:N)")),
+        }
+    }
+}
+
+/// Why `--device cuda` cannot run in this build.
+fn cuda_unavailable() -> &'static str {
+    if cfg!(feature = "cuda") {
+        "this build has the CUDA kernels (kernels/cuda, compiled with NVRTC) but not yet the CUDA host \
+         backend that runs a step on the GPU; see docs/gpu.md"
+    } else {
+        "this binary was built without CUDA; build it with `bash ../shared/tools/cuda-build.sh` (cargo \
+         build --release --features cuda with the CUDA 13 toolkit), see docs/gpu.md"
     }
 }
 

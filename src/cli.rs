@@ -227,7 +227,7 @@ pub struct BenchArgs {
         long,
         value_name = "DEVICE",
         default_value = "cpu",
-        help = "Device: cpu (cuda needs a build with --features cuda)"
+        help = "Device: cpu; cuda or cuda:N needs a build with --features cuda (bash ../shared/tools/cuda-build.sh) and its host backend, which is not built yet (docs/gpu.md)"
     )]
     pub device: String,
 

@@ -199,14 +199,9 @@ fn bench_command(args: &BenchArgs) -> ExitCode {
         let known: Vec<&str> = TaskPreset::ALL.iter().map(|t| t.name()).collect();
         return bad_input(format!("unknown task '{}' (known: {})", args.task, known.join(", ")));
     };
-    let device = match args.device.as_str() {
-        "cpu" => Device::Cpu,
-        "cuda" => {
-            return bad_input(
-                "--device cuda: this binary was built without CUDA (build with --features cuda)",
-            );
-        }
-        other => return bad_input(format!("unknown device '{other}' (known: cpu, cuda)")),
+    let device = match Device::parse(&args.device) {
+        Ok(device) => device,
+        Err(message) => return bad_input(message),
     };
     let json_path = args.json.clone().unwrap_or_else(|| {
         PathBuf::from("runs").join(format!(

@@ -192,6 +192,21 @@ fn profile_bad_input_is_one_line_and_exit_2() {
     let out = esper(&["bench", "--device", "tpu"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("unknown device 'tpu'"), "{}", stderr(&out));
+    // CUDA is refused with one line, before any work: a CPU build says how to get a CUDA build.
+    for device in ["cuda", "cuda:1"] {
+        let out = esper(&["bench", "--device", device]);
+        assert_eq!(out.status.code(), Some(2), "{device}");
+        let err = stderr(&out);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        if cfg!(feature = "cuda") {
+            assert!(err.contains(&format!("--device {device}: this build has the CUDA kernels")), "{err}");
+        } else {
+            assert!(err.contains(&format!("--device {device}: this binary was built without CUDA")), "{err}");
+            assert!(err.contains("cuda-build.sh") && err.contains("--features cuda"), "{err}");
+        }
+    }
+    let out = esper(&["bench", "--device", "cuda:x"]);
+    assert!(stderr(&out).contains("unknown device 'cuda:x'"), "{}", stderr(&out));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

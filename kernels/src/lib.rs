@@ -4,6 +4,8 @@
 //! forward and backward over flat `[E, …]` buffers (the env is a parallel dimension inside each op).
 //! No ECS types live here.
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod data;
 pub mod host;
 pub mod obs_normalizer;

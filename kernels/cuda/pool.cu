@@ -1,0 +1,69 @@
+// 2x2 max pooling (stride 2, floor mode) and global average pooling over [E, B, C, H, W]: the CUDA twins
+// of kernels/src/ops/pool.rs. `images` = E*B*C planes.
+
+// y[p, oy, ox] = max of the 2x2 window; argmax = its row-major index 0..4. Strictly greater replaces, so
+// ties keep the first maximum; a NaN wins and stays (PyTorch propagates NaN through max-pool).
+extern "C" __global__ void max_pool2x2_forward_f32(
+    const float* x, float* y, u8* argmax, u64 planes, u32 h, u32 w) {
+    u32 ho = h / 2, wo = w / 2;
+    FOR_EACH(o, planes * ho * wo) {
+        u64 p = o / ((u64)ho * wo);
+        u32 r = (u32)(o % ((u64)ho * wo));
+        u32 oy = r / wo, ox = r % wo;
+        const float* top = x + (p * h + 2 * oy) * w + 2 * ox;
+        float window[4] = {top[0], top[1], top[w], top[w + 1]};
+        float best = window[0];
+        u32 k = 0;
+        for (u32 j = 1; j < 4; ++j) {
+            float v = window[j];
+            bool take = !isnan(best) && (v > best || isnan(v));
+            if (take) { best = v; k = j; }
+        }
+        y[o] = best;
+        argmax[o] = (u8)k;
+    }
+}
+
+// Routes each output gradient to its window's winner; every other input element (dropped odd rows and
+// columns included) gets 0. One thread per input element, so no two threads write the same place.
+extern "C" __global__ void max_pool2x2_backward_f32(
+    const float* dy, const u8* argmax, float* dx, u64 planes, u32 h, u32 w) {
+    u32 ho = h / 2, wo = w / 2;
+    FOR_EACH(i, planes * h * w) {
+        u64 p = i / ((u64)h * w);
+        u32 r = (u32)(i % ((u64)h * w));
+        u32 iy = r / w, ix = r % w;
+        u32 oy = iy / 2, ox = ix / 2;
+        float g = 0.0f;
+        if (oy < ho && ox < wo) {
+            u64 o = (p * ho + oy) * wo + ox;
+            u32 k = (iy % 2) * 2 + (ix % 2);
+            if (argmax[o] == k) g = dy[o];
+        }
+        dx[i] = g;
+    }
+}
+
+// y[p] = mean of plane p (h*w values). One warp per plane; the lanes sum strided elements in double and
+// combine in a fixed tree, so the result does not depend on the grid.
+extern "C" __global__ void global_avg_pool_forward_f32(const float* x, float* y, u64 planes, u32 plane_len) {
+    u32 lane = threadIdx.x % 32;
+    u64 warps = ((u64)gridDim.x * blockDim.x) / 32;
+    for (u64 p = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; p < planes; p += warps) {
+        const float* src = x + p * plane_len;
+        double s = 0.0;
+        for (u32 j = lane; j < plane_len; j += 32) s += (double)src[j];
+        for (int off = 16; off > 0; off /= 2) s += __shfl_down_sync(0xffffffffu, s, off);
+        if (lane == 0) y[p] = (float)(s / (double)plane_len);
+    }
+}
+
+// dx[p, :] = dy[p] / (h*w); with accumulate != 0 it adds into dx (the input also feeds another path).
+extern "C" __global__ void global_avg_pool_backward_f32(
+    const float* dy, float* dx, u64 planes, u32 plane_len, int accumulate) {
+    float inv = 1.0f / (float)plane_len;
+    FOR_EACH(i, planes * plane_len) {
+        float g = dy[i / plane_len] * inv;
+        dx[i] = accumulate ? dx[i] + g : g;
+    }
+}

@@ -1,0 +1,71 @@
+//! The CUDA side of the numeric layer (cargo feature `cuda`): the kernel sources in `kernels/cuda/*.cu`,
+//! each the twin of a CPU op, compiled at run time with NVRTC and cached on disk.
+//!
+//! Compiling needs only NVRTC, not a GPU, so [`compile_all`] runs on any machine with the CUDA 13
+//! libraries (the `cuda` build's tests do it here); loading and launching need the driver.
+//! The device backend itself (the `HostBackend` over these kernels) is not built yet.
+
+mod cache;
+mod sources;
+
+pub use cache::{CacheOutcome, KernelCache, cache_key, default_cache_dir};
+pub use sources::{COMMON_HEADER, KERNEL_FILES, KernelFile};
+
+use cudarc::nvrtc::{CompileOptions, Ptx, compile_ptx_with_opts};
+
+/// The GPU architecture the kernels are compiled for when none is named: sm_90 (H100 / H200).
+pub const DEFAULT_ARCH: &str = "compute_90";
+
+/// Why a kernel file did not compile.
+#[derive(Debug)]
+pub struct KernelCompileError {
+    pub file: &'static str,
+    pub message: String,
+}
+
+impl std::fmt::Display for KernelCompileError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "kernels/cuda/{}: {}", self.file, self.message)
+    }
+}
+
+impl std::error::Error for KernelCompileError {}
+
+/// The NVRTC options every kernel file is compiled with, for `arch` (`compute_90`, …).
+///
+/// `--fmad=false`: the CPU twins never fuse a multiply and an add (Rust does not contract), so the
+/// element-wise kernels (SGD, scaling, blends) give the same bits only without contraction.
+pub fn compile_options(arch: &'static str) -> CompileOptions {
+    CompileOptions {
+        fmad: Some(false),
+        arch: Some(arch),
+        options: vec!["--std=c++17".to_string()],
+        ..Default::default()
+    }
+}
+
+/// The text NVRTC compiles for `file`: the shared header, then the file.
+pub fn translation_unit(file: &KernelFile) -> String {
+    format!("{COMMON_HEADER}\n// ---- {} ----\n{}", file.name, file.source)
+}
+
+/// Compiles one kernel file to PTX with NVRTC (no cache).
+pub fn compile(file: &KernelFile, arch: &'static str) -> Result<Ptx, KernelCompileError> {
+    let options = compile_options(arch);
+    let options = CompileOptions { name: Some(file.name.to_string()), ..options };
+    compile_ptx_with_opts(translation_unit(file), options).map_err(|e| KernelCompileError {
+        file: file.name,
+        message: match e {
+            cudarc::nvrtc::CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+            other => other.to_string(),
+        },
+    })
+}
+
+/// Every kernel file's PTX for `arch`, through `cache`: `(file, PTX text, hit or compiled)`.
+pub fn compile_all(
+    cache: &KernelCache,
+    arch: &'static str,
+) -> Result<Vec<(&'static KernelFile, String, CacheOutcome)>, KernelCompileError> {
+    KERNEL_FILES.iter().map(|file| cache.ptx(file, arch).map(|(ptx, outcome)| (file, ptx, outcome))).collect()
+}

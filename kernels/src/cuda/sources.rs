@@ -1,0 +1,45 @@
+//! The kernel sources, embedded in the binary so a build carries its kernels (the device machine has
+//! no source tree), with the functions each file must define.
+
+/// Prepended to every file: typedefs and the grid-stride loop.
+pub const COMMON_HEADER: &str = include_str!("../../cuda/common.cuh");
+
+/// One `.cu` file and the `extern "C"` kernels it defines.
+#[derive(Debug)]
+pub struct KernelFile {
+    pub name: &'static str,
+    pub source: &'static str,
+    /// Each is the CUDA twin of the CPU function named beside it in the file's comments.
+    pub functions: &'static [&'static str],
+}
+
+pub const KERNEL_FILES: &[KernelFile] = &[
+    KernelFile {
+        name: "activation.cu",
+        source: include_str!("../../cuda/activation.cu"),
+        functions: &["relu_forward_f32", "relu_backward_f32", "add_f32"],
+    },
+    KernelFile {
+        name: "pool.cu",
+        source: include_str!("../../cuda/pool.cu"),
+        functions: &[
+            "max_pool2x2_forward_f32",
+            "max_pool2x2_backward_f32",
+            "global_avg_pool_forward_f32",
+            "global_avg_pool_backward_f32",
+        ],
+    },
+    KernelFile {
+        name: "optim.cu",
+        source: include_str!("../../cuda/optim.cu"),
+        functions: &[
+            "sq_norms_partial_f32",
+            "sq_norms_finish",
+            "clip_coefficients",
+            "scale_per_env_f32",
+            "sgd_step_f32",
+            "zero_masked_rows_f32",
+            "copy_masked_rows_f32",
+        ],
+    },
+];

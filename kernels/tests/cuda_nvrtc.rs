@@ -1,0 +1,79 @@
+//! Every CUDA kernel file compiles with NVRTC (`cuda` build only; no GPU needed, only the CUDA 13
+//! libraries), defines exactly the kernels its table lists, and the on-disk cache keys what it should.
+//!
+//! Run here with `CUDA_BUILD_CMD=test bash ../shared/tools/cuda-build.sh -p esper-kernels --test
+//! cuda_nvrtc` (see docs/gpu.md for the library path the executable needs).
+#![cfg(feature = "cuda")]
+
+use esper_kernels::cuda::{
+    CacheOutcome, DEFAULT_ARCH, KERNEL_FILES, KernelCache, KernelFile, cache_key, compile, compile_all,
+};
+
+/// The names after `.entry` in a PTX text: the kernels it defines.
+fn entries(ptx: &str) -> Vec<String> {
+    ptx.lines()
+        .filter_map(|line| line.trim_start().strip_prefix(".visible .entry "))
+        .map(|rest| rest.split(['(', ' ']).next().unwrap_or("").to_string())
+        .collect()
+}
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("esper-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[test]
+fn every_kernel_file_compiles_and_defines_its_listed_kernels() {
+    assert!(KERNEL_FILES.len() >= 3, "kernel table lost files");
+    let mut total = 0;
+    for file in KERNEL_FILES {
+        let ptx = compile(file, DEFAULT_ARCH).unwrap_or_else(|e| panic!("{e}")).to_src();
+        let mut found = entries(&ptx);
+        found.sort();
+        let mut listed: Vec<String> = file.functions.iter().map(|f| f.to_string()).collect();
+        listed.sort();
+        assert_eq!(found, listed, "{}: the PTX's kernels differ from the table", file.name);
+        assert!(ptx.contains(".target sm_90"), "{}: not compiled for sm_90", file.name);
+        total += found.len();
+    }
+    assert_eq!(total, KERNEL_FILES.iter().map(|f| f.functions.len()).sum::<usize>());
+}
+
+#[test]
+fn a_broken_kernel_reports_its_file_and_line() {
+    let broken = KernelFile {
+        name: "broken.cu",
+        source: "extern \"C\" __global__ void k(float* x) {\n  x[0] = undefined_name;\n}\n",
+        functions: &["k"],
+    };
+    let err = compile(&broken, DEFAULT_ARCH).unwrap_err().to_string();
+    assert!(err.starts_with("kernels/cuda/broken.cu: "), "{err}");
+    assert!(err.contains("undefined_name"), "{err}");
+}
+
+#[test]
+fn the_cache_compiles_once_then_reads_and_keys_by_architecture() {
+    let dir = temp_dir("kernel-cache");
+    let cache = KernelCache::new(Some(dir.clone()));
+    let first = compile_all(&cache, DEFAULT_ARCH).unwrap();
+    assert!(first.iter().all(|(_, _, outcome)| *outcome == CacheOutcome::Compiled));
+    let files = std::fs::read_dir(&dir).unwrap().count();
+    assert_eq!(files, KERNEL_FILES.len(), "one PTX file per kernel file");
+    let second = compile_all(&cache, DEFAULT_ARCH).unwrap();
+    assert!(second.iter().all(|(_, _, outcome)| *outcome == CacheOutcome::Hit));
+    for ((_, a, _), (_, b, _)) in first.iter().zip(&second) {
+        assert_eq!(a, b, "the cached PTX is the compiled PTX");
+    }
+    // Another architecture is another key and another file; the sm_90 files stay.
+    let file = &KERNEL_FILES[0];
+    assert_ne!(cache_key(file, DEFAULT_ARCH), cache_key(file, "compute_80"));
+    let (ptx80, outcome) = cache.ptx(file, "compute_80").unwrap();
+    assert_eq!(outcome, CacheOutcome::Compiled);
+    assert!(ptx80.contains(".target sm_80"));
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), KERNEL_FILES.len() + 1);
+    // No cache folder: compiles every time, still correct.
+    let (text, outcome) = KernelCache::new(None).ptx(file, DEFAULT_ARCH).unwrap();
+    assert_eq!((text.as_str(), outcome), (first[0].1.as_str(), CacheOutcome::Compiled));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
