@@ -161,16 +161,20 @@ impl Default for RunConfig {
         Self {
             envs: 16,
             rounds: 1,
-            epochs: 25,
+            // The README configuration on the built-in task (README, "The default task"): short epochs
+            // of 512 images at batch 32 (16 SGD steps each), 80 of them, so the heuristic's epoch-counted
+            // lifecycle (≥ 17 epochs from germination to fossilization) has room, and 1,024 validation
+            // images per env so that a 0.5-point plateau is not lost in the epoch-to-epoch jitter.
+            epochs: 80,
             task: "cifar_baseline".into(),
             data: DataKind::Synthetic,
             data_dir: None,
             slots: "r0c0,r0c1,r0c2".into(),
             policy: PolicyKind::Ppo,
             seed: 0,
-            batch_per_env: 128,
-            synthetic_train_per_env: 1024,
-            synthetic_test_per_env: 256,
+            batch_per_env: 32,
+            synthetic_train_per_env: 512,
+            synthetic_test_per_env: 1024,
             out: None,
             trace: None,
             reward_mode: reward.mode,
@@ -777,7 +781,13 @@ mod tests {
         let cfg = RunConfig { envs: 3, seed: 9, out: Some(out.clone()), ..RunConfig::default() };
         let plan = cfg.resolve(false, true).unwrap();
         match plan.data {
-            DataSource::Synthetic(spec) => assert_eq!((spec.n_train, spec.n_test, spec.seed), (3072, 768, 9)),
+            DataSource::Synthetic(spec) => {
+                assert_eq!((spec.n_train, spec.n_test, spec.seed), (3 * 512, 3 * 1024, 9));
+                assert_eq!(
+                    spec,
+                    SyntheticSpec { n_train: 1536, n_test: 3072, ..SyntheticSpec::with_seed(9) }
+                );
+            }
             other => panic!("{other:?}"),
         }
         assert_eq!(plan.slots, SlotConfig::default_three());

@@ -349,7 +349,7 @@ fn more_envs_than_the_data_can_feed() {
     fake_cifar(&tmp.join("cifar-10-batches-bin"), 10_000, 10_000);
     let dir = tmp.s();
     config_error(
-        &["train", "--data", "cifar10", "--data-dir", &dir, "--envs", "400"],
+        &["train", "--data", "cifar10", "--data-dir", &dir, "--envs", "400", "--batch-per-env", "128"],
         "the data cannot feed the envs: batch_per_env 128 × 400 envs = 51200 exceeds the 50000 training images",
     );
     // Fewer test images than envs.
