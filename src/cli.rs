@@ -39,6 +39,19 @@ pub enum Command {
     Replay(ReplayArgs),
     Profile(ProfileArgs),
     Bench(BenchArgs),
+    Selftest(SelftestArgs),
+}
+
+/// Check a CUDA build on a machine with a GPU: compile every kernel with NVRTC (or read it from the
+/// on-disk cache), then run each kernel on the device against its CPU twin on the same inputs and print
+/// a table (kernel, twin, elements, largest difference, tolerance). Needs a build with the `cuda`
+/// feature (docs/gpu.md); the test executables are not needed.
+#[derive(Args, Debug)]
+#[command(after_help = "Exit codes: 0 every check passed, 1 a check failed or no device could be used, 2 \
+                        bad input (a build without CUDA).")]
+pub struct SelftestArgs {
+    #[arg(long, value_name = "DEVICE", default_value = "cuda", help = "The device to check: cuda or cuda:N")]
+    pub device: String,
 }
 
 /// Read a run's trace.bin: a report, a verification by re-running it, JSON lines, or a picture.

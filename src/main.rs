@@ -6,7 +6,7 @@ use esper_components::TaskPreset;
 use esper_ecs::bench::{self, BenchConfig, Device};
 use esper_ecs::cli::{
     BenchArgs, Cli, Command, CompareArgs, EXIT_BAD_INPUT, EXIT_RUN_FAILED, ProfileArgs, ProfileMode,
-    ReplayArgs, TrainArgs,
+    ReplayArgs, SelftestArgs, TrainArgs,
 };
 use esper_ecs::profile;
 use esper_ecs::run;
@@ -25,7 +25,74 @@ fn main() -> ExitCode {
         Command::Replay(args) => replay_command(&args),
         Command::Profile(args) => profile_command(&args),
         Command::Bench(args) => bench_command(&args),
+        Command::Selftest(args) => selftest_command(&args),
     }
+}
+
+/// `selftest --device cuda[:N]`: the CUDA kernels against their CPU twins (docs/gpu.md).
+fn selftest_command(args: &SelftestArgs) -> ExitCode {
+    let ordinal = match args.device.as_str() {
+        "cuda" => 0,
+        other => match other.strip_prefix("cuda:").and_then(|i| i.parse::<usize>().ok()) {
+            Some(i) => i,
+            None => {
+                return bad_input(format!(
+                    "selftest --device {other}: selftest checks the CUDA kernels against their CPU twins; \
+                     give --device cuda or cuda:N (the CPU ops are checked by cargo test)"
+                ));
+            }
+        },
+    };
+    cuda_selftest(ordinal, &args.device)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_selftest(_ordinal: usize, device: &str) -> ExitCode {
+    match Device::parse(device) {
+        Err(message) => bad_input(message),
+        Ok(_) => unreachable!("a CPU build refuses every cuda device"),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_selftest(ordinal: usize, _device: &str) -> ExitCode {
+    use esper_kernels::cuda::{CacheOutcome, DEFAULT_ARCH, KernelCache, compile_all, parity};
+    let cache = KernelCache::default_location();
+    let start = std::time::Instant::now();
+    let compiled = match compile_all(&cache, DEFAULT_ARCH) {
+        Ok(compiled) => compiled,
+        Err(e) => return failed(format!("a kernel did not compile: {e}")),
+    };
+    let where_ = cache.dir().map_or("no cache folder".to_string(), |d| d.display().to_string());
+    println!(
+        "kernels ({DEFAULT_ARCH}, cache: {where_}), {:.1} ms in all",
+        start.elapsed().as_secs_f64() * 1e3
+    );
+    for (file, _, outcome) in &compiled {
+        let how = if *outcome == CacheOutcome::Hit { "cache hit" } else { "compiled" };
+        println!("  {:<16} {:>2} kernels  {how}", file.name, file.functions.len());
+    }
+    let rows = match parity::run(ordinal, &cache) {
+        Ok(rows) => rows,
+        Err(e) => return failed(format!("no parity checks on cuda:{ordinal}: {e}")),
+    };
+    println!(
+        "\n{:<40} {:<48} {:>9} {:>11} {:>9}  result",
+        "kernel", "CPU twin", "elements", "max diff", "tolerance"
+    );
+    for row in &rows {
+        let result = if row.passed() { "ok" } else { "FAILED" };
+        println!(
+            "{:<40} {:<48} {:>9} {:>11.3e} {:>9.1e}  {result}",
+            row.kernel, row.twin, row.elements, row.max_diff, row.tolerance
+        );
+    }
+    let failures = rows.iter().filter(|r| !r.passed()).count();
+    if failures > 0 {
+        return failed(format!("{failures} of {} parity checks failed", rows.len()));
+    }
+    println!("all {} parity checks passed on cuda:{ordinal}", rows.len());
+    ExitCode::SUCCESS
 }
 
 fn replay_command(args: &ReplayArgs) -> ExitCode {

@@ -58,12 +58,12 @@ extern "C" __global__ void global_avg_pool_forward_f32(const float* x, float* y,
     }
 }
 
-// dx[p, :] = dy[p] / (h*w); with accumulate != 0 it adds into dx (the input also feeds another path).
+// dx[p, :] = dy[p] / (h*w) (a division, as the CPU twin does: the same bits); with accumulate != 0 it
+// adds into dx (the input also feeds another path).
 extern "C" __global__ void global_avg_pool_backward_f32(
     const float* dy, float* dx, u64 planes, u32 plane_len, int accumulate) {
-    float inv = 1.0f / (float)plane_len;
     FOR_EACH(i, planes * plane_len) {
-        float g = dy[i / plane_len] * inv;
+        float g = dy[i / plane_len] / (float)plane_len;
         dx[i] = accumulate ? dx[i] + g : g;
     }
 }

@@ -2,10 +2,12 @@
 //! each the twin of a CPU op, compiled at run time with NVRTC and cached on disk.
 //!
 //! Compiling needs only NVRTC, not a GPU, so [`compile_all`] runs on any machine with the CUDA 13
-//! libraries (the `cuda` build's tests do it here); loading and launching need the driver.
+//! libraries (the `cuda` build's tests do it here); loading and launching need the driver:
+//! [`parity::run`] checks every kernel against its CPU twin on a device (`esper-ecs selftest`).
 //! The device backend itself (the `HostBackend` over these kernels) is not built yet.
 
 mod cache;
+pub mod parity;
 mod sources;
 
 pub use cache::{CacheOutcome, KernelCache, cache_key, default_cache_dir};

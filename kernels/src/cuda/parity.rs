@@ -1,0 +1,359 @@
+//! Every CUDA kernel against its CPU twin on the same inputs, on a device: what `esper-ecs selftest
+//! --device cuda` runs. Inputs come from our own streams; each check names the CPU function it compares
+//! with and the tolerance it allows (0 where the kernel does the twin's f32 operations in its order).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::Ptx;
+
+use super::{DEFAULT_ARCH, KERNEL_FILES, KernelCache};
+use crate::ops::activation::{relu_backward, relu_forward};
+use crate::ops::pool::{
+    PoolShape, global_avg_pool_backward, global_avg_pool_backward_accumulate, global_avg_pool_forward,
+    max_pool2x2_backward, max_pool2x2_forward,
+};
+use crate::optim::{SgdConfig, accumulate_sq_norms, clip_coefficient, scale_per_env, sgd_step};
+use crate::rng::{Purpose, Stream, StreamKey};
+
+/// One comparison: the kernel, its CPU twin, the largest difference found and the tolerance allowed.
+#[derive(Clone, Debug)]
+pub struct ParityRow {
+    pub kernel: &'static str,
+    pub twin: &'static str,
+    pub elements: usize,
+    /// Largest |gpu − cpu| / max(1, |cpu|); NaN against NaN counts as equal, NaN against a number as ∞.
+    pub max_diff: f64,
+    pub tolerance: f64,
+}
+
+impl ParityRow {
+    pub fn passed(&self) -> bool {
+        self.max_diff <= self.tolerance
+    }
+}
+
+/// Any failure before a comparison could be made (no device, a launch error).
+pub type ParityError = Box<dyn std::error::Error>;
+
+/// The kernels loaded on one device.
+struct Device {
+    stream: Arc<CudaStream>,
+    functions: HashMap<&'static str, CudaFunction>,
+}
+
+impl Device {
+    fn open(ordinal: usize, cache: &KernelCache) -> Result<Self, ParityError> {
+        let ctx = CudaContext::new(ordinal)?;
+        let stream = ctx.default_stream();
+        let mut functions = HashMap::new();
+        for file in KERNEL_FILES {
+            let (ptx, _) = cache.ptx(file, DEFAULT_ARCH)?;
+            let module = ctx.load_module(Ptx::from_src(ptx))?;
+            for &name in file.functions {
+                functions.insert(name, module.load_function(name)?);
+            }
+        }
+        Ok(Self { stream, functions })
+    }
+
+    fn function(&self, name: &str) -> &CudaFunction {
+        &self.functions[name]
+    }
+}
+
+/// Relative difference with NaN handling, over two equal-length slices.
+fn max_diff(gpu: impl IntoIterator<Item = f64>, cpu: impl IntoIterator<Item = f64>) -> f64 {
+    gpu.into_iter()
+        .zip(cpu)
+        .map(|(g, c)| match (g.is_nan(), c.is_nan()) {
+            (true, true) => 0.0,
+            (false, false) => (g - c).abs() / c.abs().max(1.0),
+            _ => f64::INFINITY,
+        })
+        .fold(0.0, f64::max)
+}
+
+fn values(s: &mut Stream, n: usize, lo: f64, hi: f64) -> Vec<f32> {
+    (0..n).map(|_| s.uniform(lo, hi) as f32).collect()
+}
+
+/// A grid-stride launch of `n` elements (the FOR_EACH kernels).
+fn elementwise(n: usize) -> LaunchConfig {
+    LaunchConfig::for_num_elems(n.min(1 << 24) as u32)
+}
+
+/// Runs every check on device `ordinal` and returns one row per check.
+pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, ParityError> {
+    let device = Device::open(ordinal, cache)?;
+    let stream = &device.stream;
+    let mut rows = Vec::new();
+    let mut s = StreamKey::new(0, 0, 0, Purpose::Test).stream(0);
+
+    // ReLU forward and backward, with NaNs and exact zeros among the inputs.
+    let n = 100_003usize;
+    let mut x = values(&mut s, n, -2.0, 2.0);
+    x[7] = f32::NAN;
+    x[8] = 0.0;
+    x[9] = -0.0;
+    let mut y_cpu = vec![0.0f32; n];
+    relu_forward(&x, &mut y_cpu);
+    let x_dev = stream.clone_htod(&x)?;
+    let mut y_dev = stream.alloc_zeros::<f32>(n)?;
+    let n64 = n as u64;
+    let mut launch = stream.launch_builder(device.function("relu_forward_f32"));
+    launch.arg(&x_dev).arg(&mut y_dev).arg(&n64);
+    unsafe { launch.launch(elementwise(n)) }?;
+    let y_gpu = stream.clone_dtoh(&y_dev)?;
+    let bits =
+        y_gpu.iter().zip(&y_cpu).all(|(g, c)| g.to_bits() == c.to_bits() || (g.is_nan() && c.is_nan()));
+    rows.push(ParityRow {
+        kernel: "relu_forward_f32",
+        twin: "ops::activation::relu_forward",
+        elements: n,
+        max_diff: if bits { 0.0 } else { f64::INFINITY },
+        tolerance: 0.0,
+    });
+    let dy = values(&mut s, n, -1.0, 1.0);
+    let mut dx_cpu = vec![0.0f32; n];
+    relu_backward(&y_cpu, &dy, &mut dx_cpu);
+    let dy_dev = stream.clone_htod(&dy)?;
+    let mut dx_dev = stream.alloc_zeros::<f32>(n)?;
+    let mut launch = stream.launch_builder(device.function("relu_backward_f32"));
+    launch.arg(&y_dev).arg(&dy_dev).arg(&mut dx_dev).arg(&n64);
+    unsafe { launch.launch(elementwise(n)) }?;
+    let dx_gpu = stream.clone_dtoh(&dx_dev)?;
+    rows.push(ParityRow {
+        kernel: "relu_backward_f32",
+        twin: "ops::activation::relu_backward",
+        elements: n,
+        max_diff: max_diff(dx_gpu.iter().map(|&v| v as f64), dx_cpu.iter().map(|&v| v as f64)),
+        tolerance: 0.0,
+    });
+
+    let b = values(&mut s, n, -1.0, 1.0);
+    let sum_cpu: Vec<f32> = dy.iter().zip(&b).map(|(a, b)| a + b).collect();
+    let b_dev = stream.clone_htod(&b)?;
+    let mut sum_dev = stream.alloc_zeros::<f32>(n)?;
+    let mut launch = stream.launch_builder(device.function("add_f32"));
+    launch.arg(&dy_dev).arg(&b_dev).arg(&mut sum_dev).arg(&n64);
+    unsafe { launch.launch(elementwise(n)) }?;
+    let sum_gpu = stream.clone_dtoh(&sum_dev)?;
+    rows.push(ParityRow {
+        kernel: "add_f32",
+        twin: "a + b (the residual add)",
+        elements: n,
+        max_diff: max_diff(sum_gpu.iter().map(|&v| v as f64), sum_cpu.iter().map(|&v| v as f64)),
+        tolerance: 0.0,
+    });
+
+    // Max pooling and global average pooling over [E=3, B=5, C=4, 9, 10] (odd rows are dropped).
+    let shape = PoolShape { envs: 3, batch: 5, channels: 4, h: 9, w: 10 };
+    let planes = (shape.envs * shape.batch * shape.channels) as u64;
+    let (h, w) = (shape.h as u32, shape.w as u32);
+    let mut x = values(&mut s, shape.input_len(), -1.0, 1.0);
+    x[3] = x[2]; // a tie inside a window
+    x[25] = f32::NAN;
+    let (mut y_cpu, mut idx_cpu) =
+        (vec![0.0f32; shape.max_pool_output_len()], vec![0u8; shape.max_pool_output_len()]);
+    max_pool2x2_forward(shape, &x, &mut y_cpu, &mut idx_cpu);
+    let x_dev = stream.clone_htod(&x)?;
+    let mut y_dev = stream.alloc_zeros::<f32>(y_cpu.len())?;
+    let mut idx_dev = stream.alloc_zeros::<u8>(idx_cpu.len())?;
+    let mut launch = stream.launch_builder(device.function("max_pool2x2_forward_f32"));
+    launch.arg(&x_dev).arg(&mut y_dev).arg(&mut idx_dev).arg(&planes).arg(&h).arg(&w);
+    unsafe { launch.launch(elementwise(y_cpu.len())) }?;
+    let (y_gpu, idx_gpu) = (stream.clone_dtoh(&y_dev)?, stream.clone_dtoh(&idx_dev)?);
+    let index_mismatch = idx_gpu.iter().zip(&idx_cpu).any(|(g, c)| g != c);
+    rows.push(ParityRow {
+        kernel: "max_pool2x2_forward_f32",
+        twin: "ops::pool::max_pool2x2_forward",
+        elements: y_cpu.len(),
+        max_diff: if index_mismatch {
+            f64::INFINITY
+        } else {
+            max_diff(y_gpu.iter().map(|&v| v as f64), y_cpu.iter().map(|&v| v as f64))
+        },
+        tolerance: 0.0,
+    });
+    let dy = values(&mut s, y_cpu.len(), -1.0, 1.0);
+    let mut dx_cpu = vec![0.0f32; shape.input_len()];
+    max_pool2x2_backward(shape, &dy, &idx_cpu, &mut dx_cpu);
+    let dy_dev = stream.clone_htod(&dy)?;
+    let mut dx_dev = stream.alloc_zeros::<f32>(dx_cpu.len())?;
+    let mut launch = stream.launch_builder(device.function("max_pool2x2_backward_f32"));
+    launch.arg(&dy_dev).arg(&idx_dev).arg(&mut dx_dev).arg(&planes).arg(&h).arg(&w);
+    unsafe { launch.launch(elementwise(dx_cpu.len())) }?;
+    let dx_gpu = stream.clone_dtoh(&dx_dev)?;
+    rows.push(ParityRow {
+        kernel: "max_pool2x2_backward_f32",
+        twin: "ops::pool::max_pool2x2_backward",
+        elements: dx_cpu.len(),
+        max_diff: max_diff(dx_gpu.iter().map(|&v| v as f64), dx_cpu.iter().map(|&v| v as f64)),
+        tolerance: 0.0,
+    });
+    let x: Vec<f32> = x.iter().map(|v| if v.is_nan() { 0.5 } else { *v }).collect();
+    let mut gap_cpu = vec![0.0f32; shape.global_pool_output_len()];
+    global_avg_pool_forward(shape, &x, &mut gap_cpu);
+    let x_dev = stream.clone_htod(&x)?;
+    let mut gap_dev = stream.alloc_zeros::<f32>(gap_cpu.len())?;
+    let plane_len = h * w;
+    let mut launch = stream.launch_builder(device.function("global_avg_pool_forward_f32"));
+    launch.arg(&x_dev).arg(&mut gap_dev).arg(&planes).arg(&plane_len);
+    unsafe { launch.launch(LaunchConfig::for_num_elems(planes as u32 * 32)) }?;
+    let gap_gpu = stream.clone_dtoh(&gap_dev)?;
+    rows.push(ParityRow {
+        kernel: "global_avg_pool_forward_f32",
+        twin: "ops::pool::global_avg_pool_forward",
+        elements: gap_cpu.len(),
+        // The CPU sums in f32 lanes, the kernel in f64: a few ulps apart.
+        max_diff: max_diff(gap_gpu.iter().map(|&v| v as f64), gap_cpu.iter().map(|&v| v as f64)),
+        tolerance: 1e-6,
+    });
+    for accumulate in [0i32, 1] {
+        let dy = values(&mut s, gap_cpu.len(), -1.0, 1.0);
+        let start = values(&mut s, shape.input_len(), -1.0, 1.0);
+        let mut dx_cpu = start.clone();
+        if accumulate == 1 {
+            global_avg_pool_backward_accumulate(shape, &dy, &mut dx_cpu);
+        } else {
+            global_avg_pool_backward(shape, &dy, &mut dx_cpu);
+        }
+        let dy_dev = stream.clone_htod(&dy)?;
+        let mut dx_dev = stream.clone_htod(&start)?;
+        let mut launch = stream.launch_builder(device.function("global_avg_pool_backward_f32"));
+        launch.arg(&dy_dev).arg(&mut dx_dev).arg(&planes).arg(&plane_len).arg(&accumulate);
+        unsafe { launch.launch(elementwise(dx_cpu.len())) }?;
+        let dx_gpu = stream.clone_dtoh(&dx_dev)?;
+        rows.push(ParityRow {
+            kernel: "global_avg_pool_backward_f32",
+            twin: if accumulate == 1 {
+                "ops::pool::global_avg_pool_backward_accumulate"
+            } else {
+                "ops::pool::global_avg_pool_backward"
+            },
+            elements: dx_cpu.len(),
+            max_diff: max_diff(dx_gpu.iter().map(|&v| v as f64), dx_cpu.iter().map(|&v| v as f64)),
+            tolerance: 0.0,
+        });
+    }
+
+    // Clipping and SGD over 6 envs × 50,001 parameters; env 4 has no gradient this step.
+    let (envs, per_env) = (6usize, 50_001usize);
+    let (envs32, per_env64) = (envs as u32, per_env as u64);
+    let grad = values(&mut s, envs * per_env, -0.05, 0.05);
+    let mut sq_cpu = vec![0.25f64; envs]; // `+=` into what earlier groups left
+    accumulate_sq_norms(&grad, &mut sq_cpu);
+    let blocks_per_env = 16u32;
+    let grad_dev = stream.clone_htod(&grad)?;
+    let mut partial_dev = stream.alloc_zeros::<f64>(envs * blocks_per_env as usize)?;
+    let mut sq_dev = stream.clone_htod(&vec![0.25f64; envs])?;
+    let mut launch = stream.launch_builder(device.function("sq_norms_partial_f32"));
+    launch.arg(&grad_dev).arg(&mut partial_dev).arg(&per_env64).arg(&blocks_per_env);
+    let partial_config =
+        LaunchConfig { grid_dim: (blocks_per_env, envs32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    unsafe { launch.launch(partial_config) }?;
+    let mut launch = stream.launch_builder(device.function("sq_norms_finish"));
+    launch.arg(&partial_dev).arg(&mut sq_dev).arg(&envs32).arg(&blocks_per_env);
+    unsafe { launch.launch(elementwise(envs)) }?;
+    let sq_gpu = stream.clone_dtoh(&sq_dev)?;
+    rows.push(ParityRow {
+        kernel: "sq_norms_partial_f32 + sq_norms_finish",
+        twin: "optim::accumulate_sq_norms",
+        elements: grad.len(),
+        // Both sum exactly-rounded f64 squares, in different orders.
+        max_diff: max_diff(sq_gpu.iter().copied(), sq_cpu.iter().copied()),
+        tolerance: 1e-12,
+    });
+    let coef_cpu: Vec<f64> = sq_cpu.iter().map(|&q| clip_coefficient(q.sqrt(), 1.0)).collect();
+    let mut coef_dev = stream.alloc_zeros::<f64>(envs)?;
+    let max_norm = 1.0f64;
+    let sq_exact = stream.clone_htod(&sq_cpu)?;
+    let mut launch = stream.launch_builder(device.function("clip_coefficients"));
+    launch.arg(&sq_exact).arg(&mut coef_dev).arg(&envs32).arg(&max_norm);
+    unsafe { launch.launch(elementwise(envs)) }?;
+    let coef_gpu = stream.clone_dtoh(&coef_dev)?;
+    rows.push(ParityRow {
+        kernel: "clip_coefficients",
+        twin: "optim::clip_coefficient",
+        elements: envs,
+        max_diff: max_diff(coef_gpu.iter().copied(), coef_cpu.iter().copied()),
+        tolerance: 0.0,
+    });
+    let mut grad_cpu = grad.clone();
+    scale_per_env(&mut grad_cpu, &coef_cpu);
+    let mut grad_dev = stream.clone_htod(&grad)?;
+    let coef_exact = stream.clone_htod(&coef_cpu)?;
+    let mut launch = stream.launch_builder(device.function("scale_per_env_f32"));
+    launch.arg(&mut grad_dev).arg(&coef_exact).arg(&per_env64).arg(&envs32);
+    unsafe { launch.launch(elementwise(grad.len())) }?;
+    let grad_gpu = stream.clone_dtoh(&grad_dev)?;
+    rows.push(ParityRow {
+        kernel: "scale_per_env_f32",
+        twin: "optim::scale_per_env",
+        elements: grad.len(),
+        max_diff: max_diff(grad_gpu.iter().map(|&v| v as f64), grad_cpu.iter().map(|&v| v as f64)),
+        tolerance: 0.0,
+    });
+    let active: Vec<bool> = (0..envs).map(|e| e != 4).collect();
+    let active_u8: Vec<u8> = active.iter().map(|&a| u8::from(a)).collect();
+    let param = values(&mut s, grad.len(), -0.5, 0.5);
+    let momentum = values(&mut s, grad.len(), -0.01, 0.01);
+    let (mut p_cpu, mut m_cpu) = (param.clone(), momentum.clone());
+    let cfg = SgdConfig::HOST;
+    sgd_step(&mut p_cpu, &grad_cpu, &mut m_cpu, &active, cfg);
+    let mut p_dev = stream.clone_htod(&param)?;
+    let mut m_dev = stream.clone_htod(&momentum)?;
+    let active_dev = stream.clone_htod(&active_u8)?;
+    let (lr, mu, wd, decay) = (cfg.lr as f32, cfg.momentum as f32, cfg.weight_decay as f32, 1i32);
+    let mut launch = stream.launch_builder(device.function("sgd_step_f32"));
+    launch.arg(&mut p_dev).arg(&grad_dev).arg(&mut m_dev).arg(&active_dev).arg(&per_env64).arg(&envs32);
+    launch.arg(&lr).arg(&mu).arg(&wd).arg(&decay);
+    unsafe { launch.launch(elementwise(grad.len())) }?;
+    let (p_gpu, m_gpu) = (stream.clone_dtoh(&p_dev)?, stream.clone_dtoh(&m_dev)?);
+    let sgd_diff = max_diff(p_gpu.iter().map(|&v| v as f64), p_cpu.iter().map(|&v| v as f64))
+        .max(max_diff(m_gpu.iter().map(|&v| v as f64), m_cpu.iter().map(|&v| v as f64)));
+    rows.push(ParityRow {
+        kernel: "sgd_step_f32",
+        twin: "optim::sgd_step",
+        elements: grad.len(),
+        max_diff: sgd_diff,
+        tolerance: 0.0,
+    });
+
+    // Masked row zeroing and copying: envs 1 and 4 marked (the loops below are the whole semantics).
+    let mask: Vec<u8> = (0..envs).map(|e| u8::from(e == 1 || e == 4)).collect();
+    let source = values(&mut s, grad.len(), -1.0, 1.0);
+    let (mut zeroed, mut copied) = (param.clone(), param.clone());
+    for (e, &m) in mask.iter().enumerate() {
+        if m != 0 {
+            let rows = e * per_env..(e + 1) * per_env;
+            zeroed[rows.clone()].fill(0.0);
+            copied[rows.clone()].copy_from_slice(&source[rows]);
+        }
+    }
+    let mask_dev = stream.clone_htod(&mask)?;
+    let source_dev = stream.clone_htod(&source)?;
+    let mut zero_dev = stream.clone_htod(&param)?;
+    let mut copy_dev = stream.clone_htod(&param)?;
+    let mut launch = stream.launch_builder(device.function("zero_masked_rows_f32"));
+    launch.arg(&mut zero_dev).arg(&mask_dev).arg(&per_env64).arg(&envs32);
+    unsafe { launch.launch(elementwise(grad.len())) }?;
+    let mut launch = stream.launch_builder(device.function("copy_masked_rows_f32"));
+    launch.arg(&mut copy_dev).arg(&source_dev).arg(&mask_dev).arg(&per_env64).arg(&envs32);
+    unsafe { launch.launch(elementwise(grad.len())) }?;
+    for (kernel, dev, cpu) in
+        [("zero_masked_rows_f32", &zero_dev, &zeroed), ("copy_masked_rows_f32", &copy_dev, &copied)]
+    {
+        let gpu = stream.clone_dtoh(dev)?;
+        rows.push(ParityRow {
+            kernel,
+            twin: "a row loop (germinate / prune / rollback rows)",
+            elements: gpu.len(),
+            max_diff: max_diff(gpu.iter().map(|&v| v as f64), cpu.iter().map(|&v| v as f64)),
+            tolerance: 0.0,
+        });
+    }
+    Ok(rows)
+}
