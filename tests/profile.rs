@@ -205,6 +205,19 @@ fn profile_bad_input_is_one_line_and_exit_2() {
             assert!(err.contains("cuda-build.sh") && err.contains("--features cuda"), "{err}");
         }
     }
+    // selftest checks CUDA kernels: a CPU build refuses it the same way, and a CPU device is no device for it.
+    if !cfg!(feature = "cuda") {
+        let out = esper(&["selftest"]);
+        assert_eq!(out.status.code(), Some(2));
+        assert!(
+            stderr(&out).contains("--device cuda: this binary was built without CUDA"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    let out = esper(&["selftest", "--device", "cpu"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("give --device cuda or cuda:N"), "{}", stderr(&out));
     let out = esper(&["bench", "--device", "cuda:x"]);
     assert!(stderr(&out).contains("unknown device 'cuda:x'"), "{}", stderr(&out));
     std::fs::remove_dir_all(&dir).unwrap();
