@@ -377,19 +377,23 @@ fn more_envs_than_the_data_can_feed() {
 fn synthetic_data_too_large() {
     // Sized to the env count, the synthetic set would pass 2^32 − 1 images (it is indexed by u32).
     config_error(
+        &["train", "--envs", "9000000"],
+        "synthetic data: 9000000 envs × synthetic_train_per_env 512 exceeds 4294967295 train images",
+    );
+    config_error(
         &["train", "--envs", "5000000"],
-        "synthetic data: 5000000 envs × synthetic_train_per_env 1024 exceeds 4294967295 train images",
+        "synthetic data: 5000000 envs × synthetic_test_per_env 1024 exceeds 4294967295 test images",
     );
 }
 
 #[test]
 fn run_too_big_for_memory_exits_2_before_allocating() {
-    // 1,000,000 envs of synthetic data alone are 1.28e9 images × 12 KiB ≈ 14 TiB: no machine this runs
+    // 1,000,000 envs of synthetic data alone are 1.536e9 images × 12 KiB ≈ 17 TiB: no machine this runs
     // on has that available, so the preflight refuses it in one line, before the generator or any
     // host is allocated (no abort, no `runs/`), naming both figures and what to lower.
     for command in ["train", "compare"] {
         let line = config_error(&[command, "--envs", "1000000"], "this run would need about ");
-        assert!(line.contains("of memory (data 14.3 TiB + 1000000 envs × "), "{line}");
+        assert!(line.contains("of memory (data 17.2 TiB + 1000000 envs × "), "{line}");
         assert!(line.contains(" is available: lower --envs or --batch-per-env"), "{line}");
         assert!(line.contains("synthetic_train_per_env"), "{line}");
     }
@@ -503,8 +507,8 @@ fn train_help_lists_every_flag_with_its_default() {
     }
     // The synthetic sizing and every task preset are stated.
     let data = help_entry(&help, "--data <KIND>");
-    assert!(data.contains(&format!("{} train + {} test images per env", 1024, 256)), "{data}");
-    assert_eq!((d.synthetic_train_per_env, d.synthetic_test_per_env), (1024, 256));
+    assert!(data.contains(&format!("{} train + {} test images per env", 512, 1024)), "{data}");
+    assert_eq!((d.synthetic_train_per_env, d.synthetic_test_per_env), (512, 1024));
     let task = help_entry(&help, "--task <PRESET>");
     for t in esper_ecs::components::TaskPreset::ALL {
         assert!(task.contains(t.name()), "{task}");

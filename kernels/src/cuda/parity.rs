@@ -9,7 +9,8 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKe
 use cudarc::nvrtc::Ptx;
 
 use super::{DEFAULT_ARCH, KERNEL_FILES, KernelCache};
-use crate::ops::activation::{relu_backward, relu_forward};
+use crate::ops::activation::{relu_backward, relu_forward, relu_forward_in_place};
+use crate::ops::norm::{NormShape, batch_norm_backward, batch_norm_eval_forward, batch_norm_train_forward};
 use crate::ops::pool::{
     PoolShape, global_avg_pool_backward, global_avg_pool_backward_accumulate, global_avg_pool_forward,
     max_pool2x2_backward, max_pool2x2_forward,
@@ -238,6 +239,130 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
             tolerance: 0.0,
         });
     }
+
+    // Batch norm over [E=3, B=4, C=5, 7, 7]: statistics (a few ulps: f64 sums here, f32 lanes there),
+    // then the element-wise passes fed the CPU's statistics (the same f32 operations: the same bits).
+    let bn = NormShape { envs: 3, batch: 4, channels: 5, h: 7, w: 7 };
+    let (bn_batch, bn_channels, bn_plane, bn_envs) =
+        (bn.batch as u32, bn.channels as u32, bn.plane() as u32, bn.envs as u32);
+    let x = values(&mut s, bn.len(), -2.0, 3.0);
+    let gamma = values(&mut s, bn.params_len(), 0.5, 1.5);
+    let beta = values(&mut s, bn.params_len(), -0.5, 0.5);
+    let (r_mean0, r_var0) =
+        (values(&mut s, bn.params_len(), -0.1, 0.1), values(&mut s, bn.params_len(), 0.5, 2.0));
+    let mut y_cpu = vec![0.0f32; bn.len()];
+    let (mut mean_cpu, mut inv_cpu) = (vec![0.0f32; bn.params_len()], vec![0.0f32; bn.params_len()]);
+    let (mut rm_cpu, mut rv_cpu) = (r_mean0.clone(), r_var0.clone());
+    batch_norm_train_forward(
+        bn,
+        &x,
+        &gamma,
+        &beta,
+        &mut y_cpu,
+        &mut mean_cpu,
+        &mut inv_cpu,
+        &mut rm_cpu,
+        &mut rv_cpu,
+    );
+    let x_dev = stream.clone_htod(&x)?;
+    let mut mean_dev = stream.alloc_zeros::<f32>(bn.params_len())?;
+    let mut inv_dev = stream.alloc_zeros::<f32>(bn.params_len())?;
+    let mut rm_dev = stream.clone_htod(&r_mean0)?;
+    let mut rv_dev = stream.clone_htod(&r_var0)?;
+    let per_channel = LaunchConfig {
+        grid_dim: (bn.params_len() as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut launch = stream.launch_builder(device.function("batch_norm_train_stats_f32"));
+    launch.arg(&x_dev).arg(&mut mean_dev).arg(&mut inv_dev).arg(&mut rm_dev).arg(&mut rv_dev);
+    launch.arg(&bn_batch).arg(&bn_channels).arg(&bn_plane);
+    unsafe { launch.launch(per_channel) }?;
+    let stats_gpu: Vec<f32> = [&mean_dev, &inv_dev, &rm_dev, &rv_dev]
+        .into_iter()
+        .map(|d| stream.clone_dtoh(d))
+        .collect::<Result<Vec<_>, _>>()?
+        .concat();
+    let stats_cpu = [mean_cpu.clone(), inv_cpu.clone(), rm_cpu.clone(), rv_cpu.clone()].concat();
+    rows.push(ParityRow {
+        kernel: "batch_norm_train_stats_f32",
+        twin: "ops::norm::batch_norm_train_forward (statistics)",
+        elements: bn.len(),
+        max_diff: max_diff(stats_gpu.iter().map(|&v| v as f64), stats_cpu.iter().map(|&v| v as f64)),
+        tolerance: 1e-5,
+    });
+    let (mean_exact, inv_exact) = (stream.clone_htod(&mean_cpu)?, stream.clone_htod(&inv_cpu)?);
+    let (gamma_dev, beta_dev) = (stream.clone_htod(&gamma)?, stream.clone_htod(&beta)?);
+    let (rm_exact, rv_exact) = (stream.clone_htod(&rm_cpu)?, stream.clone_htod(&rv_cpu)?);
+    let mut eval_cpu = vec![0.0f32; bn.len()];
+    batch_norm_eval_forward(bn, &x, &gamma, &beta, &rm_cpu, &rv_cpu, &mut eval_cpu);
+    let mut relu_cpu = y_cpu.clone();
+    relu_forward_in_place(&mut relu_cpu);
+    for (eval, relu, cpu, twin) in [
+        (0i32, 0i32, &y_cpu, "ops::norm::batch_norm_train_forward (normalise)"),
+        (0, 1, &relu_cpu, "batch_norm_train_forward + relu_forward"),
+        (1, 0, &eval_cpu, "ops::norm::batch_norm_eval_forward"),
+    ] {
+        let mut out_dev = stream.alloc_zeros::<f32>(bn.len())?;
+        let (m, v) = if eval == 1 { (&rm_exact, &rv_exact) } else { (&mean_exact, &inv_exact) };
+        let mut launch = stream.launch_builder(device.function("batch_norm_apply_f32"));
+        launch.arg(&x_dev).arg(&mut out_dev).arg(m).arg(v).arg(&gamma_dev).arg(&beta_dev);
+        launch.arg(&bn_envs).arg(&bn_batch).arg(&bn_channels).arg(&bn_plane).arg(&eval).arg(&relu);
+        unsafe { launch.launch(elementwise(bn.len())) }?;
+        let gpu = stream.clone_dtoh(&out_dev)?;
+        rows.push(ParityRow {
+            kernel: "batch_norm_apply_f32",
+            twin,
+            elements: bn.len(),
+            max_diff: max_diff(gpu.iter().map(|&v| v as f64), cpu.iter().map(|&v| v as f64)),
+            tolerance: 0.0,
+        });
+    }
+    let dy = values(&mut s, bn.len(), -1.0, 1.0);
+    let mut dx_cpu = vec![0.0f32; bn.len()];
+    let (mut dgamma_cpu, mut dbeta_cpu) = (vec![0.0f32; bn.params_len()], vec![0.0f32; bn.params_len()]);
+    batch_norm_backward(
+        bn,
+        &x,
+        &gamma,
+        &mean_cpu,
+        &inv_cpu,
+        &dy,
+        &mut dx_cpu,
+        &mut dgamma_cpu,
+        &mut dbeta_cpu,
+    );
+    let dy_dev = stream.clone_htod(&dy)?;
+    let mut dgamma_dev = stream.alloc_zeros::<f32>(bn.params_len())?;
+    let mut dbeta_dev = stream.alloc_zeros::<f32>(bn.params_len())?;
+    let mut launch = stream.launch_builder(device.function("batch_norm_backward_params_f32"));
+    launch.arg(&x_dev).arg(&dy_dev).arg(&mean_exact).arg(&inv_exact).arg(&mut dgamma_dev).arg(&mut dbeta_dev);
+    launch.arg(&bn_batch).arg(&bn_channels).arg(&bn_plane);
+    unsafe { launch.launch(per_channel) }?;
+    let params_gpu = [stream.clone_dtoh(&dgamma_dev)?, stream.clone_dtoh(&dbeta_dev)?].concat();
+    let params_cpu = [dgamma_cpu.clone(), dbeta_cpu.clone()].concat();
+    rows.push(ParityRow {
+        kernel: "batch_norm_backward_params_f32",
+        twin: "ops::norm::batch_norm_backward (dγ, dβ)",
+        elements: bn.len(),
+        max_diff: max_diff(params_gpu.iter().map(|&v| v as f64), params_cpu.iter().map(|&v| v as f64)),
+        tolerance: 1e-5,
+    });
+    let (dgamma_exact, dbeta_exact) = (stream.clone_htod(&dgamma_cpu)?, stream.clone_htod(&dbeta_cpu)?);
+    let mut dx_dev = stream.alloc_zeros::<f32>(bn.len())?;
+    let mut launch = stream.launch_builder(device.function("batch_norm_backward_input_f32"));
+    launch.arg(&x_dev).arg(&dy_dev).arg(&gamma_dev).arg(&mean_exact).arg(&inv_exact);
+    launch.arg(&dgamma_exact).arg(&dbeta_exact).arg(&mut dx_dev);
+    launch.arg(&bn_envs).arg(&bn_batch).arg(&bn_channels).arg(&bn_plane);
+    unsafe { launch.launch(elementwise(bn.len())) }?;
+    let dx_gpu = stream.clone_dtoh(&dx_dev)?;
+    rows.push(ParityRow {
+        kernel: "batch_norm_backward_input_f32",
+        twin: "ops::norm::batch_norm_backward (dx)",
+        elements: bn.len(),
+        max_diff: max_diff(dx_gpu.iter().map(|&v| v as f64), dx_cpu.iter().map(|&v| v as f64)),
+        tolerance: 0.0,
+    });
 
     // Clipping and SGD over 6 envs × 50,001 parameters; env 4 has no gradient this step.
     let (envs, per_env) = (6usize, 50_001usize);

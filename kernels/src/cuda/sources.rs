@@ -30,6 +30,16 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         ],
     },
     KernelFile {
+        name: "batchnorm.cu",
+        source: include_str!("../../cuda/batchnorm.cu"),
+        functions: &[
+            "batch_norm_train_stats_f32",
+            "batch_norm_apply_f32",
+            "batch_norm_backward_params_f32",
+            "batch_norm_backward_input_f32",
+        ],
+    },
+    KernelFile {
         name: "optim.cu",
         source: include_str!("../../cuda/optim.cu"),
         functions: &[
