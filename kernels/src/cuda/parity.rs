@@ -10,6 +10,8 @@ use cudarc::nvrtc::Ptx;
 
 use super::{DEFAULT_ARCH, KERNEL_FILES, KernelCache};
 use crate::ops::activation::{relu_backward, relu_forward, relu_forward_in_place};
+use crate::ops::linear::{LinearShape, linear_backward_input, linear_backward_params, linear_forward};
+use crate::ops::loss::{ClassifierShape, count_correct, softmax_cross_entropy};
 use crate::ops::norm::{NormShape, batch_norm_backward, batch_norm_eval_forward, batch_norm_train_forward};
 use crate::ops::pool::{
     PoolShape, global_avg_pool_backward, global_avg_pool_backward_accumulate, global_avg_pool_forward,
@@ -361,6 +363,102 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
         twin: "ops::norm::batch_norm_backward (dx)",
         elements: bn.len(),
         max_diff: max_diff(dx_gpu.iter().map(|&v| v as f64), dx_cpu.iter().map(|&v| v as f64)),
+        tolerance: 0.0,
+    });
+
+    // The head: linear 32 → 10 over [E=3, B=7], softmax cross-entropy and correct counts.
+    let lin = LinearShape { envs: 3, batch: 7, in_features: 32, out_features: 10 };
+    let (l_envs, l_batch, l_in, l_out, with_bias) =
+        (lin.envs as u32, lin.batch as u32, lin.in_features as u32, lin.out_features as u32, 1i32);
+    let x = values(&mut s, lin.input_len(), -1.0, 1.0);
+    let weight = values(&mut s, lin.weight_len(), -0.3, 0.3);
+    let bias = values(&mut s, lin.bias_len(), -0.1, 0.1);
+    let mut logits_cpu = vec![0.0f32; lin.output_len()];
+    linear_forward(lin, &x, &weight, Some(&bias), &mut logits_cpu);
+    let (x_dev, w_dev, b_dev) =
+        (stream.clone_htod(&x)?, stream.clone_htod(&weight)?, stream.clone_htod(&bias)?);
+    let mut logits_dev = stream.alloc_zeros::<f32>(lin.output_len())?;
+    let mut launch = stream.launch_builder(device.function("linear_forward_f32"));
+    launch.arg(&x_dev).arg(&w_dev).arg(&b_dev).arg(&mut logits_dev);
+    launch.arg(&l_envs).arg(&l_batch).arg(&l_in).arg(&l_out).arg(&with_bias);
+    unsafe { launch.launch(elementwise(lin.output_len())) }?;
+    let logits_gpu = stream.clone_dtoh(&logits_dev)?;
+    rows.push(ParityRow {
+        kernel: "linear_forward_f32",
+        twin: "ops::linear::linear_forward",
+        elements: lin.output_len(),
+        // The CPU's dot product sums in lanes, the kernel in order.
+        max_diff: max_diff(logits_gpu.iter().map(|&v| v as f64), logits_cpu.iter().map(|&v| v as f64)),
+        tolerance: 1e-5,
+    });
+    let cls = ClassifierShape { envs: lin.envs, batch: lin.batch, classes: lin.out_features };
+    let labels: Vec<u8> = (0..cls.labels_len()).map(|_| s.below(cls.classes as u64) as u8).collect();
+    let (mut loss_cpu, mut dlogits_cpu) = (vec![0.0f32; cls.envs], vec![0.0f32; cls.logits_len()]);
+    softmax_cross_entropy(cls, &logits_cpu, &labels, &mut loss_cpu, Some(&mut dlogits_cpu));
+    let mut correct_cpu = vec![0u32; cls.envs];
+    count_correct(cls, &logits_cpu, &labels, &mut correct_cpu);
+    let logits_exact = stream.clone_htod(&logits_cpu)?;
+    let labels_dev = stream.clone_htod(&labels)?;
+    let mut loss_dev = stream.alloc_zeros::<f32>(cls.envs)?;
+    let mut dlogits_dev = stream.alloc_zeros::<f32>(cls.logits_len())?;
+    let grad_on = 1i32;
+    let mut launch = stream.launch_builder(device.function("softmax_cross_entropy_f32"));
+    launch.arg(&logits_exact).arg(&labels_dev).arg(&mut loss_dev).arg(&mut dlogits_dev);
+    launch.arg(&l_envs).arg(&l_batch).arg(&l_out).arg(&grad_on);
+    unsafe { launch.launch(elementwise(cls.labels_len())) }?;
+    let (loss_gpu, dlogits_gpu) = (stream.clone_dtoh(&loss_dev)?, stream.clone_dtoh(&dlogits_dev)?);
+    let ce_diff = max_diff(loss_gpu.iter().map(|&v| v as f64), loss_cpu.iter().map(|&v| v as f64))
+        .max(max_diff(dlogits_gpu.iter().map(|&v| v as f64), dlogits_cpu.iter().map(|&v| v as f64)));
+    rows.push(ParityRow {
+        kernel: "softmax_cross_entropy_f32",
+        twin: "ops::loss::softmax_cross_entropy",
+        elements: cls.logits_len(),
+        // expf / logf on the device against Rust's exp / ln: a few ulps.
+        max_diff: ce_diff,
+        tolerance: 1e-5,
+    });
+    let mut correct_dev = stream.alloc_zeros::<u32>(cls.envs)?;
+    let mut launch = stream.launch_builder(device.function("count_correct_f32"));
+    launch.arg(&logits_exact).arg(&labels_dev).arg(&mut correct_dev).arg(&l_envs).arg(&l_batch).arg(&l_out);
+    unsafe { launch.launch(elementwise(cls.envs)) }?;
+    let correct_gpu = stream.clone_dtoh(&correct_dev)?;
+    rows.push(ParityRow {
+        kernel: "count_correct_f32",
+        twin: "ops::loss::count_correct",
+        elements: cls.logits_len(),
+        max_diff: max_diff(correct_gpu.iter().map(|&v| v as f64), correct_cpu.iter().map(|&v| v as f64)),
+        tolerance: 0.0,
+    });
+    let dlogits_exact = stream.clone_htod(&dlogits_cpu)?;
+    let mut dx_cpu = vec![0.0f32; lin.input_len()];
+    linear_backward_input(lin, &dlogits_cpu, &weight, &mut dx_cpu);
+    let (mut dw_cpu, mut db_cpu) = (vec![0.0f32; lin.weight_len()], vec![0.0f32; lin.bias_len()]);
+    linear_backward_params(lin, &x, &dlogits_cpu, &mut dw_cpu, Some(&mut db_cpu));
+    let mut dx_dev = stream.alloc_zeros::<f32>(lin.input_len())?;
+    let mut launch = stream.launch_builder(device.function("linear_backward_input_f32"));
+    launch.arg(&dlogits_exact).arg(&w_dev).arg(&mut dx_dev).arg(&l_envs).arg(&l_batch).arg(&l_in).arg(&l_out);
+    unsafe { launch.launch(elementwise(lin.input_len())) }?;
+    let mut dw_dev = stream.alloc_zeros::<f32>(lin.weight_len())?;
+    let mut db_dev = stream.alloc_zeros::<f32>(lin.bias_len())?;
+    let mut launch = stream.launch_builder(device.function("linear_backward_params_f32"));
+    launch.arg(&x_dev).arg(&dlogits_exact).arg(&mut dw_dev).arg(&mut db_dev);
+    launch.arg(&l_envs).arg(&l_batch).arg(&l_in).arg(&l_out).arg(&with_bias);
+    unsafe { launch.launch(elementwise(lin.weight_len())) }?;
+    let dx_gpu = stream.clone_dtoh(&dx_dev)?;
+    rows.push(ParityRow {
+        kernel: "linear_backward_input_f32",
+        twin: "ops::linear::linear_backward_input",
+        elements: lin.input_len(),
+        max_diff: max_diff(dx_gpu.iter().map(|&v| v as f64), dx_cpu.iter().map(|&v| v as f64)),
+        tolerance: 0.0,
+    });
+    let params_gpu = [stream.clone_dtoh(&dw_dev)?, stream.clone_dtoh(&db_dev)?].concat();
+    let params_cpu = [dw_cpu, db_cpu].concat();
+    rows.push(ParityRow {
+        kernel: "linear_backward_params_f32",
+        twin: "ops::linear::linear_backward_params",
+        elements: params_cpu.len(),
+        max_diff: max_diff(params_gpu.iter().map(|&v| v as f64), params_cpu.iter().map(|&v| v as f64)),
         tolerance: 0.0,
     });
 

@@ -40,6 +40,17 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         ],
     },
     KernelFile {
+        name: "head.cu",
+        source: include_str!("../../cuda/head.cu"),
+        functions: &[
+            "linear_forward_f32",
+            "linear_backward_input_f32",
+            "linear_backward_params_f32",
+            "softmax_cross_entropy_f32",
+            "count_correct_f32",
+        ],
+    },
+    KernelFile {
         name: "optim.cu",
         source: include_str!("../../cuda/optim.cu"),
         functions: &[
