@@ -63,18 +63,22 @@ impl Device {
     pub fn parse(name: &str) -> Result<Self, String> {
         match name {
             "cpu" => Ok(Device::Cpu),
-            cuda if cuda == "cuda"
-                || cuda.strip_prefix("cuda:").is_some_and(|i| i.parse::<u32>().is_ok()) =>
-            {
-                Err(format!("--device {cuda}: {}", cuda_unavailable()))
-            }
+            cuda if cuda_ordinal(cuda).is_some() => Err(format!("--device {cuda}: {}", cuda_unavailable())),
             other => Err(format!("unknown device '{other}' (known: cpu, cuda, cuda:N)")),
         }
     }
 }
 
+/// The GPU a `--device` name picks: `cuda` is 0, `cuda:N` is N; anything else is none.
+pub fn cuda_ordinal(name: &str) -> Option<usize> {
+    match name {
+        "cuda" => Some(0),
+        other => other.strip_prefix("cuda:").and_then(|i| i.parse().ok()),
+    }
+}
+
 /// Why `--device cuda` cannot run in this build.
-fn cuda_unavailable() -> &'static str {
+pub fn cuda_unavailable() -> &'static str {
     if cfg!(feature = "cuda") {
         "this build has the CUDA kernels (kernels/cuda, compiled with NVRTC) but not yet the CUDA host \
          backend that runs a step on the GPU; see docs/gpu.md"

@@ -31,31 +31,24 @@ fn main() -> ExitCode {
 
 /// `selftest --device cuda[:N]`: the CUDA kernels against their CPU twins (docs/gpu.md).
 fn selftest_command(args: &SelftestArgs) -> ExitCode {
-    let ordinal = match args.device.as_str() {
-        "cuda" => 0,
-        other => match other.strip_prefix("cuda:").and_then(|i| i.parse::<usize>().ok()) {
-            Some(i) => i,
-            None => {
-                return bad_input(format!(
-                    "selftest --device {other}: selftest checks the CUDA kernels against their CPU twins; \
-                     give --device cuda or cuda:N (the CPU ops are checked by cargo test)"
-                ));
-            }
-        },
+    let device = &args.device;
+    let Some(ordinal) = bench::cuda_ordinal(device) else {
+        return bad_input(format!(
+            "selftest --device {device}: selftest checks the CUDA kernels against their CPU twins; give \
+             --device cuda or cuda:N (the CPU ops are checked by cargo test)"
+        ));
     };
-    cuda_selftest(ordinal, &args.device)
-}
-
-#[cfg(not(feature = "cuda"))]
-fn cuda_selftest(_ordinal: usize, device: &str) -> ExitCode {
-    match Device::parse(device) {
-        Err(message) => bad_input(message),
-        Ok(_) => unreachable!("a CPU build refuses every cuda device"),
+    #[cfg(feature = "cuda")]
+    return cuda_selftest(ordinal);
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = ordinal;
+        bad_input(format!("--device {device}: {}", bench::cuda_unavailable()))
     }
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_selftest(ordinal: usize, _device: &str) -> ExitCode {
+fn cuda_selftest(ordinal: usize) -> ExitCode {
     use esper_kernels::cuda::{CacheOutcome, DEFAULT_ARCH, KernelCache, compile_all, parity};
     let cache = KernelCache::default_location();
     let start = std::time::Instant::now();

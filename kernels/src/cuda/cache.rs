@@ -56,16 +56,9 @@ fn nvrtc_version() -> String {
 
 /// The cache key of `file` compiled for `arch` with this build's options and NVRTC.
 pub fn cache_key(file: &KernelFile, arch: &'static str) -> u64 {
-    let options = compile_options(arch).options.join(" ");
-    let fmad = format!("{:?}", compile_options(arch).fmad);
-    let version = nvrtc_version();
-    fnv1a(&[
-        translation_unit(file).as_bytes(),
-        arch.as_bytes(),
-        options.as_bytes(),
-        fmad.as_bytes(),
-        version.as_bytes(),
-    ])
+    // Every field of the options (arch, fmad, flags) in one string.
+    let options = format!("{:?}", compile_options(arch));
+    fnv1a(&[translation_unit(file).as_bytes(), options.as_bytes(), nvrtc_version().as_bytes()])
 }
 
 impl KernelCache {

@@ -32,6 +32,10 @@ pub struct ParityRow {
 }
 
 impl ParityRow {
+    fn new(kernel: &'static str, twin: &'static str, elements: usize, max_diff: f64, tolerance: f64) -> Self {
+        Self { kernel, twin, elements, max_diff, tolerance }
+    }
+
     pub fn passed(&self) -> bool {
         self.max_diff <= self.tolerance
     }
@@ -66,14 +70,18 @@ impl Device {
     }
 }
 
-/// Relative difference with NaN handling, over two equal-length slices.
-fn max_diff(gpu: impl IntoIterator<Item = f64>, cpu: impl IntoIterator<Item = f64>) -> f64 {
-    gpu.into_iter()
+/// Largest relative difference with NaN handling, over two equal-length slices.
+fn max_diff<T: Copy + Into<f64>>(gpu: &[T], cpu: &[T]) -> f64 {
+    assert_eq!(gpu.len(), cpu.len(), "parity: the device and CPU results differ in length");
+    gpu.iter()
         .zip(cpu)
-        .map(|(g, c)| match (g.is_nan(), c.is_nan()) {
-            (true, true) => 0.0,
-            (false, false) => (g - c).abs() / c.abs().max(1.0),
-            _ => f64::INFINITY,
+        .map(|(&g, &c)| {
+            let (g, c): (f64, f64) = (g.into(), c.into());
+            match (g.is_nan(), c.is_nan()) {
+                (true, true) => 0.0,
+                (false, false) => (g - c).abs() / c.abs().max(1.0),
+                _ => f64::INFINITY,
+            }
         })
         .fold(0.0, f64::max)
 }
@@ -111,13 +119,13 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
     let y_gpu = stream.clone_dtoh(&y_dev)?;
     let bits =
         y_gpu.iter().zip(&y_cpu).all(|(g, c)| g.to_bits() == c.to_bits() || (g.is_nan() && c.is_nan()));
-    rows.push(ParityRow {
-        kernel: "relu_forward_f32",
-        twin: "ops::activation::relu_forward",
-        elements: n,
-        max_diff: if bits { 0.0 } else { f64::INFINITY },
-        tolerance: 0.0,
-    });
+    rows.push(ParityRow::new(
+        "relu_forward_f32",
+        "ops::activation::relu_forward",
+        n,
+        if bits { 0.0 } else { f64::INFINITY },
+        0.0,
+    ));
     let dy = values(&mut s, n, -1.0, 1.0);
     let mut dx_cpu = vec![0.0f32; n];
     relu_backward(&y_cpu, &dy, &mut dx_cpu);
@@ -127,13 +135,13 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
     launch.arg(&y_dev).arg(&dy_dev).arg(&mut dx_dev).arg(&n64);
     unsafe { launch.launch(elementwise(n)) }?;
     let dx_gpu = stream.clone_dtoh(&dx_dev)?;
-    rows.push(ParityRow {
-        kernel: "relu_backward_f32",
-        twin: "ops::activation::relu_backward",
-        elements: n,
-        max_diff: max_diff(dx_gpu.iter().map(|&v| v as f64), dx_cpu.iter().map(|&v| v as f64)),
-        tolerance: 0.0,
-    });
+    rows.push(ParityRow::new(
+        "relu_backward_f32",
+        "ops::activation::relu_backward",
+        n,
+        max_diff(&dx_gpu, &dx_cpu),
+        0.0,
+    ));
 
     let b = values(&mut s, n, -1.0, 1.0);
     let sum_cpu: Vec<f32> = dy.iter().zip(&b).map(|(a, b)| a + b).collect();
@@ -143,13 +151,7 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
     launch.arg(&dy_dev).arg(&b_dev).arg(&mut sum_dev).arg(&n64);
     unsafe { launch.launch(elementwise(n)) }?;
     let sum_gpu = stream.clone_dtoh(&sum_dev)?;
-    rows.push(ParityRow {
-        kernel: "add_f32",
-        twin: "a + b (the residual add)",
-        elements: n,
-        max_diff: max_diff(sum_gpu.iter().map(|&v| v as f64), sum_cpu.iter().map(|&v| v as f64)),
-        tolerance: 0.0,
-    });
+    rows.push(ParityRow::new("add_f32", "a + b (the residual add)", n, max_diff(&sum_gpu, &sum_cpu), 0.0));
 
     // Max pooling and global average pooling over [E=3, B=5, C=4, 9, 10] (odd rows are dropped).
     let shape = PoolShape { envs: 3, batch: 5, channels: 4, h: 9, w: 10 };
@@ -173,11 +175,7 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
         kernel: "max_pool2x2_forward_f32",
         twin: "ops::pool::max_pool2x2_forward",
         elements: y_cpu.len(),
-        max_diff: if index_mismatch {
-            f64::INFINITY
-        } else {
-            max_diff(y_gpu.iter().map(|&v| v as f64), y_cpu.iter().map(|&v| v as f64))
-        },
+        max_diff: if index_mismatch { f64::INFINITY } else { max_diff(&y_gpu, &y_cpu) },
         tolerance: 0.0,
     });
     let dy = values(&mut s, y_cpu.len(), -1.0, 1.0);
@@ -189,13 +187,13 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
     launch.arg(&dy_dev).arg(&idx_dev).arg(&mut dx_dev).arg(&planes).arg(&h).arg(&w);
     unsafe { launch.launch(elementwise(dx_cpu.len())) }?;
     let dx_gpu = stream.clone_dtoh(&dx_dev)?;
-    rows.push(ParityRow {
-        kernel: "max_pool2x2_backward_f32",
-        twin: "ops::pool::max_pool2x2_backward",
-        elements: dx_cpu.len(),
-        max_diff: max_diff(dx_gpu.iter().map(|&v| v as f64), dx_cpu.iter().map(|&v| v as f64)),
-        tolerance: 0.0,
-    });
+    rows.push(ParityRow::new(
+        "max_pool2x2_backward_f32",
+        "ops::pool::max_pool2x2_backward",
+        dx_cpu.len(),
+        max_diff(&dx_gpu, &dx_cpu),
+        0.0,
+    ));
     let x: Vec<f32> = x.iter().map(|v| if v.is_nan() { 0.5 } else { *v }).collect();
     let mut gap_cpu = vec![0.0f32; shape.global_pool_output_len()];
     global_avg_pool_forward(shape, &x, &mut gap_cpu);
@@ -206,14 +204,14 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
     launch.arg(&x_dev).arg(&mut gap_dev).arg(&planes).arg(&plane_len);
     unsafe { launch.launch(LaunchConfig::for_num_elems(planes as u32 * 32)) }?;
     let gap_gpu = stream.clone_dtoh(&gap_dev)?;
-    rows.push(ParityRow {
-        kernel: "global_avg_pool_forward_f32",
-        twin: "ops::pool::global_avg_pool_forward",
-        elements: gap_cpu.len(),
-        // The CPU sums in f32 lanes, the kernel in f64: a few ulps apart.
-        max_diff: max_diff(gap_gpu.iter().map(|&v| v as f64), gap_cpu.iter().map(|&v| v as f64)),
-        tolerance: 1e-6,
-    });
+    // The CPU sums in f32 lanes, the kernel in f64: a few ulps apart.
+    rows.push(ParityRow::new(
+        "global_avg_pool_forward_f32",
+        "ops::pool::global_avg_pool_forward",
+        gap_cpu.len(),
+        max_diff(&gap_gpu, &gap_cpu),
+        1e-6,
+    ));
     for accumulate in [0i32, 1] {
         let dy = values(&mut s, gap_cpu.len(), -1.0, 1.0);
         let start = values(&mut s, shape.input_len(), -1.0, 1.0);
@@ -237,7 +235,7 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
                 "ops::pool::global_avg_pool_backward"
             },
             elements: dx_cpu.len(),
-            max_diff: max_diff(dx_gpu.iter().map(|&v| v as f64), dx_cpu.iter().map(|&v| v as f64)),
+            max_diff: max_diff(&dx_gpu, &dx_cpu),
             tolerance: 0.0,
         });
     }
@@ -286,13 +284,13 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
         .collect::<Result<Vec<_>, _>>()?
         .concat();
     let stats_cpu = [mean_cpu.clone(), inv_cpu.clone(), rm_cpu.clone(), rv_cpu.clone()].concat();
-    rows.push(ParityRow {
-        kernel: "batch_norm_train_stats_f32",
-        twin: "ops::norm::batch_norm_train_forward (statistics)",
-        elements: bn.len(),
-        max_diff: max_diff(stats_gpu.iter().map(|&v| v as f64), stats_cpu.iter().map(|&v| v as f64)),
-        tolerance: 1e-5,
-    });
+    rows.push(ParityRow::new(
+        "batch_norm_train_stats_f32",
+        "ops::norm::batch_norm_train_forward (statistics)",
+        bn.len(),
+        max_diff(&stats_gpu, &stats_cpu),
+        1e-5,
+    ));
     let (mean_exact, inv_exact) = (stream.clone_htod(&mean_cpu)?, stream.clone_htod(&inv_cpu)?);
     let (gamma_dev, beta_dev) = (stream.clone_htod(&gamma)?, stream.clone_htod(&beta)?);
     let (rm_exact, rv_exact) = (stream.clone_htod(&rm_cpu)?, stream.clone_htod(&rv_cpu)?);
@@ -316,7 +314,7 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
             kernel: "batch_norm_apply_f32",
             twin,
             elements: bn.len(),
-            max_diff: max_diff(gpu.iter().map(|&v| v as f64), cpu.iter().map(|&v| v as f64)),
+            max_diff: max_diff(&gpu, cpu),
             tolerance: 0.0,
         });
     }
@@ -343,13 +341,13 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
     unsafe { launch.launch(per_channel) }?;
     let params_gpu = [stream.clone_dtoh(&dgamma_dev)?, stream.clone_dtoh(&dbeta_dev)?].concat();
     let params_cpu = [dgamma_cpu.clone(), dbeta_cpu.clone()].concat();
-    rows.push(ParityRow {
-        kernel: "batch_norm_backward_params_f32",
-        twin: "ops::norm::batch_norm_backward (dγ, dβ)",
-        elements: bn.len(),
-        max_diff: max_diff(params_gpu.iter().map(|&v| v as f64), params_cpu.iter().map(|&v| v as f64)),
-        tolerance: 1e-5,
-    });
+    rows.push(ParityRow::new(
+        "batch_norm_backward_params_f32",
+        "ops::norm::batch_norm_backward (dγ, dβ)",
+        bn.len(),
+        max_diff(&params_gpu, &params_cpu),
+        1e-5,
+    ));
     let (dgamma_exact, dbeta_exact) = (stream.clone_htod(&dgamma_cpu)?, stream.clone_htod(&dbeta_cpu)?);
     let mut dx_dev = stream.alloc_zeros::<f32>(bn.len())?;
     let mut launch = stream.launch_builder(device.function("batch_norm_backward_input_f32"));
@@ -358,13 +356,13 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
     launch.arg(&bn_envs).arg(&bn_batch).arg(&bn_channels).arg(&bn_plane);
     unsafe { launch.launch(elementwise(bn.len())) }?;
     let dx_gpu = stream.clone_dtoh(&dx_dev)?;
-    rows.push(ParityRow {
-        kernel: "batch_norm_backward_input_f32",
-        twin: "ops::norm::batch_norm_backward (dx)",
-        elements: bn.len(),
-        max_diff: max_diff(dx_gpu.iter().map(|&v| v as f64), dx_cpu.iter().map(|&v| v as f64)),
-        tolerance: 0.0,
-    });
+    rows.push(ParityRow::new(
+        "batch_norm_backward_input_f32",
+        "ops::norm::batch_norm_backward (dx)",
+        bn.len(),
+        max_diff(&dx_gpu, &dx_cpu),
+        0.0,
+    ));
 
     // The head: linear 32 → 10 over [E=3, B=7], softmax cross-entropy and correct counts.
     let lin = LinearShape { envs: 3, batch: 7, in_features: 32, out_features: 10 };
@@ -383,14 +381,14 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
     launch.arg(&l_envs).arg(&l_batch).arg(&l_in).arg(&l_out).arg(&with_bias);
     unsafe { launch.launch(elementwise(lin.output_len())) }?;
     let logits_gpu = stream.clone_dtoh(&logits_dev)?;
-    rows.push(ParityRow {
-        kernel: "linear_forward_f32",
-        twin: "ops::linear::linear_forward",
-        elements: lin.output_len(),
-        // The CPU's dot product sums in lanes, the kernel in order.
-        max_diff: max_diff(logits_gpu.iter().map(|&v| v as f64), logits_cpu.iter().map(|&v| v as f64)),
-        tolerance: 1e-5,
-    });
+    // The CPU's dot product sums in lanes, the kernel in order.
+    rows.push(ParityRow::new(
+        "linear_forward_f32",
+        "ops::linear::linear_forward",
+        lin.output_len(),
+        max_diff(&logits_gpu, &logits_cpu),
+        1e-5,
+    ));
     let cls = ClassifierShape { envs: lin.envs, batch: lin.batch, classes: lin.out_features };
     let labels: Vec<u8> = (0..cls.labels_len()).map(|_| s.below(cls.classes as u64) as u8).collect();
     let (mut loss_cpu, mut dlogits_cpu) = (vec![0.0f32; cls.envs], vec![0.0f32; cls.logits_len()]);
@@ -407,28 +405,27 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
     launch.arg(&l_envs).arg(&l_batch).arg(&l_out).arg(&grad_on);
     unsafe { launch.launch(elementwise(cls.labels_len())) }?;
     let (loss_gpu, dlogits_gpu) = (stream.clone_dtoh(&loss_dev)?, stream.clone_dtoh(&dlogits_dev)?);
-    let ce_diff = max_diff(loss_gpu.iter().map(|&v| v as f64), loss_cpu.iter().map(|&v| v as f64))
-        .max(max_diff(dlogits_gpu.iter().map(|&v| v as f64), dlogits_cpu.iter().map(|&v| v as f64)));
-    rows.push(ParityRow {
-        kernel: "softmax_cross_entropy_f32",
-        twin: "ops::loss::softmax_cross_entropy",
-        elements: cls.logits_len(),
-        // expf / logf on the device against Rust's exp / ln: a few ulps.
-        max_diff: ce_diff,
-        tolerance: 1e-5,
-    });
+    let ce_diff = max_diff(&loss_gpu, &loss_cpu).max(max_diff(&dlogits_gpu, &dlogits_cpu));
+    // expf / logf on the device against Rust's exp / ln: a few ulps.
+    rows.push(ParityRow::new(
+        "softmax_cross_entropy_f32",
+        "ops::loss::softmax_cross_entropy",
+        cls.logits_len(),
+        ce_diff,
+        1e-5,
+    ));
     let mut correct_dev = stream.alloc_zeros::<u32>(cls.envs)?;
     let mut launch = stream.launch_builder(device.function("count_correct_f32"));
     launch.arg(&logits_exact).arg(&labels_dev).arg(&mut correct_dev).arg(&l_envs).arg(&l_batch).arg(&l_out);
     unsafe { launch.launch(elementwise(cls.envs)) }?;
     let correct_gpu = stream.clone_dtoh(&correct_dev)?;
-    rows.push(ParityRow {
-        kernel: "count_correct_f32",
-        twin: "ops::loss::count_correct",
-        elements: cls.logits_len(),
-        max_diff: max_diff(correct_gpu.iter().map(|&v| v as f64), correct_cpu.iter().map(|&v| v as f64)),
-        tolerance: 0.0,
-    });
+    rows.push(ParityRow::new(
+        "count_correct_f32",
+        "ops::loss::count_correct",
+        cls.logits_len(),
+        max_diff(&correct_gpu, &correct_cpu),
+        0.0,
+    ));
     let dlogits_exact = stream.clone_htod(&dlogits_cpu)?;
     let mut dx_cpu = vec![0.0f32; lin.input_len()];
     linear_backward_input(lin, &dlogits_cpu, &weight, &mut dx_cpu);
@@ -445,22 +442,22 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
     launch.arg(&l_envs).arg(&l_batch).arg(&l_in).arg(&l_out).arg(&with_bias);
     unsafe { launch.launch(elementwise(lin.weight_len())) }?;
     let dx_gpu = stream.clone_dtoh(&dx_dev)?;
-    rows.push(ParityRow {
-        kernel: "linear_backward_input_f32",
-        twin: "ops::linear::linear_backward_input",
-        elements: lin.input_len(),
-        max_diff: max_diff(dx_gpu.iter().map(|&v| v as f64), dx_cpu.iter().map(|&v| v as f64)),
-        tolerance: 0.0,
-    });
+    rows.push(ParityRow::new(
+        "linear_backward_input_f32",
+        "ops::linear::linear_backward_input",
+        lin.input_len(),
+        max_diff(&dx_gpu, &dx_cpu),
+        0.0,
+    ));
     let params_gpu = [stream.clone_dtoh(&dw_dev)?, stream.clone_dtoh(&db_dev)?].concat();
     let params_cpu = [dw_cpu, db_cpu].concat();
-    rows.push(ParityRow {
-        kernel: "linear_backward_params_f32",
-        twin: "ops::linear::linear_backward_params",
-        elements: params_cpu.len(),
-        max_diff: max_diff(params_gpu.iter().map(|&v| v as f64), params_cpu.iter().map(|&v| v as f64)),
-        tolerance: 0.0,
-    });
+    rows.push(ParityRow::new(
+        "linear_backward_params_f32",
+        "ops::linear::linear_backward_params",
+        params_cpu.len(),
+        max_diff(&params_gpu, &params_cpu),
+        0.0,
+    ));
 
     // Clipping and SGD over 6 envs × 50,001 parameters; env 4 has no gradient this step.
     let (envs, per_env) = (6usize, 50_001usize);
@@ -481,14 +478,14 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
     launch.arg(&partial_dev).arg(&mut sq_dev).arg(&envs32).arg(&blocks_per_env);
     unsafe { launch.launch(elementwise(envs)) }?;
     let sq_gpu = stream.clone_dtoh(&sq_dev)?;
-    rows.push(ParityRow {
-        kernel: "sq_norms_partial_f32 + sq_norms_finish",
-        twin: "optim::accumulate_sq_norms",
-        elements: grad.len(),
-        // Both sum exactly-rounded f64 squares, in different orders.
-        max_diff: max_diff(sq_gpu.iter().copied(), sq_cpu.iter().copied()),
-        tolerance: 1e-12,
-    });
+    // Both sum exactly-rounded f64 squares, in different orders.
+    rows.push(ParityRow::new(
+        "sq_norms_partial_f32 + sq_norms_finish",
+        "optim::accumulate_sq_norms",
+        grad.len(),
+        max_diff(&sq_gpu, &sq_cpu),
+        1e-12,
+    ));
     let coef_cpu: Vec<f64> = sq_cpu.iter().map(|&q| clip_coefficient(q.sqrt(), 1.0)).collect();
     let mut coef_dev = stream.alloc_zeros::<f64>(envs)?;
     let max_norm = 1.0f64;
@@ -497,13 +494,13 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
     launch.arg(&sq_exact).arg(&mut coef_dev).arg(&envs32).arg(&max_norm);
     unsafe { launch.launch(elementwise(envs)) }?;
     let coef_gpu = stream.clone_dtoh(&coef_dev)?;
-    rows.push(ParityRow {
-        kernel: "clip_coefficients",
-        twin: "optim::clip_coefficient",
-        elements: envs,
-        max_diff: max_diff(coef_gpu.iter().copied(), coef_cpu.iter().copied()),
-        tolerance: 0.0,
-    });
+    rows.push(ParityRow::new(
+        "clip_coefficients",
+        "optim::clip_coefficient",
+        envs,
+        max_diff(&coef_gpu, &coef_cpu),
+        0.0,
+    ));
     let mut grad_cpu = grad.clone();
     scale_per_env(&mut grad_cpu, &coef_cpu);
     let mut grad_dev = stream.clone_htod(&grad)?;
@@ -512,13 +509,13 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
     launch.arg(&mut grad_dev).arg(&coef_exact).arg(&per_env64).arg(&envs32);
     unsafe { launch.launch(elementwise(grad.len())) }?;
     let grad_gpu = stream.clone_dtoh(&grad_dev)?;
-    rows.push(ParityRow {
-        kernel: "scale_per_env_f32",
-        twin: "optim::scale_per_env",
-        elements: grad.len(),
-        max_diff: max_diff(grad_gpu.iter().map(|&v| v as f64), grad_cpu.iter().map(|&v| v as f64)),
-        tolerance: 0.0,
-    });
+    rows.push(ParityRow::new(
+        "scale_per_env_f32",
+        "optim::scale_per_env",
+        grad.len(),
+        max_diff(&grad_gpu, &grad_cpu),
+        0.0,
+    ));
     let active: Vec<bool> = (0..envs).map(|e| e != 4).collect();
     let active_u8: Vec<u8> = active.iter().map(|&a| u8::from(a)).collect();
     let param = values(&mut s, grad.len(), -0.5, 0.5);
@@ -535,15 +532,8 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
     launch.arg(&lr).arg(&mu).arg(&wd).arg(&decay);
     unsafe { launch.launch(elementwise(grad.len())) }?;
     let (p_gpu, m_gpu) = (stream.clone_dtoh(&p_dev)?, stream.clone_dtoh(&m_dev)?);
-    let sgd_diff = max_diff(p_gpu.iter().map(|&v| v as f64), p_cpu.iter().map(|&v| v as f64))
-        .max(max_diff(m_gpu.iter().map(|&v| v as f64), m_cpu.iter().map(|&v| v as f64)));
-    rows.push(ParityRow {
-        kernel: "sgd_step_f32",
-        twin: "optim::sgd_step",
-        elements: grad.len(),
-        max_diff: sgd_diff,
-        tolerance: 0.0,
-    });
+    let sgd_diff = max_diff(&p_gpu, &p_cpu).max(max_diff(&m_gpu, &m_cpu));
+    rows.push(ParityRow::new("sgd_step_f32", "optim::sgd_step", grad.len(), sgd_diff, 0.0));
 
     // Masked row zeroing and copying: envs 1 and 4 marked (the loops below are the whole semantics).
     let mask: Vec<u8> = (0..envs).map(|e| u8::from(e == 1 || e == 4)).collect();
@@ -574,7 +564,7 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
             kernel,
             twin: "a row loop (germinate / prune / rollback rows)",
             elements: gpu.len(),
-            max_diff: max_diff(gpu.iter().map(|&v| v as f64), cpu.iter().map(|&v| v as f64)),
+            max_diff: max_diff(&gpu, cpu),
             tolerance: 0.0,
         });
     }
