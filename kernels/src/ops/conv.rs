@@ -23,6 +23,8 @@
 
 use rayon::prelude::*;
 
+#[cfg(target_arch = "x86_64")]
+use super::conv_avx512;
 use super::norm::plane_mean_and_m2;
 use super::real::{LANES, Real, tree_sum};
 
@@ -30,6 +32,8 @@ use super::real::{LANES, Real, tree_sum};
 const TILE: usize = 16;
 /// Output channels computed together.
 const BLOCK: usize = 4;
+/// Output channels computed together by the AVX-512 correlation (`conv_avx512::correlate_block8`).
+const WIDE_BLOCK: usize = 8;
 /// Largest kernel size (bounds the stack arrays of tap offsets).
 const MAX_K: usize = 7;
 
@@ -202,6 +206,31 @@ struct Correlation {
     accumulate: bool,
 }
 
+/// Which build of the hot loops runs: the portable code (compiled for AVX2 where the CPU has it) or the
+/// AVX-512 kernels of `conv_avx512` where they apply. Both give the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kernels {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+/// `values` as `f32`, when `T` is `f32` (the AVX-512 kernels are written for it).
+#[cfg(target_arch = "x86_64")]
+fn as_f32<T: Real>(values: &[T]) -> Option<&[f32]> {
+    (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>())
+        // SAFETY: T is f32, so the slice's layout is that of a [f32].
+        .then(|| unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<f32>(), values.len()) })
+}
+
+/// [`as_f32`] for a mutable slice.
+#[cfg(target_arch = "x86_64")]
+fn as_f32_mut<T: Real>(values: &mut [T]) -> Option<&mut [f32]> {
+    (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>())
+        // SAFETY: T is f32, so the slice's layout is that of a [f32].
+        .then(|| unsafe { std::slice::from_raw_parts_mut(values.as_mut_ptr().cast::<f32>(), values.len()) })
+}
+
 impl Correlation {
     fn src_per_group(&self) -> usize {
         self.src_channels / self.groups
@@ -209,41 +238,48 @@ impl Correlation {
     fn dst_per_group(&self) -> usize {
         self.dst_channels / self.groups
     }
-    /// Scratch elements [`correlate_image`] needs: padded source planes, one block of output rows, and
-    /// one block of packed weights.
+    /// Elements of one env's packed weights ([`pack_weights`]).
+    fn packed_len(&self) -> usize {
+        self.dst_channels * self.src_per_group() * self.geo.k * self.geo.k
+    }
+    /// Scratch elements [`correlate_image`] needs: padded source planes and one block of output rows
+    /// (blocks as wide as the AVX-512 kernel's).
     fn scratch_len(&self) -> usize {
-        let kk = self.geo.k * self.geo.k;
-        self.src_channels * self.geo.plane + BLOCK * self.geo.q_round + BLOCK * self.src_per_group() * kk
+        self.src_channels * self.geo.plane + WIDE_BLOCK * self.geo.q_round
     }
 }
 
-/// `dst[o] (= or +=) Σ_{s in o's group} Σ_taps weight(o, s, tap) · shift_tap(src_padded[s])` for one image.
-#[inline(always)]
-fn correlate_image<T: Real>(c: &Correlation, src: &[T], dst: &mut [T], weight: &[T], scratch: &mut [T]) {
-    let geo = c.geo;
-    let plane_src = geo.src_h * geo.src_w;
-    let plane_dst = geo.dst_h * geo.dst_w;
+/// The blocks of destination channels of one group, in order: `(first channel, width)`. The widths are
+/// the widest the kernels have that still fit, so the split depends only on the group size and on
+/// whether the AVX-512 kernels run (which changes the blocking, never a value).
+fn dst_blocks(dst_per_group: usize, kernels: Kernels) -> impl Iterator<Item = (usize, usize)> {
+    let mut o = 0;
+    std::iter::from_fn(move || {
+        if o >= dst_per_group {
+            return None;
+        }
+        let n = if kernels != Kernels::Portable && o + WIDE_BLOCK <= dst_per_group {
+            WIDE_BLOCK
+        } else if o + BLOCK <= dst_per_group {
+            BLOCK
+        } else if o + 2 <= dst_per_group {
+            2
+        } else {
+            1
+        };
+        o += n;
+        Some((o - n, n))
+    })
+}
+
+/// One env's weights packed for [`correlate_image`]: per group, per block of [`dst_blocks`], as
+/// `[src][tap][n]` so the inner loop reads them in order. Done once per run of images, not per image.
+fn pack_weights<T: Real>(c: &Correlation, weight: &[T], kernels: Kernels, packed: &mut [T]) {
     let (src_per_group, dst_per_group) = (c.src_per_group(), c.dst_per_group());
-    let kk = geo.k * geo.k;
-    let taps = geo.tap_offsets();
-    let (padded, rest) = scratch.split_at_mut(c.src_channels * geo.plane);
-    let (tile_out, packed) = rest.split_at_mut(BLOCK * geo.q_round);
-    for (ch, plane) in padded.chunks_exact_mut(geo.plane).enumerate() {
-        geo.pad_plane(&src[ch * plane_src..(ch + 1) * plane_src], plane);
-    }
+    let kk = c.geo.k * c.geo.k;
+    let mut at = 0;
     for g in 0..c.groups {
-        let group_src = &padded[g * src_per_group * geo.plane..(g + 1) * src_per_group * geo.plane];
-        let mut o = 0;
-        while o < dst_per_group {
-            let n = if o + BLOCK <= dst_per_group {
-                BLOCK
-            } else if o + 2 <= dst_per_group {
-                2
-            } else {
-                1
-            };
-            // Gather this block's weights as [src][tap][n] so the inner loop reads them in order.
-            let packed = &mut packed[..n * src_per_group * kk];
+        for (o, n) in dst_blocks(dst_per_group, kernels) {
             for s in 0..src_per_group {
                 for t in 0..kk {
                     let w_tap = if c.layout.flip { kk - 1 - t } else { t };
@@ -252,11 +288,54 @@ fn correlate_image<T: Real>(c: &Correlation, src: &[T], dst: &mut [T], weight: &
                             + (o + j) * c.layout.dst_stride
                             + s * c.layout.src_stride
                             + w_tap;
-                        packed[(s * kk + t) * n + j] = weight[index];
+                        packed[at] = weight[index];
+                        at += 1;
                     }
                 }
             }
+        }
+    }
+    debug_assert_eq!(at, packed.len());
+}
+
+/// `dst[o] (= or +=) Σ_{s in o's group} Σ_taps weight(o, s, tap) · shift_tap(src_padded[s])` for one image,
+/// from the weights [`pack_weights`] packed with the same `kernels`.
+#[inline(always)]
+fn correlate_image<T: Real>(
+    c: &Correlation,
+    src: &[T],
+    dst: &mut [T],
+    packed_weights: &[T],
+    scratch: &mut [T],
+    kernels: Kernels,
+) {
+    let geo = c.geo;
+    let plane_src = geo.src_h * geo.src_w;
+    let plane_dst = geo.dst_h * geo.dst_w;
+    let (src_per_group, dst_per_group) = (c.src_per_group(), c.dst_per_group());
+    let kk = geo.k * geo.k;
+    let taps = geo.tap_offsets();
+    let (padded, tile_out) = scratch.split_at_mut(c.src_channels * geo.plane);
+    for (ch, plane) in padded.chunks_exact_mut(geo.plane).enumerate() {
+        geo.pad_plane(&src[ch * plane_src..(ch + 1) * plane_src], plane);
+    }
+    let mut packed_at = 0;
+    for g in 0..c.groups {
+        let group_src = &padded[g * src_per_group * geo.plane..(g + 1) * src_per_group * geo.plane];
+        for (o, n) in dst_blocks(dst_per_group, kernels) {
+            let packed = &packed_weights[packed_at..packed_at + n * src_per_group * kk];
+            packed_at += packed.len();
             match n {
+                #[cfg(target_arch = "x86_64")]
+                WIDE_BLOCK => {
+                    let (src, packed) = (as_f32(group_src).unwrap(), as_f32(packed).unwrap());
+                    let out = as_f32_mut(tile_out).unwrap();
+                    // SAFETY: a wide block is only chosen under Kernels::Avx512, which dispatch_correlate
+                    // picks only where conv_avx512::available() holds and T is f32.
+                    unsafe {
+                        conv_avx512::correlate_block8(src, geo.plane, geo.q_round, &taps[..kk], packed, out)
+                    };
+                }
                 BLOCK => correlate_block::<T, BLOCK>(group_src, &geo, &taps[..kk], packed, tile_out),
                 2 => correlate_block::<T, 2>(group_src, &geo, &taps[..kk], packed, tile_out),
                 _ => correlate_block::<T, 1>(group_src, &geo, &taps[..kk], packed, tile_out),
@@ -276,7 +355,6 @@ fn correlate_image<T: Real>(c: &Correlation, src: &[T], dst: &mut [T], weight: &
                     }
                 }
             }
-            o += n;
         }
     }
 }
@@ -379,18 +457,43 @@ fn forward<T: Real>(
         layout: WeightLayout::forward(&shape),
         accumulate: false,
     };
-    let image = |i: usize, out: &mut [T], stats: Option<&mut [T]>| {
-        let e = i / shape.batch;
-        let src = &input[i * in_image..(i + 1) * in_image];
-        dispatch_correlate(&correlation, src, out, &weight[e * w_env..(e + 1) * w_env], stats);
-    };
-    match plane_stats {
-        None => output.par_chunks_mut(out_image).enumerate().for_each(|(i, out)| image(i, out, None)),
-        Some(stats) => output
-            .par_chunks_mut(out_image)
-            .zip(stats.par_chunks_mut(2 * shape.c_out))
-            .enumerate()
-            .for_each(|(i, (out, stats))| image(i, out, Some(stats))),
+    let (from, to) = ((input, in_image), (output, out_image));
+    correlate_runs(&correlation, shape.batch, from, to, (weight, w_env), plane_stats);
+}
+
+/// Images per task of the forward and input-gradient correlations: a task packs its env's weights once.
+const RUN_IMAGES: usize = 8;
+
+/// Correlates every image of `src` (images of `src_image` elements, `batch` per env) into `dst`, one task
+/// per run of up to [`RUN_IMAGES`] images of one env; with `stats`, also each output image's plane
+/// statistics (`2 · dst_channels` per image). `weight` holds `w_env` elements per env. Each image is
+/// computed exactly as alone.
+fn correlate_runs<T: Real>(
+    c: &Correlation,
+    batch: usize,
+    (src, src_image): (&[T], usize),
+    (dst, dst_image): (&mut [T], usize),
+    (weight, w_env): (&[T], usize),
+    stats: Option<&mut [T]>,
+) {
+    let run = RUN_IMAGES.min(batch);
+    let env_tasks = dst.par_chunks_mut(batch * dst_image).zip(src.par_chunks(batch * src_image)).enumerate();
+    match stats {
+        None => env_tasks.for_each(|(e, (dst, src))| {
+            let weight = &weight[e * w_env..(e + 1) * w_env];
+            dst.par_chunks_mut(run * dst_image)
+                .zip(src.par_chunks(run * src_image))
+                .for_each(|(dst, src)| dispatch_correlate(c, src, dst, weight, None));
+        }),
+        Some(stats) => env_tasks.zip(stats.par_chunks_mut(batch * 2 * c.dst_channels)).for_each(
+            |((e, (dst, src)), stats)| {
+                let weight = &weight[e * w_env..(e + 1) * w_env];
+                dst.par_chunks_mut(run * dst_image)
+                    .zip(src.par_chunks(run * src_image))
+                    .zip(stats.par_chunks_mut(run * 2 * c.dst_channels))
+                    .for_each(|((dst, src), stats)| dispatch_correlate(c, src, dst, weight, Some(stats)));
+            },
+        ),
     }
 }
 
@@ -447,11 +550,8 @@ fn backward_input<T: Real>(
         layout: WeightLayout::input_gradient(&shape),
         accumulate,
     };
-    grad_input.par_chunks_mut(in_image).enumerate().for_each(|(i, dx)| {
-        let e = i / shape.batch;
-        let dy = &grad_output[i * out_image..(i + 1) * out_image];
-        dispatch_correlate(&correlation, dy, dx, &weight[e * w_env..(e + 1) * w_env], None);
-    });
+    let (from, to) = ((grad_output, out_image), (grad_input, in_image));
+    correlate_runs(&correlation, shape.batch, from, to, (weight, w_env), None);
 }
 
 /// `grad_weight = ∂L/∂weight` (overwrites), summed over each env's images in order.
@@ -533,7 +633,12 @@ impl<T> WeightGradJob<'_, T> {
 /// channels (`blocks` blocks of `N`): per image, the input planes of the job's groups are padded once and
 /// serve every block.
 #[inline(always)]
-fn weight_grad_block<T: Real, const N: usize>(job: &WeightGradJob<'_, T>, dw: &mut [T], scratch: &mut [T]) {
+fn weight_grad_block<T: Real, const N: usize>(
+    job: &WeightGradJob<'_, T>,
+    dw: &mut [T],
+    scratch: &mut [T],
+    kernels: Kernels,
+) {
     let s = job.shape;
     let geo = job.geo;
     let (cin_g, cout_g) = (s.c_in_per_group(), s.c_out_per_group());
@@ -543,7 +648,8 @@ fn weight_grad_block<T: Real, const N: usize>(job: &WeightGradJob<'_, T>, dw: &m
     let (hw, hw_out) = (s.h * s.w, s.h_out() * s.w_out());
     let block_lanes = N * cin_g * kk * LANES;
     let (lanes, rest) = scratch.split_at_mut(job.blocks * block_lanes);
-    let (padded, dy_padded) = rest.split_at_mut(groups.len() * cin_g * geo.plane);
+    let (padded, rest) = rest.split_at_mut(groups.len() * cin_g * geo.plane);
+    let (dy_rows, dy_padded) = rest.split_at_mut(N * geo.q_round);
     lanes.fill(T::ZERO);
     for b in 0..s.batch {
         let first_channel = b * s.c_in + groups.start * cin_g;
@@ -553,8 +659,10 @@ fn weight_grad_block<T: Real, const N: usize>(job: &WeightGradJob<'_, T>, dw: &m
         }
         for (block, lanes) in lanes.chunks_exact_mut(block_lanes).enumerate() {
             let first_out = job.first_out + block * N;
-            // The output gradient in the padded-width layout, zero on the junk positions so they add nothing.
-            for (j, row) in dy_padded.chunks_exact_mut(geo.q_round).enumerate() {
+            // The output gradient in the padded-width layout, zero on the junk positions so they add nothing,
+            // interleaved by lane groups: position q of channel j at ((q / LANES)·N + j)·LANES + q % LANES,
+            // so that one lane group of the whole block is contiguous.
+            for (j, row) in dy_rows.chunks_exact_mut(geo.q_round).enumerate() {
                 let channel = b * s.c_out + first_out + j;
                 let dy = &job.grad_output[channel * hw_out..(channel + 1) * hw_out];
                 for y in 0..geo.dst_h {
@@ -566,9 +674,34 @@ fn weight_grad_block<T: Real, const N: usize>(job: &WeightGradJob<'_, T>, dw: &m
                 }
                 row[geo.dst_h * geo.wp..].fill(T::ZERO);
             }
+            for (group, interleaved) in dy_padded.chunks_exact_mut(N * LANES).enumerate() {
+                for (j, lanes) in interleaved.chunks_exact_mut(LANES).enumerate() {
+                    let from = j * geo.q_round + group * LANES;
+                    let lanes: &mut [T; LANES] = lanes.try_into().unwrap();
+                    *lanes = dy_rows[from..from + LANES].try_into().unwrap();
+                }
+            }
             let group_planes = (first_out / cout_g - groups.start) * cin_g;
             for c in 0..cin_g {
                 let plane = &padded[(group_planes + c) * geo.plane..(group_planes + c + 1) * geo.plane];
+                #[cfg(target_arch = "x86_64")]
+                if kernels == Kernels::Avx512 && N == 4 && s.k == 3 {
+                    let taps: &[usize; 9] = taps[..9].try_into().unwrap();
+                    let (plane, dy) = (as_f32(plane).unwrap(), as_f32(dy_padded).unwrap());
+                    // SAFETY: Kernels::Avx512 is only passed where conv_avx512::available() holds and T is f32.
+                    unsafe {
+                        conv_avx512::weight_grad_taps3x3(
+                            plane,
+                            dy,
+                            geo.q_round,
+                            taps,
+                            as_f32_mut(lanes).unwrap(),
+                            c,
+                            cin_g,
+                        )
+                    };
+                    continue;
+                }
                 for ky in 0..s.k {
                     let row = TapRow {
                         plane,
@@ -603,7 +736,7 @@ fn weight_grad_block<T: Real, const N: usize>(job: &WeightGradJob<'_, T>, dw: &m
 struct TapRow<'a, T> {
     /// The padded input plane.
     plane: &'a [T],
-    /// The block's output-gradient rows in the padded-width layout.
+    /// The block's output gradient in the padded-width layout, interleaved by lane groups.
     dy_padded: &'a [T],
     q_round: usize,
     first_tap: usize,
@@ -633,7 +766,7 @@ fn tap_row_partials<T: Real, const N: usize, const KX: usize>(
         for kx in 0..KX {
             let x: &[T; LANES] = shifted[q0 + kx..q0 + kx + LANES].try_into().unwrap();
             for (j, a) in acc.iter_mut().enumerate() {
-                let start = j * row.q_round + q0;
+                let start = ((q0 / LANES) * N + j) * LANES;
                 let dy: &[T; LANES] = row.dy_padded[start..start + LANES].try_into().unwrap();
                 for l in 0..LANES {
                     a[kx][l] = dy[l].mul_add(x[l], a[kx][l]);
@@ -654,14 +787,22 @@ fn weight_grad_scratch_len<T, const N: usize>(job: &WeightGradJob<'_, T>) -> usi
     let cin_g = s.c_in_per_group();
     job.blocks * N * cin_g * s.k * s.k * LANES
         + job.groups::<N>().len() * cin_g * job.geo.plane
-        + N * job.geo.q_round
+        + 2 * N * job.geo.q_round
 }
 
-// Runtime dispatch to AVX2+FMA builds of the two hot loops. The arithmetic is the same sequence of
-// exactly rounded IEEE operations either way (Rust never reorders float ops, and `mul_add` is fused on
-// every platform), so results are bit-identical with and without AVX2; only the speed changes.
+// Runtime dispatch to AVX2+FMA builds of the two hot loops, and for f32 to the AVX-512 kernels of
+// `conv_avx512` where the CPU has AVX-512F/DQ. The arithmetic is the same sequence of exactly rounded IEEE
+// operations every way (Rust never reorders float ops, `mul_add` is fused on every platform, and the
+// AVX-512 kernels keep each output's chain), so results are bit-identical with and without AVX2 or
+// AVX-512; only the speed changes.
 
-/// [`correlate_image`], then (with `stats`) the output's per-plane statistics while it is in cache.
+/// Whether the AVX-512 kernels serve `T` on this CPU.
+#[cfg(target_arch = "x86_64")]
+fn wide_kernels<T: Real>() -> bool {
+    std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && conv_avx512::available()
+}
+
+/// [`correlate_run`] on the fastest build of the hot loops this CPU has.
 #[inline]
 fn dispatch_correlate<T: Real>(
     c: &Correlation,
@@ -670,35 +811,59 @@ fn dispatch_correlate<T: Real>(
     weight: &[T],
     stats: Option<&mut [T]>,
 ) {
-    T::with_scratch(c.scratch_len(), |scratch| {
+    T::with_scratch(c.packed_len() + c.scratch_len(), |scratch| {
+        #[cfg(target_arch = "x86_64")]
+        if wide_kernels::<T>() {
+            // SAFETY: the CPU supports AVX-512F/DQ (checked just above), which implies AVX2 and FMA.
+            unsafe { correlate_run_avx512(c, src, dst, weight, scratch, stats) };
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
             // SAFETY: the CPU supports AVX2 and FMA (checked just above).
-            unsafe { correlate_image_avx2(c, src, dst, weight, scratch, stats) };
+            unsafe { correlate_run_avx2(c, src, dst, weight, scratch, stats) };
             return;
         }
-        correlate_image_with_stats(c, src, dst, weight, scratch, stats);
+        correlate_run(c, src, dst, weight, scratch, stats, Kernels::Portable);
     });
 }
 
+/// A run of images of one env (`src` and `dst` whole images): the weights packed once, then each image
+/// correlated and (with `stats`) its output's per-plane statistics taken while it is in cache.
 #[inline(always)]
-fn correlate_image_with_stats<T: Real>(
+fn correlate_run<T: Real>(
     c: &Correlation,
     src: &[T],
     dst: &mut [T],
     weight: &[T],
     scratch: &mut [T],
     stats: Option<&mut [T]>,
+    kernels: Kernels,
 ) {
-    correlate_image(c, src, dst, weight, scratch);
-    if let Some(stats) = stats {
-        image_plane_stats(c, dst, stats);
+    let (packed, scratch) = scratch.split_at_mut(c.packed_len());
+    pack_weights(c, weight, kernels, packed);
+    let geo = c.geo;
+    let src_image = c.src_channels * geo.src_h * geo.src_w;
+    let dst_image = c.dst_channels * geo.dst_h * geo.dst_w;
+    let images = src.chunks_exact(src_image).zip(dst.chunks_exact_mut(dst_image));
+    match stats {
+        None => {
+            for (src, dst) in images {
+                correlate_image(c, src, dst, packed, scratch, kernels);
+            }
+        }
+        Some(stats) => {
+            for ((src, dst), stats) in images.zip(stats.chunks_exact_mut(2 * c.dst_channels)) {
+                correlate_image(c, src, dst, packed, scratch, kernels);
+                image_plane_stats(c, dst, stats);
+            }
+        }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn correlate_image_avx2<T: Real>(
+fn correlate_run_avx2<T: Real>(
     c: &Correlation,
     src: &[T],
     dst: &mut [T],
@@ -706,19 +871,39 @@ fn correlate_image_avx2<T: Real>(
     scratch: &mut [T],
     stats: Option<&mut [T]>,
 ) {
-    correlate_image_with_stats(c, src, dst, weight, scratch, stats);
+    correlate_run(c, src, dst, weight, scratch, stats, Kernels::Portable);
+}
+
+/// Only called where [`wide_kernels`] holds for `T`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
+fn correlate_run_avx512<T: Real>(
+    c: &Correlation,
+    src: &[T],
+    dst: &mut [T],
+    weight: &[T],
+    scratch: &mut [T],
+    stats: Option<&mut [T]>,
+) {
+    correlate_run(c, src, dst, weight, scratch, stats, Kernels::Avx512);
 }
 
 #[inline]
 fn dispatch_weight_grad<T: Real, const N: usize>(job: &WeightGradJob<'_, T>, dw: &mut [T]) {
     T::with_scratch(weight_grad_scratch_len::<T, N>(job), |scratch| {
         #[cfg(target_arch = "x86_64")]
+        if wide_kernels::<T>() {
+            // SAFETY: the CPU supports AVX-512F/DQ (checked just above), which implies AVX2 and FMA.
+            unsafe { weight_grad_block_avx512::<T, N>(job, dw, scratch) };
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
             // SAFETY: the CPU supports AVX2 and FMA (checked just above).
             unsafe { weight_grad_block_avx2::<T, N>(job, dw, scratch) };
             return;
         }
-        weight_grad_block::<T, N>(job, dw, scratch);
+        weight_grad_block::<T, N>(job, dw, scratch, Kernels::Portable);
     });
 }
 
@@ -729,7 +914,18 @@ fn weight_grad_block_avx2<T: Real, const N: usize>(
     dw: &mut [T],
     scratch: &mut [T],
 ) {
-    weight_grad_block::<T, N>(job, dw, scratch);
+    weight_grad_block::<T, N>(job, dw, scratch, Kernels::Portable);
+}
+
+/// Only called where [`wide_kernels`] holds for `T`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
+fn weight_grad_block_avx512<T: Real, const N: usize>(
+    job: &WeightGradJob<'_, T>,
+    dw: &mut [T],
+    scratch: &mut [T],
+) {
+    weight_grad_block::<T, N>(job, dw, scratch, Kernels::Avx512);
 }
 
 #[cfg(test)]
@@ -940,43 +1136,86 @@ mod tests {
         }
     }
 
+    /// The portable code (the scalar build of the hot loops) against whatever `dispatch_*` picks on this
+    /// CPU (AVX2, or the AVX-512 kernels), bit for bit, on one image's correlation and one env's weight
+    /// gradient. The shapes cover grouped channels with blocks of two, and 3×3 convolutions of 8, 16 and 32
+    /// channels whose blocks of eight (forward) and four (weight gradient) the AVX-512 kernels take, at
+    /// plane sizes whose positions fill an odd and an even number of 16-wide registers.
     #[test]
     fn simd_dispatch_and_portable_code_agree_bit_for_bit() {
-        let s = shape(1, 2, 8, 12, 6, 7, 3, 1, 2);
-        let x = to_f32(&signed(80, s.input_len()));
-        let w = to_f32(&signed(81, s.weight_len()));
-        let r = to_f32(&signed(82, s.output_len()));
-        let correlation = Correlation {
-            src_channels: s.c_in,
-            dst_channels: s.c_out,
-            groups: s.groups,
-            geo: Geometry::new(s.h, s.w, s.k, s.pad),
-            layout: WeightLayout::forward(&s),
-            accumulate: false,
-        };
-        let image = s.c_in * s.h * s.w;
-        let out_image = s.c_out * s.h_out() * s.w_out();
-        let mut portable = vec![0.0f32; out_image];
-        let mut scratch = vec![0.0f32; correlation.scratch_len()];
-        correlate_image(&correlation, &x[..image], &mut portable, &w, &mut scratch);
-        let mut dispatched = vec![0.0f32; out_image];
-        dispatch_correlate(&correlation, &x[..image], &mut dispatched, &w, None);
-        assert_eq!(bits(&portable), bits(&dispatched));
+        let cases = [
+            // (shape, first output channel and blocks of the weight-gradient job, its block width)
+            (shape(1, 2, 8, 12, 6, 7, 3, 1, 2), 6, 3, 2), // the second group's six channels, blocks of two
+            (shape(1, 3, 8, 8, 32, 32, 3, 1, 1), 0, 2, 4),
+            (shape(1, 3, 16, 16, 16, 16, 3, 1, 1), 4, 3, 4),
+            (shape(1, 2, 32, 32, 8, 8, 3, 1, 1), 0, 8, 4),
+            (shape(1, 2, 16, 8, 5, 5, 3, 1, 1), 0, 2, 4), // 5×5: 35 positions, a single trailing register
+        ];
+        for (case, &(s, first_out, blocks, block)) in cases.iter().enumerate() {
+            let x = to_f32(&signed(80 + case as u64, s.input_len()));
+            let w = to_f32(&signed(81 + case as u64, s.weight_len()));
+            let r = to_f32(&signed(82 + case as u64, s.output_len()));
+            let correlation = Correlation {
+                src_channels: s.c_in,
+                dst_channels: s.c_out,
+                groups: s.groups,
+                geo: Geometry::new(s.h, s.w, s.k, s.pad),
+                layout: WeightLayout::forward(&s),
+                accumulate: false,
+            };
+            let image = s.c_in * s.h * s.w;
+            let out_image = s.c_out * s.h_out() * s.w_out();
+            let mut portable = vec![0.0f32; out_image];
+            let mut scratch = vec![0.0f32; correlation.packed_len() + correlation.scratch_len()];
+            correlate_run(
+                &correlation,
+                &x[..image],
+                &mut portable,
+                &w,
+                &mut scratch,
+                None,
+                Kernels::Portable,
+            );
+            let mut dispatched = vec![0.0f32; out_image];
+            dispatch_correlate(&correlation, &x[..image], &mut dispatched, &w, None);
+            assert_eq!(bits(&portable), bits(&dispatched), "case {case}: correlation");
+            assert!(portable.iter().filter(|v| **v != 0.0).count() > out_image / 2, "case {case}: outputs");
 
-        let job = WeightGradJob {
-            shape: &s,
-            geo: Geometry::new(s.h, s.w, s.k, s.pad),
-            input: &x,
-            grad_output: &r,
-            // The second group's six output channels, as three blocks of two.
-            first_out: 6,
-            blocks: 3,
-        };
-        let len = 3 * 2 * s.c_in_per_group() * 9;
-        let (mut portable, mut dispatched) = (vec![0.0f32; len], vec![0.0f32; len]);
-        let mut scratch = vec![0.0f32; weight_grad_scratch_len::<f32, 2>(&job)];
-        weight_grad_block::<f32, 2>(&job, &mut portable, &mut scratch);
-        dispatch_weight_grad::<f32, 2>(&job, &mut dispatched);
-        assert_eq!(bits(&portable), bits(&dispatched));
+            let job = WeightGradJob {
+                shape: &s,
+                geo: Geometry::new(s.h, s.w, s.k, s.pad),
+                input: &x,
+                grad_output: &r,
+                first_out,
+                blocks,
+            };
+            let len = blocks * block * s.c_in_per_group() * 9;
+            let (mut portable, mut dispatched) = (vec![0.0f32; len], vec![0.0f32; len]);
+            match block {
+                2 => {
+                    let mut scratch = vec![0.0f32; weight_grad_scratch_len::<f32, 2>(&job)];
+                    weight_grad_block::<f32, 2>(&job, &mut portable, &mut scratch, Kernels::Portable);
+                    dispatch_weight_grad::<f32, 2>(&job, &mut dispatched);
+                }
+                _ => {
+                    let mut scratch = vec![0.0f32; weight_grad_scratch_len::<f32, 4>(&job)];
+                    weight_grad_block::<f32, 4>(&job, &mut portable, &mut scratch, Kernels::Portable);
+                    dispatch_weight_grad::<f32, 4>(&job, &mut dispatched);
+                }
+            }
+            assert_eq!(bits(&portable), bits(&dispatched), "case {case}: weight gradient");
+            assert!(portable.iter().all(|v| *v != 0.0), "case {case}: weight gradients");
+        }
+    }
+
+    /// The AVX-512 kernels themselves against the portable code, on this CPU when it has them (the test
+    /// above goes through them only through the dispatch, which this one pins).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx512_kernels_are_the_ones_dispatched_where_the_cpu_has_them() {
+        let expected =
+            std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512dq");
+        assert_eq!(wide_kernels::<f32>(), expected);
+        assert!(!wide_kernels::<f64>(), "the AVX-512 kernels are f32 only");
     }
 }

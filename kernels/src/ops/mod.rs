@@ -15,6 +15,7 @@
 pub mod activation;
 pub mod blend;
 pub mod conv;
+mod conv_avx512;
 pub mod fused;
 pub mod linear;
 pub mod loss;

@@ -1,0 +1,169 @@
+//! AVX-512 forms of the convolution's two hot loops, for `f32` on CPUs that have AVX-512F and AVX-512DQ.
+//!
+//! Each computes exactly what its portable twin in `conv.rs` computes, in the same order: every output of
+//! the correlation is one fused multiply-add chain over (source channel, tap), and every weight-gradient
+//! lane sums the positions `q ≡ lane (mod 8)` in increasing `q`. Only the register blocking is wider, so
+//! the results are bit-identical to the AVX2 and scalar paths (the conv tests compare them on every shape
+//! where this path applies).
+//!
+//! * [`correlate_block8`]: eight output channels × 32 positions in sixteen 512-bit accumulators (the AVX2
+//!   path holds four channels × 16 positions: with 32 registers there is room for twice as many chains
+//!   per loaded run of input).
+//! * [`weight_grad_taps3x3`]: all nine taps of a 3×3 kernel for a block of four output channels at once.
+//!   A 512-bit register holds the eight lane partial sums of two output channels for one tap, so one
+//!   load of eight input positions (broadcast to both halves) feeds two channels, and the output
+//!   gradient is read once for all nine taps instead of once per kernel row.
+
+#![cfg(target_arch = "x86_64")]
+
+use std::arch::x86_64::*;
+
+use super::real::LANES;
+
+/// Whether this CPU can run the functions of this module.
+pub fn available() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512dq")
+}
+
+/// Positions per 512-bit register.
+const WIDTH: usize = 16;
+
+/// Eight output channels of a correlation over all `q_round` positions of the padded-width layout, into
+/// `out` (8 rows of `q_round`): `out[j][q] = Σ_s Σ_t packed[s][t][j] · src[s][q + taps[t]]`, the sum a
+/// fused multiply-add chain in (s, t) order from 0, as in `correlate_block`.
+///
+/// `src` holds `n_src` planes of `plane` elements; `packed` is `[n_src][taps.len()][8]`.
+///
+/// # Safety
+/// The CPU must support AVX-512F ([`available`]).
+#[target_feature(enable = "avx512f,avx512dq")]
+pub unsafe fn correlate_block8(
+    src: &[f32],
+    plane: usize,
+    q_round: usize,
+    taps: &[usize],
+    packed: &[f32],
+    out: &mut [f32],
+) {
+    const N: usize = 8;
+    let kk = taps.len();
+    let n_src = src.len() / plane;
+    assert_eq!(q_round % WIDTH, 0, "positions are whole registers");
+    assert!(taps.iter().all(|&t| t + q_round <= plane), "every tap's run stays inside its plane");
+    assert_eq!(packed.len(), n_src * kk * N, "packed weights");
+    assert!(out.len() >= N * q_round, "output rows");
+    let (src, packed, out) = (src.as_ptr(), packed.as_ptr(), out.as_mut_ptr());
+    let mut q0 = 0;
+    // Two registers of positions per channel while they fit, then one.
+    while q0 + 2 * WIDTH <= q_round {
+        let mut acc = [_mm512_setzero_ps(); 2 * N];
+        for s in 0..n_src {
+            for t in 0..kk {
+                // SAFETY: q0 + 32 ≤ q_round and taps[t] + q_round ≤ plane (asserted), so both runs lie in
+                // plane s; (s·kk + t)·8 + 7 < packed.len().
+                unsafe {
+                    let run = src.add(s * plane + q0 + taps[t]);
+                    let (r0, r1) = (_mm512_loadu_ps(run), _mm512_loadu_ps(run.add(WIDTH)));
+                    let w = packed.add((s * kk + t) * N);
+                    for j in 0..N {
+                        let wv = _mm512_set1_ps(*w.add(j));
+                        acc[2 * j] = _mm512_fmadd_ps(wv, r0, acc[2 * j]);
+                        acc[2 * j + 1] = _mm512_fmadd_ps(wv, r1, acc[2 * j + 1]);
+                    }
+                }
+            }
+        }
+        for j in 0..N {
+            // SAFETY: row j of out has q_round ≥ q0 + 32 elements.
+            unsafe {
+                _mm512_storeu_ps(out.add(j * q_round + q0), acc[2 * j]);
+                _mm512_storeu_ps(out.add(j * q_round + q0 + WIDTH), acc[2 * j + 1]);
+            }
+        }
+        q0 += 2 * WIDTH;
+    }
+    if q0 < q_round {
+        let mut acc = [_mm512_setzero_ps(); N];
+        for s in 0..n_src {
+            for t in 0..kk {
+                // SAFETY: as above, with q0 + 16 = q_round.
+                unsafe {
+                    let r0 = _mm512_loadu_ps(src.add(s * plane + q0 + taps[t]));
+                    let w = packed.add((s * kk + t) * N);
+                    for j in 0..N {
+                        acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(*w.add(j)), r0, acc[j]);
+                    }
+                }
+            }
+        }
+        for j in 0..N {
+            // SAFETY: row j of out has q_round = q0 + 16 elements.
+            unsafe { _mm512_storeu_ps(out.add(j * q_round + q0), acc[j]) };
+        }
+    }
+}
+
+/// Adds one image's contribution to the lane partial sums of the weight gradient of a block of four
+/// output channels, for one input channel `c` and all nine taps of a 3×3 kernel:
+/// `lanes[(j·cin_g + c)·9 + t][l] += Σ_{q ≡ l mod 8, increasing} dy[j][q] · plane[q + taps[t]]`, each
+/// step one fused multiply-add, as in `tap_row_partials`.
+///
+/// `dy` is the block's output gradient interleaved as `[q_round / 8][4][8]` (zero on junk positions);
+/// `lanes` is the block's `[4][cin_g][9][8]` partial sums.
+///
+/// # Safety
+/// The CPU must support AVX-512F and AVX-512DQ ([`available`]).
+#[target_feature(enable = "avx512f,avx512dq")]
+pub unsafe fn weight_grad_taps3x3(
+    plane: &[f32],
+    dy: &[f32],
+    q_round: usize,
+    taps: &[usize; 9],
+    lanes: &mut [f32],
+    c: usize,
+    cin_g: usize,
+) {
+    const N: usize = 4;
+    const KK: usize = 9;
+    assert_eq!(LANES, 8, "a 256-bit half holds one set of lane sums");
+    assert_eq!(q_round % LANES, 0, "positions are whole lane groups");
+    assert!(taps.iter().all(|&t| t + q_round <= plane.len()), "every tap's run stays inside the plane");
+    assert!(dy.len() >= N * q_round, "interleaved output gradient");
+    assert!(c < cin_g && lanes.len() >= N * cin_g * KK * LANES, "lane sums");
+    let lane_at = |j: usize, t: usize| ((j * cin_g + c) * KK + t) * LANES;
+    let (plane, dy, lanes) = (plane.as_ptr(), dy.as_ptr(), lanes.as_mut_ptr());
+    // acc[t][p]: the low half is channel 2p's lanes of tap t, the high half channel 2p + 1's.
+    let mut acc = [[_mm512_setzero_ps(); 2]; KK];
+    for t in 0..KK {
+        for p in 0..2 {
+            // SAFETY: lane_at(j, t) + 8 ≤ N·cin_g·9·8 ≤ lanes.len() (asserted).
+            unsafe {
+                let lo = _mm256_loadu_ps(lanes.add(lane_at(2 * p, t)));
+                let hi = _mm256_loadu_ps(lanes.add(lane_at(2 * p + 1, t)));
+                acc[t][p] = _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+            }
+        }
+    }
+    for q0 in (0..q_round).step_by(LANES) {
+        // SAFETY: q0 + 8 ≤ q_round, so the block's 32 interleaved values at q0 lie in dy and every tap's
+        // eight positions lie in the plane (asserted above).
+        unsafe {
+            let d = dy.add((q0 / LANES) * N * LANES);
+            let (d01, d23) = (_mm512_loadu_ps(d), _mm512_loadu_ps(d.add(2 * LANES)));
+            for t in 0..KK {
+                let x = _mm512_broadcast_f32x8(_mm256_loadu_ps(plane.add(q0 + taps[t])));
+                acc[t][0] = _mm512_fmadd_ps(d01, x, acc[t][0]);
+                acc[t][1] = _mm512_fmadd_ps(d23, x, acc[t][1]);
+            }
+        }
+    }
+    for t in 0..KK {
+        for p in 0..2 {
+            // SAFETY: as for the loads.
+            unsafe {
+                _mm256_storeu_ps(lanes.add(lane_at(2 * p, t)), _mm512_castps512_ps256(acc[t][p]));
+                _mm256_storeu_ps(lanes.add(lane_at(2 * p + 1, t)), _mm512_extractf32x8_ps(acc[t][p], 1));
+            }
+        }
+    }
+}
