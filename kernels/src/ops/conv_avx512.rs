@@ -132,38 +132,56 @@ pub unsafe fn weight_grad_taps3x3(
     assert!(c < cin_g && lanes.len() >= N * cin_g * KK * LANES, "lane sums");
     let lane_at = |j: usize, t: usize| ((j * cin_g + c) * KK + t) * LANES;
     let (plane, dy, lanes) = (plane.as_ptr(), dy.as_ptr(), lanes.as_mut_ptr());
-    // acc[t][p]: the low half is channel 2p's lanes of tap t, the high half channel 2p + 1's.
-    let mut acc = [[_mm512_setzero_ps(); 2]; KK];
-    for t in 0..KK {
-        for p in 0..2 {
-            // SAFETY: lane_at(j, t) + 8 ≤ N·cin_g·9·8 ≤ lanes.len() (asserted).
-            unsafe {
-                let lo = _mm256_loadu_ps(lanes.add(lane_at(2 * p, t)));
-                let hi = _mm256_loadu_ps(lanes.add(lane_at(2 * p + 1, t)));
-                acc[t][p] = _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
-            }
-        }
-    }
-    for q0 in (0..q_round).step_by(LANES) {
+    // aT_P: the low half holds channel 2P's lanes of tap T, the high half channel 2P + 1's. Named
+    // registers rather than an array: with an array LLVM spilled accumulators to the stack in the loop.
+    // SAFETY (every load and store of lanes): lane_at(j, t) + 8 ≤ N·cin_g·9·8 ≤ lanes.len() (asserted).
+    let load = |t: usize, p: usize| unsafe {
+        let lo = _mm256_loadu_ps(lanes.add(lane_at(2 * p, t)));
+        let hi = _mm256_loadu_ps(lanes.add(lane_at(2 * p + 1, t)));
+        _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1)
+    };
+    let (mut a0_0, mut a0_1, mut a1_0, mut a1_1, mut a2_0, mut a2_1) =
+        (load(0, 0), load(0, 1), load(1, 0), load(1, 1), load(2, 0), load(2, 1));
+    let (mut a3_0, mut a3_1, mut a4_0, mut a4_1, mut a5_0, mut a5_1) =
+        (load(3, 0), load(3, 1), load(4, 0), load(4, 1), load(5, 0), load(5, 1));
+    let (mut a6_0, mut a6_1, mut a7_0, mut a7_1, mut a8_0, mut a8_1) =
+        (load(6, 0), load(6, 1), load(7, 0), load(7, 1), load(8, 0), load(8, 1));
+    let x: [*const f32; KK] = std::array::from_fn(|t| plane.wrapping_add(taps[t]));
+    let mut q0 = 0;
+    while q0 < q_round {
         // SAFETY: q0 + 8 ≤ q_round, so the block's 32 interleaved values at q0 lie in dy and every tap's
         // eight positions lie in the plane (asserted above).
         unsafe {
             let d = dy.add((q0 / LANES) * N * LANES);
             let (d01, d23) = (_mm512_loadu_ps(d), _mm512_loadu_ps(d.add(2 * LANES)));
-            for t in 0..KK {
-                let x = _mm512_broadcast_f32x8(_mm256_loadu_ps(plane.add(q0 + taps[t])));
-                acc[t][0] = _mm512_fmadd_ps(d01, x, acc[t][0]);
-                acc[t][1] = _mm512_fmadd_ps(d23, x, acc[t][1]);
+            macro_rules! tap {
+                ($t:literal, $a0:ident, $a1:ident) => {
+                    let xb = _mm512_broadcast_f32x8(_mm256_loadu_ps(x[$t].add(q0)));
+                    $a0 = _mm512_fmadd_ps(d01, xb, $a0);
+                    $a1 = _mm512_fmadd_ps(d23, xb, $a1);
+                };
             }
+            tap!(0, a0_0, a0_1);
+            tap!(1, a1_0, a1_1);
+            tap!(2, a2_0, a2_1);
+            tap!(3, a3_0, a3_1);
+            tap!(4, a4_0, a4_1);
+            tap!(5, a5_0, a5_1);
+            tap!(6, a6_0, a6_1);
+            tap!(7, a7_0, a7_1);
+            tap!(8, a8_0, a8_1);
         }
+        q0 += LANES;
     }
-    for t in 0..KK {
-        for p in 0..2 {
-            // SAFETY: as for the loads.
-            unsafe {
-                _mm256_storeu_ps(lanes.add(lane_at(2 * p, t)), _mm512_castps512_ps256(acc[t][p]));
-                _mm256_storeu_ps(lanes.add(lane_at(2 * p + 1, t)), _mm512_extractf32x8_ps(acc[t][p], 1));
-            }
-        }
+    let store = |t: usize, p: usize, acc: __m512| unsafe {
+        _mm256_storeu_ps(lanes.add(lane_at(2 * p, t)), _mm512_castps512_ps256(acc));
+        _mm256_storeu_ps(lanes.add(lane_at(2 * p + 1, t)), _mm512_extractf32x8_ps(acc, 1));
+    };
+    let sums = [
+        a0_0, a0_1, a1_0, a1_1, a2_0, a2_1, a3_0, a3_1, a4_0, a4_1, a5_0, a5_1, a6_0, a6_1, a7_0, a7_1, a8_0,
+        a8_1,
+    ];
+    for (i, acc) in sums.into_iter().enumerate() {
+        store(i / 2, i % 2, acc);
     }
 }
