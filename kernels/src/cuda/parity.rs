@@ -10,6 +10,10 @@ use cudarc::nvrtc::Ptx;
 
 use super::{DEFAULT_ARCH, KERNEL_FILES, KernelCache};
 use crate::ops::activation::{relu_backward, relu_forward, relu_forward_in_place};
+use crate::ops::conv::{
+    Conv2dShape, conv2d_backward_input, conv2d_backward_input_accumulate, conv2d_backward_weight,
+    conv2d_forward,
+};
 use crate::ops::linear::{LinearShape, linear_backward_input, linear_backward_params, linear_forward};
 use crate::ops::loss::{ClassifierShape, count_correct, softmax_cross_entropy};
 use crate::ops::norm::{NormShape, batch_norm_backward, batch_norm_eval_forward, batch_norm_train_forward};
@@ -568,5 +572,107 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
             tolerance: 0.0,
         });
     }
+    conv_checks(&device, &mut s, &mut rows)?;
     Ok(rows)
+}
+
+/// The convolution kernels against `ops::conv` on the host's and the seeds' shapes (3×3 from 3, 8 and 32
+/// channels at 32×32 and 8×8, a depthwise 3×3 and a 1×1 into more channels), two envs each; bit for bit.
+fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
+    let stream = &device.stream;
+    let shape = |c_in, c_out, size, k, pad, groups| Conv2dShape {
+        envs: 2,
+        batch: 3,
+        c_in,
+        c_out,
+        h: size,
+        w: size,
+        k,
+        pad,
+        groups,
+    };
+    let shapes = [
+        shape(3, 8, 32, 3, 1, 1),
+        shape(8, 8, 32, 3, 1, 1),
+        shape(32, 32, 8, 3, 1, 1),
+        shape(16, 16, 8, 3, 1, 16),
+        shape(8, 16, 8, 1, 0, 1),
+    ];
+    for c in shapes {
+        let dims: [u32; 9] =
+            [c.envs, c.batch, c.c_in, c.c_out, c.h, c.w, c.k, c.pad, c.groups].map(|d| d as u32);
+        let x = values(s, c.input_len(), -1.0, 1.0);
+        let w = values(s, c.weight_len(), -0.5, 0.5);
+        let dy = values(s, c.output_len(), -1.0, 1.0);
+        let (x_dev, w_dev, dy_dev) =
+            (stream.clone_htod(&x)?, stream.clone_htod(&w)?, stream.clone_htod(&dy)?);
+
+        let mut y_cpu = vec![0.0f32; c.output_len()];
+        conv2d_forward(c, &x, &w, &mut y_cpu);
+        let mut y_dev = stream.alloc_zeros::<f32>(y_cpu.len())?;
+        let mut launch = stream.launch_builder(device.function("conv2d_forward_f32"));
+        launch.arg(&x_dev).arg(&w_dev).arg(&mut y_dev);
+        for d in &dims {
+            launch.arg(d);
+        }
+        unsafe { launch.launch(elementwise(y_cpu.len())) }?;
+        let y_gpu = stream.clone_dtoh(&y_dev)?;
+        rows.push(ParityRow::new(
+            "conv2d_forward_f32",
+            "ops::conv::conv2d_forward",
+            y_cpu.len(),
+            max_diff(&y_gpu, &y_cpu),
+            0.0,
+        ));
+
+        let start = values(s, c.input_len(), -1.0, 1.0);
+        for accumulate in [0i32, 1] {
+            let mut dx_cpu = start.clone();
+            if accumulate == 0 {
+                conv2d_backward_input(c, &dy, &w, &mut dx_cpu);
+            } else {
+                conv2d_backward_input_accumulate(c, &dy, &w, &mut dx_cpu);
+            }
+            let mut dx_dev = stream.clone_htod(&start)?;
+            let mut launch = stream.launch_builder(device.function("conv2d_backward_input_f32"));
+            launch.arg(&dy_dev).arg(&w_dev).arg(&mut dx_dev);
+            for d in &dims {
+                launch.arg(d);
+            }
+            launch.arg(&accumulate);
+            unsafe { launch.launch(elementwise(dx_cpu.len())) }?;
+            let dx_gpu = stream.clone_dtoh(&dx_dev)?;
+            let twin = if accumulate == 0 {
+                "ops::conv::conv2d_backward_input"
+            } else {
+                "ops::conv::conv2d_backward_input_accumulate"
+            };
+            rows.push(ParityRow::new(
+                "conv2d_backward_input_f32",
+                twin,
+                dx_cpu.len(),
+                max_diff(&dx_gpu, &dx_cpu),
+                0.0,
+            ));
+        }
+
+        let mut dw_cpu = vec![0.0f32; c.weight_len()];
+        conv2d_backward_weight(c, &x, &dy, &mut dw_cpu);
+        let mut dw_dev = stream.alloc_zeros::<f32>(dw_cpu.len())?;
+        let mut launch = stream.launch_builder(device.function("conv2d_backward_weight_f32"));
+        launch.arg(&x_dev).arg(&dy_dev).arg(&mut dw_dev);
+        for d in &dims {
+            launch.arg(d);
+        }
+        unsafe { launch.launch(elementwise(dw_cpu.len())) }?;
+        let dw_gpu = stream.clone_dtoh(&dw_dev)?;
+        rows.push(ParityRow::new(
+            "conv2d_backward_weight_f32",
+            "ops::conv::conv2d_backward_weight",
+            dw_cpu.len(),
+            max_diff(&dw_gpu, &dw_cpu),
+            0.0,
+        ));
+    }
+    Ok(())
 }

@@ -51,6 +51,11 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         ],
     },
     KernelFile {
+        name: "conv.cu",
+        source: include_str!("../../cuda/conv.cu"),
+        functions: &["conv2d_forward_f32", "conv2d_backward_input_f32", "conv2d_backward_weight_f32"],
+    },
+    KernelFile {
         name: "optim.cu",
         source: include_str!("../../cuda/optim.cu"),
         functions: &[

@@ -1,0 +1,113 @@
+// 2-D convolution over envs, stride 1, zero padding, channel groups: the CUDA twins of
+// kernels/src/ops/conv.rs (conv2d_forward, conv2d_backward_input[_accumulate], conv2d_backward_weight).
+// Layouts as there: input [E, B, c_in, h, w], weight [E, c_out, c_in/groups, k, k], output
+// [E, B, c_out, h_out, w_out] with h_out = h + 2·pad − k + 1.
+//
+// Each kernel does the CPU's f32 operations in the CPU's order, so the results agree bit for bit:
+// * an output of a correlation is one fused multiply-add chain from 0 over (source channel of its group,
+//   tap ky·k + kx) in that order, taps that fall in the zero padding included (fmaf(w, 0, acc), as the
+//   CPU reads its zero-padded planes);
+// * the input gradient is the same correlation of the output gradient with the weight transposed per
+//   group and flipped in space, padding k − 1 − pad; the accumulating form adds the finished sum to dx;
+// * a weight-gradient element is eight lane partial sums, position q of the padded-width layout
+//   (row width w + 2·pad, output rows h_out, rounded up to a multiple of 16 positions, zero output
+//   gradient on the junk positions) going to lane q % 8, images in order, then the CPU's tree sum
+//   ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
+// One thread per output element (correlations) or per weight element (weight gradient): these are the
+// parity twins; the fast forms (tiles in shared memory, tensor cores) are checked against them.
+
+struct ConvShape {
+    u32 envs, batch, c_in, c_out, h, w, k, pad, groups;
+};
+
+__device__ __forceinline__ u32 conv_h_out(const ConvShape& s) { return s.h + 2 * s.pad + 1 - s.k; }
+__device__ __forceinline__ u32 conv_w_out(const ConvShape& s) { return s.w + 2 * s.pad + 1 - s.k; }
+
+// The value at (y, x) of a src_h × src_w plane read with `pad` zeros around it (y, x in padded
+// coordinates, which may also run past the bottom/right padding into the CPU's zero slack).
+__device__ __forceinline__ float padded_at(const float* plane, u32 src_h, u32 src_w, u32 pad, u32 y, u32 x) {
+    if (y < pad || x < pad) return 0.0f;
+    u32 iy = y - pad, ix = x - pad;
+    return (iy < src_h && ix < src_w) ? plane[(u64)iy * src_w + ix] : 0.0f;
+}
+
+// y[e, b, o, yo, xo] = Σ_{s in o's group} Σ_{ky, kx} W[e, o, s, ky, kx] · x_padded[e, b, s, yo + ky, xo + kx].
+extern "C" __global__ void conv2d_forward_f32(
+    const float* x, const float* weight, float* y, u32 envs, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w,
+    u32 k, u32 pad, u32 groups) {
+    ConvShape s = {envs, batch, c_in, c_out, h, w, k, pad, groups};
+    u32 ho = conv_h_out(s), wo = conv_w_out(s);
+    u32 cin_g = c_in / groups, cout_g = c_out / groups, kk = k * k;
+    FOR_EACH(t, (u64)envs * batch * c_out * ho * wo) {
+        u32 xo = (u32)(t % wo), yo = (u32)(t / wo % ho), o = (u32)(t / ((u64)wo * ho) % c_out);
+        u64 image = t / ((u64)wo * ho * c_out);
+        u32 e = (u32)(image / batch), g = o / cout_g;
+        const float* w_o = weight + ((u64)e * c_out + o) * cin_g * kk;
+        float acc = 0.0f;
+        for (u32 sl = 0; sl < cin_g; ++sl) {
+            const float* plane = x + (image * c_in + g * cin_g + sl) * h * w;
+            for (u32 ky = 0; ky < k; ++ky)
+                for (u32 kx = 0; kx < k; ++kx)
+                    acc = fmaf(w_o[sl * kk + ky * k + kx], padded_at(plane, h, w, pad, yo + ky, xo + kx), acc);
+        }
+        y[t] = acc;
+    }
+}
+
+// dx[e, b, c, yi, xi] (= or +=) Σ_{o in c's group} Σ_{ky, kx} W[e, o, c, k−1−ky, k−1−kx] ·
+// dy_padded[e, b, o, yi + ky, xi + kx], dy padded by k − 1 − pad (accumulate != 0: added to dx).
+extern "C" __global__ void conv2d_backward_input_f32(
+    const float* dy, const float* weight, float* dx, u32 envs, u32 batch, u32 c_in, u32 c_out, u32 h,
+    u32 w, u32 k, u32 pad, u32 groups, int accumulate) {
+    ConvShape s = {envs, batch, c_in, c_out, h, w, k, pad, groups};
+    u32 ho = conv_h_out(s), wo = conv_w_out(s), pad_t = k - 1 - pad;
+    u32 cin_g = c_in / groups, cout_g = c_out / groups, kk = k * k;
+    FOR_EACH(t, (u64)envs * batch * c_in * h * w) {
+        u32 xi = (u32)(t % w), yi = (u32)(t / w % h), c = (u32)(t / ((u64)w * h) % c_in);
+        u64 image = t / ((u64)w * h * c_in);
+        u32 e = (u32)(image / batch), g = c / cin_g, cl = c % cin_g;
+        float acc = 0.0f;
+        for (u32 ol = 0; ol < cout_g; ++ol) {
+            u32 o = g * cout_g + ol;
+            const float* plane = dy + (image * c_out + o) * ho * wo;
+            const float* w_oc = weight + (((u64)e * c_out + o) * cin_g + cl) * kk;
+            for (u32 ky = 0; ky < k; ++ky)
+                for (u32 kx = 0; kx < k; ++kx)
+                    acc = fmaf(w_oc[kk - 1 - (ky * k + kx)], padded_at(plane, ho, wo, pad_t, yi + ky, xi + kx), acc);
+        }
+        dx[t] = accumulate ? dx[t] + acc : acc;
+    }
+}
+
+// dW[e, o, s, ky, kx] = Σ_b Σ_q dy_padded[e, b, o][q] · x_padded[e, b, g·cin_g + s][q + ky·wp + kx], in
+// the lanes and order described at the top of this file.
+extern "C" __global__ void conv2d_backward_weight_f32(
+    const float* x, const float* dy, float* grad_weight, u32 envs, u32 batch, u32 c_in, u32 c_out, u32 h,
+    u32 w, u32 k, u32 pad, u32 groups) {
+    ConvShape s = {envs, batch, c_in, c_out, h, w, k, pad, groups};
+    u32 ho = conv_h_out(s), wo = conv_w_out(s), wp = w + 2 * pad;
+    u32 cin_g = c_in / groups, cout_g = c_out / groups, kk = k * k;
+    // Positions computed per plane, as the CPU's Geometry: ho·wp rounded up to whole 16-wide tiles.
+    u32 q_round = (ho * wp + 15) / 16 * 16;
+    FOR_EACH(t, (u64)envs * c_out * cin_g * kk) {
+        u32 tap = (u32)(t % kk), sl = (u32)(t / kk % cin_g), o = (u32)(t / ((u64)kk * cin_g) % c_out);
+        u32 e = (u32)(t / ((u64)kk * cin_g * c_out)), g = o / cout_g;
+        u32 ky = tap / k, kx = tap % k;
+        float lanes[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        for (u32 b = 0; b < batch; ++b) {
+            u64 image = (u64)e * batch + b;
+            const float* dy_plane = dy + (image * c_out + o) * ho * wo;
+            const float* x_plane = x + (image * c_in + g * cin_g + sl) * h * w;
+            for (u32 q = 0; q < q_round; ++q) {
+                u32 qy = q / wp, qx = q % wp;
+                float g_q = (qy < ho && qx < wo) ? dy_plane[(u64)qy * wo + qx] : 0.0f;
+                float x_q = padded_at(x_plane, h, w, pad, qy + ky, qx + kx);
+                // The padded-width layout wraps: position q + kx may be the next padded row's start.
+                if (qx + kx >= wp) x_q = padded_at(x_plane, h, w, pad, qy + ky + 1, qx + kx - wp);
+                lanes[q % 8] = fmaf(g_q, x_q, lanes[q % 8]);
+            }
+        }
+        float a0 = lanes[0] + lanes[4], a1 = lanes[1] + lanes[5], a2 = lanes[2] + lanes[6], a3 = lanes[3] + lanes[7];
+        grad_weight[t] = (a0 + a2) + (a1 + a3);
+    }
+}
