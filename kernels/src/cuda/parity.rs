@@ -10,13 +10,17 @@ use cudarc::nvrtc::Ptx;
 
 use super::{DEFAULT_ARCH, KERNEL_FILES, KernelCache};
 use crate::ops::activation::{relu_backward, relu_forward, relu_forward_in_place};
+use crate::ops::blend::{Amplitude, BlendShape, blend_add_backward, blend_add_forward};
 use crate::ops::conv::{
     Conv2dShape, conv2d_backward_input, conv2d_backward_input_accumulate, conv2d_backward_weight,
     conv2d_forward,
 };
 use crate::ops::linear::{LinearShape, linear_backward_input, linear_backward_params, linear_forward};
 use crate::ops::loss::{ClassifierShape, count_correct, softmax_cross_entropy};
-use crate::ops::norm::{NormShape, batch_norm_backward, batch_norm_eval_forward, batch_norm_train_forward};
+use crate::ops::norm::{
+    NormShape, batch_norm_backward, batch_norm_eval_forward, batch_norm_train_forward, group_norm_backward,
+    group_norm_backward_accumulate, group_norm_forward,
+};
 use crate::ops::pool::{
     PoolShape, global_avg_pool_backward, global_avg_pool_backward_accumulate, global_avg_pool_forward,
     max_pool2x2_backward, max_pool2x2_forward,
@@ -573,6 +577,7 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
         });
     }
     conv_checks(&device, &mut s, &mut rows)?;
+    seed_op_checks(&device, &mut s, &mut rows)?;
     Ok(rows)
 }
 
@@ -671,6 +676,203 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
             "ops::conv::conv2d_backward_weight",
             dw_cpu.len(),
             max_diff(&dw_gpu, &dw_cpu),
+            0.0,
+        ));
+    }
+    Ok(())
+}
+
+/// Group norm and the ADD blend against `ops::norm` and `ops::blend` on the seeds' shapes (8 channels in
+/// 8 groups at 32×32, 32 channels in 2 groups at 8×8, 16 in 1 group), two envs; bit for bit.
+fn seed_op_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
+    let stream = &device.stream;
+    for (channels, size, groups) in [(8usize, 32usize, 8usize), (32, 8, 2), (16, 16, 1)] {
+        let shape = NormShape { envs: 2, batch: 3, channels, h: size, w: size };
+        let dims: [u32; 5] = [shape.envs, shape.batch, channels, size * size, groups].map(|d| d as u32);
+        let stats = shape.envs * shape.batch * groups;
+        let x = values(s, shape.len(), -2.0, 2.0);
+        let gamma = values(s, shape.params_len(), 0.5, 1.5);
+        let beta = values(s, shape.params_len(), -0.5, 0.5);
+        let dy = values(s, shape.len(), -1.0, 1.0);
+        let (mut y_cpu, mut mean_cpu, mut inv_std_cpu) =
+            (vec![0.0f32; shape.len()], vec![0.0f32; stats], vec![0.0f32; stats]);
+        group_norm_forward(shape, groups, &x, &gamma, &beta, &mut y_cpu, &mut mean_cpu, &mut inv_std_cpu);
+        let (x_dev, gamma_dev, beta_dev, dy_dev) = (
+            stream.clone_htod(&x)?,
+            stream.clone_htod(&gamma)?,
+            stream.clone_htod(&beta)?,
+            stream.clone_htod(&dy)?,
+        );
+        let mut y_dev = stream.alloc_zeros::<f32>(shape.len())?;
+        let mut mean_dev = stream.alloc_zeros::<f32>(stats)?;
+        let mut inv_std_dev = stream.alloc_zeros::<f32>(stats)?;
+        let mut launch = stream.launch_builder(device.function("group_norm_forward_f32"));
+        launch
+            .arg(&x_dev)
+            .arg(&gamma_dev)
+            .arg(&beta_dev)
+            .arg(&mut y_dev)
+            .arg(&mut mean_dev)
+            .arg(&mut inv_std_dev);
+        for d in &dims {
+            launch.arg(d);
+        }
+        unsafe { launch.launch(elementwise(stats)) }?;
+        let (y_gpu, mean_gpu, inv_std_gpu) =
+            (stream.clone_dtoh(&y_dev)?, stream.clone_dtoh(&mean_dev)?, stream.clone_dtoh(&inv_std_dev)?);
+        let forward_diff = max_diff(&y_gpu, &y_cpu)
+            .max(max_diff(&mean_gpu, &mean_cpu))
+            .max(max_diff(&inv_std_gpu, &inv_std_cpu));
+        rows.push(ParityRow::new(
+            "group_norm_forward_f32",
+            "ops::norm::group_norm_forward",
+            shape.len(),
+            forward_diff,
+            0.0,
+        ));
+
+        let mut d_gamma_cpu = vec![0.0f32; shape.params_len()];
+        let mut d_beta_cpu = vec![0.0f32; shape.params_len()];
+        let mut dx_cpu = vec![0.0f32; shape.len()];
+        group_norm_backward(
+            shape,
+            groups,
+            &x,
+            &gamma,
+            &mean_cpu,
+            &inv_std_cpu,
+            &dy,
+            &mut dx_cpu,
+            &mut d_gamma_cpu,
+            &mut d_beta_cpu,
+        );
+        let mut d_gamma_dev = stream.alloc_zeros::<f32>(shape.params_len())?;
+        let mut d_beta_dev = stream.alloc_zeros::<f32>(shape.params_len())?;
+        let mut launch = stream.launch_builder(device.function("group_norm_backward_params_f32"));
+        launch
+            .arg(&x_dev)
+            .arg(&mean_dev)
+            .arg(&inv_std_dev)
+            .arg(&dy_dev)
+            .arg(&mut d_gamma_dev)
+            .arg(&mut d_beta_dev);
+        for d in &dims {
+            launch.arg(d);
+        }
+        unsafe { launch.launch(elementwise(shape.params_len())) }?;
+        let (d_gamma_gpu, d_beta_gpu) = (stream.clone_dtoh(&d_gamma_dev)?, stream.clone_dtoh(&d_beta_dev)?);
+        rows.push(ParityRow::new(
+            "group_norm_backward_params_f32",
+            "ops::norm::group_norm_backward",
+            shape.params_len(),
+            max_diff(&d_gamma_gpu, &d_gamma_cpu).max(max_diff(&d_beta_gpu, &d_beta_cpu)),
+            0.0,
+        ));
+        let start = values(s, shape.len(), -1.0, 1.0);
+        for accumulate in [0i32, 1] {
+            let mut dx_cpu = start.clone();
+            let (mut d_gamma, mut d_beta) = (d_gamma_cpu.clone(), d_beta_cpu.clone());
+            if accumulate == 0 {
+                group_norm_backward(
+                    shape,
+                    groups,
+                    &x,
+                    &gamma,
+                    &mean_cpu,
+                    &inv_std_cpu,
+                    &dy,
+                    &mut dx_cpu,
+                    &mut d_gamma,
+                    &mut d_beta,
+                );
+            } else {
+                group_norm_backward_accumulate(
+                    shape,
+                    groups,
+                    &x,
+                    &gamma,
+                    &mean_cpu,
+                    &inv_std_cpu,
+                    &dy,
+                    &mut dx_cpu,
+                    &mut d_gamma,
+                    &mut d_beta,
+                );
+            }
+            let mut dx_dev = stream.clone_htod(&start)?;
+            let mut launch = stream.launch_builder(device.function("group_norm_backward_input_f32"));
+            launch.arg(&x_dev).arg(&gamma_dev).arg(&mean_dev).arg(&inv_std_dev).arg(&dy_dev).arg(&mut dx_dev);
+            for d in &dims {
+                launch.arg(d);
+            }
+            launch.arg(&accumulate);
+            unsafe { launch.launch(elementwise(stats)) }?;
+            let dx_gpu = stream.clone_dtoh(&dx_dev)?;
+            let twin = if accumulate == 0 {
+                "ops::norm::group_norm_backward"
+            } else {
+                "ops::norm::group_norm_backward_accumulate"
+            };
+            rows.push(ParityRow::new(
+                "group_norm_backward_input_f32",
+                twin,
+                shape.len(),
+                max_diff(&dx_gpu, &dx_cpu),
+                0.0,
+            ));
+        }
+    }
+
+    // The ADD blend with a per-env alpha (one env outside [0, 1], clamped) and a per-sample override.
+    let shape = BlendShape { envs: 3, batch: 4, features: 8 * 32 * 32 };
+    let dims: [u32; 3] = [shape.envs, shape.batch, shape.features].map(|d| d as u32);
+    let h = values(s, shape.len(), -2.0, 2.0);
+    let seed = values(s, shape.len(), -2.0, 2.0);
+    let dy = values(s, shape.len(), -1.0, 1.0);
+    let per_env = vec![0.5f32, 1.25, 0.125];
+    let per_sample = values(s, shape.samples(), -0.25, 1.25);
+    let (h_dev, seed_dev, dy_dev) =
+        (stream.clone_htod(&h)?, stream.clone_htod(&seed)?, stream.clone_htod(&dy)?);
+    for (per_sample_flag, alpha) in [(0i32, &per_env), (1, &per_sample)] {
+        let amplitude =
+            if per_sample_flag == 0 { Amplitude::PerEnv(alpha) } else { Amplitude::PerSample(alpha) };
+        let alpha_dev = stream.clone_htod(alpha)?;
+        let mut y_cpu = vec![0.0f32; shape.len()];
+        blend_add_forward(shape, &h, &seed, amplitude, &mut y_cpu);
+        let mut y_dev = stream.alloc_zeros::<f32>(shape.len())?;
+        let mut launch = stream.launch_builder(device.function("blend_add_forward_f32"));
+        launch.arg(&h_dev).arg(&seed_dev).arg(&alpha_dev).arg(&mut y_dev);
+        for d in &dims {
+            launch.arg(d);
+        }
+        launch.arg(&per_sample_flag);
+        unsafe { launch.launch(elementwise(shape.len())) }?;
+        let y_gpu = stream.clone_dtoh(&y_dev)?;
+        rows.push(ParityRow::new(
+            "blend_add_forward_f32",
+            "ops::blend::blend_add_forward",
+            shape.len(),
+            max_diff(&y_gpu, &y_cpu),
+            0.0,
+        ));
+
+        let (mut dh_cpu, mut ds_cpu) = (vec![0.0f32; shape.len()], vec![0.0f32; shape.len()]);
+        blend_add_backward(shape, amplitude, &dy, &mut dh_cpu, &mut ds_cpu);
+        let mut dh_dev = stream.alloc_zeros::<f32>(shape.len())?;
+        let mut ds_dev = stream.alloc_zeros::<f32>(shape.len())?;
+        let mut launch = stream.launch_builder(device.function("blend_add_backward_f32"));
+        launch.arg(&alpha_dev).arg(&dy_dev).arg(&mut dh_dev).arg(&mut ds_dev);
+        for d in &dims {
+            launch.arg(d);
+        }
+        launch.arg(&per_sample_flag);
+        unsafe { launch.launch(elementwise(shape.len())) }?;
+        let (dh_gpu, ds_gpu) = (stream.clone_dtoh(&dh_dev)?, stream.clone_dtoh(&ds_dev)?);
+        rows.push(ParityRow::new(
+            "blend_add_backward_f32",
+            "ops::blend::blend_add_backward",
+            shape.len(),
+            max_diff(&dh_gpu, &dh_cpu).max(max_diff(&ds_gpu, &ds_cpu)),
             0.0,
         ));
     }

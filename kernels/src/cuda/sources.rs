@@ -56,6 +56,17 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         functions: &["conv2d_forward_f32", "conv2d_backward_input_f32", "conv2d_backward_weight_f32"],
     },
     KernelFile {
+        name: "seeds.cu",
+        source: include_str!("../../cuda/seeds.cu"),
+        functions: &[
+            "group_norm_forward_f32",
+            "group_norm_backward_params_f32",
+            "group_norm_backward_input_f32",
+            "blend_add_forward_f32",
+            "blend_add_backward_f32",
+        ],
+    },
+    KernelFile {
         name: "optim.cu",
         source: include_str!("../../cuda/optim.cu"),
         functions: &[

@@ -1,0 +1,153 @@
+// The seeds' own element-wise and normalisation ops: group norm forward and backward and the ADD blend
+// forward and backward, the CUDA twins of kernels/src/ops/norm.rs (group_norm_forward,
+// group_norm_backward[_accumulate]) and kernels/src/ops/blend.rs (blend_add_forward, blend_add_backward).
+// Layouts as there: activations [E, B, C, H, W] (blend: [E, B, F]), group-norm affine parameters
+// [E, C], saved statistics [E, B, G].
+//
+// Sums follow the CPU's LaneSums: element i of each summed run goes to lane i % 8, the lane index
+// restarting at every run (a group's values for the forward statistics; one plane for the gradients),
+// and the lanes combine as ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)). With --fmad=false and
+// IEEE sqrt and division, every kernel here does the CPU's f32 operations in its order: bit for bit.
+// One thread per (image, group), per (env, channel) or per sample: parity twins first.
+
+#define NORM_EPS ((float)1e-5)
+
+struct Lanes {
+    float l[8];
+};
+
+__device__ __forceinline__ void lanes_zero(Lanes& s) {
+    for (int i = 0; i < 8; ++i) s.l[i] = 0.0f;
+}
+
+__device__ __forceinline__ float lanes_total(const Lanes& s) {
+    float a0 = s.l[0] + s.l[4], a1 = s.l[1] + s.l[5], a2 = s.l[2] + s.l[6], a3 = s.l[3] + s.l[7];
+    return (a0 + a2) + (a1 + a3);
+}
+
+__device__ __forceinline__ float clamp01(float v) { return fminf(fmaxf(v, 0.0f), 1.0f); }
+
+// Per (env, image, group): mean and 1/sqrt(var + eps) over the group's C/G·H·W values (saved), then
+// y = (x − mean)·(inv_std·γ[e, c]) + β[e, c] over the group's planes (plane_mean_and_m2, affine).
+extern "C" __global__ void group_norm_forward_f32(
+    const float* x, const float* gamma, const float* beta, float* y, float* save_mean, float* save_inv_std,
+    u32 envs, u32 batch, u32 channels, u32 plane, u32 groups) {
+    u32 per_group = channels / groups;
+    u64 group_len = (u64)per_group * plane;
+    FOR_EACH(t, (u64)envs * batch * groups) {
+        u64 image = t / groups;
+        u32 g = (u32)(t % groups), e = (u32)(image / batch);
+        const float* xg = x + image * channels * plane + g * group_len;
+        Lanes sum;
+        lanes_zero(sum);
+        for (u64 i = 0; i < group_len; ++i) sum.l[i % 8] += xg[i];
+        float n = (float)(group_len > 0 ? group_len : 1);
+        float mean = lanes_total(sum) / n;
+        Lanes squares;
+        lanes_zero(squares);
+        for (u64 i = 0; i < group_len; ++i) {
+            float d = xg[i] - mean;
+            squares.l[i % 8] += d * d;
+        }
+        float inv_std = 1.0f / sqrtf(lanes_total(squares) / (float)group_len + NORM_EPS);
+        save_mean[t] = mean;
+        save_inv_std[t] = inv_std;
+        for (u32 cl = 0; cl < per_group; ++cl) {
+            u32 c = g * per_group + cl;
+            float scale = inv_std * gamma[(u64)e * channels + c], shift = beta[(u64)e * channels + c];
+            const float* xp = x + (image * channels + c) * plane;
+            float* yp = y + (image * channels + c) * plane;
+            for (u32 i = 0; i < plane; ++i) yp[i] = (xp[i] - mean) * scale + shift;
+        }
+    }
+}
+
+// dβ[e, c] = Σ_b Σ_plane dy and dγ[e, c] = Σ_b Σ_plane dy·((x − mean)·inv_std), one lane run per plane,
+// images in order.
+extern "C" __global__ void group_norm_backward_params_f32(
+    const float* x, const float* save_mean, const float* save_inv_std, const float* dy, float* grad_gamma,
+    float* grad_beta, u32 envs, u32 batch, u32 channels, u32 plane, u32 groups) {
+    u32 per_group = channels / groups;
+    FOR_EACH(t, (u64)envs * channels) {
+        u32 e = (u32)(t / channels), c = (u32)(t % channels), g = c / per_group;
+        Lanes sum_dy, sum_dy_xhat;
+        lanes_zero(sum_dy);
+        lanes_zero(sum_dy_xhat);
+        for (u32 b = 0; b < batch; ++b) {
+            u64 image = (u64)e * batch + b, s = image * groups + g;
+            float mean = save_mean[s], inv_std = save_inv_std[s];
+            const float* dyp = dy + (image * channels + c) * plane;
+            const float* xp = x + (image * channels + c) * plane;
+            for (u32 i = 0; i < plane; ++i) {
+                sum_dy.l[i % 8] += dyp[i];
+                sum_dy_xhat.l[i % 8] += dyp[i] * ((xp[i] - mean) * inv_std);
+            }
+        }
+        grad_beta[t] = lanes_total(sum_dy);
+        grad_gamma[t] = lanes_total(sum_dy_xhat);
+    }
+}
+
+// Per (env, image, group): dx = inv_std·(dy·γ − mean(dy·γ) − x̂·mean(dy·γ·x̂)) over the group's planes
+// (accumulate != 0: added to dx).
+extern "C" __global__ void group_norm_backward_input_f32(
+    const float* x, const float* gamma, const float* save_mean, const float* save_inv_std, const float* dy,
+    float* dx, u32 envs, u32 batch, u32 channels, u32 plane, u32 groups, int accumulate) {
+    u32 per_group = channels / groups;
+    float n = (float)((u64)per_group * plane);
+    FOR_EACH(t, (u64)envs * batch * groups) {
+        u64 image = t / groups;
+        u32 g = (u32)(t % groups), e = (u32)(image / batch);
+        float mean = save_mean[t], inv_std = save_inv_std[t];
+        Lanes sum_dyg, sum_dyg_xhat;
+        lanes_zero(sum_dyg);
+        lanes_zero(sum_dyg_xhat);
+        for (u32 cl = 0; cl < per_group; ++cl) {
+            u32 c = g * per_group + cl;
+            float gam = gamma[(u64)e * channels + c];
+            const float* dyp = dy + (image * channels + c) * plane;
+            const float* xp = x + (image * channels + c) * plane;
+            for (u32 i = 0; i < plane; ++i) sum_dyg.l[i % 8] += dyp[i] * gam;
+            for (u32 i = 0; i < plane; ++i) sum_dyg_xhat.l[i % 8] += dyp[i] * gam * ((xp[i] - mean) * inv_std);
+        }
+        float mean_dyg = lanes_total(sum_dyg) / n, mean_dyg_xhat = lanes_total(sum_dyg_xhat) / n;
+        for (u32 cl = 0; cl < per_group; ++cl) {
+            u32 c = g * per_group + cl;
+            float gam = gamma[(u64)e * channels + c];
+            const float* dyp = dy + (image * channels + c) * plane;
+            const float* xp = x + (image * channels + c) * plane;
+            float* dxp = dx + (image * channels + c) * plane;
+            for (u32 i = 0; i < plane; ++i) {
+                float x_hat = (xp[i] - mean) * inv_std;
+                float value = inv_std * (dyp[i] * gam - mean_dyg - x_hat * mean_dyg_xhat);
+                dxp[i] = accumulate ? dxp[i] + value : value;
+            }
+        }
+    }
+}
+
+// The amplitude of sample i = e·B + b, clamped: alpha[e] (per_sample == 0) or alpha[i].
+__device__ __forceinline__ float blend_amplitude(const float* alpha, u64 sample, u32 batch, int per_sample) {
+    return clamp01(per_sample ? alpha[sample] : alpha[sample / batch]);
+}
+
+// ADD forward: y = h + a·(s − h).
+extern "C" __global__ void blend_add_forward_f32(
+    const float* h, const float* s, const float* alpha, float* y, u32 envs, u32 batch, u32 features,
+    int per_sample) {
+    FOR_EACH(t, (u64)envs * batch * features) {
+        float a = blend_amplitude(alpha, t / features, batch, per_sample);
+        y[t] = h[t] + a * (s[t] - h[t]);
+    }
+}
+
+// ADD backward: dh = dy·(1 − a), ds = dy·a.
+extern "C" __global__ void blend_add_backward_f32(
+    const float* alpha, const float* dy, float* grad_h, float* grad_s, u32 envs, u32 batch, u32 features,
+    int per_sample) {
+    FOR_EACH(t, (u64)envs * batch * features) {
+        float a = blend_amplitude(alpha, t / features, batch, per_sample);
+        grad_h[t] = dy[t] * (1.0f - a);
+        grad_s[t] = dy[t] * a;
+    }
+}
