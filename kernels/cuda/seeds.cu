@@ -151,3 +151,38 @@ extern "C" __global__ void blend_add_backward_f32(
         grad_s[t] = dy[t] * a;
     }
 }
+
+// σ(v) as ops::activation::sigmoid: 1/(1 + e^−v) for v ≥ 0, e^v/(1 + e^v) below (no overflow either way).
+// expf is not Rust's exp: a few ulps apart, so this one is checked with a tolerance.
+extern "C" __global__ void sigmoid_forward_f32(const float* x, float* y, u64 n) {
+    FOR_EACH(i, n) {
+        float v = x[i];
+        if (v >= 0.0f) {
+            y[i] = 1.0f / (1.0f + expf(-v));
+        } else {
+            float z = expf(v);
+            y[i] = z / (1.0f + z);
+        }
+    }
+}
+
+// dx = dy·y·(1 − y) from the forward output y (sigmoid_backward).
+extern "C" __global__ void sigmoid_backward_f32(const float* y, const float* dy, float* dx, u64 n) {
+    FOR_EACH(i, n) dx[i] = dy[i] * y[i] * (1.0f - y[i]);
+}
+
+// The attention seed's channel scaling, y[p, :] = x[p, :]·scale[p] per plane p (seeds::common::scale_planes).
+extern "C" __global__ void scale_planes_f32(const float* x, const float* scale, float* y, u64 planes, u32 plane) {
+    FOR_EACH(i, planes * plane) y[i] = x[i] * scale[i / plane];
+}
+
+// grad_scale[p] = Σ dy[p, :]·x[p, :] in the CPU's lanes (seeds::common::scale_planes_backward_scale).
+extern "C" __global__ void scale_planes_backward_scale_f32(
+    const float* x, const float* dy, float* grad_scale, u64 planes, u32 plane) {
+    FOR_EACH(p, planes) {
+        Lanes sum;
+        lanes_zero(sum);
+        for (u32 i = 0; i < plane; ++i) sum.l[i % 8] += dy[p * plane + i] * x[p * plane + i];
+        grad_scale[p] = lanes_total(sum);
+    }
+}

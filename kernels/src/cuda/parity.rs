@@ -9,7 +9,9 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKe
 use cudarc::nvrtc::Ptx;
 
 use super::{DEFAULT_ARCH, KERNEL_FILES, KernelCache};
-use crate::ops::activation::{relu_backward, relu_forward, relu_forward_in_place};
+use crate::ops::activation::{
+    relu_backward, relu_forward, relu_forward_in_place, sigmoid_backward, sigmoid_forward,
+};
 use crate::ops::blend::{Amplitude, BlendShape, blend_add_backward, blend_add_forward};
 use crate::ops::conv::{
     Conv2dShape, conv2d_backward_input, conv2d_backward_input_accumulate, conv2d_backward_weight,
@@ -27,6 +29,7 @@ use crate::ops::pool::{
 };
 use crate::optim::{SgdConfig, accumulate_sq_norms, clip_coefficient, scale_per_env, sgd_step};
 use crate::rng::{Purpose, Stream, StreamKey};
+use crate::seeds::common::{scale_planes, scale_planes_backward_scale};
 
 /// One comparison: the kernel, its CPU twin, the largest difference found and the tolerance allowed.
 #[derive(Clone, Debug)]
@@ -876,5 +879,75 @@ fn seed_op_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) ->
             0.0,
         ));
     }
+
+    // The attention seed's sigmoid and channel scaling, on its [B, C] logits and [B, C, H, W] input.
+    let (planes, plane) = (2 * 3 * 16usize, 16 * 16usize);
+    let (planes64, plane32) = (planes as u64, plane as u32);
+    let mut logits = values(s, planes, -8.0, 8.0);
+    logits[0] = 0.0;
+    logits[1] = -0.0;
+    let mut sig_cpu = vec![0.0f32; planes];
+    sigmoid_forward(&logits, &mut sig_cpu);
+    let logits_dev = stream.clone_htod(&logits)?;
+    let mut sig_dev = stream.alloc_zeros::<f32>(planes)?;
+    let mut launch = stream.launch_builder(device.function("sigmoid_forward_f32"));
+    launch.arg(&logits_dev).arg(&mut sig_dev).arg(&planes64);
+    unsafe { launch.launch(elementwise(planes)) }?;
+    let sig_gpu = stream.clone_dtoh(&sig_dev)?;
+    // The device's expf against Rust's exp: a few ulps.
+    rows.push(ParityRow::new(
+        "sigmoid_forward_f32",
+        "ops::activation::sigmoid_forward",
+        planes,
+        max_diff(&sig_gpu, &sig_cpu),
+        1e-6,
+    ));
+    let d_sig = values(s, planes, -1.0, 1.0);
+    let mut d_logits_cpu = vec![0.0f32; planes];
+    sigmoid_backward(&sig_cpu, &d_sig, &mut d_logits_cpu);
+    let (sig_cpu_dev, d_sig_dev) = (stream.clone_htod(&sig_cpu)?, stream.clone_htod(&d_sig)?);
+    let mut d_logits_dev = stream.alloc_zeros::<f32>(planes)?;
+    let mut launch = stream.launch_builder(device.function("sigmoid_backward_f32"));
+    launch.arg(&sig_cpu_dev).arg(&d_sig_dev).arg(&mut d_logits_dev).arg(&planes64);
+    unsafe { launch.launch(elementwise(planes)) }?;
+    let d_logits_gpu = stream.clone_dtoh(&d_logits_dev)?;
+    rows.push(ParityRow::new(
+        "sigmoid_backward_f32",
+        "ops::activation::sigmoid_backward",
+        planes,
+        max_diff(&d_logits_gpu, &d_logits_cpu),
+        0.0,
+    ));
+    let x = values(s, planes * plane, -2.0, 2.0);
+    let dy = values(s, planes * plane, -1.0, 1.0);
+    let mut y_cpu = vec![0.0f32; planes * plane];
+    scale_planes(plane, &x, &sig_cpu, &mut y_cpu);
+    let mut d_scale_cpu = vec![0.0f32; planes];
+    scale_planes_backward_scale(plane, &x, &dy, &mut d_scale_cpu);
+    let (x_dev, dy_dev) = (stream.clone_htod(&x)?, stream.clone_htod(&dy)?);
+    let mut y_dev = stream.alloc_zeros::<f32>(planes * plane)?;
+    let mut launch = stream.launch_builder(device.function("scale_planes_f32"));
+    launch.arg(&x_dev).arg(&sig_cpu_dev).arg(&mut y_dev).arg(&planes64).arg(&plane32);
+    unsafe { launch.launch(elementwise(planes * plane)) }?;
+    let y_gpu = stream.clone_dtoh(&y_dev)?;
+    rows.push(ParityRow::new(
+        "scale_planes_f32",
+        "seeds::common::scale_planes",
+        y_cpu.len(),
+        max_diff(&y_gpu, &y_cpu),
+        0.0,
+    ));
+    let mut d_scale_dev = stream.alloc_zeros::<f32>(planes)?;
+    let mut launch = stream.launch_builder(device.function("scale_planes_backward_scale_f32"));
+    launch.arg(&x_dev).arg(&dy_dev).arg(&mut d_scale_dev).arg(&planes64).arg(&plane32);
+    unsafe { launch.launch(elementwise(planes)) }?;
+    let d_scale_gpu = stream.clone_dtoh(&d_scale_dev)?;
+    rows.push(ParityRow::new(
+        "scale_planes_backward_scale_f32",
+        "seeds::common::scale_planes_backward_scale",
+        planes,
+        max_diff(&d_scale_gpu, &d_scale_cpu),
+        0.0,
+    ));
     Ok(())
 }

@@ -64,6 +64,10 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "group_norm_backward_input_f32",
             "blend_add_forward_f32",
             "blend_add_backward_f32",
+            "sigmoid_forward_f32",
+            "sigmoid_backward_f32",
+            "scale_planes_f32",
+            "scale_planes_backward_scale_f32",
         ],
     },
     KernelFile {

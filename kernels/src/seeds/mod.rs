@@ -32,7 +32,7 @@
 mod attention;
 mod block;
 mod bottleneck;
-mod common;
+pub(crate) mod common;
 mod conv;
 mod depthwise;
 mod gate;
