@@ -10,6 +10,7 @@
 
 use rayon::prelude::*;
 
+use super::activation::relu;
 use super::real::{LaneSums, Real};
 
 /// Added to the variance before the square root (PyTorch's default).
@@ -197,14 +198,6 @@ pub(crate) fn eval_affine<'a, T: Real>(
 ) -> impl Fn(usize) -> (T, T, T) + Sync + 'a {
     let eps = T::from_f64(NORM_EPS);
     move |p| (running_mean[p], gamma[p] / (running_var[p] + eps).sqrt(), beta[p])
-}
-
-/// `y = (x − mean)·scale + shift` over one plane.
-#[inline(always)]
-fn affine_plane<T: Real>(x: &[T], y: &mut [T], mean: T, scale: T, shift: T) {
-    for (out, &v) in y.iter_mut().zip(x) {
-        *out = affine(v, mean, scale, shift);
-    }
 }
 
 /// Eval-mode batch norm: normalises with the running statistics. Overwrites `y`.
@@ -401,6 +394,37 @@ pub fn group_norm_forward<T: Real>(
     save_mean: &mut [T],
     save_inv_std: &mut [T],
 ) {
+    group_norm_forward_then(shape, groups, x, gamma, beta, y, save_mean, save_inv_std, |v| v);
+}
+
+/// [`group_norm_forward`] followed by ReLU in the same pass: `y = relu(GN(x))`, the same values as
+/// [`group_norm_forward`] then [`relu_forward_in_place`](super::relu_forward_in_place).
+#[allow(clippy::too_many_arguments)]
+pub fn group_norm_relu_forward<T: Real>(
+    shape: NormShape,
+    groups: usize,
+    x: &[T],
+    gamma: &[T],
+    beta: &[T],
+    y: &mut [T],
+    save_mean: &mut [T],
+    save_inv_std: &mut [T],
+) {
+    group_norm_forward_then(shape, groups, x, gamma, beta, y, save_mean, save_inv_std, relu);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn group_norm_forward_then<T: Real>(
+    shape: NormShape,
+    groups: usize,
+    x: &[T],
+    gamma: &[T],
+    beta: &[T],
+    y: &mut [T],
+    save_mean: &mut [T],
+    save_inv_std: &mut [T],
+    act: impl Fn(T) -> T + Sync,
+) {
     check_group_norm(&shape, groups, x, gamma, save_mean, save_inv_std);
     assert_eq!(beta.len(), shape.params_len(), "group norm parameter length");
     assert_eq!(y.len(), shape.len(), "group norm output length");
@@ -426,7 +450,10 @@ pub fn group_norm_forward<T: Real>(
                 for ch in g * per_group..(g + 1) * per_group {
                     let p = e * shape.channels + ch;
                     let plane = ch * shape.plane()..(ch + 1) * shape.plane();
-                    affine_plane(&x_img[plane.clone()], &mut y_img[plane], mean, inv_std * gamma[p], beta[p]);
+                    let (scale, shift) = (inv_std * gamma[p], beta[p]);
+                    for (out, &v) in y_img[plane.clone()].iter_mut().zip(&x_img[plane]) {
+                        *out = act(affine(v, mean, scale, shift));
+                    }
                 }
             }
         });
@@ -781,5 +808,26 @@ mod tests {
         for (a, b) in t1.iter().zip(&t2) {
             assert_eq!(bits(a), bits(b));
         }
+    }
+
+    /// The fused form equals group norm followed by a separate ReLU pass, bit for bit, on values that the
+    /// norm sends both ways (about half the outputs are negative and must become 0).
+    #[test]
+    fn group_norm_relu_forward_is_group_norm_then_relu() {
+        let s = NormShape { envs: 2, batch: 3, channels: 8, h: 5, w: 7 };
+        let x = to_f32(&uniform(50, s.len(), -2.0, 3.0));
+        let gamma = to_f32(&uniform(51, s.params_len(), 0.5, 1.5));
+        let beta = to_f32(&signed(52, s.params_len()));
+        let stats = s.envs * s.batch * 2;
+        let (mut plain, mut fused) = (vec![0.0f32; s.len()], vec![0.0f32; s.len()]);
+        let (mut m1, mut v1, mut m2, mut v2) =
+            (vec![0.0f32; stats], vec![0.0f32; stats], vec![0.0f32; stats], vec![0.0f32; stats]);
+        group_norm_forward(s, 2, &x, &gamma, &beta, &mut plain, &mut m1, &mut v1);
+        let negative = plain.iter().filter(|v| **v < 0.0).count();
+        assert!(negative > s.len() / 4 && negative < 3 * s.len() / 4, "{negative} negative of {}", s.len());
+        crate::ops::relu_forward_in_place(&mut plain);
+        group_norm_relu_forward(s, 2, &x, &gamma, &beta, &mut fused, &mut m2, &mut v2);
+        assert_eq!(bits(&plain), bits(&fused));
+        assert_eq!((bits(&m1), bits(&v1)), (bits(&m2), bits(&v2)));
     }
 }

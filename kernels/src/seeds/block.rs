@@ -3,8 +3,8 @@
 
 use crate::ops::{
     Conv2dShape, NormShape, Real, conv2d_backward_input, conv2d_backward_input_accumulate,
-    conv2d_backward_weight, conv2d_forward, group_norm_backward, group_norm_forward, relu_backward_in_place,
-    relu_forward_in_place,
+    conv2d_backward_weight, conv2d_forward, group_norm_backward, group_norm_relu_forward, relu_backward,
+    relu_backward_in_place,
 };
 
 /// The shapes of one conv → norm → ReLU unit (conv without bias, stride 1, size-preserving padding).
@@ -64,7 +64,8 @@ impl ConvNormRelu {
         self.conv.envs * self.conv.batch * self.groups
     }
 
-    /// `out = relu(GN(conv(input)))`, keeping the conv output and the norm statistics.
+    /// `out = relu(GN(conv(input)))`, keeping the conv output and the norm statistics. The ReLU is applied
+    /// in the norm's own pass (the same values as a separate pass, one read and write fewer).
     pub fn forward<T: Real>(
         &self,
         input: &[T],
@@ -75,23 +76,38 @@ impl ConvNormRelu {
         inv_std: &mut [T],
     ) {
         conv2d_forward(self.conv, input, p.weight, conv_out);
-        group_norm_forward(self.norm_shape(), self.groups, conv_out, p.gamma, p.beta, out, mean, inv_std);
-        relu_forward_in_place(out);
+        group_norm_relu_forward(
+            self.norm_shape(),
+            self.groups,
+            conv_out,
+            p.gamma,
+            p.beta,
+            out,
+            mean,
+            inv_std,
+        );
     }
 
-    /// On entry `grad` holds ∂L/∂out; `scratch` (conv-output sized) is clobbered. Writes the parameter
-    /// gradients and handles the input gradient as `input_grad` says (with [`InputGrad::IntoGrad`] the
-    /// input and output must have the same size, true of every seed unit).
+    /// ∂L/∂out is `grad_out`, or (`None`) `grad`'s content on entry; `grad` (output sized) receives the
+    /// gradient at the ReLU's input (read from `grad_out` in the same pass, without a copy first), and
+    /// `scratch` (conv-output sized) is clobbered. Writes the parameter gradients and handles the input
+    /// gradient as `input_grad` says (with [`InputGrad::IntoGrad`] the input and output must have the same
+    /// size, true of every seed unit).
+    #[allow(clippy::too_many_arguments)]
     pub fn backward<T: Real>(
         &self,
         state: BlockState<'_, T>,
         p: BlockParams<'_, T>,
+        grad_out: Option<&[T]>,
         grad: &mut [T],
         scratch: &mut [T],
         g: BlockGrads<'_, T>,
         input_grad: InputGrad<'_, T>,
     ) {
-        relu_backward_in_place(state.out, grad);
+        match grad_out {
+            Some(grad_out) => relu_backward(state.out, grad_out, grad),
+            None => relu_backward_in_place(state.out, grad),
+        }
         let grad_conv_out = scratch;
         group_norm_backward(
             self.norm_shape(),

@@ -118,10 +118,10 @@ pub(super) fn single_backward<T: Real>(
     };
     let [grad, scratch, _] = temp;
     let grad = grown(grad, s.len());
-    grad.copy_from_slice(grad_y);
     unit.backward(
         state,
         BlockParams { weight, gamma, beta },
+        Some(grad_y),
         grad,
         grown(scratch, s.len()),
         BlockGrads { weight: d_weight, gamma: d_gamma, beta: d_beta },
@@ -194,10 +194,10 @@ pub(super) fn heavy_backward<T: Real>(
     };
     let [grad, scratch, _] = temp;
     let (grad, scratch) = (grown(grad, len), grown(scratch, len));
-    grad.copy_from_slice(grad_y);
     unit.backward(
         state2,
         BlockParams { weight: w2, gamma: gamma2, beta: beta2 },
+        Some(grad_y),
         grad,
         scratch,
         BlockGrads { weight: d_w2, gamma: d_gamma2, beta: d_beta2 },
@@ -207,6 +207,7 @@ pub(super) fn heavy_backward<T: Real>(
     unit.backward(
         state1,
         BlockParams { weight: w1, gamma: gamma1, beta: beta1 },
+        None,
         grad,
         scratch,
         BlockGrads { weight: d_w1, gamma: d_gamma1, beta: d_beta1 },

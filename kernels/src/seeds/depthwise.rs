@@ -81,10 +81,10 @@ pub(super) fn backward<T: Real>(
     };
     let [grad, scratch, _] = temp;
     let grad = grown(grad, s.len());
-    grad.copy_from_slice(grad_y);
     pointwise.backward(
         state,
         BlockParams { weight: w_pw, gamma, beta },
+        Some(grad_y),
         grad,
         grown(scratch, s.len()),
         BlockGrads { weight: d_pw, gamma: d_gamma, beta: d_beta },
