@@ -297,8 +297,8 @@ fn parse_env_list(s: &str) -> Result<EnvList, String> {
 /// come from a TOML file (`--config`, keys as in the flags with `_` for `-`, plus
 /// synthetic_train_per_env and synthetic_test_per_env); flags override it. Relative paths are relative
 /// to the working directory. The on/off flags (--disable-…, --log-reward-inputs) can only switch a
-/// setting on; to switch off one that a config file sets, edit the file. Ctrl-C stops after the
-/// current epoch and still writes the summary; a second Ctrl-C exits at once.
+/// setting on; to switch off one that a config file sets, edit the file. Ctrl-C (or SIGTERM, SIGHUP)
+/// stops after the current epoch and still writes the summary; a second one exits at once.
 #[derive(Args, Debug, Default)]
 #[command(after_help = "Exit codes: 0 done (also when stopped by Ctrl-C), 1 the run failed, 2 bad input.")]
 pub struct TrainArgs {
