@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchArgs, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 
 use super::{DEFAULT_ARCH, KERNEL_FILES, KernelCache};
@@ -99,6 +99,13 @@ fn max_diff<T: Copy + Into<f64>>(gpu: &[T], cpu: &[T]) -> f64 {
 
 fn values(s: &mut Stream, n: usize, lo: f64, hi: f64) -> Vec<f32> {
     (0..n).map(|_| s.uniform(lo, hi) as f32).collect()
+}
+
+/// Appends a kernel's shape arguments (`u32` each, in the kernel's parameter order) to a launch.
+fn push_dims<'a>(launch: &mut LaunchArgs<'a>, dims: &'a [u32]) {
+    for d in dims {
+        launch.arg(d);
+    }
 }
 
 /// A grid-stride launch of `n` elements (the FOR_EACH kernels).
@@ -620,9 +627,7 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
         let mut y_dev = stream.alloc_zeros::<f32>(y_cpu.len())?;
         let mut launch = stream.launch_builder(device.function("conv2d_forward_f32"));
         launch.arg(&x_dev).arg(&w_dev).arg(&mut y_dev);
-        for d in &dims {
-            launch.arg(d);
-        }
+        push_dims(&mut launch, &dims);
         unsafe { launch.launch(elementwise(y_cpu.len())) }?;
         let y_gpu = stream.clone_dtoh(&y_dev)?;
         rows.push(ParityRow::new(
@@ -644,9 +649,7 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
             let mut dx_dev = stream.clone_htod(&start)?;
             let mut launch = stream.launch_builder(device.function("conv2d_backward_input_f32"));
             launch.arg(&dy_dev).arg(&w_dev).arg(&mut dx_dev);
-            for d in &dims {
-                launch.arg(d);
-            }
+            push_dims(&mut launch, &dims);
             launch.arg(&accumulate);
             unsafe { launch.launch(elementwise(dx_cpu.len())) }?;
             let dx_gpu = stream.clone_dtoh(&dx_dev)?;
@@ -669,9 +672,7 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
         let mut dw_dev = stream.alloc_zeros::<f32>(dw_cpu.len())?;
         let mut launch = stream.launch_builder(device.function("conv2d_backward_weight_f32"));
         launch.arg(&x_dev).arg(&dy_dev).arg(&mut dw_dev);
-        for d in &dims {
-            launch.arg(d);
-        }
+        push_dims(&mut launch, &dims);
         unsafe { launch.launch(elementwise(dw_cpu.len())) }?;
         let dw_gpu = stream.clone_dtoh(&dw_dev)?;
         rows.push(ParityRow::new(
@@ -717,9 +718,7 @@ fn seed_op_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) ->
             .arg(&mut y_dev)
             .arg(&mut mean_dev)
             .arg(&mut inv_std_dev);
-        for d in &dims {
-            launch.arg(d);
-        }
+        push_dims(&mut launch, &dims);
         unsafe { launch.launch(elementwise(stats)) }?;
         let (y_gpu, mean_gpu, inv_std_gpu) =
             (stream.clone_dtoh(&y_dev)?, stream.clone_dtoh(&mean_dev)?, stream.clone_dtoh(&inv_std_dev)?);
@@ -759,9 +758,7 @@ fn seed_op_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) ->
             .arg(&dy_dev)
             .arg(&mut d_gamma_dev)
             .arg(&mut d_beta_dev);
-        for d in &dims {
-            launch.arg(d);
-        }
+        push_dims(&mut launch, &dims);
         unsafe { launch.launch(elementwise(shape.params_len())) }?;
         let (d_gamma_gpu, d_beta_gpu) = (stream.clone_dtoh(&d_gamma_dev)?, stream.clone_dtoh(&d_beta_dev)?);
         rows.push(ParityRow::new(
@@ -805,9 +802,7 @@ fn seed_op_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) ->
             let mut dx_dev = stream.clone_htod(&start)?;
             let mut launch = stream.launch_builder(device.function("group_norm_backward_input_f32"));
             launch.arg(&x_dev).arg(&gamma_dev).arg(&mean_dev).arg(&inv_std_dev).arg(&dy_dev).arg(&mut dx_dev);
-            for d in &dims {
-                launch.arg(d);
-            }
+            push_dims(&mut launch, &dims);
             launch.arg(&accumulate);
             unsafe { launch.launch(elementwise(stats)) }?;
             let dx_gpu = stream.clone_dtoh(&dx_dev)?;
@@ -845,9 +840,7 @@ fn seed_op_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) ->
         let mut y_dev = stream.alloc_zeros::<f32>(shape.len())?;
         let mut launch = stream.launch_builder(device.function("blend_add_forward_f32"));
         launch.arg(&h_dev).arg(&seed_dev).arg(&alpha_dev).arg(&mut y_dev);
-        for d in &dims {
-            launch.arg(d);
-        }
+        push_dims(&mut launch, &dims);
         launch.arg(&per_sample_flag);
         unsafe { launch.launch(elementwise(shape.len())) }?;
         let y_gpu = stream.clone_dtoh(&y_dev)?;
@@ -865,9 +858,7 @@ fn seed_op_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) ->
         let mut ds_dev = stream.alloc_zeros::<f32>(shape.len())?;
         let mut launch = stream.launch_builder(device.function("blend_add_backward_f32"));
         launch.arg(&alpha_dev).arg(&dy_dev).arg(&mut dh_dev).arg(&mut ds_dev);
-        for d in &dims {
-            launch.arg(d);
-        }
+        push_dims(&mut launch, &dims);
         launch.arg(&per_sample_flag);
         unsafe { launch.launch(elementwise(shape.len())) }?;
         let (dh_gpu, ds_gpu) = (stream.clone_dtoh(&dh_dev)?, stream.clone_dtoh(&ds_dev)?);
