@@ -215,10 +215,16 @@ enum Kernels {
     Avx512,
 }
 
-/// `values` as `f32`, when `T` is `f32` (the AVX-512 kernels are written for it).
+/// Whether `T` is `f32` (the AVX-512 kernels are written for it).
+#[cfg(target_arch = "x86_64")]
+fn is_f32<T: Real>() -> bool {
+    std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
+}
+
+/// `values` as `f32`, when `T` is `f32`.
 #[cfg(target_arch = "x86_64")]
 fn as_f32<T: Real>(values: &[T]) -> Option<&[f32]> {
-    (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>())
+    is_f32::<T>()
         // SAFETY: T is f32, so the slice's layout is that of a [f32].
         .then(|| unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<f32>(), values.len()) })
 }
@@ -226,7 +232,7 @@ fn as_f32<T: Real>(values: &[T]) -> Option<&[f32]> {
 /// [`as_f32`] for a mutable slice.
 #[cfg(target_arch = "x86_64")]
 fn as_f32_mut<T: Real>(values: &mut [T]) -> Option<&mut [f32]> {
-    (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>())
+    is_f32::<T>()
         // SAFETY: T is f32, so the slice's layout is that of a [f32].
         .then(|| unsafe { std::slice::from_raw_parts_mut(values.as_mut_ptr().cast::<f32>(), values.len()) })
 }
@@ -799,7 +805,7 @@ fn weight_grad_scratch_len<T, const N: usize>(job: &WeightGradJob<'_, T>) -> usi
 /// Whether the AVX-512 kernels serve `T` on this CPU.
 #[cfg(target_arch = "x86_64")]
 fn wide_kernels<T: Real>() -> bool {
-    std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && conv_avx512::available()
+    is_f32::<T>() && conv_avx512::available()
 }
 
 /// [`correlate_run`] on the fastest build of the hot loops this CPU has.
