@@ -451,24 +451,40 @@ fn forward<T: Real>(
     if output.is_empty() {
         return;
     }
-    let geo = Geometry::new(shape.h, shape.w, shape.k, shape.pad);
     let in_image = shape.c_in * shape.h * shape.w;
     let out_image = shape.c_out * shape.h_out() * shape.w_out();
     let w_env = shape.weight_len_per_env();
-    let correlation = Correlation {
+    let (from, to) = ((input, in_image), (output, out_image));
+    correlate_runs(&forward_correlation(&shape), shape.batch, from, to, (weight, w_env), plane_stats);
+}
+
+fn forward_correlation(shape: &Conv2dShape) -> Correlation {
+    Correlation {
         src_channels: shape.c_in,
         dst_channels: shape.c_out,
         groups: shape.groups,
-        geo,
-        layout: WeightLayout::forward(&shape),
+        geo: Geometry::new(shape.h, shape.w, shape.k, shape.pad),
+        layout: WeightLayout::forward(shape),
         accumulate: false,
-    };
-    let (from, to) = ((input, in_image), (output, out_image));
-    correlate_runs(&correlation, shape.batch, from, to, (weight, w_env), plane_stats);
+    }
+}
+
+/// [`conv2d_forward`] of a run of images of one env on the calling thread: `input` and `output` hold
+/// whole images of that env (any number), `weight` is the env's `[c_out, c_in/groups, k, k]`; `shape`'s
+/// `envs` and `batch` are not read. Every image gets the bits [`conv2d_forward`] gives it. For callers
+/// that run their own parallel loop over runs of [`RUN_IMAGES`] images and finish each run's output while
+/// it is in cache.
+pub(crate) fn conv2d_forward_run<T: Real>(shape: &Conv2dShape, input: &[T], weight: &[T], output: &mut [T]) {
+    let out_image = shape.c_out * shape.h_out() * shape.w_out();
+    assert_eq!(weight.len(), shape.weight_len_per_env(), "conv weight length per env");
+    assert_eq!(input.len() / (shape.c_in * shape.h * shape.w), output.len() / out_image, "conv run images");
+    if !output.is_empty() {
+        dispatch_correlate(&forward_correlation(shape), input, output, weight, None);
+    }
 }
 
 /// Images per task of the forward and input-gradient correlations: a task packs its env's weights once.
-const RUN_IMAGES: usize = 8;
+pub(crate) const RUN_IMAGES: usize = 8;
 
 /// Correlates every image of `src` (images of `src_image` elements, `batch` per env) into `dst`, one task
 /// per run of up to [`RUN_IMAGES`] images of one env; with `stats`, also each output image's plane

@@ -48,7 +48,7 @@ pub use loss::{ClassifierShape, count_correct, softmax_cross_entropy};
 pub use norm::{
     BATCH_NORM_MOMENTUM, NORM_EPS, NormShape, batch_norm_backward, batch_norm_eval_forward,
     batch_norm_train_forward, group_norm_backward, group_norm_backward_accumulate, group_norm_forward,
-    group_norm_relu_forward, plane_mean_and_m2,
+    group_norm_relu_forward, plane_mean_and_m2, relu_group_norm_backward,
 };
 pub use pool::{
     PoolShape, global_avg_pool_backward, global_avg_pool_backward_accumulate, global_avg_pool_forward,

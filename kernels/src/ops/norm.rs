@@ -11,7 +11,7 @@
 use rayon::prelude::*;
 
 use super::activation::relu;
-use super::real::{LaneSums, Real};
+use super::real::{LANES, LaneSums, Real};
 
 /// Added to the variance before the square root (PyTorch's default).
 pub const NORM_EPS: f64 = 1e-5;
@@ -431,10 +431,7 @@ fn group_norm_forward_then<T: Real>(
     if shape.is_empty() {
         return;
     }
-    let per_group = shape.channels / groups;
-    let group_len = per_group * shape.plane();
-    let n = T::from_usize(group_len);
-    let eps = T::from_f64(NORM_EPS);
+    let c = shape.channels;
     y.par_chunks_mut(shape.image())
         .zip(save_mean.par_chunks_mut(groups))
         .zip(save_inv_std.par_chunks_mut(groups))
@@ -442,21 +439,44 @@ fn group_norm_forward_then<T: Real>(
         .for_each(|(i, ((y_img, means), inv_stds))| {
             let e = i / shape.batch;
             let x_img = &x[i * shape.image()..(i + 1) * shape.image()];
-            for g in 0..groups {
-                let (mean, m2) = plane_mean_and_m2(&x_img[g * group_len..(g + 1) * group_len]);
-                let inv_std = T::ONE / (m2 / n + eps).sqrt();
-                means[g] = mean;
-                inv_stds[g] = inv_std;
-                for ch in g * per_group..(g + 1) * per_group {
-                    let p = e * shape.channels + ch;
-                    let plane = ch * shape.plane()..(ch + 1) * shape.plane();
-                    let (scale, shift) = (inv_std * gamma[p], beta[p]);
-                    for (out, &v) in y_img[plane.clone()].iter_mut().zip(&x_img[plane]) {
-                        *out = act(affine(v, mean, scale, shift));
-                    }
-                }
-            }
+            let (gamma, beta) = (&gamma[e * c..(e + 1) * c], &beta[e * c..(e + 1) * c]);
+            group_norm_image_forward(shape.plane(), x_img, gamma, beta, y_img, means, inv_stds, &act);
         });
+}
+
+/// One image of [`group_norm_forward`] (then `act`): `x_img` and `y_img` are `[C, plane]`, `gamma` and
+/// `beta` the image's env's `[C]`, and `means` / `inv_stds` its `[G]` statistics (G = their length).
+/// Callers that already hold an image in cache (a conv's run) normalise it here with the same bits.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub(crate) fn group_norm_image_forward<T: Real>(
+    plane: usize,
+    x_img: &[T],
+    gamma: &[T],
+    beta: &[T],
+    y_img: &mut [T],
+    means: &mut [T],
+    inv_stds: &mut [T],
+    act: impl Fn(T) -> T,
+) {
+    let groups = means.len();
+    let per_group = gamma.len() / groups;
+    let group_len = per_group * plane;
+    let n = T::from_usize(group_len);
+    let eps = T::from_f64(NORM_EPS);
+    for g in 0..groups {
+        let (mean, m2) = plane_mean_and_m2(&x_img[g * group_len..(g + 1) * group_len]);
+        let inv_std = T::ONE / (m2 / n + eps).sqrt();
+        means[g] = mean;
+        inv_stds[g] = inv_std;
+        for ch in g * per_group..(g + 1) * per_group {
+            let range = ch * plane..(ch + 1) * plane;
+            let (scale, shift) = (inv_std * gamma[ch], beta[ch]);
+            for (out, &v) in y_img[range.clone()].iter_mut().zip(&x_img[range]) {
+                *out = act(affine(v, mean, scale, shift));
+            }
+        }
+    }
 }
 
 /// Backward of [`group_norm_forward`]. Overwrites `grad_input`, `grad_gamma`, `grad_beta`.
@@ -516,6 +536,105 @@ pub fn group_norm_backward_accumulate<T: Real>(
         grad_beta,
         true,
     );
+}
+
+/// The ReLU's then [`group_norm_backward`]'s backward in one pass per env: `grad_out` is ∂L/∂y at the ReLU's
+/// output `y` (the forward's `relu(GN(x))`); writes ∂L/∂x into `grad_input` and overwrites `grad_gamma`,
+/// `grad_beta`. The same bits as [`relu_backward`](super::relu_backward) into a buffer, then
+/// [`group_norm_backward`] on it: each image's ReLU-masked gradient lives only in scratch, and the
+/// parameter sums run per channel over the env's images in order, as there. One task per env (each
+/// reads its activations once instead of four times), so it pays where there are at least as many
+/// envs as threads.
+#[allow(clippy::too_many_arguments)]
+pub fn relu_group_norm_backward<T: Real>(
+    shape: NormShape,
+    groups: usize,
+    y: &[T],
+    grad_out: &[T],
+    x: &[T],
+    gamma: &[T],
+    save_mean: &[T],
+    save_inv_std: &[T],
+    grad_input: &mut [T],
+    grad_gamma: &mut [T],
+    grad_beta: &mut [T],
+) {
+    check_group_norm(&shape, groups, x, gamma, save_mean, save_inv_std);
+    for (len, what) in
+        [(y.len(), "ReLU output"), (grad_out.len(), "gradient"), (grad_input.len(), "gradient")]
+    {
+        assert_eq!(len, shape.len(), "group norm {what} length");
+    }
+    assert_eq!(grad_gamma.len(), shape.params_len(), "group norm parameter length");
+    assert_eq!(grad_beta.len(), shape.params_len(), "group norm parameter length");
+    let (c, plane, image) = (shape.channels, shape.plane(), shape.image());
+    if shape.is_empty() {
+        grad_gamma.fill(T::ZERO);
+        grad_beta.fill(T::ZERO);
+        return;
+    }
+    let per_group = c / groups;
+    let n = T::from_usize(per_group * plane);
+    grad_input
+        .par_chunks_mut(shape.batch * image)
+        .zip(grad_gamma.par_chunks_mut(c))
+        .zip(grad_beta.par_chunks_mut(c))
+        .enumerate()
+        .for_each(|(e, ((dx_env, d_gamma), d_beta))| {
+            let gamma = &gamma[e * c..(e + 1) * c];
+            T::with_scratch(image + 2 * c * LANES, |scratch| {
+                let (dy_img, lanes) = scratch.split_at_mut(image);
+                lanes.fill(T::ZERO);
+                for (b, dx_img) in dx_env.chunks_exact_mut(image).enumerate() {
+                    let i = e * shape.batch + b;
+                    let range = i * image..(i + 1) * image;
+                    let (x_img, y_img) = (&x[range.clone()], &y[range.clone()]);
+                    for ((d, &v), &g) in dy_img.iter_mut().zip(y_img).zip(&grad_out[range]) {
+                        *d = if v > T::ZERO { g } else { T::ZERO };
+                    }
+                    for g in 0..groups {
+                        let (mean, inv_std) = (save_mean[i * groups + g], save_inv_std[i * groups + g]);
+                        let channels = g * per_group..(g + 1) * per_group;
+                        let mut sum_dyg = LaneSums::new();
+                        let mut sum_dyg_xhat = LaneSums::new();
+                        for ch in channels.clone() {
+                            let p = ch * plane..(ch + 1) * plane;
+                            let (dy, xs) = (&dy_img[p.clone()], &x_img[p]);
+                            // The parameter sums, carried across the env's images.
+                            let held = &mut lanes[2 * ch * LANES..2 * (ch + 1) * LANES];
+                            let (held_dy, held_dy_xhat) = held.split_at_mut(LANES);
+                            let mut sum_dy = LaneSums { lanes: (&*held_dy).try_into().expect("LANES") };
+                            let mut sum_dy_xhat =
+                                LaneSums { lanes: (&*held_dy_xhat).try_into().expect("LANES") };
+                            sum_dy.add_map(dy, |d| d);
+                            sum_dy_xhat.add_zip(dy, xs, |d, v| d * ((v - mean) * inv_std));
+                            held_dy.copy_from_slice(&sum_dy.lanes);
+                            held_dy_xhat.copy_from_slice(&sum_dy_xhat.lanes);
+                            let gam = gamma[ch];
+                            sum_dyg.add_map(dy, |d| d * gam);
+                            sum_dyg_xhat.add_zip(dy, xs, |d, v| d * gam * ((v - mean) * inv_std));
+                        }
+                        let mean_dyg = sum_dyg.total() / n;
+                        let mean_dyg_xhat = sum_dyg_xhat.total() / n;
+                        for ch in channels {
+                            let gam = gamma[ch];
+                            let p = ch * plane..(ch + 1) * plane;
+                            for ((dx, &dy), &v) in
+                                dx_img[p.clone()].iter_mut().zip(&dy_img[p.clone()]).zip(&x_img[p])
+                            {
+                                let x_hat = (v - mean) * inv_std;
+                                *dx = inv_std * (dy * gam - mean_dyg - x_hat * mean_dyg_xhat);
+                            }
+                        }
+                    }
+                }
+                for (ch, (d_gamma, d_beta)) in d_gamma.iter_mut().zip(d_beta.iter_mut()).enumerate() {
+                    let held = &lanes[2 * ch * LANES..2 * (ch + 1) * LANES];
+                    *d_beta = LaneSums { lanes: held[..LANES].try_into().expect("LANES") }.total();
+                    *d_gamma = LaneSums { lanes: held[LANES..].try_into().expect("LANES") }.total();
+                }
+            });
+        });
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -829,5 +948,42 @@ mod tests {
         group_norm_relu_forward(s, 2, &x, &gamma, &beta, &mut fused, &mut m2, &mut v2);
         assert_eq!(bits(&plain), bits(&fused));
         assert_eq!((bits(&m1), bits(&v1)), (bits(&m2), bits(&v2)));
+    }
+
+    /// The one-pass backward equals ReLU backward then group-norm backward, bit for bit, on planes whose
+    /// length is not a multiple of the lane count (5×7), with two channels per group, a ReLU output that
+    /// is zero about half the time, and 1 or 2 threads.
+    #[test]
+    fn relu_group_norm_backward_is_relu_backward_then_group_norm_backward() {
+        let s = NormShape { envs: 3, batch: 4, channels: 8, h: 5, w: 7 };
+        let x = to_f32(&uniform(60, s.len(), -2.0, 3.0));
+        let gamma = to_f32(&uniform(61, s.params_len(), 0.5, 1.5));
+        let beta = to_f32(&signed(62, s.params_len()));
+        let dy = to_f32(&signed(63, s.len()));
+        let stats = s.envs * s.batch * 4;
+        let (mut y, mut mean, mut inv_std) =
+            (vec![0.0f32; s.len()], vec![0.0f32; stats], vec![0.0f32; stats]);
+        group_norm_relu_forward(s, 4, &x, &gamma, &beta, &mut y, &mut mean, &mut inv_std);
+        let zeros = y.iter().filter(|v| **v == 0.0).count();
+        assert!(zeros > s.len() / 4 && zeros < 3 * s.len() / 4, "{zeros} zeros of {}", s.len());
+        let mut masked = vec![0.0f32; s.len()];
+        crate::ops::relu_backward(&y, &dy, &mut masked);
+        let mut expected =
+            [vec![0.0f32; s.len()], vec![0.0f32; s.params_len()], vec![0.0f32; s.params_len()]];
+        let [dx, dgamma, dbeta] = &mut expected;
+        group_norm_backward(s, 4, &x, &gamma, &mean, &inv_std, &masked, dx, dgamma, dbeta);
+        assert!(dgamma.iter().chain(dbeta.iter()).all(|v| *v != 0.0), "every parameter gets a gradient");
+        for threads in [1, 2] {
+            let got = with_threads(threads, || {
+                let mut got =
+                    [vec![f32::NAN; s.len()], vec![f32::NAN; s.params_len()], vec![f32::NAN; s.params_len()]];
+                let [dx, dgamma, dbeta] = &mut got;
+                relu_group_norm_backward(s, 4, &y, &dy, &x, &gamma, &mean, &inv_std, dx, dgamma, dbeta);
+                got
+            });
+            for (k, (a, b)) in expected.iter().zip(&got).enumerate() {
+                assert_eq!(bits(a), bits(b), "output {k} with {threads} threads");
+            }
+        }
     }
 }

@@ -1,10 +1,16 @@
 //! Conv → GroupNorm → ReLU, the unit of conv_small, conv_light, conv_heavy and of depthwise's pointwise
 //! stage. A forward and its backward over one gathered batch of envs.
 
+use rayon::iter::Either;
+use rayon::prelude::*;
+
+use crate::ops::activation::relu;
+use crate::ops::conv::{RUN_IMAGES, conv2d_forward_run};
+use crate::ops::norm::group_norm_image_forward;
 use crate::ops::{
     Conv2dShape, NormShape, Real, conv2d_backward_input, conv2d_backward_input_accumulate,
-    conv2d_backward_weight, conv2d_forward, group_norm_backward, group_norm_relu_forward, relu_backward,
-    relu_backward_in_place,
+    conv2d_backward_weight, group_norm_backward, relu_backward, relu_backward_in_place,
+    relu_group_norm_backward,
 };
 
 /// The shapes of one conv → norm → ReLU unit (conv without bias, stride 1, size-preserving padding).
@@ -64,8 +70,13 @@ impl ConvNormRelu {
         self.conv.envs * self.conv.batch * self.groups
     }
 
-    /// `out = relu(GN(conv(input)))`, keeping the conv output and the norm statistics. The ReLU is applied
-    /// in the norm's own pass (the same values as a separate pass, one read and write fewer).
+    /// `out = relu(GN(conv(input)))`, keeping the conv output and the norm statistics; with
+    /// `residual = Some((skip, y))`, also `y = skip + out` (`skip` output sized). One task per
+    /// run of [`RUN_IMAGES`] images of an env: the conv writes the run, and the norm, the ReLU and the
+    /// residual add finish it while it is in cache. The same bits as `conv2d_forward`, then
+    /// `group_norm_relu_forward`, then a residual add over the whole batch, with three passes over the
+    /// activations fewer.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward<T: Real>(
         &self,
         input: &[T],
@@ -74,23 +85,78 @@ impl ConvNormRelu {
         out: &mut [T],
         mean: &mut [T],
         inv_std: &mut [T],
+        residual: Option<(&[T], &mut [T])>,
     ) {
-        conv2d_forward(self.conv, input, p.weight, conv_out);
-        group_norm_relu_forward(
-            self.norm_shape(),
-            self.groups,
-            conv_out,
-            p.gamma,
-            p.beta,
-            out,
-            mean,
-            inv_std,
+        let c = self.conv;
+        let (image_in, image_out) = (c.c_in * c.h * c.w, c.c_out * c.h_out() * c.w_out());
+        let (groups, channels, plane) = (self.groups, c.c_out, c.h_out() * c.w_out());
+        assert_eq!(input.len(), c.input_len(), "unit input length");
+        assert_eq!(p.weight.len(), c.weight_len(), "unit conv weight length");
+        assert_eq!(p.gamma.len(), c.envs * channels, "unit norm parameter length");
+        assert_eq!(p.beta.len(), c.envs * channels, "unit norm parameter length");
+        for buffer in [&*conv_out, &*out] {
+            assert_eq!(buffer.len(), c.output_len(), "unit activation length");
+        }
+        assert!(
+            mean.len() == self.stats_len() && inv_std.len() == self.stats_len(),
+            "unit statistics length"
         );
+        if c.output_len() == 0 {
+            return;
+        }
+        let residuals = match residual {
+            Some((skip, y)) => {
+                assert!(skip.len() == c.output_len() && y.len() == c.output_len(), "residual length");
+                let env = c.batch * image_out;
+                Either::Left(skip.par_chunks(env).zip(y.par_chunks_mut(env)).map(Some))
+            }
+            None => Either::Right((0..c.envs).into_par_iter().map(|_| None)),
+        };
+        let run = RUN_IMAGES.min(c.batch);
+        let w_env = c.weight_len_per_env();
+        input
+            .par_chunks(c.batch * image_in)
+            .zip(conv_out.par_chunks_mut(c.batch * image_out))
+            .zip(out.par_chunks_mut(c.batch * image_out))
+            .zip(mean.par_chunks_mut(c.batch * groups).zip(inv_std.par_chunks_mut(c.batch * groups)))
+            .zip(residuals)
+            .enumerate()
+            .for_each(|(e, ((((x, conv_out), out), (mean, inv_std)), residual))| {
+                let weight = &p.weight[e * w_env..(e + 1) * w_env];
+                let gamma = &p.gamma[e * channels..(e + 1) * channels];
+                let beta = &p.beta[e * channels..(e + 1) * channels];
+                let residuals = match residual {
+                    Some((skip, y)) => Either::Left(
+                        skip.par_chunks(run * image_out).zip(y.par_chunks_mut(run * image_out)).map(Some),
+                    ),
+                    None => Either::Right((0..c.batch.div_ceil(run)).into_par_iter().map(|_| None)),
+                };
+                x.par_chunks(run * image_in)
+                    .zip(conv_out.par_chunks_mut(run * image_out))
+                    .zip(out.par_chunks_mut(run * image_out))
+                    .zip(mean.par_chunks_mut(run * groups).zip(inv_std.par_chunks_mut(run * groups)))
+                    .zip(residuals)
+                    .for_each(|((((x, conv_out), out), (mean, inv_std)), residual)| {
+                        conv2d_forward_run(&c, x, weight, conv_out);
+                        let images = conv_out
+                            .chunks_exact(image_out)
+                            .zip(out.chunks_exact_mut(image_out))
+                            .zip(mean.chunks_exact_mut(groups).zip(inv_std.chunks_exact_mut(groups)));
+                        for (conv_img, out_img, (m, s)) in images.map(|((a, b), c)| (a, b, c)) {
+                            group_norm_image_forward(plane, conv_img, gamma, beta, out_img, m, s, relu);
+                        }
+                        if let Some((skip, y)) = residual {
+                            for ((y, &a), &b) in y.iter_mut().zip(skip).zip(out.iter()) {
+                                *y = a + b;
+                            }
+                        }
+                    });
+            });
     }
 
-    /// ∂L/∂out is `grad_out`, or (`None`) `grad`'s content on entry; `grad` (output sized) receives the
-    /// gradient at the ReLU's input (read from `grad_out` in the same pass, without a copy first), and
-    /// `scratch` (conv-output sized) is clobbered. Writes the parameter gradients and handles the input
+    /// ∂L/∂out is `grad_out`, or (`None`) `grad`'s content on entry; `grad` (output sized) may be used
+    /// for the gradient at the ReLU's input (with at least as many envs as threads the norm's backward
+    /// masks each image in cache instead), and `scratch` (conv-output sized) is clobbered. Writes the parameter gradients and handles the input
     /// gradient as `input_grad` says (with [`InputGrad::IntoGrad`] the input and output must have the same
     /// size, true of every seed unit).
     #[allow(clippy::too_many_arguments)]
@@ -104,23 +170,40 @@ impl ConvNormRelu {
         g: BlockGrads<'_, T>,
         input_grad: InputGrad<'_, T>,
     ) {
-        match grad_out {
-            Some(grad_out) => relu_backward(state.out, grad_out, grad),
-            None => relu_backward_in_place(state.out, grad),
-        }
         let grad_conv_out = scratch;
-        group_norm_backward(
-            self.norm_shape(),
-            self.groups,
-            state.conv_out,
-            p.gamma,
-            state.mean,
-            state.inv_std,
-            grad,
-            grad_conv_out,
-            g.gamma,
-            g.beta,
-        );
+        if self.conv.envs >= rayon::current_num_threads() {
+            // One task per env, each image's masked gradient in cache: the same bits as below.
+            relu_group_norm_backward(
+                self.norm_shape(),
+                self.groups,
+                state.out,
+                grad_out.unwrap_or(&*grad),
+                state.conv_out,
+                p.gamma,
+                state.mean,
+                state.inv_std,
+                grad_conv_out,
+                g.gamma,
+                g.beta,
+            );
+        } else {
+            match grad_out {
+                Some(grad_out) => relu_backward(state.out, grad_out, grad),
+                None => relu_backward_in_place(state.out, grad),
+            }
+            group_norm_backward(
+                self.norm_shape(),
+                self.groups,
+                state.conv_out,
+                p.gamma,
+                state.mean,
+                state.inv_std,
+                grad,
+                grad_conv_out,
+                g.gamma,
+                g.beta,
+            );
+        }
         conv2d_backward_weight(self.conv, state.input, grad_conv_out, g.weight);
         match input_grad {
             InputGrad::Skip => {}

@@ -1,13 +1,10 @@
-//! Pieces every seed module shares: reusable buffers, the residual add, and the per-channel scaling of
+//! Pieces every seed module shares: reusable buffers and the per-channel scaling of
 //! squeeze-excite (an op the generic `ops` do not have).
 
 use rayon::prelude::*;
 
 use crate::ops::Real;
 use crate::ops::real::dot;
-
-/// Elements per parallel task of the element-wise loops (as in `ops::activation`).
-const CHUNK: usize = 1 << 14;
 
 /// The first `len` elements of `buffer`, growing it (with zeros) only when it is too short: after the
 /// first call of a given size this never allocates, and it never shrinks.
@@ -34,16 +31,6 @@ impl<T> Buffers<T> {
     pub fn capacity(&self) -> usize {
         self.saved.iter().chain(&self.stats).chain(&self.temp).map(Vec::capacity).sum()
     }
-}
-
-/// `y = x + r` (overwrites `y`).
-pub(crate) fn residual_add<T: Real>(x: &[T], r: &[T], y: &mut [T]) {
-    assert!(x.len() == y.len() && r.len() == y.len(), "residual add: lengths differ");
-    y.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK).zip(r.par_chunks(CHUNK))).for_each(|(y, (x, r))| {
-        for ((out, &a), &b) in y.iter_mut().zip(x).zip(r) {
-            *out = a + b;
-        }
-    });
 }
 
 /// `y[p, :] = x[p, :] · scale[p]` for every plane `p` of `plane` elements (`scale` has one value per

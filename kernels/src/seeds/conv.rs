@@ -31,7 +31,7 @@
 //! gradient), `temp[1]` (scratch).
 
 use super::block::{BlockGrads, BlockParams, BlockState, ConvNormRelu, InputGrad};
-use super::common::{Buffers, grown, residual_add};
+use super::common::{Buffers, grown};
 use super::layout::ParamLayout;
 use super::{SeedShape, Tensors, TensorsMut, group_norm_groups};
 use crate::ops::Real;
@@ -81,16 +81,15 @@ pub(super) fn single_forward<T: Real>(
     let [conv_out, out, ..] = saved;
     let [mean, inv_std, ..] = stats;
     let n_stats = unit.stats_len();
-    let out = grown(out, s.len());
     unit.forward(
         x,
         BlockParams { weight, gamma, beta },
         grown(conv_out, s.len()),
-        out,
+        grown(out, s.len()),
         grown(mean, n_stats),
         grown(inv_std, n_stats),
+        Some((x, y)),
     );
-    residual_add(x, out, y);
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -150,17 +149,18 @@ pub(super) fn heavy_forward<T: Real>(
         out1,
         grown(mean1, n_stats),
         grown(inv_std1, n_stats),
+        None,
     );
-    let out2 = grown(out2, s.len());
+    // The residual is around both units: `y = x + B2(B1(x))`.
     unit.forward(
         out1,
         BlockParams { weight: w2, gamma: gamma2, beta: beta2 },
         grown(conv2_out, s.len()),
-        out2,
+        grown(out2, s.len()),
         grown(mean2, n_stats),
         grown(inv_std2, n_stats),
+        Some((x, y)),
     );
-    residual_add(x, out2, y);
 }
 
 pub(super) fn heavy_backward<T: Real>(

@@ -15,7 +15,7 @@
 //! the norm's mean / inv_std; backward temporaries `temp[0]` (the running gradient), `temp[1]` (scratch).
 
 use super::block::{BlockGrads, BlockParams, BlockState, ConvNormRelu, InputGrad};
-use super::common::{Buffers, grown, residual_add};
+use super::common::{Buffers, grown};
 use super::layout::ParamLayout;
 use super::{SeedShape, Tensors, TensorsMut, group_norm_groups};
 use crate::ops::{
@@ -45,16 +45,15 @@ pub(super) fn forward<T: Real>(s: SeedShape, p: Tensors<'_, T>, x: &[T], y: &mut
     let [mean, inv_std, ..] = stats;
     let dw_out = grown(dw_out, s.len());
     conv2d_forward(depthwise, x, w_dw, dw_out);
-    let out = grown(out, s.len());
     pointwise.forward(
         dw_out,
         BlockParams { weight: w_pw, gamma, beta },
         grown(pw_out, s.len()),
-        out,
+        grown(out, s.len()),
         grown(mean, pointwise.stats_len()),
         grown(inv_std, pointwise.stats_len()),
+        Some((x, y)),
     );
-    residual_add(x, out, y);
 }
 
 pub(super) fn backward<T: Real>(
