@@ -669,18 +669,28 @@ fn weight_grad_block<T: Real, const N: usize>(
     let taps = geo.tap_offsets();
     let (hw, hw_out) = (s.h * s.w, s.h_out() * s.w_out());
     let block_lanes = N * cin_g * kk * LANES;
+    let block_dy = N * geo.q_round;
+    let image_planes = groups.len() * cin_g * geo.plane;
+    let image_dy = job.blocks * block_dy;
+    let run = weight_grad_run_images::<T, N>(job);
     let (lanes, rest) = scratch.split_at_mut(job.blocks * block_lanes);
-    let (padded, rest) = rest.split_at_mut(groups.len() * cin_g * geo.plane);
-    let (dy_rows, dy_padded) = rest.split_at_mut(N * geo.q_round);
+    let (padded, rest) = rest.split_at_mut(run * image_planes);
+    let (dy_rows, rest) = rest.split_at_mut(block_dy);
+    let dy_padded = &mut rest[..run * image_dy];
     lanes.fill(T::ZERO);
-    for b in 0..s.batch {
-        let first_channel = b * s.c_in + groups.start * cin_g;
-        for (c, plane) in padded.chunks_exact_mut(geo.plane).enumerate() {
-            let channel = first_channel + c;
-            geo.pad_plane(&job.input[channel * hw..(channel + 1) * hw], plane);
+    // Runs of images: their input planes padded and their output gradient interleaved once, then each
+    // (block, input channel) adds the run's images in order, so every lane sums exactly as image by image.
+    for b0 in (0..s.batch).step_by(run) {
+        let n = run.min(s.batch - b0);
+        for (r, planes) in padded.chunks_exact_mut(image_planes).take(n).enumerate() {
+            let first_channel = (b0 + r) * s.c_in + groups.start * cin_g;
+            for (c, plane) in planes.chunks_exact_mut(geo.plane).enumerate() {
+                let channel = first_channel + c;
+                geo.pad_plane(&job.input[channel * hw..(channel + 1) * hw], plane);
+            }
         }
-        for (block, lanes) in lanes.chunks_exact_mut(block_lanes).enumerate() {
-            let first_out = job.first_out + block * N;
+        for (i, interleaved) in dy_padded.chunks_exact_mut(block_dy).take(n * job.blocks).enumerate() {
+            let (b, first_out) = (b0 + i / job.blocks, job.first_out + (i % job.blocks) * N);
             // The output gradient in the padded-width layout, zero on the junk positions so they add nothing,
             // interleaved by lane groups: position q of channel j at ((q / LANES)·N + j)·LANES + q % LANES,
             // so that one lane group of the whole block is contiguous.
@@ -696,26 +706,37 @@ fn weight_grad_block<T: Real, const N: usize>(
                 }
                 row[geo.dst_h * geo.wp..].fill(T::ZERO);
             }
-            for (group, interleaved) in dy_padded.chunks_exact_mut(N * LANES).enumerate() {
+            for (group, interleaved) in interleaved.chunks_exact_mut(N * LANES).enumerate() {
                 for (j, lanes) in interleaved.chunks_exact_mut(LANES).enumerate() {
                     let from = j * geo.q_round + group * LANES;
                     let lanes: &mut [T; LANES] = lanes.try_into().unwrap();
                     *lanes = dy_rows[from..from + LANES].try_into().unwrap();
                 }
             }
+        }
+        for (block, lanes) in lanes.chunks_exact_mut(block_lanes).enumerate() {
+            let first_out = job.first_out + block * N;
             let group_planes = (first_out / cout_g - groups.start) * cin_g;
             for c in 0..cin_g {
-                let plane = &padded[(group_planes + c) * geo.plane..(group_planes + c + 1) * geo.plane];
+                let first_plane = (group_planes + c) * geo.plane;
+                let first_dy = block * block_dy;
                 #[cfg(target_arch = "x86_64")]
                 if kernels == Kernels::Avx512 && N == 4 && s.k == 3 {
                     let taps: &[usize; 9] = taps[..9].try_into().unwrap();
-                    let (plane, dy) = (as_f32(plane).unwrap(), as_f32(dy_padded).unwrap());
+                    let planes =
+                        as_f32(&padded[first_plane..(n - 1) * image_planes + first_plane + geo.plane]);
+                    let dy = as_f32(&dy_padded[first_dy..(n - 1) * image_dy + first_dy + block_dy]);
                     // SAFETY: Kernels::Avx512 is only passed where conv_avx512::available() holds and T is f32.
                     unsafe {
                         conv_avx512::weight_grad_taps3x3(
-                            plane,
-                            dy,
-                            geo.q_round,
+                            conv_avx512::TapImages {
+                                planes: planes.unwrap(),
+                                plane_stride: image_planes,
+                                dy: dy.unwrap(),
+                                dy_stride: image_dy,
+                                images: n,
+                                q_round: geo.q_round,
+                            },
                             taps,
                             as_f32_mut(lanes).unwrap(),
                             c,
@@ -724,23 +745,30 @@ fn weight_grad_block<T: Real, const N: usize>(
                     };
                     continue;
                 }
-                for ky in 0..s.k {
-                    let row = TapRow {
-                        plane,
-                        dy_padded,
-                        q_round: geo.q_round,
-                        first_tap: ky * s.k,
-                        offset: taps[ky * s.k],
-                    };
-                    // The taps of one kernel row are done together: their runs are shifts by one of each other.
-                    match s.k {
-                        3 => tap_row_partials::<T, N, 3>(&row, lanes, c, cin_g, kk),
-                        1 => tap_row_partials::<T, N, 1>(&row, lanes, c, cin_g, kk),
-                        _ => {
-                            for kx in 0..s.k {
-                                let single =
-                                    TapRow { first_tap: row.first_tap + kx, offset: row.offset + kx, ..row };
-                                tap_row_partials::<T, N, 1>(&single, lanes, c, cin_g, kk);
+                for r in 0..n {
+                    let plane = &padded[r * image_planes + first_plane..][..geo.plane];
+                    let dy_padded = &dy_padded[r * image_dy + first_dy..][..block_dy];
+                    for ky in 0..s.k {
+                        let row = TapRow {
+                            plane,
+                            dy_padded,
+                            q_round: geo.q_round,
+                            first_tap: ky * s.k,
+                            offset: taps[ky * s.k],
+                        };
+                        // The taps of one kernel row are done together: their runs are shifts by one of each other.
+                        match s.k {
+                            3 => tap_row_partials::<T, N, 3>(&row, lanes, c, cin_g, kk),
+                            1 => tap_row_partials::<T, N, 1>(&row, lanes, c, cin_g, kk),
+                            _ => {
+                                for kx in 0..s.k {
+                                    let single = TapRow {
+                                        first_tap: row.first_tap + kx,
+                                        offset: row.offset + kx,
+                                        ..row
+                                    };
+                                    tap_row_partials::<T, N, 1>(&single, lanes, c, cin_g, kk);
+                                }
                             }
                         }
                     }
@@ -803,13 +831,26 @@ fn tap_row_partials<T: Real, const N: usize, const KX: usize>(
     }
 }
 
+/// Scratch elements a run of images of [`weight_grad_block`] may fill: small images come in runs of
+/// several, so that the accumulators are loaded and stored once per run instead of once per image.
+const WEIGHT_GRAD_RUN_ELEMENTS: usize = 1 << 16;
+
+/// Images per run of [`weight_grad_block`]: as many as fit [`WEIGHT_GRAD_RUN_ELEMENTS`], at least one.
+fn weight_grad_run_images<T, const N: usize>(job: &WeightGradJob<'_, T>) -> usize {
+    let cin_g = job.shape.c_in_per_group();
+    let per_image = job.groups::<N>().len() * cin_g * job.geo.plane + job.blocks * N * job.geo.q_round;
+    (WEIGHT_GRAD_RUN_ELEMENTS / per_image).clamp(1, job.shape.batch.max(1))
+}
+
 /// Scratch elements [`weight_grad_block`] needs.
 fn weight_grad_scratch_len<T, const N: usize>(job: &WeightGradJob<'_, T>) -> usize {
     let s = job.shape;
     let cin_g = s.c_in_per_group();
+    let run = weight_grad_run_images::<T, N>(job);
     job.blocks * N * cin_g * s.k * s.k * LANES
-        + job.groups::<N>().len() * cin_g * job.geo.plane
-        + 2 * N * job.geo.q_round
+        + run * job.groups::<N>().len() * cin_g * job.geo.plane
+        + N * job.geo.q_round
+        + run * job.blocks * N * job.geo.q_round
 }
 
 // Runtime dispatch to AVX2+FMA builds of the two hot loops, and for f32 to the AVX-512 kernels of
@@ -1163,6 +1204,71 @@ mod tests {
     /// gradient. The shapes cover grouped channels with blocks of two, and 3×3 convolutions of 8, 16 and 32
     /// channels whose blocks of eight (forward) and four (weight gradient) the AVX-512 kernels take, at
     /// plane sizes whose positions fill an odd and an even number of 16-wide registers.
+    /// The weight gradient in runs of several images (32×32, 8 → 8 channels: runs of 3, so a batch of 7
+    /// is runs of 3, 3 and 1) against a direct sum over images and positions, per env, on f64; and on f32
+    /// an env's result in a batch of envs is its result alone (per-env and per-block tasks alike).
+    #[test]
+    fn weight_gradient_in_runs_of_images_matches_the_direct_sum() {
+        let s = shape(2, 7, 8, 8, 32, 32, 3, 1, 1);
+        let job = WeightGradJob {
+            shape: &s,
+            geo: Geometry::new(s.h, s.w, s.k, s.pad),
+            input: &[0.0f64][..0],
+            grad_output: &[],
+            first_out: 0,
+            blocks: 2,
+        };
+        assert_eq!(weight_grad_run_images::<f64, BLOCK>(&job), 3, "runs of three images");
+        let x = signed(90, s.input_len());
+        let r = signed(91, s.output_len());
+        let mut dw = vec![f64::NAN; s.weight_len()];
+        conv2d_backward_weight(s, &x, &r, &mut dw);
+        let (k, cin_g, cout_g) = (s.k, s.c_in_per_group(), s.c_out_per_group());
+        let mut direct = vec![0.0; s.weight_len()];
+        for e in 0..s.envs {
+            for b in 0..s.batch {
+                for co in 0..s.c_out {
+                    for cl in 0..cin_g {
+                        let ci = (co / cout_g) * cin_g + cl;
+                        for (ky, kx) in (0..k).flat_map(|ky| (0..k).map(move |kx| (ky, kx))) {
+                            let wi = (((e * s.c_out + co) * cin_g + cl) * k + ky) * k + kx;
+                            for (y, xo) in (0..s.h_out()).flat_map(|y| (0..s.w_out()).map(move |xo| (y, xo)))
+                            {
+                                let (iy, ix) =
+                                    ((y + ky) as isize - s.pad as isize, (xo + kx) as isize - s.pad as isize);
+                                if iy < 0 || ix < 0 || iy >= s.h as isize || ix >= s.w as isize {
+                                    continue;
+                                }
+                                let xi = (((e * s.batch + b) * s.c_in + ci) * s.h + iy as usize) * s.w
+                                    + ix as usize;
+                                let oi =
+                                    (((e * s.batch + b) * s.c_out + co) * s.h_out() + y) * s.w_out() + xo;
+                                direct[wi] += r[oi] * x[xi];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let worst = dw.iter().zip(&direct).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        assert!(worst < 1e-9, "largest difference {worst}");
+        assert!(direct.iter().all(|v| v.abs() > 1e-6), "every weight gets a gradient");
+
+        let (x, r) = (to_f32(&x), to_f32(&r));
+        let mut batched = vec![0.0f32; s.weight_len()];
+        with_threads(1, || conv2d_backward_weight(s, &x, &r, &mut batched));
+        let one = Conv2dShape { envs: 1, ..s };
+        for e in 0..s.envs {
+            let mut alone = vec![0.0f32; one.weight_len()];
+            let (xe, re) = (
+                &x[e * one.input_len()..][..one.input_len()],
+                &r[e * one.output_len()..][..one.output_len()],
+            );
+            with_threads(2, || conv2d_backward_weight(one, xe, re, &mut alone));
+            assert_eq!(bits(&batched[e * one.weight_len()..][..one.weight_len()]), bits(&alone), "env {e}");
+        }
+    }
+
     #[test]
     fn simd_dispatch_and_portable_code_agree_bit_for_bit() {
         let cases = [

@@ -103,21 +103,31 @@ pub unsafe fn correlate_block8(
     }
 }
 
-/// Adds one image's contribution to the lane partial sums of the weight gradient of a block of four
-/// output channels, for one input channel `c` and all nine taps of a 3×3 kernel:
-/// `lanes[(j·cin_g + c)·9 + t][l] += Σ_{q ≡ l mod 8, increasing} dy[j][q] · plane[q + taps[t]]`, each
-/// step one fused multiply-add, as in `tap_row_partials`.
+/// A run of images for [`weight_grad_taps3x3`]: image `i`'s padded input plane starts at
+/// `planes[i·plane_stride]`, and its block's interleaved output gradient (`[q_round / 8][4][8]`, zero on
+/// junk positions) at `dy[i·dy_stride]`.
+pub struct TapImages<'a> {
+    pub planes: &'a [f32],
+    pub plane_stride: usize,
+    pub dy: &'a [f32],
+    pub dy_stride: usize,
+    pub images: usize,
+    pub q_round: usize,
+}
+
+/// Adds a run of images' contributions, image after image, to the lane partial sums of the weight
+/// gradient of a block of four output channels, for one input channel `c` and all nine taps of a 3×3
+/// kernel: `lanes[(j·cin_g + c)·9 + t][l] += Σ_{q ≡ l mod 8, increasing} dy[j][q] · plane[q + taps[t]]`,
+/// each step one fused multiply-add, as in `tap_row_partials`. The partial sums stay in registers for the
+/// whole run.
 ///
-/// `dy` is the block's output gradient interleaved as `[q_round / 8][4][8]` (zero on junk positions);
 /// `lanes` is the block's `[4][cin_g][9][8]` partial sums.
 ///
 /// # Safety
 /// The CPU must support AVX-512F and AVX-512DQ ([`available`]).
 #[target_feature(enable = "avx512f,avx512dq")]
 pub unsafe fn weight_grad_taps3x3(
-    plane: &[f32],
-    dy: &[f32],
-    q_round: usize,
+    run: TapImages<'_>,
     taps: &[usize; 9],
     lanes: &mut [f32],
     c: usize,
@@ -125,13 +135,19 @@ pub unsafe fn weight_grad_taps3x3(
 ) {
     const N: usize = 4;
     const KK: usize = 9;
+    let TapImages { planes, plane_stride, dy, dy_stride, images, q_round } = run;
     assert_eq!(LANES, 8, "a 256-bit half holds one set of lane sums");
     assert_eq!(q_round % LANES, 0, "positions are whole lane groups");
-    assert!(taps.iter().all(|&t| t + q_round <= plane.len()), "every tap's run stays inside the plane");
-    assert!(dy.len() >= N * q_round, "interleaved output gradient");
+    assert!(images > 0, "a run has images");
+    let last = images - 1;
+    assert!(
+        taps.iter().all(|&t| last * plane_stride + t + q_round <= planes.len()),
+        "every tap's run of every image stays inside its plane"
+    );
+    assert!(last * dy_stride + N * q_round <= dy.len(), "interleaved output gradient");
     assert!(c < cin_g && lanes.len() >= N * cin_g * KK * LANES, "lane sums");
     let lane_at = |j: usize, t: usize| ((j * cin_g + c) * KK + t) * LANES;
-    let (plane, dy, lanes) = (plane.as_ptr(), dy.as_ptr(), lanes.as_mut_ptr());
+    let (planes, dy, lanes) = (planes.as_ptr(), dy.as_ptr(), lanes.as_mut_ptr());
     // aT_P: the low half holds channel 2P's lanes of tap T, the high half channel 2P + 1's. Named
     // registers rather than an array: with an array LLVM spilled accumulators to the stack in the loop.
     // SAFETY (every load and store of lanes): lane_at(j, t) + 8 ≤ N·cin_g·9·8 ≤ lanes.len() (asserted).
@@ -146,32 +162,36 @@ pub unsafe fn weight_grad_taps3x3(
         (load(3, 0), load(3, 1), load(4, 0), load(4, 1), load(5, 0), load(5, 1));
     let (mut a6_0, mut a6_1, mut a7_0, mut a7_1, mut a8_0, mut a8_1) =
         (load(6, 0), load(6, 1), load(7, 0), load(7, 1), load(8, 0), load(8, 1));
-    let x: [*const f32; KK] = std::array::from_fn(|t| plane.wrapping_add(taps[t]));
-    let mut q0 = 0;
-    while q0 < q_round {
-        // SAFETY: q0 + 8 ≤ q_round, so the block's 32 interleaved values at q0 lie in dy and every tap's
-        // eight positions lie in the plane (asserted above).
-        unsafe {
-            let d = dy.add((q0 / LANES) * N * LANES);
-            let (d01, d23) = (_mm512_loadu_ps(d), _mm512_loadu_ps(d.add(2 * LANES)));
-            macro_rules! tap {
-                ($t:literal, $a0:ident, $a1:ident) => {
-                    let xb = _mm512_broadcast_f32x8(_mm256_loadu_ps(x[$t].add(q0)));
-                    $a0 = _mm512_fmadd_ps(d01, xb, $a0);
-                    $a1 = _mm512_fmadd_ps(d23, xb, $a1);
-                };
+    for i in 0..images {
+        let plane = planes.wrapping_add(i * plane_stride);
+        let dy = dy.wrapping_add(i * dy_stride);
+        let x: [*const f32; KK] = std::array::from_fn(|t| plane.wrapping_add(taps[t]));
+        let mut q0 = 0;
+        while q0 < q_round {
+            // SAFETY: i < images and q0 + 8 ≤ q_round, so the block's 32 interleaved values at q0 lie in dy and
+            // every tap's eight positions lie in image i's plane (asserted above).
+            unsafe {
+                let d = dy.add((q0 / LANES) * N * LANES);
+                let (d01, d23) = (_mm512_loadu_ps(d), _mm512_loadu_ps(d.add(2 * LANES)));
+                macro_rules! tap {
+                    ($t:literal, $a0:ident, $a1:ident) => {
+                        let xb = _mm512_broadcast_f32x8(_mm256_loadu_ps(x[$t].add(q0)));
+                        $a0 = _mm512_fmadd_ps(d01, xb, $a0);
+                        $a1 = _mm512_fmadd_ps(d23, xb, $a1);
+                    };
+                }
+                tap!(0, a0_0, a0_1);
+                tap!(1, a1_0, a1_1);
+                tap!(2, a2_0, a2_1);
+                tap!(3, a3_0, a3_1);
+                tap!(4, a4_0, a4_1);
+                tap!(5, a5_0, a5_1);
+                tap!(6, a6_0, a6_1);
+                tap!(7, a7_0, a7_1);
+                tap!(8, a8_0, a8_1);
             }
-            tap!(0, a0_0, a0_1);
-            tap!(1, a1_0, a1_1);
-            tap!(2, a2_0, a2_1);
-            tap!(3, a3_0, a3_1);
-            tap!(4, a4_0, a4_1);
-            tap!(5, a5_0, a5_1);
-            tap!(6, a6_0, a6_1);
-            tap!(7, a7_0, a7_1);
-            tap!(8, a8_0, a8_1);
+            q0 += LANES;
         }
-        q0 += LANES;
     }
     let store = |t: usize, p: usize, acc: __m512| unsafe {
         _mm256_storeu_ps(lanes.add(lane_at(2 * p, t)), _mm512_castps512_ps256(acc));
