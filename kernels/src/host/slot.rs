@@ -7,11 +7,14 @@
 //! back into the host through the seed branch — the host gets only the direct path of the blend.
 
 use super::seed_bank::{SeedMode, SlotParams};
+use crate::ops::real::clamp01;
 use crate::ops::{self, Amplitude, BlendShape, Real};
 use crate::seeds::{self, CnnBlueprint, GateWorkspace, SeedShape, Workspace};
 use rayon::prelude::*;
 
 const MODES: [SeedMode; 4] = [SeedMode::Incubator, SeedMode::Add, SeedMode::Multiply, SeedMode::Gate];
+/// The index of ADD in [`MODES`].
+const ADD: usize = 1;
 
 /// The envs running one blueprint at this slot this step, ordered by blend mode, and its buffers.
 #[derive(Debug, Default)]
@@ -25,6 +28,8 @@ struct Group<T> {
     /// the blend writes straight into the slot's output, with no gather or scatter. None: gathered.
     first: Option<usize>,
     alpha: Vec<T>,
+    /// `clamp01(alpha)`, for a group that blends inside the seed's forward (every env ADD).
+    clamped: Vec<T>,
     params: Vec<T>,
     grad_params: Vec<T>,
     gate_params: Vec<T>,
@@ -211,6 +216,22 @@ impl<T: Real> SlotWorkspace<T> {
                 }
             };
             let s = fit(&mut group.s, eb * sample);
+            if group.ranges[ADD] == (0..eb) {
+                // Every env blends by ADD: the seed blends in its own last pass (the same bits as the
+                // blend below), straight into the slot's output rows or the gathered ones.
+                for (c, &a) in fit(&mut group.clamped, eb).iter_mut().zip(&group.alpha) {
+                    *c = clamp01(a);
+                }
+                let y = match group.first {
+                    Some(e0) => &mut out[e0 * sample..(e0 + eb) * sample],
+                    None => fit(&mut group.y, eb * sample),
+                };
+                seeds::forward_blended_add(bp, shape, p, x, &group.clamped[..eb], y, &mut group.ws);
+                if group.first.is_none() {
+                    scatter(&group.y[..eb * sample], &group.envs, sample, out, at);
+                }
+                continue;
+            }
             seeds::forward(bp, shape, p, x, s, &mut group.ws);
             if group.first.is_none() {
                 fit(&mut group.y, eb * sample);

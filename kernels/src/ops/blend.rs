@@ -84,9 +84,16 @@ pub fn blend_add_forward<T: Real>(shape: BlendShape, h: &[T], s: &[T], alpha: Am
     y.par_chunks_mut(f).enumerate().for_each(|(i, y)| {
         let a = alpha.clamped(i, shape.batch);
         for ((out, &hv), &sv) in y.iter_mut().zip(&h[i * f..(i + 1) * f]).zip(&s[i * f..(i + 1) * f]) {
-            *out = hv + a * (sv - hv);
+            *out = blend_add(hv, sv, a);
         }
     });
+}
+
+/// One value of the ADD blend, `h + a·(s − h)` with `a` already clamped: the arithmetic of
+/// [`blend_add_forward`], for the seeds that blend in their own last pass.
+#[inline(always)]
+pub(crate) fn blend_add<T: Real>(h: T, s: T, a: T) -> T {
+    h + a * (s - h)
 }
 
 /// ADD backward: `dh = dy·(1 − a)`, `ds = dy·a`. Overwrites `grad_h` and `grad_s`.

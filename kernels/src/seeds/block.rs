@@ -5,6 +5,7 @@ use rayon::iter::Either;
 use rayon::prelude::*;
 
 use crate::ops::activation::relu;
+use crate::ops::blend::blend_add;
 use crate::ops::conv::{RUN_IMAGES, conv2d_forward_run};
 use crate::ops::norm::group_norm_image_forward;
 use crate::ops::{
@@ -49,6 +50,15 @@ pub(crate) struct BlockState<'a, T> {
     pub inv_std: &'a [T],
 }
 
+/// The residual add that ends a seed: `y = skip + out`, or with `blend` (the per-env ADD amplitude,
+/// clamped) the slot's ADD blend of that with `skip` as the host activation, `y = skip + a·((skip + out)
+/// − skip)`: the arithmetic of a residual add then `blend_add_forward`.
+pub(crate) struct Residual<'a, T> {
+    pub skip: &'a [T],
+    pub y: &'a mut [T],
+    pub blend: Option<&'a [T]>,
+}
+
 /// What the backward does with the gradient at the unit's input.
 pub(crate) enum InputGrad<'a, T> {
     /// Not needed.
@@ -70,8 +80,8 @@ impl ConvNormRelu {
         self.conv.envs * self.conv.batch * self.groups
     }
 
-    /// `out = relu(GN(conv(input)))`, keeping the conv output and the norm statistics; with
-    /// `residual = Some((skip, y))`, also `y = skip + out` (`skip` output sized). One task per
+    /// `out = relu(GN(conv(input)))`, keeping the conv output and the norm statistics; with `residual`,
+    /// also its `y` (see [`Residual`]; `skip` output sized). One task per
     /// run of [`RUN_IMAGES`] images of an env: the conv writes the run, and the norm, the ReLU and the
     /// residual add finish it while it is in cache. The same bits as `conv2d_forward`, then
     /// `group_norm_relu_forward`, then a residual add over the whole batch, with three passes over the
@@ -85,7 +95,7 @@ impl ConvNormRelu {
         out: &mut [T],
         mean: &mut [T],
         inv_std: &mut [T],
-        residual: Option<(&[T], &mut [T])>,
+        residual: Option<Residual<'_, T>>,
     ) {
         let c = self.conv;
         let (image_in, image_out) = (c.c_in * c.h * c.w, c.c_out * c.h_out() * c.w_out());
@@ -104,8 +114,12 @@ impl ConvNormRelu {
         if c.output_len() == 0 {
             return;
         }
+        let blend = residual.as_ref().and_then(|r| r.blend);
+        if let Some(alpha) = blend {
+            assert_eq!(alpha.len(), c.envs, "blend amplitude per env");
+        }
         let residuals = match residual {
-            Some((skip, y)) => {
+            Some(Residual { skip, y, .. }) => {
                 assert!(skip.len() == c.output_len() && y.len() == c.output_len(), "residual length");
                 let env = c.batch * image_out;
                 Either::Left(skip.par_chunks(env).zip(y.par_chunks_mut(env)).map(Some))
@@ -125,6 +139,7 @@ impl ConvNormRelu {
                 let weight = &p.weight[e * w_env..(e + 1) * w_env];
                 let gamma = &p.gamma[e * channels..(e + 1) * channels];
                 let beta = &p.beta[e * channels..(e + 1) * channels];
+                let alpha = blend.map(|a| a[e]);
                 let residuals = match residual {
                     Some((skip, y)) => Either::Left(
                         skip.par_chunks(run * image_out).zip(y.par_chunks_mut(run * image_out)).map(Some),
@@ -145,10 +160,11 @@ impl ConvNormRelu {
                         for (conv_img, out_img, (m, s)) in images.map(|((a, b), c)| (a, b, c)) {
                             group_norm_image_forward(plane, conv_img, gamma, beta, out_img, m, s, relu);
                         }
-                        if let Some((skip, y)) = residual {
-                            for ((y, &a), &b) in y.iter_mut().zip(skip).zip(out.iter()) {
-                                *y = a + b;
-                            }
+                        let Some((skip, y)) = residual else { return };
+                        let values = y.iter_mut().zip(skip).zip(out.iter());
+                        match alpha {
+                            None => values.for_each(|((y, &h), &r)| *y = h + r),
+                            Some(a) => values.for_each(|((y, &h), &r)| *y = blend_add(h, h + r, a)),
                         }
                     });
             });

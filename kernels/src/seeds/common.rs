@@ -4,6 +4,7 @@
 use rayon::prelude::*;
 
 use crate::ops::Real;
+use crate::ops::blend::blend_add;
 use crate::ops::real::dot;
 
 /// The first `len` elements of `buffer`, growing it (with zeros) only when it is too short: after the
@@ -67,4 +68,19 @@ pub(crate) fn scale_planes_backward_scale<T: Real>(
             *g = dot(dy, x);
         },
     );
+}
+
+/// `y = blend_add(x, y, alpha[e])` for every sample (of `sample` elements, `batch` per env `e`): the ADD
+/// blend of a seed output held in `y` with its input `x`, `alpha` per env and already clamped.
+pub(crate) fn blend_add_in_place<T: Real>(batch: usize, sample: usize, x: &[T], alpha: &[T], y: &mut [T]) {
+    assert!(x.len() == y.len() && y.len() == alpha.len() * batch * sample, "blend lengths");
+    if sample == 0 {
+        return;
+    }
+    y.par_chunks_mut(sample).zip(x.par_chunks(sample)).enumerate().for_each(|(i, (y, x))| {
+        let a = alpha[i / batch];
+        for (y, &h) in y.iter_mut().zip(x) {
+            *y = blend_add(h, *y, a);
+        }
+    });
 }

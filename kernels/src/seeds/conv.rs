@@ -30,7 +30,7 @@
 //! `stats[2k..2k + 2]` = its norm's mean / inv_std; backward temporaries `temp[0]` (the running
 //! gradient), `temp[1]` (scratch).
 
-use super::block::{BlockGrads, BlockParams, BlockState, ConvNormRelu, InputGrad};
+use super::block::{BlockGrads, BlockParams, BlockState, ConvNormRelu, InputGrad, Residual};
 use super::common::{Buffers, grown};
 use super::layout::ParamLayout;
 use super::{SeedShape, Tensors, TensorsMut, group_norm_groups};
@@ -73,6 +73,7 @@ pub(super) fn single_forward<T: Real>(
     p: Tensors<'_, T>,
     x: &[T],
     y: &mut [T],
+    blend: Option<&[T]>,
     b: &mut Buffers<T>,
 ) {
     let [weight, gamma, beta, ..] = p;
@@ -88,7 +89,7 @@ pub(super) fn single_forward<T: Real>(
         grown(out, s.len()),
         grown(mean, n_stats),
         grown(inv_std, n_stats),
-        Some((x, y)),
+        Some(Residual { skip: x, y, blend }),
     );
 }
 
@@ -133,6 +134,7 @@ pub(super) fn heavy_forward<T: Real>(
     p: Tensors<'_, T>,
     x: &[T],
     y: &mut [T],
+    blend: Option<&[T]>,
     b: &mut Buffers<T>,
 ) {
     let [w1, gamma1, beta1, w2, gamma2, beta2] = p;
@@ -159,7 +161,7 @@ pub(super) fn heavy_forward<T: Real>(
         grown(out2, s.len()),
         grown(mean2, n_stats),
         grown(inv_std2, n_stats),
-        Some((x, y)),
+        Some(Residual { skip: x, y, blend }),
     );
 }
 

@@ -14,7 +14,7 @@
 //! Buffers: `saved[0]` = `DW(x)`, `saved[1]` = `PW(DW(x))`, `saved[2]` = `relu(GN(…))`, `stats[0..2]` =
 //! the norm's mean / inv_std; backward temporaries `temp[0]` (the running gradient), `temp[1]` (scratch).
 
-use super::block::{BlockGrads, BlockParams, BlockState, ConvNormRelu, InputGrad};
+use super::block::{BlockGrads, BlockParams, BlockState, ConvNormRelu, InputGrad, Residual};
 use super::common::{Buffers, grown};
 use super::layout::ParamLayout;
 use super::{SeedShape, Tensors, TensorsMut, group_norm_groups};
@@ -37,7 +37,14 @@ fn shapes(s: SeedShape) -> (Conv2dShape, ConvNormRelu) {
     (s.conv(c, c, 3, c), pointwise)
 }
 
-pub(super) fn forward<T: Real>(s: SeedShape, p: Tensors<'_, T>, x: &[T], y: &mut [T], b: &mut Buffers<T>) {
+pub(super) fn forward<T: Real>(
+    s: SeedShape,
+    p: Tensors<'_, T>,
+    x: &[T],
+    y: &mut [T],
+    blend: Option<&[T]>,
+    b: &mut Buffers<T>,
+) {
     let [w_dw, w_pw, gamma, beta, ..] = p;
     let (depthwise, pointwise) = shapes(s);
     let Buffers { saved, stats, .. } = b;
@@ -52,7 +59,7 @@ pub(super) fn forward<T: Real>(s: SeedShape, p: Tensors<'_, T>, x: &[T], y: &mut
         grown(out, s.len()),
         grown(mean, pointwise.stats_len()),
         grown(inv_std, pointwise.stats_len()),
-        Some((x, y)),
+        Some(Residual { skip: x, y, blend }),
     );
 }
 

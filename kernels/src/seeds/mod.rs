@@ -230,6 +230,36 @@ pub fn forward<T: Real>(
     y: &mut [T],
     ws: &mut Workspace<T>,
 ) {
+    forward_then_blend(bp, shape, params, x, None, y, ws);
+}
+
+/// [`forward`], then the slot's ADD blend with the seed's input as the host activation:
+/// `y = x + a·(bp(x) − x)` with `alpha` the per-env amplitude, already clamped (`[Eb]`). The same bits
+/// as [`forward`] then `ops::blend_add_forward`; the conv seeds blend in the last pass over their output
+/// while it is in cache, so the seed's own output is never written. [`backward`] is unchanged (the ADD
+/// blend's backward needs only `a`).
+pub fn forward_blended_add<T: Real>(
+    bp: CnnBlueprint,
+    shape: SeedShape,
+    params: &[T],
+    x: &[T],
+    alpha: &[T],
+    y: &mut [T],
+    ws: &mut Workspace<T>,
+) {
+    assert_eq!(alpha.len(), shape.envs, "blend amplitude per env [Eb]");
+    forward_then_blend(bp, shape, params, x, Some(alpha), y, ws);
+}
+
+fn forward_then_blend<T: Real>(
+    bp: CnnBlueprint,
+    shape: SeedShape,
+    params: &[T],
+    x: &[T],
+    blend: Option<&[T]>,
+    y: &mut [T],
+    ws: &mut Workspace<T>,
+) {
     let layout = layout(bp, shape.channels);
     assert_eq!(params.len(), shape.envs * layout.param_count(), "seed params length [Eb, P]");
     assert_eq!(x.len(), shape.len(), "seed input length [Eb, B, C, H, W]");
@@ -245,11 +275,14 @@ pub fn forward<T: Real>(
     match bp {
         CnnBlueprint::Norm => norm::forward(shape, p, x, y, buffers),
         CnnBlueprint::Attention => attention::forward(shape, p, x, y, buffers),
-        CnnBlueprint::Depthwise => depthwise::forward(shape, p, x, y, buffers),
         CnnBlueprint::Bottleneck => bottleneck::forward(shape, p, x, y, buffers),
-        CnnBlueprint::ConvSmall => conv::single_forward(shape, 1, p, x, y, buffers),
-        CnnBlueprint::ConvLight => conv::single_forward(shape, 3, p, x, y, buffers),
-        CnnBlueprint::ConvHeavy => conv::heavy_forward(shape, p, x, y, buffers),
+        CnnBlueprint::Depthwise => return depthwise::forward(shape, p, x, y, blend, buffers),
+        CnnBlueprint::ConvSmall => return conv::single_forward(shape, 1, p, x, y, blend, buffers),
+        CnnBlueprint::ConvLight => return conv::single_forward(shape, 3, p, x, y, blend, buffers),
+        CnnBlueprint::ConvHeavy => return conv::heavy_forward(shape, p, x, y, blend, buffers),
+    }
+    if let Some(alpha) = blend {
+        common::blend_add_in_place(shape.batch, shape.channels * shape.h * shape.w, x, alpha, y);
     }
 }
 

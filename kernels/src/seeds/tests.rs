@@ -542,3 +542,42 @@ fn rows_and_tensor_major_round_trip() {
     l.tensors_to_rows(envs, &staged, &mut back);
     assert_eq!(back, rows);
 }
+
+/// The blended forward equals the seed's forward, then `blend_add_forward` with the seed's input as the
+/// host activation, bit for bit, for every blueprint (the conv seeds blend in their last pass, the others
+/// in a separate one), with a different amplitude per env including the clamped ends; and the backward
+/// that follows it is the one that follows the plain forward.
+#[test]
+fn blended_forward_is_forward_then_add_blend() {
+    let s = shape(3, 4, 8, 5, 7);
+    let x = to_f32(&test_input(70, s));
+    let grad_y = to_f32(&signed(71, s.len()));
+    let alpha = [0.25f32, 1.5, 0.7];
+    let clamped: Vec<f32> = alpha.iter().map(|&a| crate::ops::real::clamp01(a)).collect();
+    for bp in CnnBlueprint::ALL {
+        let layout = layout(bp, s.channels);
+        let params = to_f32(&random_rows(&layout, s.envs, 72));
+        let plain = run(bp, s, &params, &x, &grad_y);
+        let mut expected = vec![0.0f32; s.len()];
+        let blend = crate::ops::BlendShape { envs: s.envs, batch: s.batch, features: s.channels * s.h * s.w };
+        crate::ops::blend_add_forward(
+            blend,
+            &x,
+            &plain.y,
+            crate::ops::Amplitude::PerEnv(&alpha),
+            &mut expected,
+        );
+        let moved = expected.iter().zip(&x).filter(|(y, x)| y != x).count();
+        assert!(moved > s.len() / 4, "{bp:?}: the blend moves the output ({moved} of {})", s.len());
+
+        let mut ws = Workspace::new();
+        let mut y = vec![f32::NAN; s.len()];
+        forward_blended_add(bp, s, &params, &x, &clamped, &mut y, &mut ws);
+        assert_eq!(bits(&y), bits(&expected), "{bp:?}: blended output");
+        let mut grad_params = vec![0.0f32; params.len()];
+        let mut grad_x = vec![0.0f32; s.len()];
+        backward(bp, s, &x, &grad_y, &mut grad_params, Some(&mut grad_x), &mut ws);
+        assert_eq!(bits(&grad_params), bits(&plain.grad_params), "{bp:?}: parameter gradients");
+        assert_eq!(bits(&grad_x), bits(&plain.grad_x), "{bp:?}: input gradient");
+    }
+}
