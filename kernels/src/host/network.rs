@@ -494,7 +494,7 @@ impl<T: Real> HostWorkspace<T> {
         let e = norm.envs;
         let (act, pl, c) = (cur.block_out.len() / e, cur.pooled.len() / e, norm.channels);
         let (act_len, pooled_len) = (cur.block_out.len(), cur.pooled.len());
-        let (gamma, mean, inv_std) = (params.gamma(b), &cur.bn_mean, &cur.bn_inv_std);
+        let (gamma, beta, mean, inv_std) = (params.gamma(b), params.beta(b), &cur.bn_mean, &cur.bn_inv_std);
         {
             let (dy, dx) = (&self.grad_a[..pooled_len], &mut self.grad_b[..act_len]);
             for (r, fused) in env_runs(&cur.fused_envs) {
@@ -531,11 +531,12 @@ impl<T: Real> HostWorkspace<T> {
                 continue;
             }
             let (a, k) = (r.start * act..r.end * act, r.start * c..r.end * c);
-            ops::relu_backward_in_place(&cur.block_out[a.clone()], &mut self.grad_a[a.clone()]);
-            ops::batch_norm_backward_window_order(
+            // The ReLU's backward is taken inside the norm's (the same bits, one pass fewer).
+            ops::relu_batch_norm_backward_window_order(
                 NormShape { envs: r.len(), ..norm },
                 &cur.conv_out[a.clone()],
                 &gamma[k.clone()],
+                &beta[k.clone()],
                 &mean[k.clone()],
                 &inv_std[k.clone()],
                 &self.grad_a[a.clone()],
@@ -571,24 +572,35 @@ impl<T: Real> HostWorkspace<T> {
             ws.backward(p, &cur.block_out, &self.grad_a[..act_len], &mut self.grad_b[..act_len]);
             std::mem::swap(&mut self.grad_a, &mut self.grad_b);
         }
-        ops::relu_backward_in_place(&cur.block_out, &mut self.grad_a[..act_len]);
-        // With a pool, the sums in the fused backward's order: the same bits on either path.
-        let backward = if arch.pools_after(b) {
-            ops::batch_norm_backward_window_order
+        // With a pool, the sums in the fused backward's order (the same bits on either path), the ReLU's
+        // backward taken inside the norm's.
+        if arch.pools_after(b) {
+            ops::relu_batch_norm_backward_window_order(
+                norm,
+                &cur.conv_out,
+                params.gamma(b),
+                params.beta(b),
+                &cur.bn_mean,
+                &cur.bn_inv_std,
+                &self.grad_a[..act_len],
+                &mut self.grad_b[..act_len],
+                gamma_grad,
+                beta_grad,
+            );
         } else {
-            ops::batch_norm_backward
-        };
-        backward(
-            norm,
-            &cur.conv_out,
-            params.gamma(b),
-            &cur.bn_mean,
-            &cur.bn_inv_std,
-            &self.grad_a[..act_len],
-            &mut self.grad_b[..act_len],
-            gamma_grad,
-            beta_grad,
-        );
+            ops::relu_backward_in_place(&cur.block_out, &mut self.grad_a[..act_len]);
+            ops::batch_norm_backward(
+                norm,
+                &cur.conv_out,
+                params.gamma(b),
+                &cur.bn_mean,
+                &cur.bn_inv_std,
+                &self.grad_a[..act_len],
+                &mut self.grad_b[..act_len],
+                gamma_grad,
+                beta_grad,
+            );
+        }
     }
 }
 

@@ -42,6 +42,7 @@ pub use fused::{
     NO_GRADIENT, batch_norm_backward_window_order, batch_norm_relu_eval_forward,
     batch_norm_relu_max_pool_backward, batch_norm_relu_max_pool_eval_forward,
     batch_norm_relu_max_pool_train_forward, batch_norm_relu_train_forward,
+    relu_batch_norm_backward_window_order,
 };
 pub use linear::{LinearShape, linear_backward_input, linear_backward_params, linear_forward};
 pub use loss::{ClassifierShape, count_correct, softmax_cross_entropy};

@@ -252,11 +252,15 @@ pub fn batch_norm_backward<T: Real>(
         grad_gamma,
         grad_beta,
         sums,
+        None,
     );
 }
 
 /// [`batch_norm_backward`] with the two per-(env, channel) sums `(Σ dy, Σ dy·(x − mean))` from
-/// `sums(e, c, mean)`: callers differ only in the order of those sums. Overwrites `grad_input`,
+/// `sums(e, c, mean)`: callers differ only in the order of those sums. With `relu_beta = Some(β)` the norm
+/// is followed by a ReLU and `grad_output` is the gradient at the ReLU's output: `dy` counts where the
+/// norm's output `(x − mean)·(inv_std·γ) + β` (recomputed, the forward's arithmetic) is positive, as
+/// after `relu_backward_in_place` (and `sums` must mask the same way). Overwrites `grad_input`,
 /// `grad_gamma`, `grad_beta`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn batch_norm_backward_with_sums<T: Real>(
@@ -270,6 +274,7 @@ pub(crate) fn batch_norm_backward_with_sums<T: Real>(
     grad_gamma: &mut [T],
     grad_beta: &mut [T],
     sums: impl Fn(usize, usize, T) -> (LaneSums<T>, LaneSums<T>) + Sync,
+    relu_beta: Option<&[T]>,
 ) {
     for a in [x, grad_output, &*grad_input] {
         assert_eq!(a.len(), shape.len(), "batch norm activation length");
@@ -287,9 +292,17 @@ pub(crate) fn batch_norm_backward_with_sums<T: Real>(
         let range = i * shape.image()..(i + 1) * shape.image();
         let (x_img, dy_img) = (&x[range.clone()], &grad_output[range]);
         for ch in 0..c {
-            let k = DxConsts::new(gamma, save_mean, save_inv_std, d_gamma, d_beta, n, e * c + ch);
+            let p = e * c + ch;
+            let k = DxConsts::new(gamma, save_mean, save_inv_std, d_gamma, d_beta, n, p);
             let range = ch * plane..(ch + 1) * plane;
-            k.input_grad(&x_img[range.clone()], &dy_img[range.clone()], &mut dx_img[range]);
+            let (x, dy, dx) = (&x_img[range.clone()], &dy_img[range.clone()], &mut dx_img[range]);
+            match relu_beta {
+                None => k.input_grad(x, dy, dx, |_| true),
+                Some(beta) => {
+                    let (mean, scale, shift) = train_affine(save_mean, save_inv_std, gamma, beta)(p);
+                    k.input_grad(x, dy, dx, |v| affine(v, mean, scale, shift) > T::ZERO)
+                }
+            }
         }
     });
 }
@@ -347,10 +360,12 @@ impl<T: Real> DxConsts<T> {
         }
     }
 
-    /// `dx = γ·inv_std·(dy − dβ/N − x̂·dγ/N)` over one plane.
+    /// `dx = γ·inv_std·(dy − dβ/N − x̂·dγ/N)` over one plane, where `dy` counts only where `keep(x)`
+    /// (a ReLU after the norm: zero where its output was not positive).
     #[inline(always)]
-    pub(crate) fn input_grad(&self, x: &[T], dy: &[T], dx: &mut [T]) {
+    pub(crate) fn input_grad(&self, x: &[T], dy: &[T], dx: &mut [T], keep: impl Fn(T) -> bool) {
         for ((dx, &v), &dy) in dx.iter_mut().zip(x).zip(dy) {
+            let dy = if keep(v) { dy } else { T::ZERO };
             let x_hat = (v - self.mean) * self.inv_std;
             *dx = self.scale * (dy - self.mean_dy - x_hat * self.mean_dy_xhat);
         }
