@@ -589,7 +589,6 @@ pub fn relu_group_norm_backward<T: Real>(
         return;
     }
     let per_group = c / groups;
-    let n = T::from_usize(per_group * plane);
     grad_input
         .par_chunks_mut(shape.batch * image)
         .zip(grad_gamma.par_chunks_mut(c))
@@ -607,41 +606,34 @@ pub fn relu_group_norm_backward<T: Real>(
                     for ((d, &v), &g) in dy_img.iter_mut().zip(y_img).zip(&grad_out[range]) {
                         *d = if v > T::ZERO { g } else { T::ZERO };
                     }
-                    for g in 0..groups {
-                        let (mean, inv_std) = (save_mean[i * groups + g], save_inv_std[i * groups + g]);
-                        let channels = g * per_group..(g + 1) * per_group;
-                        let mut sum_dyg = LaneSums::new();
-                        let mut sum_dyg_xhat = LaneSums::new();
-                        for ch in channels.clone() {
-                            let p = ch * plane..(ch + 1) * plane;
-                            let (dy, xs) = (&dy_img[p.clone()], &x_img[p]);
-                            // The parameter sums, carried across the env's images.
-                            let held = &mut lanes[2 * ch * LANES..2 * (ch + 1) * LANES];
-                            let (held_dy, held_dy_xhat) = held.split_at_mut(LANES);
-                            let mut sum_dy = LaneSums { lanes: (&*held_dy).try_into().expect("LANES") };
-                            let mut sum_dy_xhat =
-                                LaneSums { lanes: (&*held_dy_xhat).try_into().expect("LANES") };
-                            sum_dy.add_map(dy, |d| d);
-                            sum_dy_xhat.add_zip(dy, xs, |d, v| d * ((v - mean) * inv_std));
-                            held_dy.copy_from_slice(&sum_dy.lanes);
-                            held_dy_xhat.copy_from_slice(&sum_dy_xhat.lanes);
-                            let gam = gamma[ch];
-                            sum_dyg.add_map(dy, |d| d * gam);
-                            sum_dyg_xhat.add_zip(dy, xs, |d, v| d * gam * ((v - mean) * inv_std));
-                        }
-                        let mean_dyg = sum_dyg.total() / n;
-                        let mean_dyg_xhat = sum_dyg_xhat.total() / n;
-                        for ch in channels {
-                            let gam = gamma[ch];
-                            let p = ch * plane..(ch + 1) * plane;
-                            for ((dx, &dy), &v) in
-                                dx_img[p.clone()].iter_mut().zip(&dy_img[p.clone()]).zip(&x_img[p])
-                            {
-                                let x_hat = (v - mean) * inv_std;
-                                *dx = inv_std * (dy * gam - mean_dyg - x_hat * mean_dyg_xhat);
-                            }
-                        }
+                    let (means, inv_stds) = (
+                        &save_mean[i * groups..(i + 1) * groups],
+                        &save_inv_std[i * groups..(i + 1) * groups],
+                    );
+                    // The parameter sums, carried across the env's images per channel.
+                    for ch in 0..c {
+                        let g = ch / per_group;
+                        let (mean, inv_std) = (means[g], inv_stds[g]);
+                        let p = ch * plane..(ch + 1) * plane;
+                        let (dy, xs) = (&dy_img[p.clone()], &x_img[p]);
+                        let held = &mut lanes[2 * ch * LANES..2 * (ch + 1) * LANES];
+                        let (held_dy, held_dy_xhat) = held.split_at_mut(LANES);
+                        let mut sum_dy = LaneSums { lanes: (&*held_dy).try_into().expect("LANES") };
+                        let mut sum_dy_xhat = LaneSums { lanes: (&*held_dy_xhat).try_into().expect("LANES") };
+                        sum_dy.add_map(dy, |d| d);
+                        sum_dy_xhat.add_zip(dy, xs, |d, v| d * ((v - mean) * inv_std));
+                        held_dy.copy_from_slice(&sum_dy.lanes);
+                        held_dy_xhat.copy_from_slice(&sum_dy_xhat.lanes);
                     }
+                    group_norm_image_input_grad(
+                        plane,
+                        gamma,
+                        (means, inv_stds),
+                        x_img,
+                        dy_img,
+                        dx_img,
+                        false,
+                    );
                 }
                 for (ch, (d_gamma, d_beta)) in d_gamma.iter_mut().zip(d_beta.iter_mut()).enumerate() {
                     let held = &lanes[2 * ch * LANES..2 * (ch + 1) * LANES];
@@ -694,43 +686,67 @@ fn group_norm_backward_impl<T: Real>(
         return;
     }
 
-    // Input gradient: per (env, image); dx = inv_std·(dy·γ − mean(dy·γ) − x̂·mean(dy·γ·x̂)) per group.
-    let n = T::from_usize(per_group * shape.plane());
+    // Input gradient: per (env, image).
     grad_input.par_chunks_mut(shape.image()).enumerate().for_each(|(i, dx_img)| {
         let e = i / shape.batch;
         let range = i * shape.image()..(i + 1) * shape.image();
-        let (x_img, dy_img) = (&x[range.clone()], &grad_output[range]);
-        for g in 0..groups {
-            let (mean, inv_std) = (save_mean[i * groups + g], save_inv_std[i * groups + g]);
-            let channels = g * per_group..(g + 1) * per_group;
-            let mut sum_dyg = LaneSums::new();
-            let mut sum_dyg_xhat = LaneSums::new();
-            for ch in channels.clone() {
-                let gam = gamma[e * c + ch];
-                let plane = ch * shape.plane()..(ch + 1) * shape.plane();
-                sum_dyg.add_map(&dy_img[plane.clone()], |d| d * gam);
-                sum_dyg_xhat
-                    .add_zip(&dy_img[plane.clone()], &x_img[plane], |d, v| d * gam * ((v - mean) * inv_std));
-            }
-            let mean_dyg = sum_dyg.total() / n;
-            let mean_dyg_xhat = sum_dyg_xhat.total() / n;
-            for ch in channels {
-                let gam = gamma[e * c + ch];
-                let plane = ch * shape.plane()..(ch + 1) * shape.plane();
-                for ((dx, &dy), &v) in
-                    dx_img[plane.clone()].iter_mut().zip(&dy_img[plane.clone()]).zip(&x_img[plane])
-                {
-                    let x_hat = (v - mean) * inv_std;
-                    let value = inv_std * (dy * gam - mean_dyg - x_hat * mean_dyg_xhat);
-                    if accumulate {
-                        *dx += value;
-                    } else {
-                        *dx = value;
-                    }
+        let stats = (&save_mean[i * groups..(i + 1) * groups], &save_inv_std[i * groups..(i + 1) * groups]);
+        let gamma = &gamma[e * c..(e + 1) * c];
+        group_norm_image_input_grad(
+            shape.plane(),
+            gamma,
+            stats,
+            &x[range.clone()],
+            &grad_output[range],
+            dx_img,
+            accumulate,
+        );
+    });
+}
+
+/// One image's input gradient of [`group_norm_backward`]: per group,
+/// `dx = inv_std·(dy·γ − mean(dy·γ) − x̂·mean(dy·γ·x̂))`, written or (`accumulate`) added into `dx_img`.
+/// `gamma` is the image's env's `[C]`, `(means, inv_stds)` its `[G]` statistics; images are `[C, plane]`.
+#[inline(always)]
+fn group_norm_image_input_grad<T: Real>(
+    plane: usize,
+    gamma: &[T],
+    (means, inv_stds): (&[T], &[T]),
+    x_img: &[T],
+    dy_img: &[T],
+    dx_img: &mut [T],
+    accumulate: bool,
+) {
+    let groups = means.len();
+    let per_group = gamma.len() / groups;
+    let n = T::from_usize(per_group * plane);
+    for g in 0..groups {
+        let (mean, inv_std) = (means[g], inv_stds[g]);
+        let channels = g * per_group..(g + 1) * per_group;
+        let mut sum_dyg = LaneSums::new();
+        let mut sum_dyg_xhat = LaneSums::new();
+        for ch in channels.clone() {
+            let gam = gamma[ch];
+            let p = ch * plane..(ch + 1) * plane;
+            sum_dyg.add_map(&dy_img[p.clone()], |d| d * gam);
+            sum_dyg_xhat.add_zip(&dy_img[p.clone()], &x_img[p], |d, v| d * gam * ((v - mean) * inv_std));
+        }
+        let mean_dyg = sum_dyg.total() / n;
+        let mean_dyg_xhat = sum_dyg_xhat.total() / n;
+        for ch in channels {
+            let gam = gamma[ch];
+            let p = ch * plane..(ch + 1) * plane;
+            for ((dx, &dy), &v) in dx_img[p.clone()].iter_mut().zip(&dy_img[p.clone()]).zip(&x_img[p]) {
+                let x_hat = (v - mean) * inv_std;
+                let value = inv_std * (dy * gam - mean_dyg - x_hat * mean_dyg_xhat);
+                if accumulate {
+                    *dx += value;
+                } else {
+                    *dx = value;
                 }
             }
         }
-    });
+    }
 }
 
 #[cfg(test)]
