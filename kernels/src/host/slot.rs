@@ -215,7 +215,6 @@ impl<T: Real> SlotWorkspace<T> {
                     (&group.x[..eb * sample], &group.params[..eb * len])
                 }
             };
-            let s = fit(&mut group.s, eb * sample);
             if group.ranges[ADD] == (0..eb) {
                 // Every env blends by ADD: the seed blends in its own last pass (the same bits as the
                 // blend below), straight into the slot's output rows or the gathered ones.
@@ -232,6 +231,7 @@ impl<T: Real> SlotWorkspace<T> {
                 }
                 continue;
             }
+            let s = fit(&mut group.s, eb * sample);
             seeds::forward(bp, shape, p, x, s, &mut group.ws);
             if group.first.is_none() {
                 fit(&mut group.y, eb * sample);
@@ -320,7 +320,9 @@ impl<T: Real> SlotWorkspace<T> {
                 let rows = r.start * sample..r.end * sample;
                 let a = Amplitude::PerEnv(&group.alpha[r.clone()]);
                 let bs = BlendShape { envs: n, ..blend };
-                let (xs, ss, dys) = (&x[rows.clone()], &group.s[rows.clone()], &dy[rows.clone()]);
+                // The seed's output is read only by the MULTIPLY and GATE blends (an all-ADD group never
+                // writes it).
+                let (xs, dys) = (&x[rows.clone()], &dy[rows.clone()]);
                 let dss = &mut ds[rows.clone()];
                 // Straight-through: the seed gets the output gradient, the host keeps it whole (copied
                 // with the unblended envs above).
@@ -334,12 +336,21 @@ impl<T: Real> SlotWorkspace<T> {
                 };
                 match mode {
                     SeedMode::Add => ops::blend_add_backward(bs, a, dys, dhs, dss),
-                    SeedMode::Multiply => {
-                        ops::blend_multiply_backward(bs, xs, ss, xs, a, dys, dhs, dss, None)
-                    }
+                    SeedMode::Multiply => ops::blend_multiply_backward(
+                        bs,
+                        xs,
+                        &group.s[rows.clone()],
+                        xs,
+                        a,
+                        dys,
+                        dhs,
+                        dss,
+                        None,
+                    ),
                     SeedMode::Gate => {
                         let gate_len = params.gate.row_len;
                         let dg = fit(&mut group.dg, n * *batch);
+                        let ss = &group.s[rows.clone()];
                         ops::blend_gate_backward(bs, xs, ss, a, &group.g[..n * *batch], dys, dhs, dss, dg);
                         let gshape = SeedShape { envs: n, ..shape };
                         let gg = fit(&mut group.gate_grads, n * gate_len);
