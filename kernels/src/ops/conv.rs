@@ -314,6 +314,7 @@ fn correlate_image<T: Real>(
     packed_weights: &[T],
     scratch: &mut [T],
     kernels: Kernels,
+    rows: bool,
 ) {
     let geo = c.geo;
     let plane_src = geo.src_h * geo.src_w;
@@ -332,6 +333,26 @@ fn correlate_image<T: Real>(
             let packed = &packed_weights[packed_at..packed_at + n * src_per_group * kk];
             packed_at += packed.len();
             match n {
+                #[cfg(target_arch = "x86_64")]
+                WIDE_BLOCK if rows => {
+                    let (src, packed) = (as_f32(group_src).unwrap(), as_f32(packed).unwrap());
+                    let out = &mut dst[(g * dst_per_group + o) * plane_dst..][..WIDE_BLOCK * plane_dst];
+                    let (out, size) = (as_f32_mut(out).unwrap(), (geo.dst_h, geo.dst_w));
+                    // SAFETY: as below (`rows` is only set under Kernels::Avx512, see correlate_run).
+                    unsafe {
+                        conv_avx512::correlate_rows8(
+                            src,
+                            geo.plane,
+                            geo.wp,
+                            size,
+                            &taps[..kk],
+                            packed,
+                            out,
+                            c.accumulate,
+                        )
+                    };
+                    continue;
+                }
                 #[cfg(target_arch = "x86_64")]
                 WIDE_BLOCK => {
                     let (src, packed) = (as_f32(group_src).unwrap(), as_f32(packed).unwrap());
@@ -908,16 +929,18 @@ fn correlate_run<T: Real>(
     let geo = c.geo;
     let src_image = c.src_channels * geo.src_h * geo.src_w;
     let dst_image = c.dst_channels * geo.dst_h * geo.dst_w;
+    // The AVX-512 kernel writes whole-register rows straight into the destination (the same bits).
+    let rows = kernels != Kernels::Portable && geo.dst_w.is_multiple_of(16);
     let images = src.chunks_exact(src_image).zip(dst.chunks_exact_mut(dst_image));
     match stats {
         None => {
             for (src, dst) in images {
-                correlate_image(c, src, dst, packed, scratch, kernels);
+                correlate_image(c, src, dst, packed, scratch, kernels, rows);
             }
         }
         Some(stats) => {
             for ((src, dst), stats) in images.zip(stats.chunks_exact_mut(2 * c.dst_channels)) {
-                correlate_image(c, src, dst, packed, scratch, kernels);
+                correlate_image(c, src, dst, packed, scratch, kernels, rows);
                 image_plane_stats(c, dst, stats);
             }
         }
@@ -1334,6 +1357,50 @@ mod tests {
             assert_eq!(bits(&portable), bits(&dispatched), "case {case}: weight gradient");
             assert!(portable.iter().all(|v| *v != 0.0), "case {case}: weight gradients");
         }
+    }
+
+    /// Where rows are whole registers the AVX-512 path writes them straight into the destination
+    /// (`correlate_rows8`) instead of through the padded-width tile: the same bits as the portable code,
+    /// for the forward and the input-gradient correlation, overwriting and accumulating, with an odd
+    /// number of registers per plane and with groups.
+    #[test]
+    fn rows_written_straight_to_the_destination_give_the_padded_layout_bits() {
+        // (c_in, c_out, h, w, groups)
+        let cases = [(8, 8, 32, 32, 1), (4, 16, 3, 16, 1), (16, 32, 5, 48, 2), (3, 8, 16, 16, 1)];
+        let mut rows_cases = 0;
+        for (case, &(c_in, c_out, h, w, groups)) in cases.iter().enumerate() {
+            let s = shape(1, 2, c_in, c_out, h, w, 3, 1, groups);
+            let forward = forward_correlation(&s);
+            let input_gradient = Correlation {
+                src_channels: s.c_out,
+                dst_channels: s.c_in,
+                groups: s.groups,
+                geo: Geometry::new(s.h_out(), s.w_out(), s.k, s.k - 1 - s.pad),
+                layout: WeightLayout::input_gradient(&s),
+                accumulate: false,
+            };
+            let w = to_f32(&signed(90 + case as u64, s.weight_len()));
+            for (which, base) in [forward, input_gradient].into_iter().enumerate() {
+                for accumulate in [false, true] {
+                    let c = Correlation { accumulate, ..base };
+                    let src_len = 2 * c.src_channels * c.geo.src_h * c.geo.src_w;
+                    let dst_len = 2 * c.dst_channels * c.geo.dst_h * c.geo.dst_w;
+                    let src = to_f32(&signed(91 + case as u64, src_len));
+                    let before = to_f32(&signed(92 + case as u64, dst_len));
+                    let mut portable = before.clone();
+                    let mut scratch = vec![0.0f32; c.packed_len() + c.scratch_len()];
+                    correlate_run(&c, &src, &mut portable, &w, &mut scratch, None, Kernels::Portable);
+                    let mut dispatched = before.clone();
+                    dispatch_correlate(&c, &src, &mut dispatched, &w, None);
+                    let what = format!("case {case}, correlation {which}, accumulate {accumulate}");
+                    assert_eq!(bits(&portable), bits(&dispatched), "{what}");
+                    let changed = portable.iter().zip(&before).filter(|(a, b)| a != b).count();
+                    assert!(changed > dst_len * 9 / 10, "{what}: {changed} of {dst_len} outputs written");
+                    rows_cases += usize::from(c.dst_per_group().is_multiple_of(WIDE_BLOCK));
+                }
+            }
+        }
+        assert_eq!(rows_cases, 12, "correlations with whole blocks of eight destination channels");
     }
 
     /// The AVX-512 kernels themselves against the portable code, on this CPU when it has them (the test

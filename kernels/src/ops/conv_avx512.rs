@@ -9,6 +9,8 @@
 //! * [`correlate_block8`]: eight output channels × 32 positions in sixteen 512-bit accumulators (the AVX2
 //!   path holds four channels × 16 positions: with 32 registers there is room for twice as many chains
 //!   per loaded run of input).
+//! * [`correlate_rows8`]: the same where rows are whole registers (`w` a multiple of 16), written
+//!   straight into the destination planes: no junk positions and no copy out of a tile buffer.
 //! * [`weight_grad_taps3x3`]: all nine taps of a 3×3 kernel for a block of four output channels at once.
 //!   A 512-bit register holds the eight lane partial sums of two output channels for one tap, so one
 //!   load of eight input positions (broadcast to both halves) feeds two channels, and the output
@@ -99,6 +101,99 @@ pub unsafe fn correlate_block8(
         for j in 0..N {
             // SAFETY: row j of out has q_round = q0 + 16 elements.
             unsafe { _mm512_storeu_ps(out.add(j * q_round + q0), acc[j]) };
+        }
+    }
+}
+
+/// [`correlate_block8`] written straight into the destination planes, for a correlation that keeps the
+/// plane's size and whose rows are whole registers (`w` a multiple of 16): register `v` holds the 16
+/// positions from `p = 16·v` (row `p / w`, columns from `p mod w`), which read the padded plane from
+/// `(p / w)·wp + p mod w`. So every output is the same fused multiply-add chain in (s, t) order over the
+/// same padded values as [`correlate_block8`]'s and gets the same bits, without the junk positions of the
+/// padded-width layout and without the copy out of a tile buffer.
+///
+/// `src` holds `n_src` padded planes of `plane` elements (row width `wp`); `out` 8 planes of `h·w`
+/// elements; `packed` is `[n_src][taps.len()][8]`. With `accumulate` each output is added to what `out`
+/// holds (`out + sum`).
+///
+/// # Safety
+/// The CPU must support AVX-512F ([`available`]).
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512dq")]
+pub unsafe fn correlate_rows8(
+    src: &[f32],
+    plane: usize,
+    wp: usize,
+    (h, w): (usize, usize),
+    taps: &[usize],
+    packed: &[f32],
+    out: &mut [f32],
+    accumulate: bool,
+) {
+    const N: usize = 8;
+    let kk = taps.len();
+    let n_src = src.len() / plane;
+    let out_plane = h * w;
+    let vectors = out_plane / WIDTH;
+    assert!(w.is_multiple_of(WIDTH) && wp >= w, "rows are whole registers");
+    assert!(
+        taps.iter().all(|&t| (h - 1) * wp + w + t <= plane),
+        "every tap's run of every row stays inside its plane"
+    );
+    assert_eq!(packed.len(), n_src * kk * N, "packed weights");
+    assert!(out.len() >= N * out_plane, "output planes");
+    let (src, packed, out) = (src.as_ptr(), packed.as_ptr(), out.as_mut_ptr());
+    let base = |v: usize| (v * WIDTH / w) * wp + (v * WIDTH) % w;
+    // SAFETY: row j of out has out_plane ≥ p + 16 elements.
+    let finish = |j: usize, p: usize, acc: __m512| unsafe {
+        let at = out.add(j * out_plane + p);
+        let value = if accumulate { _mm512_add_ps(_mm512_loadu_ps(at), acc) } else { acc };
+        _mm512_storeu_ps(at, value);
+    };
+    let mut v = 0;
+    // Two registers of positions per channel while they fit, then one.
+    while v + 2 <= vectors {
+        let (b0, b1) = (base(v), base(v + 1));
+        let mut acc = [_mm512_setzero_ps(); 2 * N];
+        for s in 0..n_src {
+            for t in 0..kk {
+                // SAFETY: b + taps[t] + 16 ≤ (h − 1)·wp + w + taps[t] ≤ plane (asserted), inside plane s;
+                // (s·kk + t)·8 + 7 < packed.len() (asserted).
+                unsafe {
+                    let run = src.add(s * plane + taps[t]);
+                    let (r0, r1) = (_mm512_loadu_ps(run.add(b0)), _mm512_loadu_ps(run.add(b1)));
+                    let w = packed.add((s * kk + t) * N);
+                    for j in 0..N {
+                        let wv = _mm512_set1_ps(*w.add(j));
+                        acc[2 * j] = _mm512_fmadd_ps(wv, r0, acc[2 * j]);
+                        acc[2 * j + 1] = _mm512_fmadd_ps(wv, r1, acc[2 * j + 1]);
+                    }
+                }
+            }
+        }
+        for j in 0..N {
+            finish(j, v * WIDTH, acc[2 * j]);
+            finish(j, (v + 1) * WIDTH, acc[2 * j + 1]);
+        }
+        v += 2;
+    }
+    if v < vectors {
+        let b0 = base(v);
+        let mut acc = [_mm512_setzero_ps(); N];
+        for s in 0..n_src {
+            for t in 0..kk {
+                // SAFETY: as above.
+                unsafe {
+                    let r0 = _mm512_loadu_ps(src.add(s * plane + taps[t] + b0));
+                    let w = packed.add((s * kk + t) * N);
+                    for j in 0..N {
+                        acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(*w.add(j)), r0, acc[j]);
+                    }
+                }
+            }
+        }
+        for j in 0..N {
+            finish(j, v * WIDTH, acc[j]);
         }
     }
 }
