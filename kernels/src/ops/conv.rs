@@ -683,6 +683,36 @@ fn weight_grad_block<T: Real, const N: usize>(
     kernels: Kernels,
 ) {
     let s = job.shape;
+    let run = weight_grad_run_images::<T, N>(job);
+    let (lanes, work) = scratch.split_at_mut(job.blocks * N * s.c_in_per_group() * s.k * s.k * LANES);
+    lanes.fill(T::ZERO);
+    let (in_image, out_image) = (s.c_in * s.h * s.w, s.c_out * s.h_out() * s.w_out());
+    for b0 in (0..s.batch).step_by(run) {
+        let n = run.min(s.batch - b0);
+        let x_run = &job.input[b0 * in_image..(b0 + n) * in_image];
+        let dy_run = &job.grad_output[b0 * out_image..(b0 + n) * out_image];
+        weight_grad_add_run::<T, N>(job, x_run, dy_run, lanes, work, kernels);
+    }
+    for (value, partial) in dw.iter_mut().zip(lanes.chunks_exact(LANES)) {
+        *value = tree_sum(partial.try_into().unwrap());
+    }
+}
+
+/// Adds a run of images to the lane sums of a weight-gradient job, image after image: `x_run` holds the
+/// run's whole input images (`[n, c_in, h, w]`, `n` at most [`weight_grad_run_images`]), `dy_run` their
+/// output gradient (`[n, c_out, h_out, w_out]`), `lanes` the job's `[blocks][N][cin_g][k²][LANES]`
+/// partial sums, `work` the rest of [`weight_grad_scratch_len`]'s scratch. Runs added in image order give
+/// every lane the same sum, in the same order, whatever their sizes.
+#[inline(always)]
+fn weight_grad_add_run<T: Real, const N: usize>(
+    job: &WeightGradJob<'_, T>,
+    x_run: &[T],
+    dy_run: &[T],
+    lanes: &mut [T],
+    work: &mut [T],
+    kernels: Kernels,
+) {
+    let s = job.shape;
     let geo = job.geo;
     let (cin_g, cout_g) = (s.c_in_per_group(), s.c_out_per_group());
     let kk = s.k * s.k;
@@ -694,30 +724,32 @@ fn weight_grad_block<T: Real, const N: usize>(
     let image_planes = groups.len() * cin_g * geo.plane;
     let image_dy = job.blocks * block_dy;
     let run = weight_grad_run_images::<T, N>(job);
-    let (lanes, rest) = scratch.split_at_mut(job.blocks * block_lanes);
-    let (padded, rest) = rest.split_at_mut(run * image_planes);
+    let (in_image, out_image) = (s.c_in * s.h * s.w, s.c_out * s.h_out() * s.w_out());
+    let n = x_run.len() / in_image;
+    assert!(n >= 1 && n <= run && x_run.len() == n * in_image, "a run of whole input images");
+    assert_eq!(dy_run.len(), n * out_image, "a run of whole output-gradient images");
+    assert_eq!(lanes.len(), job.blocks * block_lanes, "the job's lane sums");
+    let (padded, rest) = work.split_at_mut(run * image_planes);
     let (dy_rows, rest) = rest.split_at_mut(block_dy);
     let dy_padded = &mut rest[..run * image_dy];
-    lanes.fill(T::ZERO);
-    // Runs of images: their input planes padded and their output gradient interleaved once, then each
-    // (block, input channel) adds the run's images in order, so every lane sums exactly as image by image.
-    for b0 in (0..s.batch).step_by(run) {
-        let n = run.min(s.batch - b0);
+    // The run's input planes padded and its output gradient interleaved once, then each (block, input
+    // channel) adds the run's images in order, so every lane sums exactly as image by image.
+    {
         for (r, planes) in padded.chunks_exact_mut(image_planes).take(n).enumerate() {
-            let first_channel = (b0 + r) * s.c_in + groups.start * cin_g;
+            let first_channel = r * s.c_in + groups.start * cin_g;
             for (c, plane) in planes.chunks_exact_mut(geo.plane).enumerate() {
                 let channel = first_channel + c;
-                geo.pad_plane(&job.input[channel * hw..(channel + 1) * hw], plane);
+                geo.pad_plane(&x_run[channel * hw..(channel + 1) * hw], plane);
             }
         }
         for (i, interleaved) in dy_padded.chunks_exact_mut(block_dy).take(n * job.blocks).enumerate() {
-            let (b, first_out) = (b0 + i / job.blocks, job.first_out + (i % job.blocks) * N);
+            let (b, first_out) = (i / job.blocks, job.first_out + (i % job.blocks) * N);
             // The output gradient in the padded-width layout, zero on the junk positions so they add nothing,
             // interleaved by lane groups: position q of channel j at ((q / LANES)·N + j)·LANES + q % LANES,
             // so that one lane group of the whole block is contiguous.
             for (j, row) in dy_rows.chunks_exact_mut(geo.q_round).enumerate() {
                 let channel = b * s.c_out + first_out + j;
-                let dy = &job.grad_output[channel * hw_out..(channel + 1) * hw_out];
+                let dy = &dy_run[channel * hw_out..(channel + 1) * hw_out];
                 for y in 0..geo.dst_h {
                     let (data, junk) = row[y * geo.wp..(y + 1) * geo.wp].split_at_mut(geo.dst_w);
                     copy_short(data, &dy[y * geo.dst_w..(y + 1) * geo.dst_w]);
@@ -796,9 +828,6 @@ fn weight_grad_block<T: Real, const N: usize>(
                 }
             }
         }
-    }
-    for (value, partial) in dw.iter_mut().zip(lanes.chunks_exact(LANES)) {
-        *value = tree_sum(partial.try_into().unwrap());
     }
 }
 
@@ -896,20 +925,33 @@ fn dispatch_correlate<T: Real>(
     stats: Option<&mut [T]>,
 ) {
     T::with_scratch(c.packed_len() + c.scratch_len(), |scratch| {
-        #[cfg(target_arch = "x86_64")]
-        if wide_kernels::<T>() {
-            // SAFETY: the CPU supports AVX-512F/DQ (checked just above), which implies AVX2 and FMA.
-            unsafe { correlate_run_avx512(c, src, dst, weight, scratch, stats) };
-            return;
-        }
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU supports AVX2 and FMA (checked just above).
-            unsafe { correlate_run_avx2(c, src, dst, weight, scratch, stats) };
-            return;
-        }
-        correlate_run(c, src, dst, weight, scratch, stats, Kernels::Portable);
+        dispatch_correlate_in(c, src, dst, weight, stats, scratch)
     });
+}
+
+/// [`dispatch_correlate`] in the caller's scratch (at least `packed_len() + scratch_len()` elements).
+#[inline]
+fn dispatch_correlate_in<T: Real>(
+    c: &Correlation,
+    src: &[T],
+    dst: &mut [T],
+    weight: &[T],
+    stats: Option<&mut [T]>,
+    scratch: &mut [T],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if wide_kernels::<T>() {
+        // SAFETY: the CPU supports AVX-512F/DQ (checked just above), which implies AVX2 and FMA.
+        unsafe { correlate_run_avx512(c, src, dst, weight, scratch, stats) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+        unsafe { correlate_run_avx2(c, src, dst, weight, scratch, stats) };
+        return;
+    }
+    correlate_run(c, src, dst, weight, scratch, stats, Kernels::Portable);
 }
 
 /// A run of images of one env (`src` and `dst` whole images): the weights packed once, then each image
@@ -1012,6 +1054,169 @@ fn weight_grad_block_avx512<T: Real, const N: usize>(
     scratch: &mut [T],
 ) {
     weight_grad_block::<T, N>(job, dw, scratch, Kernels::Avx512);
+}
+
+/// [`weight_grad_add_run`] on the fastest build of the hot loops this CPU has.
+fn dispatch_weight_grad_add_run<T: Real, const N: usize>(
+    job: &WeightGradJob<'_, T>,
+    x_run: &[T],
+    dy_run: &[T],
+    lanes: &mut [T],
+    work: &mut [T],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if wide_kernels::<T>() {
+        // SAFETY: the CPU supports AVX-512F/DQ (checked just above), which implies AVX2 and FMA.
+        unsafe { weight_grad_add_run_avx512::<T, N>(job, x_run, dy_run, lanes, work) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+        unsafe { weight_grad_add_run_avx2::<T, N>(job, x_run, dy_run, lanes, work) };
+        return;
+    }
+    weight_grad_add_run::<T, N>(job, x_run, dy_run, lanes, work, Kernels::Portable);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn weight_grad_add_run_avx2<T: Real, const N: usize>(
+    job: &WeightGradJob<'_, T>,
+    x_run: &[T],
+    dy_run: &[T],
+    lanes: &mut [T],
+    work: &mut [T],
+) {
+    weight_grad_add_run::<T, N>(job, x_run, dy_run, lanes, work, Kernels::Portable);
+}
+
+/// Only called where [`wide_kernels`] holds for `T`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
+fn weight_grad_add_run_avx512<T: Real, const N: usize>(
+    job: &WeightGradJob<'_, T>,
+    x_run: &[T],
+    dy_run: &[T],
+    lanes: &mut [T],
+    work: &mut [T],
+) {
+    weight_grad_add_run::<T, N>(job, x_run, dy_run, lanes, work, Kernels::Avx512);
+}
+
+/// One env's conv backward taken a run of images at a time, for a caller that produces the output
+/// gradient run by run and wants it used while it is in cache (a seed unit's norm backward): the weight
+/// gradient is [`conv2d_backward_weight`]'s whole-env job fed run after run (each lane sums the same
+/// values in the same order, so the same bits), the input gradient of a run is computed image by image
+/// as [`conv2d_backward_input`] computes it. Single-threaded (the caller runs one task per env); the
+/// caller owns the scratch ([`Self::scratch_len`]) because the ops' own scratch is not re-entrant.
+pub(crate) struct ConvBackwardRuns {
+    /// The conv's shape for one env (`envs` = 1; `batch` is the env's image count).
+    shape: Conv2dShape,
+    /// Output channels per weight-gradient block (as [`conv2d_backward_weight`] picks them).
+    block: usize,
+    lanes_len: usize,
+    work_len: usize,
+    input_gradient: Correlation,
+}
+
+impl ConvBackwardRuns {
+    pub fn new(shape: &Conv2dShape) -> Self {
+        let shape = Conv2dShape { envs: 1, ..*shape };
+        shape.validate();
+        let cout_g = shape.c_out_per_group();
+        let block = if cout_g.is_multiple_of(BLOCK) {
+            BLOCK
+        } else if cout_g.is_multiple_of(2) {
+            2
+        } else {
+            1
+        };
+        let job = Self::job_of(&shape, block);
+        let lanes_len = shape.c_out * shape.c_in_per_group() * shape.k * shape.k * LANES;
+        let work_len = match block {
+            BLOCK => weight_grad_scratch_len::<f32, BLOCK>(&job),
+            2 => weight_grad_scratch_len::<f32, 2>(&job),
+            _ => weight_grad_scratch_len::<f32, 1>(&job),
+        } - lanes_len;
+        let input_gradient = Correlation {
+            src_channels: shape.c_out,
+            dst_channels: shape.c_in,
+            groups: shape.groups,
+            geo: Geometry::new(shape.h_out(), shape.w_out(), shape.k, shape.k - 1 - shape.pad),
+            layout: WeightLayout::input_gradient(&shape),
+            accumulate: false,
+        };
+        Self { shape, block, lanes_len, work_len, input_gradient }
+    }
+
+    /// The whole-env weight-gradient job (its input and output gradient are given run by run).
+    fn job_of<T>(shape: &Conv2dShape, block: usize) -> WeightGradJob<'_, T> {
+        WeightGradJob {
+            shape,
+            geo: Geometry::new(shape.h, shape.w, shape.k, shape.pad),
+            input: &[],
+            grad_output: &[],
+            first_out: 0,
+            blocks: shape.c_out / block,
+        }
+    }
+
+    /// The most images one [`Self::add_run`] takes.
+    pub fn run_images(&self) -> usize {
+        let job = Self::job_of::<f32>(&self.shape, self.block);
+        match self.block {
+            BLOCK => weight_grad_run_images::<f32, BLOCK>(&job),
+            2 => weight_grad_run_images::<f32, 2>(&job),
+            _ => weight_grad_run_images::<f32, 1>(&job),
+        }
+    }
+
+    /// Scratch elements the env's backward needs, kept by the caller from [`Self::begin`] to
+    /// [`Self::finish`].
+    pub fn scratch_len(&self) -> usize {
+        self.lanes_len + self.work_len + self.input_gradient.packed_len() + self.input_gradient.scratch_len()
+    }
+
+    /// Starts an env: zero weight-gradient sums.
+    pub fn begin<T: Real>(&self, scratch: &mut [T]) {
+        scratch[..self.lanes_len].fill(T::ZERO);
+    }
+
+    /// Adds the run's images (`x_run`, their conv input, and `dy_run`, their output gradient; the runs
+    /// of an env in image order) to the weight gradient, and with `grad_input` writes (or with `true`,
+    /// adds) the run's input gradient there. `weight` is the env's.
+    pub fn add_run<T: Real>(
+        &self,
+        x_run: &[T],
+        dy_run: &[T],
+        weight: &[T],
+        grad_input: Option<(&mut [T], bool)>,
+        scratch: &mut [T],
+    ) {
+        assert!(scratch.len() >= self.scratch_len(), "conv backward scratch");
+        let (lanes, rest) = scratch.split_at_mut(self.lanes_len);
+        let (work, correlate) = rest.split_at_mut(self.work_len);
+        let job = Self::job_of(&self.shape, self.block);
+        match self.block {
+            BLOCK => dispatch_weight_grad_add_run::<T, BLOCK>(&job, x_run, dy_run, lanes, work),
+            2 => dispatch_weight_grad_add_run::<T, 2>(&job, x_run, dy_run, lanes, work),
+            _ => dispatch_weight_grad_add_run::<T, 1>(&job, x_run, dy_run, lanes, work),
+        }
+        if let Some((dx_run, accumulate)) = grad_input {
+            assert_eq!(dx_run.len() / self.shape.c_in, x_run.len() / self.shape.c_in, "input gradient run");
+            let c = Correlation { accumulate, ..self.input_gradient };
+            dispatch_correlate_in(&c, dy_run, dx_run, weight, None, correlate);
+        }
+    }
+
+    /// Ends an env: writes its weight gradient (`[c_out, c_in/groups, k, k]`, overwritten).
+    pub fn finish<T: Real>(&self, scratch: &[T], grad_weight: &mut [T]) {
+        assert_eq!(grad_weight.len(), self.shape.weight_len_per_env(), "conv weight gradient length");
+        for (value, partial) in grad_weight.iter_mut().zip(scratch[..self.lanes_len].chunks_exact(LANES)) {
+            *value = tree_sum(partial.try_into().unwrap());
+        }
+    }
 }
 
 #[cfg(test)]

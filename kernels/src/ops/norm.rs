@@ -588,7 +588,6 @@ pub fn relu_group_norm_backward<T: Real>(
         grad_beta.fill(T::ZERO);
         return;
     }
-    let per_group = c / groups;
     grad_input
         .par_chunks_mut(shape.batch * image)
         .zip(grad_gamma.par_chunks_mut(c))
@@ -602,46 +601,94 @@ pub fn relu_group_norm_backward<T: Real>(
                 for (b, dx_img) in dx_env.chunks_exact_mut(image).enumerate() {
                     let i = e * shape.batch + b;
                     let range = i * image..(i + 1) * image;
-                    let (x_img, y_img) = (&x[range.clone()], &y[range.clone()]);
-                    for ((d, &v), &g) in dy_img.iter_mut().zip(y_img).zip(&grad_out[range]) {
-                        *d = if v > T::ZERO { g } else { T::ZERO };
-                    }
-                    let (means, inv_stds) = (
-                        &save_mean[i * groups..(i + 1) * groups],
-                        &save_inv_std[i * groups..(i + 1) * groups],
-                    );
-                    // The parameter sums, carried across the env's images per channel.
-                    for ch in 0..c {
-                        let g = ch / per_group;
-                        let (mean, inv_std) = (means[g], inv_stds[g]);
-                        let p = ch * plane..(ch + 1) * plane;
-                        let (dy, xs) = (&dy_img[p.clone()], &x_img[p]);
-                        let held = &mut lanes[2 * ch * LANES..2 * (ch + 1) * LANES];
-                        let (held_dy, held_dy_xhat) = held.split_at_mut(LANES);
-                        let mut sum_dy = LaneSums { lanes: (&*held_dy).try_into().expect("LANES") };
-                        let mut sum_dy_xhat = LaneSums { lanes: (&*held_dy_xhat).try_into().expect("LANES") };
-                        sum_dy.add_map(dy, |d| d);
-                        sum_dy_xhat.add_zip(dy, xs, |d, v| d * ((v - mean) * inv_std));
-                        held_dy.copy_from_slice(&sum_dy.lanes);
-                        held_dy_xhat.copy_from_slice(&sum_dy_xhat.lanes);
-                    }
-                    group_norm_image_input_grad(
+                    relu_group_norm_image_backward(
                         plane,
                         gamma,
-                        (means, inv_stds),
-                        x_img,
+                        (
+                            &save_mean[i * groups..(i + 1) * groups],
+                            &save_inv_std[i * groups..(i + 1) * groups],
+                        ),
+                        (&x[range.clone()], ReluMask::Output(&y[range.clone()]), &grad_out[range]),
                         dy_img,
+                        lanes,
                         dx_img,
-                        false,
                     );
                 }
-                for (ch, (d_gamma, d_beta)) in d_gamma.iter_mut().zip(d_beta.iter_mut()).enumerate() {
-                    let held = &lanes[2 * ch * LANES..2 * (ch + 1) * LANES];
-                    *d_beta = LaneSums { lanes: held[..LANES].try_into().expect("LANES") }.total();
-                    *d_gamma = LaneSums { lanes: held[LANES..].try_into().expect("LANES") }.total();
-                }
+                group_norm_param_grads(lanes, d_gamma, d_beta);
             });
         });
+}
+
+/// One image of [`relu_group_norm_backward`]: the ReLU's mask applied to the image's output gradient
+/// (`y_img > 0`) into `dy_img` (scratch, image sized), each channel's parameter sums carried in `lanes`
+/// (`[c][2][LANES]`: Σ dy, then Σ dy·x̂, zeroed by the caller before the env's first image), and the
+/// norm's input gradient written to `dx_img`. `gamma` is the env's, `(means, inv_stds)` the image's.
+/// Called image after image in order, then [`group_norm_param_grads`], it gives the bits of
+/// [`relu_group_norm_backward`].
+pub(crate) fn relu_group_norm_image_backward<T: Real>(
+    plane: usize,
+    gamma: &[T],
+    (means, inv_stds): (&[T], &[T]),
+    (x_img, mask, grad_img): (&[T], ReluMask<'_, T>, &[T]),
+    dy_img: &mut [T],
+    lanes: &mut [T],
+    dx_img: &mut [T],
+) {
+    let c = gamma.len();
+    let per_group = c / means.len();
+    match mask {
+        ReluMask::Output(y_img) => {
+            for ((d, &v), &g) in dy_img.iter_mut().zip(y_img).zip(grad_img) {
+                *d = if v > T::ZERO { g } else { T::ZERO };
+            }
+        }
+        ReluMask::Recompute { beta } => {
+            // The forward's ReLU passed exactly where its input, this affine, was positive.
+            for ch in 0..c {
+                let g = ch / per_group;
+                let (mean, scale, shift) = (means[g], inv_stds[g] * gamma[ch], beta[ch]);
+                let p = ch * plane..(ch + 1) * plane;
+                for ((d, &v), &gr) in dy_img[p.clone()].iter_mut().zip(&x_img[p.clone()]).zip(&grad_img[p]) {
+                    *d = if affine(v, mean, scale, shift) > T::ZERO { gr } else { T::ZERO };
+                }
+            }
+        }
+    }
+    // The parameter sums, carried across the env's images per channel.
+    for ch in 0..c {
+        let g = ch / per_group;
+        let (mean, inv_std) = (means[g], inv_stds[g]);
+        let p = ch * plane..(ch + 1) * plane;
+        let (dy, xs) = (&dy_img[p.clone()], &x_img[p]);
+        let held = &mut lanes[2 * ch * LANES..2 * (ch + 1) * LANES];
+        let (held_dy, held_dy_xhat) = held.split_at_mut(LANES);
+        let mut sum_dy = LaneSums { lanes: (&*held_dy).try_into().expect("LANES") };
+        let mut sum_dy_xhat = LaneSums { lanes: (&*held_dy_xhat).try_into().expect("LANES") };
+        sum_dy.add_map(dy, |d| d);
+        sum_dy_xhat.add_zip(dy, xs, |d, v| d * ((v - mean) * inv_std));
+        held_dy.copy_from_slice(&sum_dy.lanes);
+        held_dy_xhat.copy_from_slice(&sum_dy_xhat.lanes);
+    }
+    group_norm_image_input_grad(plane, gamma, (means, inv_stds), x_img, dy_img, dx_img, false);
+}
+
+/// Where [`relu_group_norm_image_backward`] takes the ReLU's mask from.
+#[derive(Clone, Copy)]
+pub(crate) enum ReluMask<'a, T> {
+    /// The ReLU's output: the gradient passes where it is positive.
+    Output(&'a [T]),
+    /// The norm's affine recomputed from its input with the forward's statistics and the env's `γ`,
+    /// `β`: positive exactly where the ReLU's output is, so the output need not be read (or kept).
+    Recompute { beta: &'a [T] },
+}
+
+/// The env's `dγ`, `dβ` from the parameter sums [`relu_group_norm_image_backward`] carried.
+pub(crate) fn group_norm_param_grads<T: Real>(lanes: &[T], d_gamma: &mut [T], d_beta: &mut [T]) {
+    for (ch, (d_gamma, d_beta)) in d_gamma.iter_mut().zip(d_beta.iter_mut()).enumerate() {
+        let held = &lanes[2 * ch * LANES..2 * (ch + 1) * LANES];
+        *d_beta = LaneSums { lanes: held[..LANES].try_into().expect("LANES") }.total();
+        *d_gamma = LaneSums { lanes: held[LANES..].try_into().expect("LANES") }.total();
+    }
 }
 
 #[allow(clippy::too_many_arguments)]

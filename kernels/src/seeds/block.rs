@@ -6,12 +6,14 @@ use rayon::prelude::*;
 
 use crate::ops::activation::relu;
 use crate::ops::blend::blend_add;
-use crate::ops::conv::{RUN_IMAGES, conv2d_forward_run};
-use crate::ops::norm::group_norm_image_forward;
+use crate::ops::conv::{ConvBackwardRuns, RUN_IMAGES, conv2d_forward_run};
+use crate::ops::norm::{
+    ReluMask, group_norm_image_forward, group_norm_param_grads, relu_group_norm_image_backward,
+};
+use crate::ops::real::LANES;
 use crate::ops::{
     Conv2dShape, NormShape, Real, conv2d_backward_input, conv2d_backward_input_accumulate,
     conv2d_backward_weight, group_norm_backward, relu_backward, relu_backward_in_place,
-    relu_group_norm_backward,
 };
 
 /// The shapes of one conv → norm → ReLU unit (conv without bias, stride 1, size-preserving padding).
@@ -186,40 +188,27 @@ impl ConvNormRelu {
         g: BlockGrads<'_, T>,
         input_grad: InputGrad<'_, T>,
     ) {
-        let grad_conv_out = scratch;
         if self.conv.envs >= rayon::current_num_threads() {
-            // One task per env, each image's masked gradient in cache: the same bits as below.
-            relu_group_norm_backward(
-                self.norm_shape(),
-                self.groups,
-                state.out,
-                grad_out.unwrap_or(&*grad),
-                state.conv_out,
-                p.gamma,
-                state.mean,
-                state.inv_std,
-                grad_conv_out,
-                g.gamma,
-                g.beta,
-            );
-        } else {
-            match grad_out {
-                Some(grad_out) => relu_backward(state.out, grad_out, grad),
-                None => relu_backward_in_place(state.out, grad),
-            }
-            group_norm_backward(
-                self.norm_shape(),
-                self.groups,
-                state.conv_out,
-                p.gamma,
-                state.mean,
-                state.inv_std,
-                grad,
-                grad_conv_out,
-                g.gamma,
-                g.beta,
-            );
+            self.backward_in_runs(state, p, grad_out, grad, g, input_grad);
+            return;
         }
+        let grad_conv_out = scratch;
+        match grad_out {
+            Some(grad_out) => relu_backward(state.out, grad_out, grad),
+            None => relu_backward_in_place(state.out, grad),
+        }
+        group_norm_backward(
+            self.norm_shape(),
+            self.groups,
+            state.conv_out,
+            p.gamma,
+            state.mean,
+            state.inv_std,
+            grad,
+            grad_conv_out,
+            g.gamma,
+            g.beta,
+        );
         conv2d_backward_weight(self.conv, state.input, grad_conv_out, g.weight);
         match input_grad {
             InputGrad::Skip => {}
@@ -228,5 +217,92 @@ impl ConvNormRelu {
                 conv2d_backward_input_accumulate(self.conv, grad_conv_out, p.weight, dst)
             }
         }
+    }
+
+    /// [`Self::backward`] with at least as many envs as threads: one task per env, its images a run at a
+    /// time. The ReLU + norm backward of a run goes into scratch, and the conv's weight gradient and input
+    /// gradient are taken from it while it is in cache ([`ConvBackwardRuns`]), so the conv's output
+    /// gradient never goes to memory. The same bits as the op-by-op path: each image's ReLU + norm
+    /// backward is `relu_group_norm_backward`'s, the parameter sums carry across the env's images in order,
+    /// and the weight gradient is `conv2d_backward_weight`'s whole-env job fed run after run.
+    fn backward_in_runs<T: Real>(
+        &self,
+        state: BlockState<'_, T>,
+        p: BlockParams<'_, T>,
+        grad_out: Option<&[T]>,
+        grad: &mut [T],
+        g: BlockGrads<'_, T>,
+        input_grad: InputGrad<'_, T>,
+    ) {
+        let c = self.conv;
+        let (image_in, image_out) = (c.c_in * c.h * c.w, c.c_out * c.h_out() * c.w_out());
+        let (groups, channels, plane) = (self.groups, c.c_out, c.h_out() * c.w_out());
+        assert_eq!(grad.len(), c.output_len(), "unit gradient length");
+        let runs = ConvBackwardRuns::new(&c);
+        let run = runs.run_images().min(c.batch.max(1));
+        let w_env = c.weight_len_per_env();
+        let scratch_len = (run + 1) * image_out + 2 * channels * LANES + runs.scratch_len();
+        let into_grad = matches!(input_grad, InputGrad::IntoGrad);
+        if into_grad {
+            assert_eq!(image_in, image_out, "the input gradient goes into the output-sized buffer");
+        }
+        let accumulate_into = match input_grad {
+            InputGrad::AccumulateInto(dst) => {
+                assert_eq!(dst.len(), c.input_len(), "unit input gradient length");
+                Either::Left(dst.par_chunks_mut(c.batch * image_in).map(Some))
+            }
+            _ => Either::Right((0..c.envs).into_par_iter().map(|_| None)),
+        };
+        grad.par_chunks_mut(c.batch * image_out)
+            .zip(g.weight.par_chunks_mut(w_env))
+            .zip(g.gamma.par_chunks_mut(channels).zip(g.beta.par_chunks_mut(channels)))
+            .zip(accumulate_into)
+            .enumerate()
+            .for_each(|(e, (((grad_env, d_weight), (d_gamma, d_beta)), mut dst_env))| {
+                let weight = &p.weight[e * w_env..(e + 1) * w_env];
+                let gamma = &p.gamma[e * channels..(e + 1) * channels];
+                let beta = &p.beta[e * channels..(e + 1) * channels];
+                T::with_scratch(scratch_len, |scratch| {
+                    let (dy_runs, rest) = scratch.split_at_mut(run * image_out);
+                    let (dy_img, rest) = rest.split_at_mut(image_out);
+                    let (norm_lanes, conv_scratch) = rest.split_at_mut(2 * channels * LANES);
+                    norm_lanes.fill(T::ZERO);
+                    runs.begin(conv_scratch);
+                    for b0 in (0..c.batch).step_by(run) {
+                        let n = run.min(c.batch - b0);
+                        let dy_run = &mut dy_runs[..n * image_out];
+                        for (r, dy_conv) in dy_run.chunks_exact_mut(image_out).enumerate() {
+                            let (b, i) = (b0 + r, e * c.batch + b0 + r);
+                            let image = i * image_out..(i + 1) * image_out;
+                            let g_img = match grad_out {
+                                Some(grad_out) => &grad_out[image.clone()],
+                                None => &grad_env[b * image_out..(b + 1) * image_out],
+                            };
+                            relu_group_norm_image_backward(
+                                plane,
+                                gamma,
+                                (
+                                    &state.mean[i * groups..(i + 1) * groups],
+                                    &state.inv_std[i * groups..(i + 1) * groups],
+                                ),
+                                (&state.conv_out[image], ReluMask::Recompute { beta }, g_img),
+                                dy_img,
+                                norm_lanes,
+                                dy_conv,
+                            );
+                        }
+                        let x0 = (e * c.batch + b0) * image_in;
+                        let x_run = &state.input[x0..x0 + n * image_in];
+                        let dx = if into_grad {
+                            Some((&mut grad_env[b0 * image_out..(b0 + n) * image_out], false))
+                        } else {
+                            dst_env.as_deref_mut().map(|d| (&mut d[b0 * image_in..(b0 + n) * image_in], true))
+                        };
+                        runs.add_run(x_run, dy_run, weight, dx, conv_scratch);
+                    }
+                    runs.finish(conv_scratch, d_weight);
+                    group_norm_param_grads(norm_lanes, d_gamma, d_beta);
+                });
+            });
     }
 }

@@ -581,3 +581,25 @@ fn blended_forward_is_forward_then_add_blend() {
         assert_eq!(bits(&grad_x), bits(&plain.grad_x), "{bp:?}: input gradient");
     }
 }
+
+/// With at least as many envs as threads a conv unit's backward runs per env a few images at a time
+/// (the ReLU + norm backward of a run, then the conv's weight and input gradient from it in cache); with
+/// fewer it runs op by op over the whole batch. Both give the same bits: 3 envs of 7 images at 32×32×8
+/// are runs of 3, 3 and 1 images, and the pointwise unit of depthwise and bottleneck goes through it too.
+#[test]
+fn conv_unit_backward_in_runs_equals_the_op_by_op_backward() {
+    let s = shape(3, 7, 8, 32, 32);
+    let x = to_f32(&uniform(80, s.len(), -1.0, 2.0));
+    let r = to_f32(&signed(81, s.len()));
+    for bp in CnnBlueprint::ALL {
+        let params = to_f32(&random_rows(&layout(bp, s.channels), s.envs, 82 + bp as u64));
+        let in_runs = with_threads(1, || run(bp, s, &params, &x, &r));
+        let op_by_op = with_threads(4, || run(bp, s, &params, &x, &r));
+        let name = bp.name();
+        assert_eq!(bits(&in_runs.y), bits(&op_by_op.y), "{name} output");
+        assert_eq!(bits(&in_runs.grad_params), bits(&op_by_op.grad_params), "{name} parameter gradient");
+        assert_eq!(bits(&in_runs.grad_x), bits(&op_by_op.grad_x), "{name} input gradient");
+        let nonzero = in_runs.grad_params.iter().filter(|v| **v != 0.0).count();
+        assert!(nonzero > in_runs.grad_params.len() / 2, "{name}: {nonzero} nonzero parameter gradients");
+    }
+}
