@@ -643,15 +643,8 @@ pub(crate) fn relu_group_norm_image_backward<T: Real>(
             }
         }
         ReluMask::Recompute { beta } => {
-            // The forward's ReLU passed exactly where its input, this affine, was positive.
-            for ch in 0..c {
-                let g = ch / per_group;
-                let (mean, scale, shift) = (means[g], inv_stds[g] * gamma[ch], beta[ch]);
-                let p = ch * plane..(ch + 1) * plane;
-                for ((d, &v), &gr) in dy_img[p.clone()].iter_mut().zip(&x_img[p.clone()]).zip(&grad_img[p]) {
-                    *d = if affine(v, mean, scale, shift) > T::ZERO { gr } else { T::ZERO };
-                }
-            }
+            dy_img.copy_from_slice(grad_img);
+            group_norm_relu_mask_image(plane, gamma, beta, (means, inv_stds), x_img, dy_img);
         }
     }
     // The parameter sums, carried across the env's images per channel.
@@ -670,6 +663,28 @@ pub(crate) fn relu_group_norm_image_backward<T: Real>(
         held_dy_xhat.copy_from_slice(&sum_dy_xhat.lanes);
     }
     group_norm_image_input_grad(plane, gamma, (means, inv_stds), x_img, dy_img, dx_img, false);
+}
+
+/// Zeroes `grad_img` where the ReLU after a group norm of `x_img` (one image; the env's `γ`, `β` and the
+/// image's saved statistics) did not pass its input: there the norm's affine, recomputed exactly as the
+/// forward computed it, is not positive. So the ReLU's output need not be kept for its backward.
+pub(crate) fn group_norm_relu_mask_image<T: Real>(
+    plane: usize,
+    gamma: &[T],
+    beta: &[T],
+    (means, inv_stds): (&[T], &[T]),
+    x_img: &[T],
+    grad_img: &mut [T],
+) {
+    let per_group = gamma.len() / means.len();
+    for ch in 0..gamma.len() {
+        let g = ch / per_group;
+        let (mean, scale, shift) = (means[g], inv_stds[g] * gamma[ch], beta[ch]);
+        let p = ch * plane..(ch + 1) * plane;
+        for (d, &v) in grad_img[p.clone()].iter_mut().zip(&x_img[p]) {
+            *d = if affine(v, mean, scale, shift) > T::ZERO { *d } else { T::ZERO };
+        }
+    }
 }
 
 /// Where [`relu_group_norm_image_backward`] takes the ReLU's mask from.

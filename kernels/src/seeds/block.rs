@@ -8,12 +8,13 @@ use crate::ops::activation::relu;
 use crate::ops::blend::blend_add;
 use crate::ops::conv::{ConvBackwardRuns, RUN_IMAGES, conv2d_forward_run};
 use crate::ops::norm::{
-    ReluMask, group_norm_image_forward, group_norm_param_grads, relu_group_norm_image_backward,
+    ReluMask, group_norm_image_forward, group_norm_param_grads, group_norm_relu_mask_image,
+    relu_group_norm_image_backward,
 };
 use crate::ops::real::LANES;
 use crate::ops::{
     Conv2dShape, NormShape, Real, conv2d_backward_input, conv2d_backward_input_accumulate,
-    conv2d_backward_weight, group_norm_backward, relu_backward, relu_backward_in_place,
+    conv2d_backward_weight, group_norm_backward,
 };
 
 /// The shapes of one conv → norm → ReLU unit (conv without bias, stride 1, size-preserving padding).
@@ -44,10 +45,9 @@ pub(crate) struct BlockGrads<'a, T> {
 pub(crate) struct BlockState<'a, T> {
     /// The unit's input.
     pub input: &'a [T],
-    /// The conv output (the norm's input).
+    /// The conv output (the norm's input). The ReLU's mask is recomputed from it, so the unit's
+    /// output is not part of the state.
     pub conv_out: &'a [T],
-    /// The unit's output (after ReLU).
-    pub out: &'a [T],
     pub mean: &'a [T],
     pub inv_std: &'a [T],
 }
@@ -83,7 +83,9 @@ impl ConvNormRelu {
     }
 
     /// `out = relu(GN(conv(input)))`, keeping the conv output and the norm statistics; with `residual`,
-    /// also its `y` (see [`Residual`]; `skip` output sized). One task per
+    /// also its `y` (see [`Residual`]; `skip` output sized), and then `out` may be `None`: the unit's
+    /// output is only needed as the next unit's input (the backward recomputes the ReLU's mask from the
+    /// conv output), so a seed's last unit does not write it. One task per
     /// run of [`RUN_IMAGES`] images of an env: the conv writes the run, and the norm, the ReLU and the
     /// residual add finish it while it is in cache. The same bits as `conv2d_forward`, then
     /// `group_norm_relu_forward`, then a residual add over the whole batch, with three passes over the
@@ -94,7 +96,7 @@ impl ConvNormRelu {
         input: &[T],
         p: BlockParams<'_, T>,
         conv_out: &mut [T],
-        out: &mut [T],
+        out: Option<&mut [T]>,
         mean: &mut [T],
         inv_std: &mut [T],
         residual: Option<Residual<'_, T>>,
@@ -106,9 +108,11 @@ impl ConvNormRelu {
         assert_eq!(p.weight.len(), c.weight_len(), "unit conv weight length");
         assert_eq!(p.gamma.len(), c.envs * channels, "unit norm parameter length");
         assert_eq!(p.beta.len(), c.envs * channels, "unit norm parameter length");
-        for buffer in [&*conv_out, &*out] {
-            assert_eq!(buffer.len(), c.output_len(), "unit activation length");
+        assert_eq!(conv_out.len(), c.output_len(), "unit activation length");
+        if let Some(out) = &out {
+            assert_eq!(out.len(), c.output_len(), "unit activation length");
         }
+        assert!(out.is_some() || residual.is_some(), "a unit's output is kept unless a residual takes it");
         assert!(
             mean.len() == self.stats_len() && inv_std.len() == self.stats_len(),
             "unit statistics length"
@@ -130,10 +134,14 @@ impl ConvNormRelu {
         };
         let run = RUN_IMAGES.min(c.batch);
         let w_env = c.weight_len_per_env();
+        let outs = match out {
+            Some(out) => Either::Left(out.par_chunks_mut(c.batch * image_out).map(Some)),
+            None => Either::Right((0..c.envs).into_par_iter().map(|_| None)),
+        };
         input
             .par_chunks(c.batch * image_in)
             .zip(conv_out.par_chunks_mut(c.batch * image_out))
-            .zip(out.par_chunks_mut(c.batch * image_out))
+            .zip(outs)
             .zip(mean.par_chunks_mut(c.batch * groups).zip(inv_std.par_chunks_mut(c.batch * groups)))
             .zip(residuals)
             .enumerate()
@@ -148,26 +156,39 @@ impl ConvNormRelu {
                     ),
                     None => Either::Right((0..c.batch.div_ceil(run)).into_par_iter().map(|_| None)),
                 };
+                let outs = match out {
+                    Some(out) => Either::Left(out.par_chunks_mut(run * image_out).map(Some)),
+                    None => Either::Right((0..c.batch.div_ceil(run)).into_par_iter().map(|_| None)),
+                };
                 x.par_chunks(run * image_in)
                     .zip(conv_out.par_chunks_mut(run * image_out))
-                    .zip(out.par_chunks_mut(run * image_out))
+                    .zip(outs)
                     .zip(mean.par_chunks_mut(run * groups).zip(inv_std.par_chunks_mut(run * groups)))
                     .zip(residuals)
-                    .for_each(|((((x, conv_out), out), (mean, inv_std)), residual)| {
+                    .for_each(|((((x, conv_out), mut out), (mean, inv_std)), mut residual)| {
                         conv2d_forward_run(&c, x, weight, conv_out);
-                        let images = conv_out
-                            .chunks_exact(image_out)
-                            .zip(out.chunks_exact_mut(image_out))
-                            .zip(mean.chunks_exact_mut(groups).zip(inv_std.chunks_exact_mut(groups)));
-                        for (conv_img, out_img, (m, s)) in images.map(|((a, b), c)| (a, b, c)) {
-                            group_norm_image_forward(plane, conv_img, gamma, beta, out_img, m, s, relu);
-                        }
-                        let Some((skip, y)) = residual else { return };
-                        let values = y.iter_mut().zip(skip).zip(out.iter());
-                        match alpha {
-                            None => values.for_each(|((y, &h), &r)| *y = h + r),
-                            Some(a) => values.for_each(|((y, &h), &r)| *y = blend_add(h, h + r, a)),
-                        }
+                        // An output not kept is one image of scratch, reused image after image.
+                        let tmp_len = if out.is_some() { 0 } else { image_out };
+                        T::with_scratch(tmp_len, |tmp| {
+                            let images = conv_out
+                                .chunks_exact(image_out)
+                                .zip(mean.chunks_exact_mut(groups).zip(inv_std.chunks_exact_mut(groups)));
+                            for (i, (conv_img, (m, s))) in images.enumerate() {
+                                let image = i * image_out..(i + 1) * image_out;
+                                let out_img = match out.as_deref_mut() {
+                                    Some(out) => &mut out[image.clone()],
+                                    None => &mut *tmp,
+                                };
+                                group_norm_image_forward(plane, conv_img, gamma, beta, out_img, m, s, relu);
+                                let Some((skip, y)) = residual.as_mut() else { continue };
+                                let values =
+                                    y[image.clone()].iter_mut().zip(&skip[image]).zip(out_img.iter());
+                                match alpha {
+                                    None => values.for_each(|((y, &h), &r)| *y = h + r),
+                                    Some(a) => values.for_each(|((y, &h), &r)| *y = blend_add(h, h + r, a)),
+                                }
+                            }
+                        });
                     });
             });
     }
@@ -193,10 +214,10 @@ impl ConvNormRelu {
             return;
         }
         let grad_conv_out = scratch;
-        match grad_out {
-            Some(grad_out) => relu_backward(state.out, grad_out, grad),
-            None => relu_backward_in_place(state.out, grad),
+        if let Some(grad_out) = grad_out {
+            grad.copy_from_slice(grad_out);
         }
+        self.relu_mask(state, p, grad);
         group_norm_backward(
             self.norm_shape(),
             self.groups,
@@ -217,6 +238,26 @@ impl ConvNormRelu {
                 conv2d_backward_input_accumulate(self.conv, grad_conv_out, p.weight, dst)
             }
         }
+    }
+
+    /// The ReLU's backward in place on `grad` (∂L/∂out → ∂L/∂GN), the mask recomputed from the conv
+    /// output: one task per (env, image).
+    fn relu_mask<T: Real>(&self, state: BlockState<'_, T>, p: BlockParams<'_, T>, grad: &mut [T]) {
+        let c = self.conv;
+        let (image, plane, channels, groups) =
+            (c.c_out * c.h_out() * c.w_out(), c.h_out() * c.w_out(), c.c_out, self.groups);
+        if image == 0 {
+            return;
+        }
+        grad.par_chunks_mut(image).enumerate().for_each(|(i, grad_img)| {
+            let e = i / c.batch;
+            let stats =
+                (&state.mean[i * groups..(i + 1) * groups], &state.inv_std[i * groups..(i + 1) * groups]);
+            let (gamma, beta) =
+                (&p.gamma[e * channels..(e + 1) * channels], &p.beta[e * channels..(e + 1) * channels]);
+            let x_img = &state.conv_out[i * image..(i + 1) * image];
+            group_norm_relu_mask_image(plane, gamma, beta, stats, x_img, grad_img);
+        });
     }
 
     /// [`Self::backward`] with at least as many envs as threads: one task per env, its images a run at a

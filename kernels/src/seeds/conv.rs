@@ -26,7 +26,9 @@
 //! | `norm2.weight` (γ) | `[C]` | 18C² + 2C | 1 |
 //! | `norm2.bias` (β) | `[C]` | 18C² + 3C | 0 |
 //!
-//! Buffers: per unit `k` (0-based) `saved[2k]` = its conv output, `saved[2k + 1]` = its ReLU output,
+//! Buffers: per unit `k` (0-based) `saved[2k]` = its conv output, `saved[2k + 1]` = its ReLU output
+//! (kept for conv_heavy's first unit only, the second unit's input: the backward recomputes the ReLU's
+//! mask from the conv output),
 //! `stats[2k..2k + 2]` = its norm's mean / inv_std; backward temporaries `temp[0]` (the running
 //! gradient), `temp[1]` (scratch).
 
@@ -79,14 +81,14 @@ pub(super) fn single_forward<T: Real>(
     let [weight, gamma, beta, ..] = p;
     let unit = unit(s, k);
     let Buffers { saved, stats, .. } = b;
-    let [conv_out, out, ..] = saved;
+    let [conv_out, ..] = saved;
     let [mean, inv_std, ..] = stats;
     let n_stats = unit.stats_len();
     unit.forward(
         x,
         BlockParams { weight, gamma, beta },
         grown(conv_out, s.len()),
-        grown(out, s.len()),
+        None,
         grown(mean, n_stats),
         grown(inv_std, n_stats),
         Some(Residual { skip: x, y, blend }),
@@ -112,7 +114,6 @@ pub(super) fn single_backward<T: Real>(
     let state = BlockState {
         input: x,
         conv_out: &saved[0][..s.len()],
-        out: &saved[1][..s.len()],
         mean: &stats[0][..n_stats],
         inv_std: &stats[1][..n_stats],
     };
@@ -140,7 +141,7 @@ pub(super) fn heavy_forward<T: Real>(
     let [w1, gamma1, beta1, w2, gamma2, beta2] = p;
     let unit = unit(s, 3);
     let Buffers { saved, stats, .. } = b;
-    let [conv1_out, out1, conv2_out, out2] = saved;
+    let [conv1_out, out1, conv2_out, _] = saved;
     let [mean1, inv_std1, mean2, inv_std2] = stats;
     let n_stats = unit.stats_len();
     let out1 = grown(out1, s.len());
@@ -148,7 +149,7 @@ pub(super) fn heavy_forward<T: Real>(
         x,
         BlockParams { weight: w1, gamma: gamma1, beta: beta1 },
         grown(conv1_out, s.len()),
-        out1,
+        Some(&mut *out1),
         grown(mean1, n_stats),
         grown(inv_std1, n_stats),
         None,
@@ -158,7 +159,7 @@ pub(super) fn heavy_forward<T: Real>(
         out1,
         BlockParams { weight: w2, gamma: gamma2, beta: beta2 },
         grown(conv2_out, s.len()),
-        grown(out2, s.len()),
+        None,
         grown(mean2, n_stats),
         grown(inv_std2, n_stats),
         Some(Residual { skip: x, y, blend }),
@@ -183,14 +184,12 @@ pub(super) fn heavy_backward<T: Real>(
     let state1 = BlockState {
         input: x,
         conv_out: &saved[0][..len],
-        out: out1,
         mean: &stats[0][..n_stats],
         inv_std: &stats[1][..n_stats],
     };
     let state2 = BlockState {
         input: out1,
         conv_out: &saved[2][..len],
-        out: &saved[3][..len],
         mean: &stats[2][..n_stats],
         inv_std: &stats[3][..n_stats],
     };

@@ -11,8 +11,8 @@
 //! | `norm.weight` (γ) | `[C]` | 9C + C² | 1 |
 //! | `norm.bias` (β) | `[C]` | 10C + C² | 0 |
 //!
-//! Buffers: `saved[0]` = `DW(x)`, `saved[1]` = `PW(DW(x))`, `saved[2]` = `relu(GN(…))`, `stats[0..2]` =
-//! the norm's mean / inv_std; backward temporaries `temp[0]` (the running gradient), `temp[1]` (scratch).
+//! Buffers: `saved[0]` = `DW(x)`, `saved[1]` = `PW(DW(x))` (the ReLU's output is not kept: the backward
+//! recomputes its mask from `saved[1]`), `stats[0..2]` = the norm's mean / inv_std; backward temporaries `temp[0]` (the running gradient), `temp[1]` (scratch).
 
 use super::block::{BlockGrads, BlockParams, BlockState, ConvNormRelu, InputGrad, Residual};
 use super::common::{Buffers, grown};
@@ -48,7 +48,7 @@ pub(super) fn forward<T: Real>(
     let [w_dw, w_pw, gamma, beta, ..] = p;
     let (depthwise, pointwise) = shapes(s);
     let Buffers { saved, stats, .. } = b;
-    let [dw_out, pw_out, out, _] = saved;
+    let [dw_out, pw_out, ..] = saved;
     let [mean, inv_std, ..] = stats;
     let dw_out = grown(dw_out, s.len());
     conv2d_forward(depthwise, x, w_dw, dw_out);
@@ -56,7 +56,7 @@ pub(super) fn forward<T: Real>(
         dw_out,
         BlockParams { weight: w_pw, gamma, beta },
         grown(pw_out, s.len()),
-        grown(out, s.len()),
+        None,
         grown(mean, pointwise.stats_len()),
         grown(inv_std, pointwise.stats_len()),
         Some(Residual { skip: x, y, blend }),
@@ -81,7 +81,6 @@ pub(super) fn backward<T: Real>(
     let state = BlockState {
         input: dw_out,
         conv_out: &saved[1][..s.len()],
-        out: &saved[2][..s.len()],
         mean: &stats[0][..n_stats],
         inv_std: &stats[1][..n_stats],
     };
