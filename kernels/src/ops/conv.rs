@@ -338,18 +338,16 @@ fn correlate_image<T: Real>(
                     let (src, packed) = (as_f32(group_src).unwrap(), as_f32(packed).unwrap());
                     let out = &mut dst[(g * dst_per_group + o) * plane_dst..][..WIDE_BLOCK * plane_dst];
                     let (out, size) = (as_f32_mut(out).unwrap(), (geo.dst_h, geo.dst_w));
+                    let (taps, plane, wp, acc) = (&taps[..kk], geo.plane, geo.wp, c.accumulate);
                     // SAFETY: as below (`rows` is only set under Kernels::Avx512, see correlate_run).
                     unsafe {
-                        conv_avx512::correlate_rows8(
-                            src,
-                            geo.plane,
-                            geo.wp,
-                            size,
-                            &taps[..kk],
-                            packed,
-                            out,
-                            c.accumulate,
-                        )
+                        if geo.dst_w == 8 {
+                            conv_avx512::correlate_rows8::<true>(src, plane, wp, size, taps, packed, out, acc)
+                        } else {
+                            conv_avx512::correlate_rows8::<false>(
+                                src, plane, wp, size, taps, packed, out, acc,
+                            )
+                        }
                     };
                     continue;
                 }
@@ -971,8 +969,10 @@ fn correlate_run<T: Real>(
     let geo = c.geo;
     let src_image = c.src_channels * geo.src_h * geo.src_w;
     let dst_image = c.dst_channels * geo.dst_h * geo.dst_w;
-    // The AVX-512 kernel writes whole-register rows straight into the destination (the same bits).
-    let rows = kernels != Kernels::Portable && geo.dst_w.is_multiple_of(16);
+    // The AVX-512 kernel writes rows of whole registers, or pairs of 8-wide rows, straight into the
+    // destination (the same bits).
+    let rows = kernels != Kernels::Portable
+        && (geo.dst_w.is_multiple_of(16) || (geo.dst_w == 8 && geo.dst_h.is_multiple_of(2)));
     let images = src.chunks_exact(src_image).zip(dst.chunks_exact_mut(dst_image));
     match stats {
         None => {
@@ -1564,14 +1564,23 @@ mod tests {
         }
     }
 
-    /// Where rows are whole registers the AVX-512 path writes them straight into the destination
-    /// (`correlate_rows8`) instead of through the padded-width tile: the same bits as the portable code,
-    /// for the forward and the input-gradient correlation, overwriting and accumulating, with an odd
-    /// number of registers per plane and with groups.
+    /// Where rows are whole registers, or pairs of 8-wide rows, the AVX-512 path writes them straight
+    /// into the destination (`correlate_rows8`) instead of through the padded-width tile: the same bits as
+    /// the portable code, for the forward and the input-gradient correlation, overwriting and
+    /// accumulating, with an odd number of registers per plane, with groups, and on 8-wide planes of an
+    /// odd height (which take the padded path).
     #[test]
     fn rows_written_straight_to_the_destination_give_the_padded_layout_bits() {
         // (c_in, c_out, h, w, groups)
-        let cases = [(8, 8, 32, 32, 1), (4, 16, 3, 16, 1), (16, 32, 5, 48, 2), (3, 8, 16, 16, 1)];
+        let cases = [
+            (8, 8, 32, 32, 1),
+            (4, 16, 3, 16, 1),
+            (16, 32, 5, 48, 2),
+            (3, 8, 16, 16, 1),
+            (32, 32, 8, 8, 1),
+            (8, 16, 6, 8, 2),
+            (16, 8, 5, 8, 1),
+        ];
         let mut rows_cases = 0;
         for (case, &(c_in, c_out, h, w, groups)) in cases.iter().enumerate() {
             let s = shape(1, 2, c_in, c_out, h, w, 3, 1, groups);
@@ -1605,7 +1614,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(rows_cases, 12, "correlations with whole blocks of eight destination channels");
+        assert_eq!(rows_cases, 22, "correlations with whole blocks of eight destination channels");
     }
 
     /// The AVX-512 kernels themselves against the portable code, on this CPU when it has them (the test

@@ -9,8 +9,9 @@
 //! * [`correlate_block8`]: eight output channels × 32 positions in sixteen 512-bit accumulators (the AVX2
 //!   path holds four channels × 16 positions: with 32 registers there is room for twice as many chains
 //!   per loaded run of input).
-//! * [`correlate_rows8`]: the same where rows are whole registers (`w` a multiple of 16), written
-//!   straight into the destination planes: no junk positions and no copy out of a tile buffer.
+//! * [`correlate_rows8`]: the same where rows are whole registers (`w` a multiple of 16) or half registers
+//!   (8×8 planes, two rows a register), written straight into the destination planes: no junk positions
+//!   and no copy out of a tile buffer.
 //! * [`weight_grad_taps3x3`]: all nine taps of a 3×3 kernel for a block of four output channels at once.
 //!   A 512-bit register holds the eight lane partial sums of two output channels for one tap, so one
 //!   load of eight input positions (broadcast to both halves) feeds two channels, and the output
@@ -106,21 +107,23 @@ pub unsafe fn correlate_block8(
 }
 
 /// [`correlate_block8`] written straight into the destination planes, for a correlation that keeps the
-/// plane's size and whose rows are whole registers (`w` a multiple of 16): register `v` holds the 16
-/// positions from `p = 16·v` (row `p / w`, columns from `p mod w`), which read the padded plane from
-/// `(p / w)·wp + p mod w`. So every output is the same fused multiply-add chain in (s, t) order over the
-/// same padded values as [`correlate_block8`]'s and gets the same bits, without the junk positions of the
-/// padded-width layout and without the copy out of a tile buffer.
+/// plane's size and whose rows are whole registers (`w` a multiple of 16) or, with `HALVES`, half
+/// registers (`w` = 8, `h` even): register `v` holds the 16 positions from `p = 16·v`, and its two halves of
+/// eight read the padded plane from `(q / w)·wp + q mod w` for `q = p` and `q = p + 8` (one contiguous run
+/// when the row is whole registers, two rows' runs otherwise). So every output is the same fused
+/// multiply-add chain in (s, t) order over the same padded values as [`correlate_block8`]'s and gets the
+/// same bits, without the junk positions of the padded-width layout (2 of every `w + 2`; at 8×8, 32 of
+/// 96 computed positions) and without the copy out of a tile buffer.
 ///
 /// `src` holds `n_src` padded planes of `plane` elements (row width `wp`); `out` 8 planes of `h·w`
 /// elements; `packed` is `[n_src][taps.len()][8]`. With `accumulate` each output is added to what `out`
 /// holds (`out + sum`).
 ///
 /// # Safety
-/// The CPU must support AVX-512F ([`available`]).
+/// The CPU must support AVX-512F and AVX-512DQ ([`available`]).
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512dq")]
-pub unsafe fn correlate_rows8(
+pub unsafe fn correlate_rows8<const HALVES: bool>(
     src: &[f32],
     plane: usize,
     wp: usize,
@@ -131,11 +134,16 @@ pub unsafe fn correlate_rows8(
     accumulate: bool,
 ) {
     const N: usize = 8;
+    const HALF: usize = WIDTH / 2;
     let kk = taps.len();
     let n_src = src.len() / plane;
     let out_plane = h * w;
     let vectors = out_plane / WIDTH;
-    assert!(w.is_multiple_of(WIDTH) && wp >= w, "rows are whole registers");
+    if HALVES {
+        assert!(w == HALF && h.is_multiple_of(2) && wp >= w, "rows are half registers, in pairs");
+    } else {
+        assert!(w.is_multiple_of(WIDTH) && wp >= w, "rows are whole registers");
+    }
     assert!(
         taps.iter().all(|&t| (h - 1) * wp + w + t <= plane),
         "every tap's run of every row stays inside its plane"
@@ -143,7 +151,19 @@ pub unsafe fn correlate_rows8(
     assert_eq!(packed.len(), n_src * kk * N, "packed weights");
     assert!(out.len() >= N * out_plane, "output planes");
     let (src, packed, out) = (src.as_ptr(), packed.as_ptr(), out.as_mut_ptr());
-    let base = |v: usize| (v * WIDTH / w) * wp + (v * WIDTH) % w;
+    // Where the half register of positions from q reads the padded plane.
+    let base = |q: usize| (q / w) * wp + q % w;
+    // SAFETY (both loads): a half register's run of 8 from base(q) + tap stays in its row's run of w,
+    // which ends at (h − 1)·wp + w + tap ≤ plane at most (asserted), inside the plane `run` points into.
+    let load = |run: *const f32, v: usize| unsafe {
+        if HALVES {
+            let lo = _mm256_loadu_ps(run.add(base(v * WIDTH)));
+            let hi = _mm256_loadu_ps(run.add(base(v * WIDTH + HALF)));
+            _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1)
+        } else {
+            _mm512_loadu_ps(run.add(base(v * WIDTH)))
+        }
+    };
     // SAFETY: row j of out has out_plane ≥ p + 16 elements.
     let finish = |j: usize, p: usize, acc: __m512| unsafe {
         let at = out.add(j * out_plane + p);
@@ -153,15 +173,14 @@ pub unsafe fn correlate_rows8(
     let mut v = 0;
     // Two registers of positions per channel while they fit, then one.
     while v + 2 <= vectors {
-        let (b0, b1) = (base(v), base(v + 1));
         let mut acc = [_mm512_setzero_ps(); 2 * N];
         for s in 0..n_src {
             for t in 0..kk {
-                // SAFETY: b + taps[t] + 16 ≤ (h − 1)·wp + w + taps[t] ≤ plane (asserted), inside plane s;
-                // (s·kk + t)·8 + 7 < packed.len() (asserted).
+                // SAFETY: plane s of src, shifted by a tap (see `load`); (s·kk + t)·8 + 7 < packed.len()
+                // (asserted).
                 unsafe {
                     let run = src.add(s * plane + taps[t]);
-                    let (r0, r1) = (_mm512_loadu_ps(run.add(b0)), _mm512_loadu_ps(run.add(b1)));
+                    let (r0, r1) = (load(run, v), load(run, v + 1));
                     let w = packed.add((s * kk + t) * N);
                     for j in 0..N {
                         let wv = _mm512_set1_ps(*w.add(j));
@@ -178,13 +197,12 @@ pub unsafe fn correlate_rows8(
         v += 2;
     }
     if v < vectors {
-        let b0 = base(v);
         let mut acc = [_mm512_setzero_ps(); N];
         for s in 0..n_src {
             for t in 0..kk {
                 // SAFETY: as above.
                 unsafe {
-                    let r0 = _mm512_loadu_ps(src.add(s * plane + taps[t] + b0));
+                    let r0 = load(src.add(s * plane + taps[t]), v);
                     let w = packed.add((s * kk + t) * N);
                     for j in 0..N {
                         acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(*w.add(j)), r0, acc[j]);
