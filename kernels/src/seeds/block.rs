@@ -193,11 +193,13 @@ impl ConvNormRelu {
             });
     }
 
-    /// ∂L/∂out is `grad_out`, or (`None`) `grad`'s content on entry; `grad` (output sized) may be used
-    /// for the gradient at the ReLU's input (with at least as many envs as threads the norm's backward
-    /// masks each image in cache instead), and `scratch` (conv-output sized) is clobbered. Writes the parameter gradients and handles the input
-    /// gradient as `input_grad` says (with [`InputGrad::IntoGrad`] the input and output must have the same
-    /// size, true of every seed unit).
+    /// ∂L/∂out is `grad_out`, or (`None`) `grad`'s content on entry. Writes the parameter gradients and
+    /// handles the input gradient as `input_grad` says (with [`InputGrad::IntoGrad`] the input and output
+    /// must have the same size, true of every seed unit). The ReLU's mask is recomputed from the conv
+    /// output. With at least as many envs as threads the backward runs per env a few images at a time
+    /// ([`Self::backward_in_runs`]); with fewer it runs op by op over the whole batch, using `grad`
+    /// (output sized) for the gradient at the ReLU's input and clobbering `scratch` (conv-output sized).
+    /// Both give the same bits.
     #[allow(clippy::too_many_arguments)]
     pub fn backward<T: Real>(
         &self,
