@@ -32,7 +32,7 @@ use super::real::{LANES, Real, tree_sum};
 const TILE: usize = 16;
 /// Output channels computed together.
 const BLOCK: usize = 4;
-/// Output channels computed together by the AVX-512 correlation (`conv_avx512::correlate_block8`).
+/// Output channels computed together by the AVX-512 correlation (`conv_avx512::correlate_rows8`).
 const WIDE_BLOCK: usize = 8;
 /// Largest kernel size (bounds the stack arrays of tap offsets).
 const MAX_K: usize = 7;
@@ -355,10 +355,21 @@ fn correlate_image<T: Real>(
                 WIDE_BLOCK => {
                     let (src, packed) = (as_f32(group_src).unwrap(), as_f32(packed).unwrap());
                     let out = as_f32_mut(tile_out).unwrap();
+                    // The padded-width layout as one row of `q_round` positions, junk included, into the tile.
+                    let (q, taps) = (geo.q_round, &taps[..kk]);
                     // SAFETY: a wide block is only chosen under Kernels::Avx512, which dispatch_correlate
                     // picks only where conv_avx512::available() holds and T is f32.
                     unsafe {
-                        conv_avx512::correlate_block8(src, geo.plane, geo.q_round, &taps[..kk], packed, out)
+                        conv_avx512::correlate_rows8::<false>(
+                            src,
+                            geo.plane,
+                            q,
+                            (1, q),
+                            taps,
+                            packed,
+                            out,
+                            false,
+                        )
                     };
                 }
                 BLOCK => correlate_block::<T, BLOCK>(group_src, &geo, &taps[..kk], packed, tile_out),

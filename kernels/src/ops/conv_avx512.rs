@@ -6,12 +6,12 @@
 //! the results are bit-identical to the AVX2 and scalar paths (the conv tests compare them on every shape
 //! where this path applies).
 //!
-//! * [`correlate_block8`]: eight output channels × 32 positions in sixteen 512-bit accumulators (the AVX2
+//! * [`correlate_rows8`]: eight output channels × 32 positions in sixteen 512-bit accumulators (the AVX2
 //!   path holds four channels × 16 positions: with 32 registers there is room for twice as many chains
-//!   per loaded run of input).
-//! * [`correlate_rows8`]: the same where rows are whole registers (`w` a multiple of 16) or half registers
-//!   (8×8 planes, two rows a register), written straight into the destination planes: no junk positions
-//!   and no copy out of a tile buffer.
+//!   per loaded run of input). Where rows are whole registers (`w` a multiple of 16) or half registers
+//!   (8×8 planes, two rows a register) it writes straight into the destination planes: no junk positions
+//!   and no copy out of a tile buffer; elsewhere it takes the padded-width layout, junk included, as one
+//!   row into a tile.
 //! * [`weight_grad_taps3x3`]: all nine taps of a 3×3 kernel for a block of four output channels at once.
 //!   A 512-bit register holds the eight lane partial sums of two output channels for one tap, so one
 //!   load of eight input positions (broadcast to both halves) feeds two channels, and the output
@@ -31,89 +31,16 @@ pub fn available() -> bool {
 /// Positions per 512-bit register.
 const WIDTH: usize = 16;
 
-/// Eight output channels of a correlation over all `q_round` positions of the padded-width layout, into
-/// `out` (8 rows of `q_round`): `out[j][q] = Σ_s Σ_t packed[s][t][j] · src[s][q + taps[t]]`, the sum a
-/// fused multiply-add chain in (s, t) order from 0, as in `correlate_block`.
-///
-/// `src` holds `n_src` planes of `plane` elements; `packed` is `[n_src][taps.len()][8]`.
-///
-/// # Safety
-/// The CPU must support AVX-512F ([`available`]).
-#[target_feature(enable = "avx512f,avx512dq")]
-pub unsafe fn correlate_block8(
-    src: &[f32],
-    plane: usize,
-    q_round: usize,
-    taps: &[usize],
-    packed: &[f32],
-    out: &mut [f32],
-) {
-    const N: usize = 8;
-    let kk = taps.len();
-    let n_src = src.len() / plane;
-    assert_eq!(q_round % WIDTH, 0, "positions are whole registers");
-    assert!(taps.iter().all(|&t| t + q_round <= plane), "every tap's run stays inside its plane");
-    assert_eq!(packed.len(), n_src * kk * N, "packed weights");
-    assert!(out.len() >= N * q_round, "output rows");
-    let (src, packed, out) = (src.as_ptr(), packed.as_ptr(), out.as_mut_ptr());
-    let mut q0 = 0;
-    // Two registers of positions per channel while they fit, then one.
-    while q0 + 2 * WIDTH <= q_round {
-        let mut acc = [_mm512_setzero_ps(); 2 * N];
-        for s in 0..n_src {
-            for t in 0..kk {
-                // SAFETY: q0 + 32 ≤ q_round and taps[t] + q_round ≤ plane (asserted), so both runs lie in
-                // plane s; (s·kk + t)·8 + 7 < packed.len().
-                unsafe {
-                    let run = src.add(s * plane + q0 + taps[t]);
-                    let (r0, r1) = (_mm512_loadu_ps(run), _mm512_loadu_ps(run.add(WIDTH)));
-                    let w = packed.add((s * kk + t) * N);
-                    for j in 0..N {
-                        let wv = _mm512_set1_ps(*w.add(j));
-                        acc[2 * j] = _mm512_fmadd_ps(wv, r0, acc[2 * j]);
-                        acc[2 * j + 1] = _mm512_fmadd_ps(wv, r1, acc[2 * j + 1]);
-                    }
-                }
-            }
-        }
-        for j in 0..N {
-            // SAFETY: row j of out has q_round ≥ q0 + 32 elements.
-            unsafe {
-                _mm512_storeu_ps(out.add(j * q_round + q0), acc[2 * j]);
-                _mm512_storeu_ps(out.add(j * q_round + q0 + WIDTH), acc[2 * j + 1]);
-            }
-        }
-        q0 += 2 * WIDTH;
-    }
-    if q0 < q_round {
-        let mut acc = [_mm512_setzero_ps(); N];
-        for s in 0..n_src {
-            for t in 0..kk {
-                // SAFETY: as above, with q0 + 16 = q_round.
-                unsafe {
-                    let r0 = _mm512_loadu_ps(src.add(s * plane + q0 + taps[t]));
-                    let w = packed.add((s * kk + t) * N);
-                    for j in 0..N {
-                        acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(*w.add(j)), r0, acc[j]);
-                    }
-                }
-            }
-        }
-        for j in 0..N {
-            // SAFETY: row j of out has q_round = q0 + 16 elements.
-            unsafe { _mm512_storeu_ps(out.add(j * q_round + q0), acc[j]) };
-        }
-    }
-}
-
-/// [`correlate_block8`] written straight into the destination planes, for a correlation that keeps the
-/// plane's size and whose rows are whole registers (`w` a multiple of 16) or, with `HALVES`, half
-/// registers (`w` = 8, `h` even): register `v` holds the 16 positions from `p = 16·v`, and its two halves of
+/// Eight output channels of a correlation, `out[j][p] = Σ_s Σ_t packed[s][t][j] · src[s][tap_t(p)]`, the
+/// sum a fused multiply-add chain in (s, t) order from 0 as in `correlate_block`, written straight into
+/// the destination planes, for a correlation that keeps the plane's size and whose rows are whole
+/// registers (`w` a multiple of 16) or, with `HALVES`, half registers (`w` = 8, `h` even): register `v` holds the 16 positions from `p = 16·v`, and its two halves of
 /// eight read the padded plane from `(q / w)·wp + q mod w` for `q = p` and `q = p + 8` (one contiguous run
-/// when the row is whole registers, two rows' runs otherwise). So every output is the same fused
-/// multiply-add chain in (s, t) order over the same padded values as [`correlate_block8`]'s and gets the
-/// same bits, without the junk positions of the padded-width layout (2 of every `w + 2`; at 8×8, 32 of
-/// 96 computed positions) and without the copy out of a tile buffer.
+/// when the row is whole registers, two rows' runs otherwise). So every output is the same chain over the
+/// same padded values as in the padded-width layout and gets the same bits, without that layout's junk
+/// positions (2 of every `w + 2`; at 8×8, 32 of 96 computed positions) and without the copy out of a tile
+/// buffer. With `(h, w) = (1, q_round)` and `wp = q_round` it computes the padded-width layout itself,
+/// junk included, into a tile of `q_round` per channel.
 ///
 /// `src` holds `n_src` padded planes of `plane` elements (row width `wp`); `out` 8 planes of `h·w`
 /// elements; `packed` is `[n_src][taps.len()][8]`. With `accumulate` each output is added to what `out`
