@@ -621,15 +621,8 @@ pub fn conv2d_backward_weight<T: Real>(
         grad_weight.fill(T::ZERO);
         return;
     }
-    let cout_g = shape.c_out_per_group();
     // Blocks of output channels never straddle a group, so each task's rows are one contiguous chunk.
-    let block = if cout_g.is_multiple_of(BLOCK) {
-        BLOCK
-    } else if cout_g.is_multiple_of(2) {
-        2
-    } else {
-        1
-    };
+    let block = weight_grad_block_width(shape.c_out_per_group());
     let blocks_per_env = shape.c_out / block;
     // With enough envs to keep every thread busy (or one thread), a task takes a whole env: its input
     // planes are padded and read once per image for all output channels instead of once per block. With
@@ -689,7 +682,7 @@ fn weight_grad_block<T: Real, const N: usize>(
     job: &WeightGradJob<'_, T>,
     dw: &mut [T],
     scratch: &mut [T],
-    kernels: Kernels,
+    add_run: impl Fn(&WeightGradJob<'_, T>, &[T], &[T], &mut [T], &mut [T]),
 ) {
     let s = job.shape;
     let run = weight_grad_run_images::<T, N>(job);
@@ -700,8 +693,24 @@ fn weight_grad_block<T: Real, const N: usize>(
         let n = run.min(s.batch - b0);
         let x_run = &job.input[b0 * in_image..(b0 + n) * in_image];
         let dy_run = &job.grad_output[b0 * out_image..(b0 + n) * out_image];
-        weight_grad_add_run::<T, N>(job, x_run, dy_run, lanes, work, kernels);
+        add_run(job, x_run, dy_run, lanes, work);
     }
+    sum_lanes_into(lanes, dw);
+}
+
+/// The blocks' output channels per weight-gradient task block: 4 where the group allows, else 2, else 1.
+fn weight_grad_block_width(cout_per_group: usize) -> usize {
+    if cout_per_group.is_multiple_of(BLOCK) {
+        BLOCK
+    } else if cout_per_group.is_multiple_of(2) {
+        2
+    } else {
+        1
+    }
+}
+
+/// Each weight-gradient value from its `LANES` partial sums.
+fn sum_lanes_into<T: Real>(lanes: &[T], dw: &mut [T]) {
     for (value, partial) in dw.iter_mut().zip(lanes.chunks_exact(LANES)) {
         *value = tree_sum(partial.try_into().unwrap());
     }
@@ -1027,44 +1036,12 @@ fn correlate_run_avx512<T: Real>(
     correlate_run(c, src, dst, weight, scratch, stats, Kernels::Avx512);
 }
 
+/// [`weight_grad_block`] with each run of images added on the fastest build of the hot loops this CPU has.
 #[inline]
 fn dispatch_weight_grad<T: Real, const N: usize>(job: &WeightGradJob<'_, T>, dw: &mut [T]) {
     T::with_scratch(weight_grad_scratch_len::<T, N>(job), |scratch| {
-        #[cfg(target_arch = "x86_64")]
-        if wide_kernels::<T>() {
-            // SAFETY: the CPU supports AVX-512F/DQ (checked just above), which implies AVX2 and FMA.
-            unsafe { weight_grad_block_avx512::<T, N>(job, dw, scratch) };
-            return;
-        }
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU supports AVX2 and FMA (checked just above).
-            unsafe { weight_grad_block_avx2::<T, N>(job, dw, scratch) };
-            return;
-        }
-        weight_grad_block::<T, N>(job, dw, scratch, Kernels::Portable);
+        weight_grad_block::<T, N>(job, dw, scratch, dispatch_weight_grad_add_run::<T, N>)
     });
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn weight_grad_block_avx2<T: Real, const N: usize>(
-    job: &WeightGradJob<'_, T>,
-    dw: &mut [T],
-    scratch: &mut [T],
-) {
-    weight_grad_block::<T, N>(job, dw, scratch, Kernels::Portable);
-}
-
-/// Only called where [`wide_kernels`] holds for `T`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
-fn weight_grad_block_avx512<T: Real, const N: usize>(
-    job: &WeightGradJob<'_, T>,
-    dw: &mut [T],
-    scratch: &mut [T],
-) {
-    weight_grad_block::<T, N>(job, dw, scratch, Kernels::Avx512);
 }
 
 /// [`weight_grad_add_run`] on the fastest build of the hot loops this CPU has.
@@ -1135,14 +1112,7 @@ impl ConvBackwardRuns {
     pub fn new(shape: &Conv2dShape) -> Self {
         let shape = Conv2dShape { envs: 1, ..*shape };
         shape.validate();
-        let cout_g = shape.c_out_per_group();
-        let block = if cout_g.is_multiple_of(BLOCK) {
-            BLOCK
-        } else if cout_g.is_multiple_of(2) {
-            2
-        } else {
-            1
-        };
+        let block = weight_grad_block_width(shape.c_out_per_group());
         let job = Self::job_of(&shape, block);
         let lanes_len = shape.c_out * shape.c_in_per_group() * shape.k * shape.k * LANES;
         let work_len = match block {
@@ -1224,9 +1194,7 @@ impl ConvBackwardRuns {
     /// Ends an env: writes its weight gradient (`[c_out, c_in/groups, k, k]`, overwritten).
     pub fn finish<T: Real>(&self, scratch: &[T], grad_weight: &mut [T]) {
         assert_eq!(grad_weight.len(), self.shape.weight_len_per_env(), "conv weight gradient length");
-        for (value, partial) in grad_weight.iter_mut().zip(scratch[..self.lanes_len].chunks_exact(LANES)) {
-            *value = tree_sum(partial.try_into().unwrap());
-        }
+        sum_lanes_into(&scratch[..self.lanes_len], grad_weight);
     }
 }
 
@@ -1561,12 +1529,20 @@ mod tests {
             match block {
                 2 => {
                     let mut scratch = vec![0.0f32; weight_grad_scratch_len::<f32, 2>(&job)];
-                    weight_grad_block::<f32, 2>(&job, &mut portable, &mut scratch, Kernels::Portable);
+                    let portable_run =
+                        |j: &WeightGradJob<'_, f32>, x: &[f32], dy: &[f32], l: &mut [f32], w: &mut [f32]| {
+                            weight_grad_add_run::<f32, 2>(j, x, dy, l, w, Kernels::Portable)
+                        };
+                    weight_grad_block::<f32, 2>(&job, &mut portable, &mut scratch, portable_run);
                     dispatch_weight_grad::<f32, 2>(&job, &mut dispatched);
                 }
                 _ => {
                     let mut scratch = vec![0.0f32; weight_grad_scratch_len::<f32, 4>(&job)];
-                    weight_grad_block::<f32, 4>(&job, &mut portable, &mut scratch, Kernels::Portable);
+                    let portable_run =
+                        |j: &WeightGradJob<'_, f32>, x: &[f32], dy: &[f32], l: &mut [f32], w: &mut [f32]| {
+                            weight_grad_add_run::<f32, 4>(j, x, dy, l, w, Kernels::Portable)
+                        };
+                    weight_grad_block::<f32, 4>(&job, &mut portable, &mut scratch, portable_run);
                     dispatch_weight_grad::<f32, 4>(&job, &mut dispatched);
                 }
             }
