@@ -601,52 +601,39 @@ pub fn relu_group_norm_backward<T: Real>(
                 for (b, dx_img) in dx_env.chunks_exact_mut(image).enumerate() {
                     let i = e * shape.batch + b;
                     let range = i * image..(i + 1) * image;
-                    relu_group_norm_image_backward(
-                        plane,
-                        gamma,
-                        (
-                            &save_mean[i * groups..(i + 1) * groups],
-                            &save_inv_std[i * groups..(i + 1) * groups],
-                        ),
-                        (&x[range.clone()], ReluMask::Output(&y[range.clone()]), &grad_out[range]),
-                        dy_img,
-                        lanes,
-                        dx_img,
+                    let y_img = &y[range.clone()];
+                    for ((d, &v), &g) in dy_img.iter_mut().zip(y_img).zip(&grad_out[range.clone()]) {
+                        *d = if v > T::ZERO { g } else { T::ZERO };
+                    }
+                    let stats = (
+                        &save_mean[i * groups..(i + 1) * groups],
+                        &save_inv_std[i * groups..(i + 1) * groups],
                     );
+                    group_norm_image_backward_carried(plane, gamma, stats, &x[range], dy_img, lanes, dx_img);
                 }
                 group_norm_param_grads(lanes, d_gamma, d_beta);
             });
         });
 }
 
-/// One image of [`relu_group_norm_backward`]: the ReLU's mask applied to the image's output gradient
-/// (`y_img > 0`) into `dy_img` (scratch, image sized), each channel's parameter sums carried in `lanes`
+/// One image of the group norm's backward with its parameter sums carried: `dy_img` the gradient at the
+/// norm's output of image `x_img` (the ReLU's mask applied), each channel's sums added to `lanes`
 /// (`[c][2][LANES]`: Σ dy, then Σ dy·x̂, zeroed by the caller before the env's first image), and the
 /// norm's input gradient written to `dx_img`. `gamma` is the env's, `(means, inv_stds)` the image's.
 /// Called image after image in order, then [`group_norm_param_grads`], it gives the bits of
-/// [`relu_group_norm_backward`].
-pub(crate) fn relu_group_norm_image_backward<T: Real>(
+/// [`relu_group_norm_backward`] (which masks with the ReLU's output; the seed units recompute the mask,
+/// [`group_norm_relu_mask_image`]).
+pub(crate) fn group_norm_image_backward_carried<T: Real>(
     plane: usize,
     gamma: &[T],
     (means, inv_stds): (&[T], &[T]),
-    (x_img, mask, grad_img): (&[T], ReluMask<'_, T>, &[T]),
-    dy_img: &mut [T],
+    x_img: &[T],
+    dy_img: &[T],
     lanes: &mut [T],
     dx_img: &mut [T],
 ) {
     let c = gamma.len();
     let per_group = c / means.len();
-    match mask {
-        ReluMask::Output(y_img) => {
-            for ((d, &v), &g) in dy_img.iter_mut().zip(y_img).zip(grad_img) {
-                *d = if v > T::ZERO { g } else { T::ZERO };
-            }
-        }
-        ReluMask::Recompute { beta } => {
-            dy_img.copy_from_slice(grad_img);
-            group_norm_relu_mask_image(plane, gamma, beta, (means, inv_stds), x_img, dy_img);
-        }
-    }
     // The parameter sums, carried across the env's images per channel.
     for ch in 0..c {
         let g = ch / per_group;
@@ -687,17 +674,7 @@ pub(crate) fn group_norm_relu_mask_image<T: Real>(
     }
 }
 
-/// Where [`relu_group_norm_image_backward`] takes the ReLU's mask from.
-#[derive(Clone, Copy)]
-pub(crate) enum ReluMask<'a, T> {
-    /// The ReLU's output: the gradient passes where it is positive.
-    Output(&'a [T]),
-    /// The norm's affine recomputed from its input with the forward's statistics and the env's `γ`,
-    /// `β`: positive exactly where the ReLU's output is, so the output need not be read (or kept).
-    Recompute { beta: &'a [T] },
-}
-
-/// The env's `dγ`, `dβ` from the parameter sums [`relu_group_norm_image_backward`] carried.
+/// The env's `dγ`, `dβ` from the parameter sums [`group_norm_image_backward_carried`] carried.
 pub(crate) fn group_norm_param_grads<T: Real>(lanes: &[T], d_gamma: &mut [T], d_beta: &mut [T]) {
     for (ch, (d_gamma, d_beta)) in d_gamma.iter_mut().zip(d_beta.iter_mut()).enumerate() {
         let held = &lanes[2 * ch * LANES..2 * (ch + 1) * LANES];

@@ -8,8 +8,8 @@ use crate::ops::activation::relu;
 use crate::ops::blend::blend_add;
 use crate::ops::conv::{ConvBackwardRuns, RUN_IMAGES, conv2d_forward_run};
 use crate::ops::norm::{
-    ReluMask, group_norm_image_forward, group_norm_param_grads, group_norm_relu_mask_image,
-    relu_group_norm_image_backward,
+    group_norm_image_backward_carried, group_norm_image_forward, group_norm_param_grads,
+    group_norm_relu_mask_image,
 };
 use crate::ops::real::LANES;
 use crate::ops::{
@@ -321,17 +321,15 @@ impl ConvNormRelu {
                                 Some(grad_out) => &grad_out[image.clone()],
                                 None => &grad_env[b * image_out..(b + 1) * image_out],
                             };
-                            relu_group_norm_image_backward(
-                                plane,
-                                gamma,
-                                (
-                                    &state.mean[i * groups..(i + 1) * groups],
-                                    &state.inv_std[i * groups..(i + 1) * groups],
-                                ),
-                                (&state.conv_out[image], ReluMask::Recompute { beta }, g_img),
-                                dy_img,
-                                norm_lanes,
-                                dy_conv,
+                            let stats = (
+                                &state.mean[i * groups..(i + 1) * groups],
+                                &state.inv_std[i * groups..(i + 1) * groups],
+                            );
+                            let x_img = &state.conv_out[image];
+                            dy_img.copy_from_slice(g_img);
+                            group_norm_relu_mask_image(plane, gamma, beta, stats, x_img, dy_img);
+                            group_norm_image_backward_carried(
+                                plane, gamma, stats, x_img, dy_img, norm_lanes, dy_conv,
                             );
                         }
                         let x0 = (e * c.batch + b0) * image_in;
