@@ -363,3 +363,45 @@ fn allocated_seed_buffers_have_the_spec_parameter_counts() {
         assert_eq!(slot.gate.row_len, [81, 145, 273, 1057][i], "gate at C={c}");
     }
 }
+
+/// With at least as many envs as threads, a pooled block's backward hands its batch norm's input gradient
+/// to the conv's backward an image at a time, per env, in runs of images; with fewer, the norm writes the
+/// whole gradient and the conv's ops read it. Both give the same bits, on a fused block and on a block
+/// whose slot r0 runs a seed, with batches that take several runs (32×32 images, 7 per env: runs of 5
+/// and 2 at block 0).
+#[test]
+fn host_backward_in_runs_of_images_equals_the_whole_batch_backward() {
+    use esper_kernels::host::HostArch;
+    let arch = HostArch::CIFAR_BASELINE;
+    let (envs, batch) = (2, 7);
+    let ids: Vec<u64> = (0..envs as u64).collect();
+    let mut s = stream(31);
+    let images: Vec<f32> = (0..envs * batch * arch.image_len()).map(|_| s.normal() as f32).collect();
+    let labels: Vec<u8> = (0..envs * batch).map(|_| s.below(10) as u8).collect();
+    for seeded in [false, true] {
+        let run = || {
+            let mut bank = SeedBank::new(&arch, envs, if seeded { &[(0, 0)] } else { &[] });
+            randomize_pools(&mut bank, &mut stream(32));
+            for slot in bank.slots_mut() {
+                for e in 0..envs {
+                    slot.state[e] = state(SeedMode::Add, CnnBlueprint::ConvLight, 0.5);
+                }
+            }
+            let mut params = HostParams::init(arch, 3, 0, &ids);
+            let base = params.clone();
+            let mut ws = HostWorkspace::with_slots(arch, envs, batch, &bank);
+            let mut grads = Stacked::zeros(envs, &arch.tensor_lens());
+            ws.forward_train(&mut params, &bank, &images, &labels);
+            ws.backward(&base, &mut bank, &images, &mut grads);
+            (grads, bank)
+        };
+        // One thread: in runs (2 envs ≥ 1 thread). Four threads: the whole-batch ops (2 envs < 4).
+        let (in_runs, bank_in_runs) = with_threads(1, run);
+        let (whole, bank_whole) = with_threads(4, run);
+        for (t, (a, b)) in in_runs.tensors.iter().zip(&whole.tensors).enumerate() {
+            assert_eq!(bits(a), bits(b), "seeded {seeded}: host gradient tensor {t}");
+            assert!(a.iter().filter(|v| **v != 0.0).count() > a.len() / 2, "tensor {t} has a gradient");
+        }
+        assert_eq!(bank_in_runs, bank_whole, "seeded {seeded}: seed gradients");
+    }
+}

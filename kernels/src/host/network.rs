@@ -446,6 +446,13 @@ impl<T: Real> HostWorkspace<T> {
                 ws.backward(p, &cur.pooled, &self.grad_a[..pooled_len], &mut self.grad_b[..pooled_len]);
                 std::mem::swap(&mut self.grad_a, &mut self.grad_b);
             }
+            // A pooled block with at least as many envs as threads: the norm's input gradient goes to the
+            // conv's backward an image at a time, per env (same bits, no pass through memory).
+            if !cur.mixed && arch.pools_after(b) && self.envs >= rayon::current_num_threads() {
+                let (gamma_grad, beta_grad) = (&mut gamma_grad[0], &mut beta_grad[0]);
+                self.block_backward_in_runs(b, params, bank, images, &mut conv_w[0], gamma_grad, beta_grad);
+                continue;
+            }
             // Into `grad_b`: the gradient at the batch norm's input.
             if cur.mixed {
                 self.mixed_block_backward(b, params, bank, &mut gamma_grad[0], &mut beta_grad[0]);
@@ -547,18 +554,83 @@ impl<T: Real> HostWorkspace<T> {
         }
     }
 
-    /// Block `b`'s backward from the gradient below its slot r1 (in `grad_a`) to the gradient at its batch
-    /// norm's input (in `grad_b`), op by op: pool, slot r0, ReLU, batch norm.
-    fn unfused_block_backward(
+    /// Block `b`'s backward from the gradient below its slot r1 (in `grad_a`) to the gradient at its conv's
+    /// input (in `grad_a`, for `b > 0`), for a pooled block that is not mixed: the batch norm's parameter
+    /// gradients first (fused, or after the op-by-op pool and slot r0), then per env, a run of images at
+    /// a time, the norm's input gradient into scratch and the conv's weight and input gradients from it
+    /// while it is in cache ([`ops::conv::conv2d_backward_from_images`]). The same bits as the norm's
+    /// backward writing `grad_b` whole and the conv's two ops reading it.
+    #[allow(clippy::too_many_arguments)]
+    fn block_backward_in_runs(
         &mut self,
         b: usize,
         params: &HostParams<T>,
         bank: &mut SeedBank<T>,
+        images: &[T],
+        conv_w: &mut [T],
         gamma_grad: &mut [T],
         beta_grad: &mut [T],
     ) {
-        let (norm, pool) = (self.norm_shape(b), self.pool_shape(b));
-        let arch = self.arch;
+        let (conv, norm, arch) = (self.conv_shape(b), self.norm_shape(b), self.arch);
+        if !self.blocks[b].fused {
+            self.pool_and_slot_backward(b, bank);
+        }
+        let Self { blocks, grad_a, grad_b, .. } = self;
+        let cur = &blocks[b];
+        let input = match b {
+            0 => images,
+            _ => blocks[b - 1].final_output(arch.pools_after(b - 1)),
+        };
+        let grad_input = (b > 0).then(|| &mut grad_b[..input.len()]);
+        let (gamma, weight) = (params.gamma(b), params.conv(b));
+        if cur.fused {
+            let dx = ops::fused::batch_norm_relu_max_pool_param_grads(
+                norm,
+                &cur.conv_out,
+                gamma,
+                &cur.bn_mean,
+                &cur.bn_inv_std,
+                &grad_a[..cur.pooled.len()],
+                &cur.argmax,
+                &cur.winner,
+                gamma_grad,
+                beta_grad,
+            );
+            let dy_image = |i: usize, scratch: &mut [T], dy: &mut [T]| dx.write_image(i, scratch, dy);
+            ops::conv::conv2d_backward_from_images(
+                conv,
+                input,
+                weight,
+                conv_w,
+                grad_input,
+                dx.scratch_len(),
+                dy_image,
+            );
+        } else {
+            // The ReLU's backward is taken inside the norm's (the same bits, one pass fewer).
+            let dx = ops::fused::relu_batch_norm_window_order_param_grads(
+                norm,
+                &cur.conv_out,
+                gamma,
+                params.beta(b),
+                &cur.bn_mean,
+                &cur.bn_inv_std,
+                &grad_a[..cur.block_out.len()],
+                gamma_grad,
+                beta_grad,
+            );
+            let dy_image = |i: usize, _: &mut [T], dy: &mut [T]| dx.write_image(i, dy);
+            ops::conv::conv2d_backward_from_images(conv, input, weight, conv_w, grad_input, 0, dy_image);
+        }
+        if b > 0 {
+            std::mem::swap(&mut self.grad_a, &mut self.grad_b);
+        }
+    }
+
+    /// Block `b`'s op-by-op backward through its pool (if any) and its slot r0 (if active): from the
+    /// gradient below its slot r1 (in `grad_a`) to the gradient at its ReLU's output (in `grad_a`).
+    fn pool_and_slot_backward(&mut self, b: usize, bank: &mut SeedBank<T>) {
+        let (pool, arch) = (self.pool_shape(b), self.arch);
         let cur = &mut self.blocks[b];
         let act_len = cur.block_out.len();
         if arch.pools_after(b) {
@@ -572,6 +644,22 @@ impl<T: Real> HostWorkspace<T> {
             ws.backward(p, &cur.block_out, &self.grad_a[..act_len], &mut self.grad_b[..act_len]);
             std::mem::swap(&mut self.grad_a, &mut self.grad_b);
         }
+    }
+
+    /// Block `b`'s backward from the gradient below its slot r1 (in `grad_a`) to the gradient at its batch
+    /// norm's input (in `grad_b`), op by op: pool, slot r0, ReLU, batch norm.
+    fn unfused_block_backward(
+        &mut self,
+        b: usize,
+        params: &HostParams<T>,
+        bank: &mut SeedBank<T>,
+        gamma_grad: &mut [T],
+        beta_grad: &mut [T],
+    ) {
+        self.pool_and_slot_backward(b, bank);
+        let (norm, arch) = (self.norm_shape(b), self.arch);
+        let cur = &self.blocks[b];
+        let act_len = cur.block_out.len();
         // With a pool, the sums in the fused backward's order (the same bits on either path), the ReLU's
         // backward taken inside the norm's.
         if arch.pools_after(b) {

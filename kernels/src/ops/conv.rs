@@ -1198,6 +1198,71 @@ impl ConvBackwardRuns {
     }
 }
 
+/// [`conv2d_backward_weight`] and, with `grad_input`, [`conv2d_backward_input`] (both overwrite) of a
+/// conv whose output gradient `dy_image(i, scratch, dy)` writes an image at a time (`i = e·B + b`;
+/// `scratch` holds `dy_scratch` elements): one task per env takes its images a run at a time
+/// ([`ConvBackwardRuns`]) and uses each run while it is in cache, so the output gradient never goes to
+/// memory. The same bits as writing the whole output gradient and calling the two ops: each weight
+/// gradient lane sums the same values in the same order, each input gradient image is the same
+/// correlation. For at least as many envs as threads (the envs are the only parallel dimension).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn conv2d_backward_from_images<T: Real>(
+    shape: Conv2dShape,
+    input: &[T],
+    weight: &[T],
+    grad_weight: &mut [T],
+    grad_input: Option<&mut [T]>,
+    dy_scratch: usize,
+    dy_image: impl Fn(usize, &mut [T], &mut [T]) + Sync,
+) {
+    shape.validate();
+    assert_eq!(input.len(), shape.input_len(), "conv input length");
+    assert_eq!(weight.len(), shape.weight_len(), "conv weight length");
+    assert_eq!(grad_weight.len(), shape.weight_len(), "conv weight gradient length");
+    if let Some(grad_input) = &grad_input {
+        assert_eq!(grad_input.len(), shape.input_len(), "conv input gradient length");
+    }
+    if grad_weight.is_empty() {
+        return;
+    }
+    let (image_in, image_out) = (shape.c_in * shape.h * shape.w, shape.c_out * shape.h_out() * shape.w_out());
+    if shape.batch == 0 || image_in == 0 || image_out == 0 {
+        grad_weight.fill(T::ZERO);
+        if let Some(grad_input) = grad_input {
+            grad_input.fill(T::ZERO);
+        }
+        return;
+    }
+    let runs = ConvBackwardRuns::new(&shape);
+    let run = runs.run_images().min(shape.batch);
+    let w_env = shape.weight_len_per_env();
+    let scratch_len = run * image_out + dy_scratch + runs.scratch_len();
+    let grad_inputs = match grad_input {
+        Some(g) => rayon::iter::Either::Left(g.par_chunks_mut(shape.batch * image_in).map(Some)),
+        None => rayon::iter::Either::Right((0..shape.envs).into_par_iter().map(|_| None)),
+    };
+    grad_weight.par_chunks_mut(w_env).zip(grad_inputs).enumerate().for_each(|(e, (d_weight, mut dx_env))| {
+        let weight = &weight[e * w_env..(e + 1) * w_env];
+        T::with_scratch(scratch_len, |scratch| {
+            let (dy_runs, rest) = scratch.split_at_mut(run * image_out);
+            let (dy_work, conv_scratch) = rest.split_at_mut(dy_scratch);
+            runs.begin(conv_scratch);
+            for b0 in (0..shape.batch).step_by(run) {
+                let n = run.min(shape.batch - b0);
+                let dy_run = &mut dy_runs[..n * image_out];
+                for (r, dy) in dy_run.chunks_exact_mut(image_out).enumerate() {
+                    dy_image(e * shape.batch + b0 + r, dy_work, dy);
+                }
+                let x0 = (e * shape.batch + b0) * image_in;
+                let x_run = &input[x0..x0 + n * image_in];
+                let dx = dx_env.as_deref_mut().map(|d| (&mut d[b0 * image_in..(b0 + n) * image_in], false));
+                runs.add_run(x_run, dy_run, weight, dx, conv_scratch);
+            }
+            runs.finish(conv_scratch, d_weight);
+        });
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

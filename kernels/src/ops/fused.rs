@@ -30,8 +30,8 @@ use rayon::prelude::*;
 
 use super::activation::relu;
 use super::norm::{
-    DxConsts, NormShape, affine, batch_norm_backward_with_sums, batch_norm_param_grads, eval_affine,
-    normalize, save_batch_stats, train_affine,
+    DxConsts, NormInputGrad, NormShape, affine, batch_norm_backward_with_sums, batch_norm_param_grads,
+    batch_norm_param_grads_then_input_grad, eval_affine, normalize, save_batch_stats, train_affine,
 };
 use super::pool::{V, gather_windows, winners};
 use super::real::{LANES, LaneSums, Real};
@@ -328,9 +328,46 @@ pub fn batch_norm_relu_max_pool_backward<T: Real>(
     grad_gamma: &mut [T],
     grad_beta: &mut [T],
 ) {
-    for a in [x, &*grad_input] {
-        assert_eq!(a.len(), shape.len(), "fused batch norm activation length");
+    assert_eq!(grad_input.len(), shape.len(), "fused batch norm activation length");
+    let grad = batch_norm_relu_max_pool_param_grads(
+        shape,
+        x,
+        gamma,
+        save_mean,
+        save_inv_std,
+        grad_pooled,
+        code,
+        winner,
+        grad_gamma,
+        grad_beta,
+    );
+    if shape.is_empty() {
+        return;
     }
+    let plane = shape.plane();
+    grad_input.par_chunks_mut(shape.image()).enumerate().for_each(|(i, dx_img)| {
+        T::with_scratch(plane + 1, |scratch| grad.write_image(i, scratch, dx_img));
+    });
+}
+
+/// The first pass of [`batch_norm_relu_max_pool_backward`] (the parameter gradients, overwritten into
+/// `grad_gamma` and `grad_beta`), and what its second pass needs to write the input gradient image by
+/// image ([`BatchNormPoolGrad::write_image`]): for a caller that uses each image of it while it is in
+/// cache.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn batch_norm_relu_max_pool_param_grads<'a, T: Real>(
+    shape: NormShape,
+    x: &'a [T],
+    gamma: &'a [T],
+    save_mean: &'a [T],
+    save_inv_std: &'a [T],
+    grad_pooled: &'a [T],
+    code: &'a [u8],
+    winner: &'a [T],
+    grad_gamma: &'a mut [T],
+    grad_beta: &'a mut [T],
+) -> BatchNormPoolGrad<'a, T> {
+    assert_eq!(x.len(), shape.len(), "fused batch norm activation length");
     for len in [grad_pooled.len(), code.len(), winner.len()] {
         assert_eq!(len, shape.pooled_len(), "fused max pool output length");
     }
@@ -343,35 +380,13 @@ pub fn batch_norm_relu_max_pool_backward<T: Real>(
         dispatch_channel_sums(&shape, &planes, mean)
     };
     batch_norm_param_grads(&shape, save_mean, save_inv_std, grad_gamma, grad_beta, sums);
-    if shape.is_empty() {
-        return;
-    }
-    let (grad_gamma, grad_beta) = (&*grad_gamma, &*grad_beta);
-    let grad = BatchNormPoolGrad {
-        shape,
-        x,
-        gamma,
-        save_mean,
-        save_inv_std,
-        grad_gamma,
-        grad_beta,
-        grad_pooled,
-        code,
-    };
-    let plane = shape.plane();
-    grad_input.par_chunks_mut(shape.image()).enumerate().for_each(|(i, dx_img)| {
-        T::with_scratch(plane + 1, |scratch| {
-            for (ch, dx) in dx_img.chunks_exact_mut(plane).enumerate() {
-                dispatch_dx_plane(&grad, i, ch, scratch, dx);
-            }
-        });
-    });
+    BatchNormPoolGrad { shape, x, gamma, save_mean, save_inv_std, grad_gamma, grad_beta, grad_pooled, code }
 }
 
 /// The gradient at the batch norm's input of a fused block, a plane at a time, from what the fused forward
 /// kept and the parameter gradients.
 #[derive(Clone, Copy)]
-struct BatchNormPoolGrad<'a, T> {
+pub(crate) struct BatchNormPoolGrad<'a, T> {
     shape: NormShape,
     x: &'a [T],
     gamma: &'a [T],
@@ -384,6 +399,21 @@ struct BatchNormPoolGrad<'a, T> {
 }
 
 impl<T: Real> BatchNormPoolGrad<'_, T> {
+    /// Scratch elements [`Self::write_image`] needs: one plane and a spare element.
+    pub(crate) fn scratch_len(&self) -> usize {
+        self.shape.plane() + 1
+    }
+
+    /// Writes image `i`'s (`e·B + b`) input gradient, `[C, H, W]`, into `dx_img`; `scratch` holds
+    /// [`Self::scratch_len`].
+    #[inline]
+    pub(crate) fn write_image(&self, i: usize, scratch: &mut [T], dx_img: &mut [T]) {
+        assert_eq!(dx_img.len(), self.shape.image(), "one image of the input gradient");
+        for (ch, dx) in dx_img.chunks_exact_mut(self.shape.plane()).enumerate() {
+            dispatch_dx_plane(self, i, ch, scratch, dx);
+        }
+    }
+
     /// Writes plane `(image, channel)` of the input gradient into `dx`; `scratch` holds `H·W + 1`.
     #[inline(always)]
     fn write_plane(&self, image: usize, channel: usize, scratch: &mut [T], dx: &mut [T]) {
@@ -520,7 +550,65 @@ fn window_order_backward<T: Real>(
     grad_gamma: &mut [T],
     grad_beta: &mut [T],
 ) {
-    let sums = |e: usize, ch: usize, mean: T| {
+    let sums = window_order_channel_sums(shape, x, gamma, relu_beta, save_mean, save_inv_std, grad_output);
+    batch_norm_backward_with_sums(
+        shape,
+        x,
+        gamma,
+        save_mean,
+        save_inv_std,
+        grad_output,
+        grad_input,
+        grad_gamma,
+        grad_beta,
+        sums,
+        relu_beta,
+    );
+}
+
+/// The first pass of [`relu_batch_norm_backward_window_order`] (the parameter gradients, overwritten into
+/// `grad_gamma` and `grad_beta`), and what its second pass needs to write the input gradient image by
+/// image ([`NormInputGrad::write_image`]): for a caller that uses each image of it while it is in cache.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn relu_batch_norm_window_order_param_grads<'a, T: Real>(
+    shape: NormShape,
+    x: &'a [T],
+    gamma: &'a [T],
+    beta: &'a [T],
+    save_mean: &'a [T],
+    save_inv_std: &'a [T],
+    grad_output: &'a [T],
+    grad_gamma: &'a mut [T],
+    grad_beta: &'a mut [T],
+) -> NormInputGrad<'a, T> {
+    let relu_beta = Some(beta);
+    let sums = window_order_channel_sums(shape, x, gamma, relu_beta, save_mean, save_inv_std, grad_output);
+    batch_norm_param_grads_then_input_grad(
+        shape,
+        x,
+        gamma,
+        relu_beta,
+        save_mean,
+        save_inv_std,
+        grad_output,
+        grad_gamma,
+        grad_beta,
+        sums,
+    )
+}
+
+/// `sums(e, c, mean) = (Σ dy, Σ dy·(x − mean))` of (env, channel) over its images in window order, `dy`
+/// masked by the ReLU (recomputed from `x`) where `relu_beta` is given.
+fn window_order_channel_sums<'a, T: Real>(
+    shape: NormShape,
+    x: &'a [T],
+    gamma: &'a [T],
+    relu_beta: Option<&'a [T]>,
+    save_mean: &'a [T],
+    save_inv_std: &'a [T],
+    grad_output: &'a [T],
+) -> impl Fn(usize, usize, T) -> (LaneSums<T>, LaneSums<T>) + Sync + 'a {
+    move |e: usize, ch: usize, mean: T| {
         let mut sum_dy = LaneSums::new();
         let mut sum_dy_centered = LaneSums::new();
         let p = e * shape.channels + ch;
@@ -536,20 +624,7 @@ fn window_order_backward<T: Real>(
             }
         }
         (sum_dy, sum_dy_centered)
-    };
-    batch_norm_backward_with_sums(
-        shape,
-        x,
-        gamma,
-        save_mean,
-        save_inv_std,
-        grad_output,
-        grad_input,
-        grad_gamma,
-        grad_beta,
-        sums,
-        relu_beta,
-    );
+    }
 }
 
 /// Adds one plane's `dy` (where `keep(x)`, else zero) and `dy·(x − mean)` to the lane sums in window

@@ -276,35 +276,102 @@ pub(crate) fn batch_norm_backward_with_sums<T: Real>(
     sums: impl Fn(usize, usize, T) -> (LaneSums<T>, LaneSums<T>) + Sync,
     relu_beta: Option<&[T]>,
 ) {
-    for a in [x, grad_output, &*grad_input] {
-        assert_eq!(a.len(), shape.len(), "batch norm activation length");
-    }
-    assert_eq!(gamma.len(), shape.params_len(), "batch norm parameter length");
-    batch_norm_param_grads(&shape, save_mean, save_inv_std, grad_gamma, grad_beta, sums);
+    assert_eq!(grad_input.len(), shape.len(), "batch norm activation length");
+    let dx = batch_norm_param_grads_then_input_grad(
+        shape,
+        x,
+        gamma,
+        relu_beta,
+        save_mean,
+        save_inv_std,
+        grad_output,
+        grad_gamma,
+        grad_beta,
+        sums,
+    );
     if shape.is_empty() {
         return;
     }
-    let (c, plane) = (shape.channels, shape.plane());
-    let n = T::from_usize(shape.batch * plane);
-    let (d_gamma, d_beta) = (&*grad_gamma, &*grad_beta);
-    grad_input.par_chunks_mut(shape.image()).enumerate().for_each(|(i, dx_img)| {
+    grad_input.par_chunks_mut(shape.image()).enumerate().for_each(|(i, dx_img)| dx.write_image(i, dx_img));
+}
+
+/// The first pass of [`batch_norm_backward_with_sums`] (the parameter gradients, overwritten into
+/// `grad_gamma` and `grad_beta`), and what its second pass needs to write the input gradient image by
+/// image ([`NormInputGrad::write_image`]): for a caller that uses each image of it while it is in cache.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn batch_norm_param_grads_then_input_grad<'a, T: Real>(
+    shape: NormShape,
+    x: &'a [T],
+    gamma: &'a [T],
+    relu_beta: Option<&'a [T]>,
+    save_mean: &'a [T],
+    save_inv_std: &'a [T],
+    grad_output: &'a [T],
+    grad_gamma: &'a mut [T],
+    grad_beta: &'a mut [T],
+    sums: impl Fn(usize, usize, T) -> (LaneSums<T>, LaneSums<T>) + Sync,
+) -> NormInputGrad<'a, T> {
+    for a in [x, grad_output] {
+        assert_eq!(a.len(), shape.len(), "batch norm activation length");
+    }
+    assert_eq!(gamma.len(), shape.params_len(), "batch norm parameter length");
+    if let Some(beta) = relu_beta {
+        assert_eq!(beta.len(), shape.params_len(), "batch norm parameter length");
+    }
+    batch_norm_param_grads(&shape, save_mean, save_inv_std, grad_gamma, grad_beta, sums);
+    NormInputGrad {
+        shape,
+        x,
+        gamma,
+        relu_beta,
+        save_mean,
+        save_inv_std,
+        d_gamma: grad_gamma,
+        d_beta: grad_beta,
+        grad_output,
+    }
+}
+
+/// A batch norm's input gradient once its parameter gradients are known, image by image.
+#[derive(Clone, Copy)]
+pub(crate) struct NormInputGrad<'a, T> {
+    shape: NormShape,
+    x: &'a [T],
+    gamma: &'a [T],
+    relu_beta: Option<&'a [T]>,
+    save_mean: &'a [T],
+    save_inv_std: &'a [T],
+    d_gamma: &'a [T],
+    d_beta: &'a [T],
+    grad_output: &'a [T],
+}
+
+impl<T: Real> NormInputGrad<'_, T> {
+    /// Writes image `i`'s (`e·B + b`) input gradient, `[C, H, W]`, into `dx_img`.
+    #[inline]
+    pub(crate) fn write_image(&self, i: usize, dx_img: &mut [T]) {
+        let shape = &self.shape;
+        let (c, plane) = (shape.channels, shape.plane());
+        assert_eq!(dx_img.len(), shape.image(), "one image of the input gradient");
+        let n = T::from_usize(shape.batch * plane);
         let e = i / shape.batch;
         let range = i * shape.image()..(i + 1) * shape.image();
-        let (x_img, dy_img) = (&x[range.clone()], &grad_output[range]);
+        let (x_img, dy_img) = (&self.x[range.clone()], &self.grad_output[range]);
+        let (gamma, mean, inv_std) = (self.gamma, self.save_mean, self.save_inv_std);
         for ch in 0..c {
             let p = e * c + ch;
-            let k = DxConsts::new(gamma, save_mean, save_inv_std, d_gamma, d_beta, n, p);
+            let k = DxConsts::new(gamma, mean, inv_std, self.d_gamma, self.d_beta, n, p);
             let range = ch * plane..(ch + 1) * plane;
             let (x, dy, dx) = (&x_img[range.clone()], &dy_img[range.clone()], &mut dx_img[range]);
-            match relu_beta {
+            match self.relu_beta {
                 None => k.input_grad(x, dy, dx, |_| true),
                 Some(beta) => {
-                    let (mean, scale, shift) = train_affine(save_mean, save_inv_std, gamma, beta)(p);
+                    let (mean, scale, shift) = train_affine(mean, inv_std, gamma, beta)(p);
                     k.input_grad(x, dy, dx, |v| affine(v, mean, scale, shift) > T::ZERO)
                 }
             }
         }
-    });
+    }
 }
 
 /// The parameter half of a batch-norm backward: `dβ = Σ dy` and `dγ = Σ dy·(x − mean) · inv_std` for
