@@ -8,7 +8,7 @@
 use super::arch::HostArch;
 use super::params::{HostParams, Stacked};
 use super::seed_bank::{SeedBank, SlotParams};
-use super::slot::SlotWorkspace;
+use super::slot::{SlotOutputGrad, SlotWorkspace};
 use crate::ops::{self, ClassifierShape, Conv2dShape, LinearShape, NormShape, PoolShape, Real};
 
 /// One block's activations.
@@ -633,6 +633,19 @@ impl<T: Real> HostWorkspace<T> {
         let (pool, arch) = (self.pool_shape(b), self.arch);
         let cur = &mut self.blocks[b];
         let act_len = cur.block_out.len();
+        // A slot whose envs all blend by ADD takes the pool's output gradient itself (the same bits, no
+        // full-size gradient between the pool and the blend).
+        if arch.pools_after(b)
+            && let (Some(ws), Some(p)) = (&mut cur.r0, &mut bank.r0[b])
+            && ws.active
+            && ws.takes_pooled_gradient()
+        {
+            let grad =
+                SlotOutputGrad::Pooled { pool, grad: &self.grad_a[..cur.pooled.len()], argmax: &cur.argmax };
+            ws.backward_from(p, &cur.block_out, grad, &mut self.grad_b[..act_len]);
+            std::mem::swap(&mut self.grad_a, &mut self.grad_b);
+            return;
+        }
         if arch.pools_after(b) {
             let (dy, dx) = (&self.grad_a[..cur.pooled.len()], &mut self.grad_b[..act_len]);
             ops::max_pool2x2_backward(pool, dy, &cur.argmax, dx);

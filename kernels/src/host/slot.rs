@@ -8,13 +8,23 @@
 
 use super::seed_bank::{SeedMode, SlotParams};
 use crate::ops::real::clamp01;
-use crate::ops::{self, Amplitude, BlendShape, Real};
+use crate::ops::{self, Amplitude, BlendShape, PoolShape, Real};
 use crate::seeds::{self, CnnBlueprint, GateWorkspace, SeedShape, Workspace};
 use rayon::prelude::*;
 
 const MODES: [SeedMode; 4] = [SeedMode::Incubator, SeedMode::Add, SeedMode::Multiply, SeedMode::Gate];
 /// The index of ADD in [`MODES`].
 const ADD: usize = 1;
+
+/// The gradient at a slot's output, as [`SlotWorkspace::backward_from`] takes it.
+#[derive(Clone, Copy)]
+pub enum SlotOutputGrad<'a, T> {
+    /// `[E, B, C, H, W]`.
+    Whole(&'a [T]),
+    /// The gradient at the output of the 2×2 max pool (`pool`) that reads the slot's output, and the
+    /// pool's winners (`argmax`, `0..4` per window).
+    Pooled { pool: PoolShape, grad: &'a [T], argmax: &'a [u8] },
+}
 
 /// The envs running one blueprint at this slot this step, ordered by blend mode, and its buffers.
 #[derive(Debug, Default)]
@@ -283,11 +293,51 @@ impl<T: Real> SlotWorkspace<T> {
     /// and gate parameter gradients of every env that trains them written into `params`' pools (other
     /// rows zero).
     pub fn backward(&mut self, params: &mut SlotParams<T>, h: &[T], grad_y: &[T], grad_h: &mut [T]) {
+        self.backward_from(params, h, SlotOutputGrad::Whole(grad_y), grad_h);
+    }
+
+    /// Whether [`Self::backward_from`] can take the gradient at the output of a max pool that reads the
+    /// slot's output ([`SlotOutputGrad::Pooled`]): after a training forward in which every env blends by
+    /// ADD and each blueprint's envs are consecutive (nothing copied through, gathered or incubating).
+    pub fn takes_pooled_gradient(&self) -> bool {
+        self.active
+            && self.trained
+            && !self.copied.iter().any(|&c| c)
+            && self.groups.iter().all(|g| {
+                g.envs.is_empty()
+                    || (g.first.is_some()
+                        && g.ranges.iter().enumerate().all(|(m, r)| m == ADD || r.is_empty()))
+            })
+    }
+
+    /// [`Self::backward`] from the gradient at the slot's output, whole or (where
+    /// [`Self::takes_pooled_gradient`]) as the gradient at the output of the 2×2 max pool that reads it:
+    /// then the ADD blend's backward takes it straight from the pool's windows
+    /// ([`ops::blend_add_backward_from_pooled`], the same bits) and the slot's full-size output gradient
+    /// is never written.
+    pub fn backward_from(
+        &mut self,
+        params: &mut SlotParams<T>,
+        h: &[T],
+        grad_out: SlotOutputGrad<'_, T>,
+        grad_h: &mut [T],
+    ) {
         assert!(self.active && self.trained, "slot backward needs a training forward with an active seed");
         assert_eq!(h.len(), self.out.len(), "slot input must be [E, B, C, H, W]");
         assert_eq!(h.as_ptr() as usize, self.input_at, "the backward must get the forward's input `h`");
         let sample = self.sample_len() * self.batch;
-        copy_rows(grad_y, &self.copied, sample, grad_h);
+        let grad_y = match grad_out {
+            SlotOutputGrad::Whole(grad_y) => {
+                copy_rows(grad_y, &self.copied, sample, grad_h);
+                Some(grad_y)
+            }
+            SlotOutputGrad::Pooled { pool, grad, argmax } => {
+                assert!(self.takes_pooled_gradient(), "a pooled output gradient needs an all-ADD slot");
+                assert_eq!(pool.input_len(), h.len(), "the pool reads the slot's output");
+                assert_eq!((grad.len(), argmax.len()), (pool.max_pool_output_len(), grad.len()), "pool");
+                None
+            }
+        };
         for pool in params.pools.iter_mut().chain([&mut params.gate]) {
             pool.grads.fill(T::ZERO);
         }
@@ -300,12 +350,16 @@ impl<T: Real> SlotWorkspace<T> {
             let Self { groups, at, batch, .. } = self;
             let group = &mut groups[gi];
             // The seed's input and the output gradient: in place for consecutive envs, else gathered.
-            let (x, dy): (&[T], &[T]) = match group.first {
-                Some(e0) => (&h[e0 * sample..(e0 + eb) * sample], &grad_y[e0 * sample..(e0 + eb) * sample]),
-                None => {
-                    gather(grad_y, &group.envs, sample, fit(&mut group.y, eb * sample));
-                    (&group.x[..eb * sample], &group.y[..eb * sample])
+            // `dy` is None with a pooled output gradient (then every group is in place).
+            let (x, dy): (&[T], Option<&[T]>) = match (group.first, grad_y) {
+                (Some(e0), grad_y) => {
+                    (&h[e0 * sample..(e0 + eb) * sample], grad_y.map(|g| &g[e0 * sample..(e0 + eb) * sample]))
                 }
+                (None, Some(grad_y)) => {
+                    gather(grad_y, &group.envs, sample, fit(&mut group.y, eb * sample));
+                    (&group.x[..eb * sample], Some(&group.y[..eb * sample]))
+                }
+                (None, None) => unreachable!("a pooled output gradient needs every group in place"),
             };
             if group.first.is_none() {
                 fit(&mut group.dh, eb * sample);
@@ -322,12 +376,14 @@ impl<T: Real> SlotWorkspace<T> {
                 let bs = BlendShape { envs: n, ..blend };
                 // The seed's output is read only by the MULTIPLY and GATE blends (an all-ADD group never
                 // writes it).
-                let (xs, dys) = (&x[rows.clone()], &dy[rows.clone()]);
+                let xs = &x[rows.clone()];
+                let dys =
+                    || &dy.expect("a whole output gradient (only ADD takes a pooled one)")[rows.clone()];
                 let dss = &mut ds[rows.clone()];
                 // Straight-through: the seed gets the output gradient, the host keeps it whole (copied
                 // with the unblended envs above).
                 if mode == SeedMode::Incubator {
-                    dss.copy_from_slice(dys);
+                    dss.copy_from_slice(dys());
                     continue;
                 }
                 let dhs = match group.first {
@@ -335,14 +391,24 @@ impl<T: Real> SlotWorkspace<T> {
                     None => &mut group.dh[rows.clone()],
                 };
                 match mode {
-                    SeedMode::Add => ops::blend_add_backward(bs, a, dys, dhs, dss),
+                    SeedMode::Add => match grad_out {
+                        SlotOutputGrad::Whole(_) => ops::blend_add_backward(bs, a, dys(), dhs, dss),
+                        SlotOutputGrad::Pooled { pool, grad, argmax } => {
+                            let e0 = group.first.expect("in place") + r.start;
+                            let per_env = pool.max_pool_output_len() / pool.envs;
+                            let windows = e0 * per_env..(e0 + n) * per_env;
+                            let pool = PoolShape { envs: n, ..pool };
+                            let (g, k) = (&grad[windows.clone()], &argmax[windows]);
+                            ops::blend_add_backward_from_pooled(bs, pool, a, g, k, dhs, dss)
+                        }
+                    },
                     SeedMode::Multiply => ops::blend_multiply_backward(
                         bs,
                         xs,
                         &group.s[rows.clone()],
                         xs,
                         a,
-                        dys,
+                        dys(),
                         dhs,
                         dss,
                         None,
@@ -351,7 +417,7 @@ impl<T: Real> SlotWorkspace<T> {
                         let gate_len = params.gate.row_len;
                         let dg = fit(&mut group.dg, n * *batch);
                         let ss = &group.s[rows.clone()];
-                        ops::blend_gate_backward(bs, xs, ss, a, &group.g[..n * *batch], dys, dhs, dss, dg);
+                        ops::blend_gate_backward(bs, xs, ss, a, &group.g[..n * *batch], dys(), dhs, dss, dg);
                         let gshape = SeedShape { envs: n, ..shape };
                         let gg = fit(&mut group.gate_grads, n * gate_len);
                         seeds::gate_backward(gshape, &group.dg[..n * *batch], gg, None, &mut group.gate_ws);

@@ -15,6 +15,7 @@
 
 use rayon::prelude::*;
 
+use super::pool::{PoolShape, for_each_argmax};
 use super::real::{LaneSums, Real, clamp01, clamp01_grad};
 
 /// Shape of a blend: `[E, B, F]`.
@@ -116,6 +117,42 @@ pub fn blend_add_backward<T: Real>(
             *dh = dy * (T::ONE - a);
             *ds = dy * a;
         }
+    });
+}
+
+/// [`max_pool2x2_backward`](super::max_pool2x2_backward) (`pool`: the pool after the blend) then
+/// [`blend_add_backward`], from the pool's output gradient, without the full-size output gradient between
+/// them: the same bits (where no window's winner sits both give `+0`, as `+0·(1 − a)` and `+0·a` are `+0`
+/// for the clamped `a ∈ [0, 1]`). Overwrites `grad_h` and `grad_s`.
+#[allow(clippy::too_many_arguments)]
+pub fn blend_add_backward_from_pooled<T: Real>(
+    shape: BlendShape,
+    pool: PoolShape,
+    alpha: Amplitude<'_, T>,
+    grad_pooled: &[T],
+    argmax: &[u8],
+    grad_h: &mut [T],
+    grad_s: &mut [T],
+) {
+    check_activations(&shape, &[grad_h, grad_s]);
+    alpha.check(&shape);
+    assert_eq!(pool.input_len(), shape.len(), "the pool reads the blend's output");
+    assert_eq!(grad_pooled.len(), pool.max_pool_output_len(), "max pool output gradient length");
+    assert_eq!(argmax.len(), grad_pooled.len(), "max pool argmax length");
+    if shape.is_empty() {
+        return;
+    }
+    let (f, out_image) = (shape.features, pool.max_pool_output_len() / (shape.envs * shape.batch));
+    grad_h.par_chunks_mut(f).zip(grad_s.par_chunks_mut(f)).enumerate().for_each(|(i, (dh, ds))| {
+        let a = alpha.clamped(i, shape.batch);
+        dh.fill(T::ZERO);
+        ds.fill(T::ZERO);
+        let g = &grad_pooled[i * out_image..(i + 1) * out_image];
+        for_each_argmax(&pool, &argmax[i * out_image..(i + 1) * out_image], |o, at| {
+            let dy = g[o];
+            dh[at] = dy * (T::ONE - a);
+            ds[at] = dy * a;
+        });
     });
 }
 
@@ -265,6 +302,39 @@ mod tests {
     /// Per-env and per-sample amplitudes inside (0, 1), so every clamp is on its linear piece.
     fn amplitudes() -> (Vec<f64>, Vec<f64>) {
         (uniform(100, SHAPE.envs, 0.1, 0.9), uniform(101, SHAPE.samples(), 0.1, 0.9))
+    }
+
+    /// The ADD blend's backward from a max pool's output gradient is the pool's backward then the
+    /// blend's, bit for bit: odd planes (the pool drops the last row and column), amplitudes at 0, at 1,
+    /// clamped from above 1 and in between, per env and per sample.
+    #[test]
+    fn add_backward_from_pooled_is_pool_backward_then_add_backward() {
+        use crate::ops::{max_pool2x2_backward, max_pool2x2_forward};
+        let pool = PoolShape { envs: 3, batch: 2, channels: 2, h: 5, w: 7 };
+        let shape = BlendShape { envs: 3, batch: 2, features: 2 * 5 * 7 };
+        let y: Vec<f32> = signed(4, shape.len()).iter().map(|&v| v as f32).collect();
+        let (mut pooled, mut argmax) =
+            (vec![0.0f32; pool.max_pool_output_len()], vec![0u8; pool.max_pool_output_len()]);
+        max_pool2x2_forward(pool, &y, &mut pooled, &mut argmax);
+        assert!(argmax.contains(&3) && argmax.contains(&0), "winners spread");
+        let g: Vec<f32> = signed(5, pool.max_pool_output_len()).iter().map(|&v| v as f32).collect();
+        let per_env = [0.0f32, 1.3, 0.37];
+        let per_sample = [1.0f32, 0.5, 0.0, 0.81, 2.0, 0.25];
+        let mut checked = 0;
+        for alpha in [Amplitude::PerEnv(&per_env[..]), Amplitude::PerSample(&per_sample[..])] {
+            let mut dy = vec![f32::NAN; shape.len()];
+            max_pool2x2_backward(pool, &g, &argmax, &mut dy);
+            let (mut dh, mut ds) = (vec![f32::NAN; shape.len()], vec![f32::NAN; shape.len()]);
+            blend_add_backward(shape, alpha, &dy, &mut dh, &mut ds);
+            let (mut dh_p, mut ds_p) = (vec![f32::NAN; shape.len()], vec![f32::NAN; shape.len()]);
+            blend_add_backward_from_pooled(shape, pool, alpha, &g, &argmax, &mut dh_p, &mut ds_p);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&dh_p), bits(&dh), "grad_h");
+            assert_eq!(bits(&ds_p), bits(&ds), "grad_s");
+            checked += dh.iter().filter(|v| **v != 0.0).count() + ds.iter().filter(|v| **v != 0.0).count();
+        }
+        // Per env: a = 0 leaves ds zero, a = 1 (clamped) leaves dh zero, a = 0.37 neither.
+        assert!(checked >= 4 * pool.max_pool_output_len() / 3, "non-zero gradients compared: {checked}");
     }
 
     #[test]

@@ -31,8 +31,8 @@ pub use activation::{
     sigmoid_backward, sigmoid_forward, tanh_backward, tanh_forward,
 };
 pub use blend::{
-    Amplitude, BlendShape, blend_add_backward, blend_add_forward, blend_gate_backward, blend_gate_forward,
-    blend_multiply_backward, blend_multiply_forward,
+    Amplitude, BlendShape, blend_add_backward, blend_add_backward_from_pooled, blend_add_forward,
+    blend_gate_backward, blend_gate_forward, blend_multiply_backward, blend_multiply_forward,
 };
 pub use conv::{
     Conv2dShape, conv2d_backward_input, conv2d_backward_input_accumulate, conv2d_backward_weight,

@@ -151,18 +151,26 @@ pub fn max_pool2x2_backward<T: Real>(
     grad_input.par_chunks_mut(in_image).enumerate().for_each(|(i, dx_img)| {
         dx_img.fill(T::ZERO);
         let dy_img = &grad_output[i * out_image..(i + 1) * out_image];
-        let idx_img = &argmax[i * out_image..(i + 1) * out_image];
-        for c in 0..shape.channels {
-            for oy in 0..ho {
-                for ox in 0..wo {
-                    let o = (c * ho + oy) * wo + ox;
-                    let k = idx_img[o] as usize;
-                    let (dy, dx) = (k / 2, k % 2);
-                    dx_img[(c * h + 2 * oy + dy) * w + 2 * ox + dx] = dy_img[o];
-                }
+        for_each_argmax(&shape, &argmax[i * out_image..(i + 1) * out_image], |o, at| dx_img[at] = dy_img[o]);
+    });
+}
+
+/// Calls `f(o, at)` for every window `o` of one image's 2×2 max pool (`argmax` of one image, `C·H/2·W/2`)
+/// with the position `at` of its winner in the image (`C·H·W`): where the window's gradient goes.
+#[inline(always)]
+pub(crate) fn for_each_argmax(shape: &PoolShape, argmax: &[u8], mut f: impl FnMut(usize, usize)) {
+    let (h, w, ho, wo) = (shape.h, shape.w, shape.h / 2, shape.w / 2);
+    assert_eq!(argmax.len(), shape.channels * ho * wo, "one image's max pool argmax");
+    for c in 0..shape.channels {
+        for oy in 0..ho {
+            for ox in 0..wo {
+                let o = (c * ho + oy) * wo + ox;
+                let k = argmax[o] as usize;
+                let (dy, dx) = (k / 2, k % 2);
+                f(o, (c * h + 2 * oy + dy) * w + 2 * ox + dx);
             }
         }
-    });
+    }
 }
 
 /// `y[e, b, c] = mean over H×W of x[e, b, c]`. Overwrites `y`.
