@@ -608,11 +608,11 @@ impl<T: Real> HostWorkspace<T> {
             );
         } else {
             // The ReLU's backward is taken inside the norm's (the same bits, one pass fewer).
-            let dx = ops::fused::relu_batch_norm_window_order_param_grads(
+            let dx = ops::fused::window_order_param_grads(
                 norm,
                 &cur.conv_out,
                 gamma,
-                params.beta(b),
+                Some(params.beta(b)),
                 &cur.bn_mean,
                 &cur.bn_inv_std,
                 &grad_a[..cur.block_out.len()],

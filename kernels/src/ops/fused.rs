@@ -30,7 +30,7 @@ use rayon::prelude::*;
 
 use super::activation::relu;
 use super::norm::{
-    DxConsts, NormInputGrad, NormShape, affine, batch_norm_backward_with_sums, batch_norm_param_grads,
+    DxConsts, NormInputGrad, NormShape, affine, batch_norm_param_grads,
     batch_norm_param_grads_then_input_grad, eval_affine, normalize, save_batch_stats, train_affine,
 };
 use super::pool::{V, gather_windows, winners};
@@ -550,38 +550,36 @@ fn window_order_backward<T: Real>(
     grad_gamma: &mut [T],
     grad_beta: &mut [T],
 ) {
-    let sums = window_order_channel_sums(shape, x, gamma, relu_beta, save_mean, save_inv_std, grad_output);
-    batch_norm_backward_with_sums(
+    let dx = window_order_param_grads(
         shape,
         x,
         gamma,
+        relu_beta,
         save_mean,
         save_inv_std,
         grad_output,
-        grad_input,
         grad_gamma,
         grad_beta,
-        sums,
-        relu_beta,
     );
+    dx.write_all(grad_input);
 }
 
-/// The first pass of [`relu_batch_norm_backward_window_order`] (the parameter gradients, overwritten into
-/// `grad_gamma` and `grad_beta`), and what its second pass needs to write the input gradient image by
-/// image ([`NormInputGrad::write_image`]): for a caller that uses each image of it while it is in cache.
+/// The first pass of [`batch_norm_backward_window_order`] (or, with `relu_beta`, of
+/// [`relu_batch_norm_backward_window_order`]): the parameter gradients, overwritten into `grad_gamma`
+/// and `grad_beta`, and what the second pass needs to write the input gradient image by image
+/// ([`NormInputGrad::write_image`]), for a caller that uses each image of it while it is in cache.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn relu_batch_norm_window_order_param_grads<'a, T: Real>(
+pub(crate) fn window_order_param_grads<'a, T: Real>(
     shape: NormShape,
     x: &'a [T],
     gamma: &'a [T],
-    beta: &'a [T],
+    relu_beta: Option<&'a [T]>,
     save_mean: &'a [T],
     save_inv_std: &'a [T],
     grad_output: &'a [T],
     grad_gamma: &'a mut [T],
     grad_beta: &'a mut [T],
 ) -> NormInputGrad<'a, T> {
-    let relu_beta = Some(beta);
     let sums = window_order_channel_sums(shape, x, gamma, relu_beta, save_mean, save_inv_std, grad_output);
     batch_norm_param_grads_then_input_grad(
         shape,

@@ -241,47 +241,11 @@ pub fn batch_norm_backward<T: Real>(
         }
         (sum_dy, sum_dy_centered)
     };
-    batch_norm_backward_with_sums(
-        shape,
-        x,
-        gamma,
-        save_mean,
-        save_inv_std,
-        grad_output,
-        grad_input,
-        grad_gamma,
-        grad_beta,
-        sums,
-        None,
-    );
-}
-
-/// [`batch_norm_backward`] with the two per-(env, channel) sums `(Σ dy, Σ dy·(x − mean))` from
-/// `sums(e, c, mean)`: callers differ only in the order of those sums. With `relu_beta = Some(β)` the norm
-/// is followed by a ReLU and `grad_output` is the gradient at the ReLU's output: `dy` counts where the
-/// norm's output `(x − mean)·(inv_std·γ) + β` (recomputed, the forward's arithmetic) is positive, as
-/// after `relu_backward_in_place` (and `sums` must mask the same way). Overwrites `grad_input`,
-/// `grad_gamma`, `grad_beta`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn batch_norm_backward_with_sums<T: Real>(
-    shape: NormShape,
-    x: &[T],
-    gamma: &[T],
-    save_mean: &[T],
-    save_inv_std: &[T],
-    grad_output: &[T],
-    grad_input: &mut [T],
-    grad_gamma: &mut [T],
-    grad_beta: &mut [T],
-    sums: impl Fn(usize, usize, T) -> (LaneSums<T>, LaneSums<T>) + Sync,
-    relu_beta: Option<&[T]>,
-) {
-    assert_eq!(grad_input.len(), shape.len(), "batch norm activation length");
     let dx = batch_norm_param_grads_then_input_grad(
         shape,
         x,
         gamma,
-        relu_beta,
+        None,
         save_mean,
         save_inv_std,
         grad_output,
@@ -289,15 +253,17 @@ pub(crate) fn batch_norm_backward_with_sums<T: Real>(
         grad_beta,
         sums,
     );
-    if shape.is_empty() {
-        return;
-    }
-    grad_input.par_chunks_mut(shape.image()).enumerate().for_each(|(i, dx_img)| dx.write_image(i, dx_img));
+    dx.write_all(grad_input);
 }
 
-/// The first pass of [`batch_norm_backward_with_sums`] (the parameter gradients, overwritten into
-/// `grad_gamma` and `grad_beta`), and what its second pass needs to write the input gradient image by
-/// image ([`NormInputGrad::write_image`]): for a caller that uses each image of it while it is in cache.
+/// The first pass of a batch-norm backward whose two per-(env, channel) sums `(Σ dy, Σ dy·(x − mean))`
+/// come from `sums(e, c, mean)` (callers differ only in the order of those sums): the parameter gradients,
+/// overwritten into `grad_gamma` and `grad_beta`, and what the second pass needs to write the input
+/// gradient ([`NormInputGrad::write_all`], or image by image for a caller that uses each image while it
+/// is in cache). With `relu_beta = Some(β)` the norm is followed by a ReLU and `grad_output` is the
+/// gradient at the ReLU's output: `dy` counts where the norm's output `(x − mean)·(inv_std·γ) + β`
+/// (recomputed, the forward's arithmetic) is positive, as after `relu_backward_in_place` (and `sums` must
+/// mask the same way).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn batch_norm_param_grads_then_input_grad<'a, T: Real>(
     shape: NormShape,
@@ -347,6 +313,18 @@ pub(crate) struct NormInputGrad<'a, T> {
 }
 
 impl<T: Real> NormInputGrad<'_, T> {
+    /// Writes every image's input gradient into `grad_input` (`[E, B, C, H, W]`), one task per image.
+    pub(crate) fn write_all(&self, grad_input: &mut [T]) {
+        assert_eq!(grad_input.len(), self.shape.len(), "batch norm activation length");
+        if self.shape.is_empty() {
+            return;
+        }
+        grad_input
+            .par_chunks_mut(self.shape.image())
+            .enumerate()
+            .for_each(|(i, dx_img)| self.write_image(i, dx_img));
+    }
+
     /// Writes image `i`'s (`e·B + b`) input gradient, `[C, H, W]`, into `dx_img`.
     #[inline]
     pub(crate) fn write_image(&self, i: usize, dx_img: &mut [T]) {
