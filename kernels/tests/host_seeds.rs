@@ -367,7 +367,8 @@ fn allocated_seed_buffers_have_the_spec_parameter_counts() {
 /// With at least as many envs as threads, a pooled block's backward hands its batch norm's input gradient
 /// to the conv's backward an image at a time, per env, in runs of images; with fewer, the norm writes the
 /// whole gradient and the conv's ops read it. Both give the same bits, on a fused block and on a block
-/// whose slot r0 runs a seed, with batches that take several runs (32×32 images, 7 per env: runs of 5
+/// whose slot r0 runs a seed (by ADD: in runs, the norm's sums and input gradient then come from the
+/// pool's output gradient), with batches that take several runs (32×32 images, 7 per env: runs of 5
 /// and 2 at block 0).
 #[test]
 fn host_backward_in_runs_of_images_equals_the_whole_batch_backward() {
@@ -384,7 +385,8 @@ fn host_backward_in_runs_of_images_equals_the_whole_batch_backward() {
             randomize_pools(&mut bank, &mut stream(32));
             for slot in bank.slots_mut() {
                 for e in 0..envs {
-                    slot.state[e] = state(SeedMode::Add, CnnBlueprint::ConvLight, 0.5);
+                    // Two amplitudes other than 0.5, so the host's share `1 − a` is neither `a` nor shared.
+                    slot.state[e] = state(SeedMode::Add, CnnBlueprint::ConvLight, [0.3, 0.8][e]);
                 }
             }
             let mut params = HostParams::init(arch, 3, 0, &ids);

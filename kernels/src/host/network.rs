@@ -76,6 +76,8 @@ pub struct HostWorkspace<T> {
     grad_features: Vec<T>,
     grad_a: Vec<T>,
     grad_b: Vec<T>,
+    /// Per env, the host's share of an all-ADD slot r0's output gradient (`[E]`, scratch for the backward).
+    host_shares: Vec<T>,
     /// Run batch norm → ReLU → pool fused where a block allows it (the default).
     fuse: bool,
 }
@@ -126,6 +128,7 @@ impl<T: Real> HostWorkspace<T> {
             grad_features: vec![T::ZERO; envs * batch * arch.head_in()],
             grad_a: vec![T::ZERO; max_act],
             grad_b: vec![T::ZERO; max_act],
+            host_shares: vec![T::ZERO; envs],
             fuse: true,
         }
     }
@@ -556,10 +559,11 @@ impl<T: Real> HostWorkspace<T> {
 
     /// Block `b`'s backward from the gradient below its slot r1 (in `grad_a`) to the gradient at its conv's
     /// input (in `grad_a`, for `b > 0`), for a pooled block that is not mixed: the batch norm's parameter
-    /// gradients first (fused, or after the op-by-op pool and slot r0), then per env, a run of images at
-    /// a time, the norm's input gradient into scratch and the conv's weight and input gradients from it
-    /// while it is in cache ([`ops::conv::conv2d_backward_from_images`]). The same bits as the norm's
-    /// backward writing `grad_b` whole and the conv's two ops reading it.
+    /// gradients first (fused; from the pool's output gradient where an all-ADD slot r0 sits before the
+    /// pool, after the slot's seed backward; or after the op-by-op pool and slot r0), then per env, a run
+    /// of images at a time, the norm's input gradient into scratch and the conv's weight and input
+    /// gradients from it while it is in cache ([`ops::conv::conv2d_backward_from_images`]). The same bits
+    /// as the norm's backward writing `grad_b` whole and the conv's two ops reading it.
     #[allow(clippy::too_many_arguments)]
     fn block_backward_in_runs(
         &mut self,
@@ -571,11 +575,27 @@ impl<T: Real> HostWorkspace<T> {
         gamma_grad: &mut [T],
         beta_grad: &mut [T],
     ) {
-        let (conv, norm, arch) = (self.conv_shape(b), self.norm_shape(b), self.arch);
-        if !self.blocks[b].fused {
+        let (conv, norm, pool, arch) =
+            (self.conv_shape(b), self.norm_shape(b), self.pool_shape(b), self.arch);
+        // An all-ADD slot r0: its seeds take the pool's output gradient (`grad_a`) and the host's share
+        // stays in the pool's terms (`host_shares`), so no full-size gradient is written for the host.
+        let slot_pooled = !self.blocks[b].fused && {
+            let cur = &mut self.blocks[b];
+            match (&mut cur.r0, &mut bank.r0[b]) {
+                (Some(ws), Some(p)) if ws.active && ws.takes_pooled_gradient() => {
+                    let grad = &self.grad_a[..cur.pooled.len()];
+                    let pooled = SlotOutputGrad::Pooled { pool, grad, argmax: &cur.argmax };
+                    ws.backward_from(p, &cur.block_out, pooled, None);
+                    ws.host_shares(&mut self.host_shares);
+                    true
+                }
+                _ => false,
+            }
+        };
+        if !self.blocks[b].fused && !slot_pooled {
             self.pool_and_slot_backward(b, bank);
         }
-        let Self { blocks, grad_a, grad_b, .. } = self;
+        let Self { blocks, grad_a, grad_b, host_shares, .. } = self;
         let cur = &blocks[b];
         let input = match b {
             0 => images,
@@ -593,6 +613,33 @@ impl<T: Real> HostWorkspace<T> {
                 &grad_a[..cur.pooled.len()],
                 &cur.argmax,
                 &cur.winner,
+                gamma_grad,
+                beta_grad,
+            );
+            let dy_image = |i: usize, scratch: &mut [T], dy: &mut [T]| dx.write_image(i, scratch, dy);
+            ops::conv::conv2d_backward_from_images(
+                conv,
+                input,
+                weight,
+                conv_w,
+                grad_input,
+                dx.scratch_len(),
+                dy_image,
+            );
+        } else if slot_pooled {
+            let dy = ops::fused::SlotPooledGrad {
+                grad: &grad_a[..cur.pooled.len()],
+                argmax: &cur.argmax,
+                share: host_shares,
+            };
+            let dx = ops::fused::relu_batch_norm_param_grads_from_pooled(
+                norm,
+                &cur.conv_out,
+                gamma,
+                params.beta(b),
+                &cur.bn_mean,
+                &cur.bn_inv_std,
+                dy,
                 gamma_grad,
                 beta_grad,
             );
@@ -642,7 +689,7 @@ impl<T: Real> HostWorkspace<T> {
         {
             let grad =
                 SlotOutputGrad::Pooled { pool, grad: &self.grad_a[..cur.pooled.len()], argmax: &cur.argmax };
-            ws.backward_from(p, &cur.block_out, grad, &mut self.grad_b[..act_len]);
+            ws.backward_from(p, &cur.block_out, grad, Some(&mut self.grad_b[..act_len]));
             std::mem::swap(&mut self.grad_a, &mut self.grad_b);
             return;
         }

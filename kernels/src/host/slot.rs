@@ -16,6 +16,9 @@ const MODES: [SeedMode; 4] = [SeedMode::Incubator, SeedMode::Add, SeedMode::Mult
 /// The index of ADD in [`MODES`].
 const ADD: usize = 1;
 
+/// Only a pooled output gradient lets [`SlotWorkspace::backward_from`] go without `grad_h`.
+const NEEDS_GRAD_H: &str = "grad_h (only a pooled output gradient may go without)";
+
 /// The gradient at a slot's output, as [`SlotWorkspace::backward_from`] takes it.
 #[derive(Clone, Copy)]
 pub enum SlotOutputGrad<'a, T> {
@@ -293,7 +296,24 @@ impl<T: Real> SlotWorkspace<T> {
     /// and gate parameter gradients of every env that trains them written into `params`' pools (other
     /// rows zero).
     pub fn backward(&mut self, params: &mut SlotParams<T>, h: &[T], grad_y: &[T], grad_h: &mut [T]) {
-        self.backward_from(params, h, SlotOutputGrad::Whole(grad_y), grad_h);
+        self.backward_from(params, h, SlotOutputGrad::Whole(grad_y), Some(grad_h));
+    }
+
+    /// Per env, the host's share `1 − clamp01(α)` of the gradient at an all-ADD slot's output (the ADD
+    /// blend's `∂y/∂h`), as the last training forward blended: with [`SlotOutputGrad::Pooled`] and no
+    /// `grad_h`, the host's gradient is `g·share` at each pool window's winner, zero elsewhere (what
+    /// [`ops::blend_add_backward_from_pooled`] writes as `grad_h`, the same product). Overwrites `shares`
+    /// (`[E]`); needs [`Self::takes_pooled_gradient`].
+    pub fn host_shares(&self, shares: &mut [T]) {
+        assert!(self.takes_pooled_gradient(), "host shares need an all-ADD slot with every group in place");
+        assert_eq!(shares.len(), self.envs, "one share per env");
+        for group in self.groups.iter().filter(|g| !g.envs.is_empty()) {
+            let e0 = group.first.expect("in place");
+            let n = group.envs.len();
+            for (share, &a) in shares[e0..e0 + n].iter_mut().zip(&group.clamped[..n]) {
+                *share = T::ONE - a;
+            }
+        }
     }
 
     /// Whether [`Self::backward_from`] can take the gradient at the output of a max pool that reads the
@@ -314,13 +334,15 @@ impl<T: Real> SlotWorkspace<T> {
     /// [`Self::takes_pooled_gradient`]) as the gradient at the output of the 2×2 max pool that reads it:
     /// then the ADD blend's backward takes it straight from the pool's windows
     /// ([`ops::blend_add_backward_from_pooled`], the same bits) and the slot's full-size output gradient
-    /// is never written.
+    /// is never written. `grad_h` may then be `None`: the caller takes the host's gradient from the pooled
+    /// one itself (`g·share` at each window's winner, [`Self::host_shares`]), and no full-size `grad_h`
+    /// is written either.
     pub fn backward_from(
         &mut self,
         params: &mut SlotParams<T>,
         h: &[T],
         grad_out: SlotOutputGrad<'_, T>,
-        grad_h: &mut [T],
+        mut grad_h: Option<&mut [T]>,
     ) {
         assert!(self.active && self.trained, "slot backward needs a training forward with an active seed");
         assert_eq!(h.len(), self.out.len(), "slot input must be [E, B, C, H, W]");
@@ -328,6 +350,7 @@ impl<T: Real> SlotWorkspace<T> {
         let sample = self.sample_len() * self.batch;
         let grad_y = match grad_out {
             SlotOutputGrad::Whole(grad_y) => {
+                let grad_h = grad_h.as_deref_mut().expect("a whole output gradient needs grad_h");
                 copy_rows(grad_y, &self.copied, sample, grad_h);
                 Some(grad_y)
             }
@@ -387,12 +410,16 @@ impl<T: Real> SlotWorkspace<T> {
                     continue;
                 }
                 let dhs = match group.first {
-                    Some(e0) => &mut grad_h[(e0 + r.start) * sample..(e0 + r.end) * sample],
-                    None => &mut group.dh[rows.clone()],
+                    Some(e0) => {
+                        grad_h.as_deref_mut().map(|g| &mut g[(e0 + r.start) * sample..(e0 + r.end) * sample])
+                    }
+                    None => Some(&mut group.dh[rows.clone()]),
                 };
                 match mode {
                     SeedMode::Add => match grad_out {
-                        SlotOutputGrad::Whole(_) => ops::blend_add_backward(bs, a, dys(), dhs, dss),
+                        SlotOutputGrad::Whole(_) => {
+                            ops::blend_add_backward(bs, a, dys(), dhs.expect(NEEDS_GRAD_H), dss)
+                        }
                         SlotOutputGrad::Pooled { pool, grad, argmax } => {
                             let e0 = group.first.expect("in place") + r.start;
                             let per_env = pool.max_pool_output_len() / pool.envs;
@@ -409,7 +436,7 @@ impl<T: Real> SlotWorkspace<T> {
                         xs,
                         a,
                         dys(),
-                        dhs,
+                        dhs.expect(NEEDS_GRAD_H),
                         dss,
                         None,
                     ),
@@ -417,7 +444,17 @@ impl<T: Real> SlotWorkspace<T> {
                         let gate_len = params.gate.row_len;
                         let dg = fit(&mut group.dg, n * *batch);
                         let ss = &group.s[rows.clone()];
-                        ops::blend_gate_backward(bs, xs, ss, a, &group.g[..n * *batch], dys(), dhs, dss, dg);
+                        ops::blend_gate_backward(
+                            bs,
+                            xs,
+                            ss,
+                            a,
+                            &group.g[..n * *batch],
+                            dys(),
+                            dhs.expect(NEEDS_GRAD_H),
+                            dss,
+                            dg,
+                        );
                         let gshape = SeedShape { envs: n, ..shape };
                         let gg = fit(&mut group.gate_grads, n * gate_len);
                         seeds::gate_backward(gshape, &group.dg[..n * *batch], gg, None, &mut group.gate_ws);
@@ -431,6 +468,7 @@ impl<T: Real> SlotWorkspace<T> {
                     SeedMode::Incubator | SeedMode::Off => unreachable!(),
                 }
                 if group.first.is_none() {
+                    let grad_h = grad_h.as_deref_mut().expect("a gathered group has a whole output gradient");
                     scatter(&group.dh[rows], &group.envs[r], sample, grad_h, at);
                 }
             }

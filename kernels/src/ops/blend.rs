@@ -123,7 +123,9 @@ pub fn blend_add_backward<T: Real>(
 /// [`max_pool2x2_backward`](super::max_pool2x2_backward) (`pool`: the pool after the blend) then
 /// [`blend_add_backward`], from the pool's output gradient, without the full-size output gradient between
 /// them: the same bits (where no window's winner sits both give `+0`, as `+0·(1 − a)` and `+0·a` are `+0`
-/// for the clamped `a ∈ [0, 1]`). Overwrites `grad_h` and `grad_s`.
+/// for the clamped `a ∈ [0, 1]`). Overwrites `grad_s` and, when given, `grad_h` (a caller that takes the
+/// host's gradient `g·(1 − a)` from the pooled one itself passes `None`, and no full-size `grad_h` is
+/// written either).
 #[allow(clippy::too_many_arguments)]
 pub fn blend_add_backward_from_pooled<T: Real>(
     shape: BlendShape,
@@ -131,10 +133,13 @@ pub fn blend_add_backward_from_pooled<T: Real>(
     alpha: Amplitude<'_, T>,
     grad_pooled: &[T],
     argmax: &[u8],
-    grad_h: &mut [T],
+    grad_h: Option<&mut [T]>,
     grad_s: &mut [T],
 ) {
-    check_activations(&shape, &[grad_h, grad_s]);
+    check_activations(&shape, &[grad_s]);
+    if let Some(grad_h) = &grad_h {
+        check_activations(&shape, &[grad_h]);
+    }
     alpha.check(&shape);
     assert_eq!(pool.input_len(), shape.len(), "the pool reads the blend's output");
     assert_eq!(grad_pooled.len(), pool.max_pool_output_len(), "max pool output gradient length");
@@ -143,17 +148,29 @@ pub fn blend_add_backward_from_pooled<T: Real>(
         return;
     }
     let (f, out_image) = (shape.features, pool.max_pool_output_len() / (shape.envs * shape.batch));
-    grad_h.par_chunks_mut(f).zip(grad_s.par_chunks_mut(f)).enumerate().for_each(|(i, (dh, ds))| {
-        let a = alpha.clamped(i, shape.batch);
-        dh.fill(T::ZERO);
-        ds.fill(T::ZERO);
-        let g = &grad_pooled[i * out_image..(i + 1) * out_image];
-        for_each_argmax(&pool, &argmax[i * out_image..(i + 1) * out_image], |o, at| {
-            let dy = g[o];
-            dh[at] = dy * (T::ONE - a);
-            ds[at] = dy * a;
-        });
-    });
+    let image = |i: usize| {
+        let w = i * out_image..(i + 1) * out_image;
+        (alpha.clamped(i, shape.batch), &grad_pooled[w.clone()], &argmax[w])
+    };
+    match grad_h {
+        Some(grad_h) => {
+            grad_h.par_chunks_mut(f).zip(grad_s.par_chunks_mut(f)).enumerate().for_each(|(i, (dh, ds))| {
+                let (a, g, argmax) = image(i);
+                dh.fill(T::ZERO);
+                ds.fill(T::ZERO);
+                for_each_argmax(&pool, argmax, |o, at| {
+                    let dy = g[o];
+                    dh[at] = dy * (T::ONE - a);
+                    ds[at] = dy * a;
+                });
+            })
+        }
+        None => grad_s.par_chunks_mut(f).enumerate().for_each(|(i, ds)| {
+            let (a, g, argmax) = image(i);
+            ds.fill(T::ZERO);
+            for_each_argmax(&pool, argmax, |o, at| ds[at] = g[o] * a);
+        }),
+    }
 }
 
 /// MULTIPLY forward: `y = h·(1 + a·tanh(s − x_s))`. Overwrites `y`.
@@ -327,10 +344,13 @@ mod tests {
             let (mut dh, mut ds) = (vec![f32::NAN; shape.len()], vec![f32::NAN; shape.len()]);
             blend_add_backward(shape, alpha, &dy, &mut dh, &mut ds);
             let (mut dh_p, mut ds_p) = (vec![f32::NAN; shape.len()], vec![f32::NAN; shape.len()]);
-            blend_add_backward_from_pooled(shape, pool, alpha, &g, &argmax, &mut dh_p, &mut ds_p);
+            blend_add_backward_from_pooled(shape, pool, alpha, &g, &argmax, Some(&mut dh_p), &mut ds_p);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&dh_p), bits(&dh), "grad_h");
             assert_eq!(bits(&ds_p), bits(&ds), "grad_s");
+            let mut ds_only = vec![f32::NAN; shape.len()];
+            blend_add_backward_from_pooled(shape, pool, alpha, &g, &argmax, None, &mut ds_only);
+            assert_eq!(bits(&ds_only), bits(&ds), "grad_s without grad_h");
             checked += dh.iter().filter(|v| **v != 0.0).count() + ds.iter().filter(|v| **v != 0.0).count();
         }
         // Per env: a = 0 leaves ds zero, a = 1 (clamped) leaves dh zero, a = 0.37 neither.

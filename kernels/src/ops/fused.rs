@@ -33,7 +33,7 @@ use super::norm::{
     DxConsts, NormInputGrad, NormShape, affine, batch_norm_param_grads,
     batch_norm_param_grads_then_input_grad, eval_affine, normalize, save_batch_stats, train_affine,
 };
-use super::pool::{V, gather_windows, winners};
+use super::pool::{PoolShape, V, for_each_argmax, gather_windows, winners};
 use super::real::{LANES, LaneSums, Real};
 
 /// Window code: no gradient flows through this window (its pooled ReLU output is 0 or NaN).
@@ -710,6 +710,237 @@ fn add_windows<T: Real, const N: usize>(
     N
 }
 
+/// The gradient at a pooled block's ReLU output when an all-ADD slot sits between the ReLU and the pool,
+/// kept in the pool's terms: `g` (the pool's output gradient, `[E, B, C, H/2, W/2]`) times the env's
+/// `share` (`[E]`, the ADD blend's `1 − clamp01(α)`) at each window's winner (`argmax`, `0..4`), zero
+/// elsewhere — what [`blend_add_backward_from_pooled`](super::blend_add_backward_from_pooled) writes as
+/// `grad_h`, never written out here.
+#[derive(Clone, Copy)]
+pub(crate) struct SlotPooledGrad<'a, T> {
+    pub grad: &'a [T],
+    pub argmax: &'a [u8],
+    pub share: &'a [T],
+}
+
+/// [`window_order_param_grads`] with the ReLU (`beta`) for a ReLU output gradient given as a
+/// [`SlotPooledGrad`]: the same bits as `window_order_param_grads` over the full-size gradient the blend
+/// would write (a window's three zeros leave its lane unchanged: a lane starts at `+0`, never becomes
+/// `−0`, and `0·(x − mean)` is `±0` for finite `x`), reading pooled-size data and `x` only. The input
+/// gradient then comes image by image ([`SlotPooledNormGrad::write_image`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn relu_batch_norm_param_grads_from_pooled<'a, T: Real>(
+    shape: NormShape,
+    x: &'a [T],
+    gamma: &'a [T],
+    beta: &'a [T],
+    save_mean: &'a [T],
+    save_inv_std: &'a [T],
+    dy: SlotPooledGrad<'a, T>,
+    grad_gamma: &'a mut [T],
+    grad_beta: &'a mut [T],
+) -> SlotPooledNormGrad<'a, T> {
+    assert_eq!(x.len(), shape.len(), "batch norm activation length");
+    for p in [gamma, beta] {
+        assert_eq!(p.len(), shape.params_len(), "batch norm parameter length");
+    }
+    assert_eq!(dy.grad.len(), shape.pooled_len(), "max pool output gradient length");
+    assert_eq!(dy.argmax.len(), shape.pooled_len(), "max pool argmax length");
+    assert_eq!(dy.share.len(), shape.envs, "one host share per env");
+    for p in [save_mean, save_inv_std, &*grad_gamma, &*grad_beta] {
+        assert_eq!(p.len(), shape.params_len(), "batch norm parameter length");
+    }
+    // One task per env, its images in order, each image's channels in order: the same order of additions
+    // per (env, channel) lane as one task per (env, channel), but reading `x` front to back (a plane is one
+    // page, and one task per channel read a page per image: the prefetcher stopped at every one).
+    let (c, po) = (shape.channels, shape.pooled_plane());
+    let per_channel = train_affine(save_mean, save_inv_std, gamma, beta);
+    let params = grad_gamma.par_chunks_mut(c.max(1)).zip(grad_beta.par_chunks_mut(c.max(1)));
+    params.enumerate().for_each(|(e, (d_gamma, d_beta))| {
+        T::with_scratch(2 * c * LANES, |lanes| {
+            lanes.fill(T::ZERO);
+            for b in 0..shape.batch {
+                for (ch, sums) in lanes.chunks_exact_mut(2 * LANES).enumerate() {
+                    let plane = (e * shape.batch + b) * c + ch;
+                    let windows = plane * po..(plane + 1) * po;
+                    let planes = WinnerPlane {
+                        x: shape.plane_of(x, e, b, ch),
+                        grad: &dy.grad[windows.clone()],
+                        argmax: &dy.argmax[windows],
+                        share: dy.share[e],
+                    };
+                    let (sum_dy, sum_dy_centered) = sums.split_at_mut(LANES);
+                    let sums =
+                        [sum_dy, sum_dy_centered].map(|s| <&mut [T; LANES]>::try_from(s).expect("lanes"));
+                    dispatch_winner_sums(&shape, &planes, per_channel(e * c + ch), sums);
+                }
+            }
+            for (ch, sums) in lanes.chunks_exact(2 * LANES).enumerate() {
+                let total = |l: &[T]| LaneSums { lanes: l.try_into().expect("lanes") }.total();
+                d_beta[ch] = total(&sums[..LANES]);
+                d_gamma[ch] = total(&sums[LANES..]) * save_inv_std[e * c + ch];
+            }
+        });
+    });
+    SlotPooledNormGrad { shape, x, gamma, beta, save_mean, save_inv_std, grad_gamma, grad_beta, dy }
+}
+
+/// One plane of a [`SlotPooledGrad`] and the norm's input `x` under it.
+struct WinnerPlane<'a, T> {
+    x: &'a [T],
+    grad: &'a [T],
+    argmax: &'a [u8],
+    share: T,
+}
+
+/// Adds one plane's window winners to the lane sums in window order, as [`window_order_sums`] adds the
+/// full-size gradient (whose only non-zero element per window is the winner's): window `o` to lane
+/// `o % LANES`, `d = g·share` where the ReLU passed the winner (its norm output, recomputed with
+/// `(mean, scale, shift)`, positive), else `0`.
+#[inline(always)]
+fn winner_sums<T: Real>(
+    shape: &NormShape,
+    plane: &WinnerPlane<'_, T>,
+    (mean, scale, shift): (T, T, T),
+    [sum_dy_out, sum_dy_centered_out]: [&mut [T; LANES]; 2],
+) {
+    // The sums in locals for the plane (in registers; through the references the loop did not vectorise).
+    let (mut sum_dy, mut sum_dy_centered) = (*sum_dy_out, *sum_dy_centered_out);
+    let (w, ho, wo) = (shape.w, shape.h / 2, shape.w / 2);
+    let keep = |v: T| affine(v, mean, scale, shift) > T::ZERO;
+    for oy in 0..ho {
+        let (x_top, x_bottom) = plane.x[2 * oy * w..(2 * oy + 2) * w].split_at(w);
+        let row = oy * wo..(oy + 1) * wo;
+        let (g, code) = (&plane.grad[row.clone()], &plane.argmax[row]);
+        let rows = WinnerRow { x_top, x_bottom, g, code, share: plane.share, mean };
+        let mut ox = 0;
+        while ox < wo {
+            let lane = (oy * wo + ox) % LANES;
+            let sums = [&mut sum_dy, &mut sum_dy_centered];
+            ox += match wo - ox {
+                n if lane == 0 && n >= V => add_winners::<T, V>(&rows, ox, lane, sums, keep),
+                n if lane.is_multiple_of(V / 2) && n >= V / 2 => {
+                    add_winners::<T, { V / 2 }>(&rows, ox, lane, sums, keep)
+                }
+                _ => add_winners::<T, 1>(&rows, ox, lane, sums, keep),
+            };
+        }
+    }
+    (*sum_dy_out, *sum_dy_centered_out) = (sum_dy, sum_dy_centered);
+}
+
+/// One row of windows of a [`WinnerPlane`].
+struct WinnerRow<'a, T> {
+    x_top: &'a [T],
+    x_bottom: &'a [T],
+    g: &'a [T],
+    code: &'a [u8],
+    share: T,
+    mean: T,
+}
+
+/// Adds the winners of `N` windows from window `ox` to lanes `lane..lane + N` of `sums = [Σ dy,
+/// Σ dy·(x − mean)]`: the winner's `x` picked from the window without branches (so the loop vectorises).
+#[inline(always)]
+fn add_winners<T: Real, const N: usize>(
+    row: &WinnerRow<'_, T>,
+    ox: usize,
+    lane: usize,
+    sums: [&mut [T; LANES]; 2],
+    keep: impl Fn(T) -> bool,
+) -> usize {
+    let x = gather_windows::<T, N>(row.x_top, row.x_bottom, ox);
+    let (g, code) = (&row.g[ox..ox + N], &row.code[ox..ox + N]);
+    // Each step over whole arrays (the masks, the selects, the products, the ReLU's mask): with the
+    // selects and the product in one loop it ran lane by lane.
+    let (mut right, mut bottom) = ([false; N], [false; N]);
+    for l in 0..N {
+        right[l] = code[l] & 1 != 0;
+        bottom[l] = code[l] & 2 != 0;
+    }
+    let mut winner = [T::ZERO; N];
+    for l in 0..N {
+        let top = if right[l] { x[1][l] } else { x[0][l] };
+        let low = if right[l] { x[3][l] } else { x[2][l] };
+        winner[l] = if bottom[l] { low } else { top };
+    }
+    let mut kept = [false; N];
+    for l in 0..N {
+        kept[l] = keep(winner[l]);
+    }
+    let mut d = [T::ZERO; N];
+    for l in 0..N {
+        d[l] = g[l] * row.share;
+    }
+    for l in 0..N {
+        d[l] = if kept[l] { d[l] } else { T::ZERO };
+    }
+    let [sum_dy, sum_dy_centered] = sums;
+    for l in 0..N {
+        sum_dy[lane + l] += d[l];
+        sum_dy_centered[lane + l] += d[l] * (winner[l] - row.mean);
+    }
+    N
+}
+
+/// The gradient at the batch norm's input of a pooled block with an all-ADD slot, a plane at a time,
+/// from the pool's output gradient and the parameter gradients.
+#[derive(Clone, Copy)]
+pub(crate) struct SlotPooledNormGrad<'a, T> {
+    shape: NormShape,
+    x: &'a [T],
+    gamma: &'a [T],
+    beta: &'a [T],
+    save_mean: &'a [T],
+    save_inv_std: &'a [T],
+    grad_gamma: &'a [T],
+    grad_beta: &'a [T],
+    dy: SlotPooledGrad<'a, T>,
+}
+
+impl<T: Real> SlotPooledNormGrad<'_, T> {
+    /// Scratch elements [`Self::write_image`] needs: one plane.
+    pub(crate) fn scratch_len(&self) -> usize {
+        self.shape.plane()
+    }
+
+    /// Writes image `i`'s (`e·B + b`) input gradient, `[C, H, W]`, into `dx_img`; `scratch` holds
+    /// [`Self::scratch_len`]. Per plane the ReLU output gradient is rebuilt in `scratch` (zero, then
+    /// `g·share` at each winner: the blend's `grad_h`) and goes through
+    /// [`NormInputGrad::write_image`]'s arithmetic.
+    #[inline]
+    pub(crate) fn write_image(&self, i: usize, scratch: &mut [T], dx_img: &mut [T]) {
+        let s = &self.shape;
+        assert_eq!(dx_img.len(), s.image(), "one image of the input gradient");
+        let (plane, po) = (s.plane(), s.pooled_plane());
+        let e = i / s.batch;
+        let n = T::from_usize(s.batch * plane);
+        let per_channel = train_affine(self.save_mean, self.save_inv_std, self.gamma, self.beta);
+        let pool = PoolShape { envs: 1, batch: 1, channels: 1, h: s.h, w: s.w };
+        for (ch, dx) in dx_img.chunks_exact_mut(plane).enumerate() {
+            let p = e * s.channels + ch;
+            let k = DxConsts::new(
+                self.gamma,
+                self.save_mean,
+                self.save_inv_std,
+                self.grad_gamma,
+                self.grad_beta,
+                n,
+                p,
+            );
+            let at = i * s.channels + ch;
+            let windows = at * po..(at + 1) * po;
+            let (g, code) = (&self.dy.grad[windows.clone()], &self.dy.argmax[windows]);
+            let x = &self.x[at * plane..(at + 1) * plane];
+            let dy = &mut scratch[..plane];
+            dy.fill(T::ZERO);
+            let share = self.dy.share[e];
+            for_each_argmax(&pool, code, |o, pos| dy[pos] = g[o] * share);
+            let (mean, scale, shift) = per_channel(p);
+            dispatch_input_grad(&k, x, dy, dx, (mean, scale, shift));
+        }
+    }
+}
+
 // Runtime dispatch to AVX2 builds of the two per-plane loops, as in `conv`: the same exactly rounded
 // operations in the same order either way, so the bits do not depend on the CPU.
 
@@ -842,6 +1073,62 @@ fn dx_plane_avx2<T: Real>(
     dx: &mut [T],
 ) {
     grad.write_plane(image, ch, scratch, dx);
+}
+
+#[inline]
+fn dispatch_winner_sums<T: Real>(
+    shape: &NormShape,
+    plane: &WinnerPlane<'_, T>,
+    affine: (T, T, T),
+    sums: [&mut [T; LANES]; 2],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        unsafe { winner_sums_avx2(shape, plane, affine, sums) };
+        return;
+    }
+    winner_sums(shape, plane, affine, sums);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn winner_sums_avx2<T: Real>(
+    shape: &NormShape,
+    plane: &WinnerPlane<'_, T>,
+    affine: (T, T, T),
+    sums: [&mut [T; LANES]; 2],
+) {
+    winner_sums(shape, plane, affine, sums);
+}
+
+/// The input gradient of one plane with the ReLU's mask (`affine`: the norm's `(mean, scale, shift)`).
+#[inline]
+fn dispatch_input_grad<T: Real>(k: &DxConsts<T>, x: &[T], dy: &[T], dx: &mut [T], affine: (T, T, T)) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        unsafe { input_grad_avx2(k, x, dy, dx, affine) };
+        return;
+    }
+    relu_input_grad(k, x, dy, dx, affine);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn input_grad_avx2<T: Real>(k: &DxConsts<T>, x: &[T], dy: &[T], dx: &mut [T], affine: (T, T, T)) {
+    relu_input_grad(k, x, dy, dx, affine);
+}
+
+#[inline(always)]
+fn relu_input_grad<T: Real>(
+    k: &DxConsts<T>,
+    x: &[T],
+    dy: &[T],
+    dx: &mut [T],
+    (mean, scale, shift): (T, T, T),
+) {
+    k.input_grad(x, dy, dx, |v| affine(v, mean, scale, shift) > T::ZERO);
 }
 
 #[cfg(test)]
@@ -1142,6 +1429,75 @@ mod tests {
                 (bits(&dx2), bits(&dg2), bits(&db2)),
                 "{h}x{w}: f32"
             );
+        }
+    }
+
+    /// The norm's backward from an all-ADD slot's pooled gradient (sums over the winners, each image's
+    /// input gradient rebuilt in scratch) is bit for bit the blend writing its full-size `grad_h` and
+    /// [`relu_batch_norm_backward_window_order`] reading it: f32, odd planes and windows starting mid
+    /// lane group, per-env amplitudes (one clamped), a ReLU that masks some winners.
+    #[test]
+    fn norm_backward_from_a_pooled_slot_gradient_is_the_blend_then_the_window_order_backward() {
+        use crate::ops::{Amplitude, BlendShape, blend_add_backward_from_pooled, blend_add_forward};
+        for (h, w) in SHAPES {
+            let s = norm_shape(2, h, w);
+            let pl = s.params_len();
+            let x = to_f32(&uniform(h as u64 + 70, s.len(), -1.0, 3.0));
+            let gamma = to_f32(&uniform(71, pl, 0.5, 1.5));
+            let beta = to_f32(&signed(72, pl));
+            let (mut host, mut mean, mut inv_std) = (vec![0f32; s.len()], vec![0f32; pl], vec![0f32; pl]);
+            let (mut r_mean, mut r_var) = (vec![0f32; pl], vec![1f32; pl]);
+            batch_norm_relu_train_forward(
+                s,
+                &x,
+                &plane_stats(&s, &x),
+                &gamma,
+                &beta,
+                &mut host,
+                &mut mean,
+                &mut inv_std,
+                &mut r_mean,
+                &mut r_var,
+            );
+            let seed = to_f32(&signed(h as u64 + 73, s.len()));
+            let alpha = [0.37f32, 1.4];
+            let blend = BlendShape { envs: s.envs, batch: s.batch, features: s.image() };
+            let mut y = vec![0f32; s.len()];
+            blend_add_forward(blend, &host, &seed, Amplitude::PerEnv(&alpha), &mut y);
+            let (mut pooled, mut argmax) = (vec![0f32; s.pooled_len()], vec![0u8; s.pooled_len()]);
+            max_pool2x2_forward(pool_shape(&s), &y, &mut pooled, &mut argmax);
+            let g = to_f32(&signed(h as u64 + 74, s.pooled_len()));
+
+            let (mut dh, mut ds) = (vec![f32::NAN; s.len()], vec![f32::NAN; s.len()]);
+            let a = Amplitude::PerEnv(&alpha[..]);
+            blend_add_backward_from_pooled(blend, pool_shape(&s), a, &g, &argmax, Some(&mut dh), &mut ds);
+            let (mut dx, mut dg, mut db) = (vec![f32::NAN; s.len()], vec![0f32; pl], vec![0f32; pl]);
+            relu_batch_norm_backward_window_order(
+                s, &x, &gamma, &beta, &mean, &inv_std, &dh, &mut dx, &mut dg, &mut db,
+            );
+
+            let share: Vec<f32> = alpha.iter().map(|&a| 1.0 - a.clamp(0.0, 1.0)).collect();
+            let dy = SlotPooledGrad { grad: &g, argmax: &argmax, share: &share };
+            let (mut dg2, mut db2) = (vec![f32::NAN; pl], vec![f32::NAN; pl]);
+            let grad = relu_batch_norm_param_grads_from_pooled(
+                s, &x, &gamma, &beta, &mean, &inv_std, dy, &mut dg2, &mut db2,
+            );
+            let mut dx2 = vec![f32::NAN; s.len()];
+            let mut scratch = vec![f32::NAN; grad.scratch_len()];
+            for (i, dx_img) in dx2.chunks_exact_mut(s.image()).enumerate() {
+                grad.write_image(i, &mut scratch, dx_img);
+            }
+            assert_eq!((bits(&dg2), bits(&db2)), (bits(&dg), bits(&db)), "{h}x{w}: parameter gradients");
+            assert_eq!(bits(&dx2), bits(&dx), "{h}x{w}: input gradient");
+            // Env 1's amplitude clamps to 1: its host gets nothing; env 0's winners are partly masked.
+            let env = s.len() / 2;
+            assert!(dh[env..].iter().all(|&v| v == 0.0), "{h}x{w}: a clamped amplitude of 1");
+            let (passed, masked) = host[..env]
+                .iter()
+                .zip(&dh[..env])
+                .filter(|(_, d)| **d != 0.0)
+                .fold((0, 0), |(p, m), (&h, _)| if h > 0.0 { (p + 1, m) } else { (p, m + 1) });
+            assert!(passed > 0 && masked > 0, "{h}x{w}: winners passed {passed}, masked {masked}");
         }
     }
 
