@@ -84,11 +84,23 @@ fn world(envs: usize, batch: usize) -> (HostParams<f32>, SeedBank<f32>, Vec<f32>
     (params, bank, images, labels)
 }
 
-#[test]
-fn a_training_step_allocates_nothing_after_the_first() {
-    let (envs, batch) = (3, 8);
-    let (mut params, mut bank, images, labels) = world(envs, batch);
-    let mut ws = HostWorkspace::with_slots(ARCH, envs, batch, &bank);
+/// The bench's state: every env blends a seed by ADD at every slot (conv_light, attention, conv_heavy), so
+/// each slot hands its host gradient back in the pool's terms.
+fn world_all_add(envs: usize, batch: usize) -> (HostParams<f32>, SeedBank<f32>, Vec<f32>, Vec<u8>) {
+    let (params, mut bank, images, labels) = world(envs, batch);
+    let blueprints = [CnnBlueprint::ConvLight, CnnBlueprint::Attention, CnnBlueprint::ConvHeavy];
+    for (slot, bp) in bank.slots_mut().zip(blueprints) {
+        for e in 0..envs {
+            slot.state[e] = state(SeedMode::Add, bp, 0.5);
+        }
+    }
+    (params, bank, images, labels)
+}
+
+/// Allocations in the third and fourth training step (with statistics, without), after two warm-ups.
+fn step_allocations(world: (HostParams<f32>, SeedBank<f32>, Vec<f32>, Vec<u8>), batch: usize) -> [usize; 2] {
+    let (mut params, mut bank, images, labels) = world;
+    let mut ws = HostWorkspace::with_slots(ARCH, params.n_envs(), batch, &bank);
     let mut trainer = Trainer::new(&params, &bank);
     let counts = with_threads(1, || {
         // Warm-up: buffers and per-thread scratch reach their sizes, with and without statistics.
@@ -99,6 +111,18 @@ fn a_training_step_allocates_nothing_after_the_first() {
         })
     });
     assert!(trainer.seed_stats.iter().flatten().any(Option::is_some), "statistics were collected");
+    counts
+}
+
+#[test]
+fn a_training_step_allocates_nothing_after_the_first() {
+    let counts = step_allocations(world(3, 8), 8);
+    assert_eq!(counts, [0, 0], "allocations in a step with statistics, without");
+}
+
+#[test]
+fn a_training_step_with_every_env_blending_by_add_allocates_nothing_after_the_first() {
+    let counts = step_allocations(world_all_add(3, 8), 8);
     assert_eq!(counts, [0, 0], "allocations in a step with statistics, without");
 }
 
