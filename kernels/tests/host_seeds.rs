@@ -367,9 +367,10 @@ fn allocated_seed_buffers_have_the_spec_parameter_counts() {
 /// With at least as many envs as threads, a pooled block's backward hands its batch norm's input gradient
 /// to the conv's backward an image at a time, per env, in runs of images; with fewer, the norm writes the
 /// whole gradient and the conv's ops read it. Both give the same bits, on a fused block and on a block
-/// whose slot r0 runs a seed (by ADD: in runs, the norm's sums and input gradient then come from the
-/// pool's output gradient), with batches that take several runs (32×32 images, 7 per env: runs of 5
-/// and 2 at block 0).
+/// whose slot r0 runs a seed (by ADD: in runs, the norm's sums and input gradient and the seed's backward
+/// then take the pool's output gradient), with batches that take several runs (32×32 images, 7 per env:
+/// runs of 5 and 2 at block 0). On two threads with two blueprints, each seed's unit (one env) runs its
+/// whole-batch backward from the pooled gradient.
 #[test]
 fn host_backward_in_runs_of_images_equals_the_whole_batch_backward() {
     use esper_kernels::host::HostArch;
@@ -379,14 +380,16 @@ fn host_backward_in_runs_of_images_equals_the_whole_batch_backward() {
     let mut s = stream(31);
     let images: Vec<f32> = (0..envs * batch * arch.image_len()).map(|_| s.normal() as f32).collect();
     let labels: Vec<u8> = (0..envs * batch).map(|_| s.below(10) as u8).collect();
-    for seeded in [false, true] {
+    let (light, heavy) = (CnnBlueprint::ConvLight, CnnBlueprint::ConvHeavy);
+    for (seeds, threads) in [(None, 1), (Some([light, light]), 1), (Some([light, heavy]), 2)] {
         let run = || {
-            let mut bank = SeedBank::new(&arch, envs, if seeded { &[(0, 0)] } else { &[] });
+            let slots: &[(u8, u8)] = if seeds.is_some() { &[(0, 0)] } else { &[] };
+            let mut bank = SeedBank::new(&arch, envs, slots);
             randomize_pools(&mut bank, &mut stream(32));
             for slot in bank.slots_mut() {
-                for e in 0..envs {
+                for (e, bp) in seeds.into_iter().flatten().enumerate() {
                     // Two amplitudes other than 0.5, so the host's share `1 − a` is neither `a` nor shared.
-                    slot.state[e] = state(SeedMode::Add, CnnBlueprint::ConvLight, [0.3, 0.8][e]);
+                    slot.state[e] = state(SeedMode::Add, bp, [0.3, 0.8][e]);
                 }
             }
             let mut params = HostParams::init(arch, 3, 0, &ids);
@@ -397,13 +400,21 @@ fn host_backward_in_runs_of_images_equals_the_whole_batch_backward() {
             ws.backward(&base, &mut bank, &images, &mut grads);
             (grads, bank)
         };
-        // One thread: in runs (2 envs ≥ 1 thread). Four threads: the whole-batch ops (2 envs < 4).
-        let (in_runs, bank_in_runs) = with_threads(1, run);
+        // In runs (2 envs ≥ 1 or 2 threads) against the whole-batch ops (2 envs < 4 threads).
+        let (in_runs, bank_in_runs) = with_threads(threads, run);
         let (whole, bank_whole) = with_threads(4, run);
         for (t, (a, b)) in in_runs.tensors.iter().zip(&whole.tensors).enumerate() {
-            assert_eq!(bits(a), bits(b), "seeded {seeded}: host gradient tensor {t}");
+            assert_eq!(bits(a), bits(b), "seeds {seeds:?}: host gradient tensor {t}");
             assert!(a.iter().filter(|v| **v != 0.0).count() > a.len() / 2, "tensor {t} has a gradient");
         }
-        assert_eq!(bank_in_runs, bank_whole, "seeded {seeded}: seed gradients");
+        assert_eq!(bank_in_runs, bank_whole, "seeds {seeds:?}: seed gradients");
+        let seed_grads: usize = bank_in_runs
+            .slots()
+            .map(|p| p.pools.iter().map(|q| q.grads.iter().filter(|g| **g != 0.0).count()).sum::<usize>())
+            .sum();
+        assert!(
+            seeds.is_none() || seed_grads > 1000,
+            "seeds {seeds:?}: {seed_grads} non-zero seed gradients"
+        );
     }
 }

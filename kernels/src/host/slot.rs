@@ -9,7 +9,7 @@
 use super::seed_bank::{SeedMode, SlotParams};
 use crate::ops::real::clamp01;
 use crate::ops::{self, Amplitude, BlendShape, PoolShape, Real};
-use crate::seeds::{self, CnnBlueprint, GateWorkspace, SeedShape, Workspace};
+use crate::seeds::{self, CnnBlueprint, GateWorkspace, PooledSeedGrad, SeedOutputGrad, SeedShape, Workspace};
 use rayon::prelude::*;
 
 const MODES: [SeedMode; 4] = [SeedMode::Incubator, SeedMode::Add, SeedMode::Multiply, SeedMode::Gate];
@@ -387,10 +387,24 @@ impl<T: Real> SlotWorkspace<T> {
             if group.first.is_none() {
                 fit(&mut group.dh, eb * sample);
             }
+            // Without `grad_h`, a blueprint whose backward reads its output gradient an image at a time
+            // takes it in the pool's terms too: then no blend runs for the group and nothing full-size is
+            // written.
+            let seed_pooled = match grad_out {
+                SlotOutputGrad::Pooled { pool, grad, argmax }
+                    if grad_h.is_none() && seeds::takes_pooled_gradient(bp) =>
+                {
+                    let e0 = group.first.expect("in place");
+                    let per_env = pool.max_pool_output_len() / pool.envs;
+                    let windows = e0 * per_env..(e0 + eb) * per_env;
+                    Some((&grad[windows.clone()], &argmax[windows]))
+                }
+                _ => None,
+            };
             let ds = fit(&mut group.ds, eb * sample);
             for (m, &mode) in MODES.iter().enumerate() {
                 let r = group.ranges[m].clone();
-                if r.is_empty() {
+                if r.is_empty() || seed_pooled.is_some() {
                     continue;
                 }
                 let n = r.len();
@@ -479,7 +493,14 @@ impl<T: Real> SlotWorkspace<T> {
             let state = &params.state;
             let len = pool.row_len;
             let gp = fit(&mut group.grad_params, eb * len);
-            seeds::backward(bp, shape, x, &group.ds[..eb * sample], gp, None, &mut group.ws);
+            let grad_y = match seed_pooled {
+                // The blend's `ds` (`g·a` at each winner), as `blend_add_backward_from_pooled` forms it.
+                Some((grad, argmax)) => {
+                    SeedOutputGrad::Pooled(PooledSeedGrad { grad, argmax, amplitude: &group.clamped[..eb] })
+                }
+                None => SeedOutputGrad::Whole(&group.ds[..eb * sample]),
+            };
+            seeds::backward_from(bp, shape, x, grad_y, gp, None, &mut group.ws);
             for (i, &e) in group.envs.iter().enumerate() {
                 if state[e].train_seed {
                     pool.grads[e * len..(e + 1) * len]

@@ -11,9 +11,10 @@ use crate::ops::norm::{
     group_norm_image_backward_carried, group_norm_image_forward, group_norm_param_grads,
     group_norm_relu_mask_image,
 };
+use crate::ops::pool::for_each_argmax;
 use crate::ops::real::LANES;
 use crate::ops::{
-    Conv2dShape, NormShape, Real, conv2d_backward_input, conv2d_backward_input_accumulate,
+    Conv2dShape, NormShape, PoolShape, Real, conv2d_backward_input, conv2d_backward_input_accumulate,
     conv2d_backward_weight, group_norm_backward,
 };
 
@@ -50,6 +51,51 @@ pub(crate) struct BlockState<'a, T> {
     pub conv_out: &'a [T],
     pub mean: &'a [T],
     pub inv_std: &'a [T],
+}
+
+/// The gradient at a seed's output where the seed blends by ADD and a 2×2 max pool reads the blend:
+/// `g·a` at each pool window's winner (`g` the pool's output gradient `[Eb, B, C, H/2, W/2]`, `argmax` its
+/// winners, `a` the env's clamped amplitude, `[Eb]`), zero elsewhere — the `grad_s` of
+/// [`blend_add_backward_from_pooled`](crate::ops::blend_add_backward_from_pooled), same products, rebuilt
+/// an image at a time where it is used instead of written whole.
+#[derive(Clone, Copy)]
+pub struct PooledSeedGrad<'a, T> {
+    pub grad: &'a [T],
+    pub argmax: &'a [u8],
+    pub amplitude: &'a [T],
+}
+
+impl<T: Real> PooledSeedGrad<'_, T> {
+    /// Writes image `i`'s (`e·B + b`) gradient (`[C, H, W]` of `c`) into `dst`.
+    #[inline]
+    pub(crate) fn write_image(&self, c: &Conv2dShape, i: usize, dst: &mut [T]) {
+        let (h, w) = (c.h_out(), c.w_out());
+        let windows = c.c_out * (h / 2) * (w / 2);
+        assert_eq!(dst.len(), c.c_out * h * w, "one image of the seed's output gradient");
+        let (g, code) =
+            (&self.grad[i * windows..(i + 1) * windows], &self.argmax[i * windows..(i + 1) * windows]);
+        let a = self.amplitude[i / c.batch];
+        let pool = PoolShape { envs: 1, batch: 1, channels: c.c_out, h, w };
+        dst.fill(T::ZERO);
+        for_each_argmax(&pool, code, |o, at| dst[at] = g[o] * a);
+    }
+
+    fn check(&self, c: &Conv2dShape) {
+        let windows = c.envs * c.batch * c.c_out * (c.h_out() / 2) * (c.w_out() / 2);
+        assert_eq!((self.grad.len(), self.argmax.len()), (windows, windows), "pooled seed gradient length");
+        assert_eq!(self.amplitude.len(), c.envs, "one amplitude per env");
+    }
+}
+
+/// The gradient at a unit's output, as [`ConvNormRelu::backward`] takes it.
+#[derive(Clone, Copy)]
+pub(crate) enum UnitOutputGrad<'a, T> {
+    /// Already in the backward's `grad`.
+    InGrad,
+    /// `[E, B, C, H, W]`.
+    Whole(&'a [T]),
+    /// From the pool after the slot's ADD blend.
+    Pooled(PooledSeedGrad<'a, T>),
 }
 
 /// The residual add that ends a seed: `y = skip + out`, or with `blend` (the per-env ADD amplitude,
@@ -205,19 +251,28 @@ impl ConvNormRelu {
         &self,
         state: BlockState<'_, T>,
         p: BlockParams<'_, T>,
-        grad_out: Option<&[T]>,
+        grad_out: UnitOutputGrad<'_, T>,
         grad: &mut [T],
         scratch: &mut [T],
         g: BlockGrads<'_, T>,
         input_grad: InputGrad<'_, T>,
     ) {
+        if let UnitOutputGrad::Pooled(pooled) = &grad_out {
+            pooled.check(&self.conv);
+        }
         if self.conv.envs >= rayon::current_num_threads() {
             self.backward_in_runs(state, p, grad_out, grad, g, input_grad);
             return;
         }
         let grad_conv_out = scratch;
-        if let Some(grad_out) = grad_out {
-            grad.copy_from_slice(grad_out);
+        match grad_out {
+            UnitOutputGrad::InGrad => {}
+            UnitOutputGrad::Whole(grad_out) => grad.copy_from_slice(grad_out),
+            UnitOutputGrad::Pooled(pooled) => {
+                let (c, image) = (self.conv, self.conv.c_out * self.conv.h_out() * self.conv.w_out());
+                let images = grad.par_chunks_mut(image.max(1)).enumerate();
+                images.for_each(|(i, dst)| pooled.write_image(&c, i, dst));
+            }
         }
         self.relu_mask(state, p, grad);
         group_norm_backward(
@@ -272,7 +327,7 @@ impl ConvNormRelu {
         &self,
         state: BlockState<'_, T>,
         p: BlockParams<'_, T>,
-        grad_out: Option<&[T]>,
+        grad_out: UnitOutputGrad<'_, T>,
         grad: &mut [T],
         g: BlockGrads<'_, T>,
         input_grad: InputGrad<'_, T>,
@@ -317,16 +372,20 @@ impl ConvNormRelu {
                         for (r, dy_conv) in dy_run.chunks_exact_mut(image_out).enumerate() {
                             let (b, i) = (b0 + r, e * c.batch + b0 + r);
                             let image = i * image_out..(i + 1) * image_out;
-                            let g_img = match grad_out {
-                                Some(grad_out) => &grad_out[image.clone()],
-                                None => &grad_env[b * image_out..(b + 1) * image_out],
-                            };
+                            match grad_out {
+                                UnitOutputGrad::InGrad => {
+                                    dy_img.copy_from_slice(&grad_env[b * image_out..(b + 1) * image_out])
+                                }
+                                UnitOutputGrad::Whole(grad_out) => {
+                                    dy_img.copy_from_slice(&grad_out[image.clone()])
+                                }
+                                UnitOutputGrad::Pooled(pooled) => pooled.write_image(&c, i, dy_img),
+                            }
                             let stats = (
                                 &state.mean[i * groups..(i + 1) * groups],
                                 &state.inv_std[i * groups..(i + 1) * groups],
                             );
                             let x_img = &state.conv_out[image];
-                            dy_img.copy_from_slice(g_img);
                             group_norm_relu_mask_image(plane, gamma, beta, stats, x_img, dy_img);
                             group_norm_image_backward_carried(
                                 plane, gamma, stats, x_img, dy_img, norm_lanes, dy_conv,

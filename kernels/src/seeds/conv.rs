@@ -32,10 +32,10 @@
 //! `stats[2k..2k + 2]` = its norm's mean / inv_std; backward temporaries `temp[0]` (the running
 //! gradient), `temp[1]` (scratch).
 
-use super::block::{BlockGrads, BlockParams, BlockState, ConvNormRelu, InputGrad, Residual};
+use super::block::{BlockGrads, BlockParams, BlockState, ConvNormRelu, InputGrad, Residual, UnitOutputGrad};
 use super::common::{Buffers, grown};
 use super::layout::ParamLayout;
-use super::{SeedShape, Tensors, TensorsMut, group_norm_groups};
+use super::{SeedOutputGrad, SeedShape, Tensors, TensorsMut, group_norm_groups};
 use crate::ops::Real;
 
 pub(super) fn small_layout(channels: usize) -> ParamLayout {
@@ -101,7 +101,7 @@ pub(super) fn single_backward<T: Real>(
     k: usize,
     p: Tensors<'_, T>,
     x: &[T],
-    grad_y: &[T],
+    grad_y: SeedOutputGrad<'_, T>,
     g: TensorsMut<'_, T>,
     grad_x: Option<&mut [T]>,
     b: &mut Buffers<T>,
@@ -122,7 +122,7 @@ pub(super) fn single_backward<T: Real>(
     unit.backward(
         state,
         BlockParams { weight, gamma, beta },
-        Some(grad_y),
+        grad_y.unit(),
         grad,
         grown(scratch, s.len()),
         BlockGrads { weight: d_weight, gamma: d_gamma, beta: d_beta },
@@ -170,7 +170,7 @@ pub(super) fn heavy_backward<T: Real>(
     s: SeedShape,
     p: Tensors<'_, T>,
     x: &[T],
-    grad_y: &[T],
+    grad_y: SeedOutputGrad<'_, T>,
     g: TensorsMut<'_, T>,
     grad_x: Option<&mut [T]>,
     b: &mut Buffers<T>,
@@ -198,7 +198,7 @@ pub(super) fn heavy_backward<T: Real>(
     unit.backward(
         state2,
         BlockParams { weight: w2, gamma: gamma2, beta: beta2 },
-        Some(grad_y),
+        grad_y.unit(),
         grad,
         scratch,
         BlockGrads { weight: d_w2, gamma: d_gamma2, beta: d_beta2 },
@@ -208,7 +208,7 @@ pub(super) fn heavy_backward<T: Real>(
     unit.backward(
         state1,
         BlockParams { weight: w1, gamma: gamma1, beta: beta1 },
-        None,
+        UnitOutputGrad::InGrad,
         grad,
         scratch,
         BlockGrads { weight: d_w1, gamma: d_gamma1, beta: d_beta1 },
@@ -217,12 +217,16 @@ pub(super) fn heavy_backward<T: Real>(
 }
 
 /// The input gradient of `x + f(x)`: starts as `∂L/∂y` (the identity path), `f`'s part is added to it.
-fn residual_input_grad<'a, T: Real>(grad_y: &[T], grad_x: Option<&'a mut [T]>) -> InputGrad<'a, T> {
-    match grad_x {
-        Some(gx) => {
+fn residual_input_grad<'a, T: Real>(
+    grad_y: SeedOutputGrad<'_, T>,
+    grad_x: Option<&'a mut [T]>,
+) -> InputGrad<'a, T> {
+    match (grad_x, grad_y) {
+        (Some(gx), SeedOutputGrad::Whole(grad_y)) => {
             gx.copy_from_slice(grad_y);
             InputGrad::AccumulateInto(gx)
         }
-        None => InputGrad::Skip,
+        (Some(_), SeedOutputGrad::Pooled(_)) => panic!("a pooled output gradient is for an isolated seed"),
+        (None, _) => InputGrad::Skip,
     }
 }

@@ -14,7 +14,7 @@
 //! Buffers: `saved[0]` = `DW(x)`, `saved[1]` = `PW(DW(x))` (the ReLU's output is not kept: the backward
 //! recomputes its mask from `saved[1]`), `stats[0..2]` = the norm's mean / inv_std; backward temporaries `temp[0]` (the running gradient), `temp[1]` (scratch).
 
-use super::block::{BlockGrads, BlockParams, BlockState, ConvNormRelu, InputGrad, Residual};
+use super::block::{BlockGrads, BlockParams, BlockState, ConvNormRelu, InputGrad, Residual, UnitOutputGrad};
 use super::common::{Buffers, grown};
 use super::layout::ParamLayout;
 use super::{SeedShape, Tensors, TensorsMut, group_norm_groups};
@@ -89,7 +89,7 @@ pub(super) fn backward<T: Real>(
     pointwise.backward(
         state,
         BlockParams { weight: w_pw, gamma, beta },
-        Some(grad_y),
+        UnitOutputGrad::Whole(grad_y),
         grad,
         grown(scratch, s.len()),
         BlockGrads { weight: d_pw, gamma: d_gamma, beta: d_beta },

@@ -41,6 +41,8 @@ mod norm;
 #[cfg(test)]
 mod tests;
 
+pub use block::PooledSeedGrad;
+use block::UnitOutputGrad;
 pub use gate::{
     GateWorkspace, gate_backward, gate_forward, gate_hidden, gate_init_row, gate_layout, gate_param_count,
 };
@@ -299,15 +301,66 @@ pub fn backward<T: Real>(
     grad_x: Option<&mut [T]>,
     ws: &mut Workspace<T>,
 ) {
+    assert_eq!(grad_y.len(), shape.len(), "seed output gradient length [Eb, B, C, H, W]");
+    backward_from(bp, shape, x, SeedOutputGrad::Whole(grad_y), grad_params, grad_x, ws);
+}
+
+/// The gradient at a seed's output, as [`backward_from`] takes it.
+#[derive(Clone, Copy)]
+pub enum SeedOutputGrad<'a, T> {
+    /// `[Eb, B, C, H, W]`.
+    Whole(&'a [T]),
+    /// From the 2×2 max pool after the slot's ADD blend, for a blueprint that
+    /// [`takes_pooled_gradient`] and no input gradient (an isolated seed).
+    Pooled(PooledSeedGrad<'a, T>),
+}
+
+impl<'a, T> SeedOutputGrad<'a, T> {
+    fn unit(self) -> UnitOutputGrad<'a, T> {
+        match self {
+            SeedOutputGrad::Whole(g) => UnitOutputGrad::Whole(g),
+            SeedOutputGrad::Pooled(p) => UnitOutputGrad::Pooled(p),
+        }
+    }
+}
+
+/// Whether `bp`'s backward reads its output gradient a conv unit's image at a time, so it can take it
+/// as a [`SeedOutputGrad::Pooled`] (conv_small, conv_light, conv_heavy).
+pub fn takes_pooled_gradient(bp: CnnBlueprint) -> bool {
+    matches!(bp, CnnBlueprint::ConvSmall | CnnBlueprint::ConvLight | CnnBlueprint::ConvHeavy)
+}
+
+/// [`backward`] with the output gradient whole or, for a blueprint that [`takes_pooled_gradient`], in
+/// the pool's terms: the same bits either way.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_from<T: Real>(
+    bp: CnnBlueprint,
+    shape: SeedShape,
+    x: &[T],
+    grad_y: SeedOutputGrad<'_, T>,
+    grad_params: &mut [T],
+    grad_x: Option<&mut [T]>,
+    ws: &mut Workspace<T>,
+) {
     assert_eq!(ws.last_forward, Some((bp, shape)), "seed backward must follow a forward of the same module");
     let layout = layout(bp, shape.channels);
     let n = shape.envs * layout.param_count();
     assert_eq!(grad_params.len(), n, "seed parameter gradient length [Eb, P]");
     assert_eq!(x.len(), shape.len(), "seed input length [Eb, B, C, H, W]");
-    assert_eq!(grad_y.len(), shape.len(), "seed output gradient length [Eb, B, C, H, W]");
     if let Some(gx) = &grad_x {
         assert_eq!(gx.len(), shape.len(), "seed input gradient length [Eb, B, C, H, W]");
     }
+    let whole = match grad_y {
+        SeedOutputGrad::Whole(g) => {
+            assert_eq!(g.len(), shape.len(), "seed output gradient length [Eb, B, C, H, W]");
+            Some(g)
+        }
+        SeedOutputGrad::Pooled(_) => {
+            assert!(takes_pooled_gradient(bp), "{bp:?} takes its output gradient whole");
+            assert!(grad_x.is_none(), "a pooled output gradient is for an isolated seed");
+            None
+        }
+    };
     if shape.is_empty() {
         grad_params.fill(T::ZERO);
         return;
@@ -316,11 +369,12 @@ pub fn backward<T: Real>(
     let grads = grown(&mut ws.grads, n);
     let g = layout.split_mut(shape.envs, grads);
     let buffers = &mut ws.buffers;
+    let whole = || whole.expect("checked above");
     match bp {
-        CnnBlueprint::Norm => norm::backward(shape, p, x, grad_y, g, grad_x, buffers),
-        CnnBlueprint::Attention => attention::backward(shape, p, x, grad_y, g, grad_x, buffers),
-        CnnBlueprint::Depthwise => depthwise::backward(shape, p, x, grad_y, g, grad_x, buffers),
-        CnnBlueprint::Bottleneck => bottleneck::backward(shape, p, x, grad_y, g, grad_x, buffers),
+        CnnBlueprint::Norm => norm::backward(shape, p, x, whole(), g, grad_x, buffers),
+        CnnBlueprint::Attention => attention::backward(shape, p, x, whole(), g, grad_x, buffers),
+        CnnBlueprint::Depthwise => depthwise::backward(shape, p, x, whole(), g, grad_x, buffers),
+        CnnBlueprint::Bottleneck => bottleneck::backward(shape, p, x, whole(), g, grad_x, buffers),
         CnnBlueprint::ConvSmall => conv::single_backward(shape, 1, p, x, grad_y, g, grad_x, buffers),
         CnnBlueprint::ConvLight => conv::single_backward(shape, 3, p, x, grad_y, g, grad_x, buffers),
         CnnBlueprint::ConvHeavy => conv::heavy_backward(shape, p, x, grad_y, g, grad_x, buffers),
