@@ -4,9 +4,11 @@
 //! Compiling needs only NVRTC, not a GPU, so [`compile_all`] runs on any machine with the CUDA 13
 //! libraries (the `cuda` build's tests do it here); loading and launching need the driver:
 //! [`parity::run`] checks every kernel against its CPU twin on a device (`esper-ecs selftest`).
-//! The device backend itself (the `HostBackend` over these kernels) is not built yet.
+//! The device backend is being built: [`host::DeviceHost`] runs the seedless host's evaluation forward
+//! on the device (checked by the selftest); the `HostBackend` over it is not built yet.
 
 mod cache;
+pub mod host;
 pub mod parity;
 mod sources;
 

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchArgs, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 
+use super::host::DeviceHost;
 use super::{DEFAULT_ARCH, KERNEL_FILES, KernelCache};
+use crate::host::{HostArch, HostParams, HostWorkspace, SeedBank};
 use crate::ops::activation::{
     relu_backward, relu_forward, relu_forward_in_place, sigmoid_backward, sigmoid_forward,
 };
@@ -56,13 +58,14 @@ impl ParityRow {
 pub type ParityError = Box<dyn std::error::Error>;
 
 /// The kernels loaded on one device.
-struct Device {
-    stream: Arc<CudaStream>,
+pub struct Device {
+    pub(crate) stream: Arc<CudaStream>,
     functions: HashMap<&'static str, CudaFunction>,
 }
 
 impl Device {
-    fn open(ordinal: usize, cache: &KernelCache) -> Result<Self, ParityError> {
+    /// Opens device `ordinal` and loads every kernel file (compiled through `cache`).
+    pub fn open(ordinal: usize, cache: &KernelCache) -> Result<Self, ParityError> {
         let ctx = CudaContext::new(ordinal)?;
         let stream = ctx.default_stream();
         let mut functions = HashMap::new();
@@ -76,7 +79,7 @@ impl Device {
         Ok(Self { stream, functions })
     }
 
-    fn function(&self, name: &str) -> &CudaFunction {
+    pub(crate) fn function(&self, name: &str) -> &CudaFunction {
         &self.functions[name]
     }
 }
@@ -588,7 +591,53 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
     }
     conv_checks(&device, &mut s, &mut rows)?;
     seed_op_checks(&device, &mut s, &mut rows)?;
+    host_eval_check(&device, &mut s, &mut rows)?;
     Ok(rows)
+}
+
+/// The seedless host's evaluation forward on the device ([`DeviceHost`], the kernels above composed)
+/// against [`HostWorkspace::forward_eval`]: cifar_baseline, two envs of five images, running statistics
+/// away from their initial values so the eval norm is not the identity. The logits to 1e-5 (the global
+/// pool sums in f64 on the device and in f32 lanes on the CPU, and the head's dot product in order
+/// against lanes); the correct counts exactly.
+fn host_eval_check(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
+    let stream = &device.stream;
+    let arch = HostArch::CIFAR_BASELINE;
+    let (envs, batch) = (2usize, 5usize);
+    let mut params = HostParams::init(arch, 7, 0, &[0, 1]);
+    for b in 0..arch.n_blocks {
+        let n = params.running_mean[b].len();
+        params.running_mean[b] = values(s, n, -0.3, 0.3);
+        params.running_var[b] = values(s, n, 0.5, 2.0);
+    }
+    let images = values(s, envs * batch * arch.image_len(), -1.5, 1.5);
+    let labels: Vec<u8> = (0..envs * batch).map(|_| s.below(arch.num_classes as u64) as u8).collect();
+
+    let mut ws = HostWorkspace::<f32>::new(arch, envs, batch);
+    ws.forward_eval(&params, &SeedBank::empty(&arch), &images);
+    let mut correct_cpu = vec![0u32; envs];
+    let classes = ClassifierShape { envs, batch, classes: arch.num_classes };
+    count_correct(classes, &ws.logits, &labels, &mut correct_cpu);
+
+    let mut host = DeviceHost::upload(device, &params, batch)?;
+    let (images_dev, labels_dev) = (stream.clone_htod(&images)?, stream.clone_htod(&labels)?);
+    host.forward_eval(device, &images_dev, &labels_dev)?;
+    let (logits_gpu, correct_gpu) = (host.logits(device)?, host.correct(device)?);
+    rows.push(ParityRow::new(
+        "host eval forward (DeviceHost)",
+        "host::HostWorkspace::forward_eval",
+        logits_gpu.len(),
+        max_diff(&logits_gpu, &ws.logits),
+        1e-5,
+    ));
+    rows.push(ParityRow::new(
+        "host eval forward: correct counts",
+        "ops::loss::count_correct",
+        envs,
+        if correct_gpu == correct_cpu { 0.0 } else { f64::INFINITY },
+        0.0,
+    ));
+    Ok(())
 }
 
 /// The convolution kernels against `ops::conv` on the host's and the seeds' shapes (3×3 from 3, 8 and 32
