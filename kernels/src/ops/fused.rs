@@ -372,14 +372,31 @@ pub(crate) fn batch_norm_relu_max_pool_param_grads<'a, T: Real>(
         assert_eq!(len, shape.pooled_len(), "fused max pool output length");
     }
     assert_eq!(gamma.len(), shape.params_len(), "batch norm parameter length");
-    // `dβ`, `dγ` from pooled-size data only: `dy` is non-zero only at coded winners.
-    let c = shape.channels;
-    let sums = |e: usize, ch: usize, mean: T| {
-        let planes =
-            PooledPlanes { grad: grad_pooled, code, winner, first: e * shape.batch * c + ch, stride: c };
-        dispatch_channel_sums(&shape, &planes, mean)
-    };
-    batch_norm_param_grads(&shape, save_mean, save_inv_std, grad_gamma, grad_beta, sums);
+    // `dβ`, `dγ` from pooled-size data only: `dy` is non-zero only at coded winners. One task per env
+    // where there are envs for every thread (the same sums, read front to back).
+    let (c, po) = (shape.channels, shape.pooled_plane());
+    if shape.envs >= rayon::current_num_threads() {
+        for p in [save_mean, save_inv_std, &*grad_gamma, &*grad_beta] {
+            assert_eq!(p.len(), shape.params_len(), "batch norm parameter length");
+        }
+        let plane_sums = |e: usize, b: usize, ch: usize, sums: [&mut [T; LANES]; 2]| {
+            let plane = ((e * shape.batch + b) * c + ch) * po..((e * shape.batch + b) * c + ch + 1) * po;
+            let pooled = PooledPlane {
+                grad: &grad_pooled[plane.clone()],
+                code: &code[plane.clone()],
+                winner: &winner[plane],
+            };
+            dispatch_pooled_plane_sums(&pooled, save_mean[e * c + ch], sums);
+        };
+        param_grads_per_env(&shape, save_inv_std, grad_gamma, grad_beta, plane_sums);
+    } else {
+        let sums = |e: usize, ch: usize, mean: T| {
+            let planes =
+                PooledPlanes { grad: grad_pooled, code, winner, first: e * shape.batch * c + ch, stride: c };
+            dispatch_channel_sums(&shape, &planes, mean)
+        };
+        batch_norm_param_grads(&shape, save_mean, save_inv_std, grad_gamma, grad_beta, sums);
+    }
     BatchNormPoolGrad { shape, x, gamma, save_mean, save_inv_std, grad_gamma, grad_beta, grad_pooled, code }
 }
 
@@ -749,29 +766,50 @@ pub(crate) fn relu_batch_norm_param_grads_from_pooled<'a, T: Real>(
     for p in [save_mean, save_inv_std, &*grad_gamma, &*grad_beta] {
         assert_eq!(p.len(), shape.params_len(), "batch norm parameter length");
     }
-    // One task per env, its images in order, each image's channels in order: the same order of additions
-    // per (env, channel) lane as one task per (env, channel), but reading `x` front to back (a plane is one
-    // page, and one task per channel read a page per image: the prefetcher stopped at every one).
     let (c, po) = (shape.channels, shape.pooled_plane());
     let per_channel = train_affine(save_mean, save_inv_std, gamma, beta);
-    let params = grad_gamma.par_chunks_mut(c.max(1)).zip(grad_beta.par_chunks_mut(c.max(1)));
+    let plane_sums = |e: usize, b: usize, ch: usize, sums: [&mut [T; LANES]; 2]| {
+        let plane = (e * shape.batch + b) * c + ch;
+        let windows = plane * po..(plane + 1) * po;
+        let planes = WinnerPlane {
+            x: shape.plane_of(x, e, b, ch),
+            grad: &dy.grad[windows.clone()],
+            argmax: &dy.argmax[windows],
+            share: dy.share[e],
+        };
+        dispatch_winner_sums(&shape, &planes, per_channel(e * c + ch), sums);
+    };
+    param_grads_per_env(&shape, save_inv_std, grad_gamma, grad_beta, plane_sums);
+    SlotPooledNormGrad { shape, x, gamma, beta, save_mean, save_inv_std, grad_gamma, grad_beta, dy }
+}
+
+/// The parameter half of a batch norm's backward (`dβ = Σ dy`, `dγ = Σ dy·(x − mean) · inv_std`), one
+/// task per env: `plane_sums(e, b, ch, [Σ dy, Σ dy·(x − mean)])` adds plane (image `b`, channel `ch`)'s
+/// terms to env `e`'s lanes for that channel, called image by image, each image's channels in order. The
+/// same order of additions per (env, channel) lane as [`batch_norm_param_grads`]' one task per (env,
+/// channel), but reading the planes front to back: one task per channel reads one plane per image a whole
+/// image apart (at 32×32 a plane is exactly one page), and the prefetcher stops at every one.
+fn param_grads_per_env<T: Real>(
+    shape: &NormShape,
+    save_inv_std: &[T],
+    grad_gamma: &mut [T],
+    grad_beta: &mut [T],
+    plane_sums: impl Fn(usize, usize, usize, [&mut [T; LANES]; 2]) + Sync,
+) {
+    let c = shape.channels;
+    if c == 0 {
+        return;
+    }
+    let params = grad_gamma.par_chunks_mut(c).zip(grad_beta.par_chunks_mut(c));
     params.enumerate().for_each(|(e, (d_gamma, d_beta))| {
         T::with_scratch(2 * c * LANES, |lanes| {
             lanes.fill(T::ZERO);
             for b in 0..shape.batch {
                 for (ch, sums) in lanes.chunks_exact_mut(2 * LANES).enumerate() {
-                    let plane = (e * shape.batch + b) * c + ch;
-                    let windows = plane * po..(plane + 1) * po;
-                    let planes = WinnerPlane {
-                        x: shape.plane_of(x, e, b, ch),
-                        grad: &dy.grad[windows.clone()],
-                        argmax: &dy.argmax[windows],
-                        share: dy.share[e],
-                    };
                     let (sum_dy, sum_dy_centered) = sums.split_at_mut(LANES);
                     let sums =
                         [sum_dy, sum_dy_centered].map(|s| <&mut [T; LANES]>::try_from(s).expect("lanes"));
-                    dispatch_winner_sums(&shape, &planes, per_channel(e * c + ch), sums);
+                    plane_sums(e, b, ch, sums);
                 }
             }
             for (ch, sums) in lanes.chunks_exact(2 * LANES).enumerate() {
@@ -781,7 +819,6 @@ pub(crate) fn relu_batch_norm_param_grads_from_pooled<'a, T: Real>(
             }
         });
     });
-    SlotPooledNormGrad { shape, x, gamma, beta, save_mean, save_inv_std, grad_gamma, grad_beta, dy }
 }
 
 /// One plane of a [`SlotPooledGrad`] and the norm's input `x` under it.
@@ -970,25 +1007,64 @@ fn channel_sums<T: Real>(
     for b in 0..shape.batch {
         let start = (planes.first + b * planes.stride) * po;
         let range = start..start + po;
-        let (g, code, z) = (&planes.grad[range.clone()], &planes.code[range.clone()], &planes.winner[range]);
-        let (mut cg, mut ck, mut cz) =
-            (g.chunks_exact(LANES), code.chunks_exact(LANES), z.chunks_exact(LANES));
-        for ((g, k), z) in (&mut cg).zip(&mut ck).zip(&mut cz) {
-            for l in 0..LANES {
-                let keep = k[l] != NO_GRADIENT;
-                sum_dy.lanes[l] += if keep { g[l] } else { T::ZERO };
-                sum_dy_centered.lanes[l] += if keep { g[l] * (z[l] - mean) } else { T::ZERO };
-            }
-        }
-        let rest = cg.remainder().iter().zip(ck.remainder()).zip(cz.remainder());
-        for (l, ((&g, &k), &z)) in rest.enumerate() {
-            if k != NO_GRADIENT {
-                sum_dy.lanes[l] += g;
-                sum_dy_centered.lanes[l] += g * (z - mean);
-            }
-        }
+        let (grad, code, winner) =
+            (&planes.grad[range.clone()], &planes.code[range.clone()], &planes.winner[range]);
+        let plane = PooledPlane { grad, code, winner };
+        pooled_plane_sums(&plane, mean, [&mut sum_dy.lanes, &mut sum_dy_centered.lanes]);
     }
     (sum_dy, sum_dy_centered)
+}
+
+/// One pooled plane of a fused block: its gradient, window codes and winners' pre-norm values.
+struct PooledPlane<'a, T> {
+    grad: &'a [T],
+    code: &'a [u8],
+    winner: &'a [T],
+}
+
+/// Adds one pooled plane's coded winners to the lane sums (see [`channel_sums`]).
+#[inline(always)]
+fn pooled_plane_sums<T: Real>(
+    plane: &PooledPlane<'_, T>,
+    mean: T,
+    [sum_dy_out, sum_dy_centered_out]: [&mut [T; LANES]; 2],
+) {
+    // The sums in locals for the plane (in registers; through the references the loop does not vectorise).
+    let (mut sum_dy, mut sum_dy_centered) = (*sum_dy_out, *sum_dy_centered_out);
+    let (mut cg, mut ck, mut cz) =
+        (plane.grad.chunks_exact(LANES), plane.code.chunks_exact(LANES), plane.winner.chunks_exact(LANES));
+    for ((g, k), z) in (&mut cg).zip(&mut ck).zip(&mut cz) {
+        for l in 0..LANES {
+            let keep = k[l] != NO_GRADIENT;
+            sum_dy[l] += if keep { g[l] } else { T::ZERO };
+            sum_dy_centered[l] += if keep { g[l] * (z[l] - mean) } else { T::ZERO };
+        }
+    }
+    let rest = cg.remainder().iter().zip(ck.remainder()).zip(cz.remainder());
+    for (l, ((&g, &k), &z)) in rest.enumerate() {
+        if k != NO_GRADIENT {
+            sum_dy[l] += g;
+            sum_dy_centered[l] += g * (z - mean);
+        }
+    }
+    (*sum_dy_out, *sum_dy_centered_out) = (sum_dy, sum_dy_centered);
+}
+
+#[inline]
+fn dispatch_pooled_plane_sums<T: Real>(plane: &PooledPlane<'_, T>, mean: T, sums: [&mut [T; LANES]; 2]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        unsafe { pooled_plane_sums_avx2(plane, mean, sums) };
+        return;
+    }
+    pooled_plane_sums(plane, mean, sums);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn pooled_plane_sums_avx2<T: Real>(plane: &PooledPlane<'_, T>, mean: T, sums: [&mut [T; LANES]; 2]) {
+    pooled_plane_sums(plane, mean, sums);
 }
 
 #[inline]
