@@ -370,7 +370,8 @@ fn allocated_seed_buffers_have_the_spec_parameter_counts() {
 /// whose slot r0 runs a seed (by ADD: in runs, the norm's sums and input gradient and the seed's backward
 /// then take the pool's output gradient), with batches that take several runs (32×32 images, 7 per env:
 /// runs of 5 and 2 at block 0). On two threads with two blueprints, each seed's unit (one env) runs its
-/// whole-batch backward from the pooled gradient.
+/// whole-batch backward from the pooled gradient; attention, which takes its gradient whole, gets it from
+/// the blend alone.
 #[test]
 fn host_backward_in_runs_of_images_equals_the_whole_batch_backward() {
     use esper_kernels::host::HostArch;
@@ -380,8 +381,16 @@ fn host_backward_in_runs_of_images_equals_the_whole_batch_backward() {
     let mut s = stream(31);
     let images: Vec<f32> = (0..envs * batch * arch.image_len()).map(|_| s.normal() as f32).collect();
     let labels: Vec<u8> = (0..envs * batch).map(|_| s.below(10) as u8).collect();
-    let (light, heavy) = (CnnBlueprint::ConvLight, CnnBlueprint::ConvHeavy);
-    for (seeds, threads) in [(None, 1), (Some([light, light]), 1), (Some([light, heavy]), 2)] {
+    let (light, heavy, attention) =
+        (CnnBlueprint::ConvLight, CnnBlueprint::ConvHeavy, CnnBlueprint::Attention);
+    let cases = [
+        (None, 1),
+        (Some([light, light]), 1),
+        (Some([light, heavy]), 2),
+        (Some([light, attention]), 1),
+        (Some([attention, heavy]), 2),
+    ];
+    for (seeds, threads) in cases {
         let run = || {
             let slots: &[(u8, u8)] = if seeds.is_some() { &[(0, 0)] } else { &[] };
             let mut bank = SeedBank::new(&arch, envs, slots);
@@ -412,9 +421,6 @@ fn host_backward_in_runs_of_images_equals_the_whole_batch_backward() {
             .slots()
             .map(|p| p.pools.iter().map(|q| q.grads.iter().filter(|g| **g != 0.0).count()).sum::<usize>())
             .sum();
-        assert!(
-            seeds.is_none() || seed_grads > 1000,
-            "seeds {seeds:?}: {seed_grads} non-zero seed gradients"
-        );
+        assert!(seeds.is_none() || seed_grads > 100, "seeds {seeds:?}: {seed_grads} non-zero seed gradients");
     }
 }

@@ -84,11 +84,14 @@ fn world(envs: usize, batch: usize) -> (HostParams<f32>, SeedBank<f32>, Vec<f32>
     (params, bank, images, labels)
 }
 
-/// The bench's state: every env blends a seed by ADD at every slot (conv_light, attention, conv_heavy), so
-/// each slot hands its host gradient back in the pool's terms.
-fn world_all_add(envs: usize, batch: usize) -> (HostParams<f32>, SeedBank<f32>, Vec<f32>, Vec<u8>) {
+/// The bench's state: every env blends a seed by ADD at every slot (`blueprints` in slot order: r0c0,
+/// r0c1, r1c1), so each r0 slot hands its host gradient back in the pool's terms.
+fn world_all_add(
+    envs: usize,
+    batch: usize,
+    blueprints: [CnnBlueprint; 3],
+) -> (HostParams<f32>, SeedBank<f32>, Vec<f32>, Vec<u8>) {
     let (params, mut bank, images, labels) = world(envs, batch);
-    let blueprints = [CnnBlueprint::ConvLight, CnnBlueprint::Attention, CnnBlueprint::ConvHeavy];
     for (slot, bp) in bank.slots_mut().zip(blueprints) {
         for e in 0..envs {
             slot.state[e] = state(SeedMode::Add, bp, 0.5);
@@ -122,8 +125,12 @@ fn a_training_step_allocates_nothing_after_the_first() {
 
 #[test]
 fn a_training_step_with_every_env_blending_by_add_allocates_nothing_after_the_first() {
-    let counts = step_allocations(world_all_add(3, 8), 8);
-    assert_eq!(counts, [0, 0], "allocations in a step with statistics, without");
+    use CnnBlueprint::{Attention, ConvHeavy, ConvLight};
+    // Each conv seed once at an r0 slot (its gradient from the pool's), attention at r0 (from the blend).
+    for blueprints in [[ConvLight, Attention, ConvHeavy], [ConvHeavy, Attention, ConvLight]] {
+        let counts = step_allocations(world_all_add(3, 8, blueprints), 8);
+        assert_eq!(counts, [0, 0], "{blueprints:?}: allocations in a step with statistics, without");
+    }
 }
 
 /// Plans and runs one validation batch twice over `bank` in chunks of `chunk` virtual envs; returns the

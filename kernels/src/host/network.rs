@@ -577,21 +577,7 @@ impl<T: Real> HostWorkspace<T> {
     ) {
         let (conv, norm, pool, arch) =
             (self.conv_shape(b), self.norm_shape(b), self.pool_shape(b), self.arch);
-        // An all-ADD slot r0: its seeds take the pool's output gradient (`grad_a`) and the host's share
-        // stays in the pool's terms (`host_shares`), so no full-size gradient is written for the host.
-        let slot_pooled = !self.blocks[b].fused && {
-            let cur = &mut self.blocks[b];
-            match (&mut cur.r0, &mut bank.r0[b]) {
-                (Some(ws), Some(p)) if ws.active && ws.takes_pooled_gradient() => {
-                    let grad = &self.grad_a[..cur.pooled.len()];
-                    let pooled = SlotOutputGrad::Pooled { pool, grad, argmax: &cur.argmax };
-                    ws.backward_from(p, &cur.block_out, pooled, None);
-                    ws.host_shares(&mut self.host_shares);
-                    true
-                }
-                _ => false,
-            }
-        };
+        let slot_pooled = !self.blocks[b].fused && self.slot_backward_from_pooled(b, pool, bank);
         if !self.blocks[b].fused && !slot_pooled {
             self.pool_and_slot_backward(b, bank);
         }
@@ -672,6 +658,22 @@ impl<T: Real> HostWorkspace<T> {
         if b > 0 {
             std::mem::swap(&mut self.grad_a, &mut self.grad_b);
         }
+    }
+
+    /// Where block `b`'s slot r0 has every env blending by ADD in place: its seeds' backward from the pool's
+    /// output gradient (`grad_a`), the host's share of it into `host_shares`, and true; the host's gradient
+    /// then stays in the pool's terms (no full-size gradient is written for it). False, with nothing run,
+    /// for any other slot.
+    fn slot_backward_from_pooled(&mut self, b: usize, pool: PoolShape, bank: &mut SeedBank<T>) -> bool {
+        let cur = &mut self.blocks[b];
+        let (Some(ws), Some(p)) = (&mut cur.r0, &mut bank.r0[b]) else { return false };
+        if !ws.takes_pooled_gradient() {
+            return false;
+        }
+        let grad = &self.grad_a[..cur.pooled.len()];
+        ws.backward_from(p, &cur.block_out, SlotOutputGrad::Pooled { pool, grad, argmax: &cur.argmax }, None);
+        ws.host_shares(&mut self.host_shares);
+        true
     }
 
     /// Block `b`'s op-by-op backward through its pool (if any) and its slot r0 (if active): from the

@@ -302,11 +302,13 @@ impl<T: Real> SlotWorkspace<T> {
     /// Per env, the host's share `1 − clamp01(α)` of the gradient at an all-ADD slot's output (the ADD
     /// blend's `∂y/∂h`), as the last training forward blended: with [`SlotOutputGrad::Pooled`] and no
     /// `grad_h`, the host's gradient is `g·share` at each pool window's winner, zero elsewhere (what
-    /// [`ops::blend_add_backward_from_pooled`] writes as `grad_h`, the same product). Overwrites `shares`
-    /// (`[E]`); needs [`Self::takes_pooled_gradient`].
+    /// [`ops::blend_add_backward_from_pooled`] writes as `grad_h`, the same product); an env in no group
+    /// passes its gradient through (share 1). Overwrites `shares` (`[E]`); needs
+    /// [`Self::takes_pooled_gradient`].
     pub fn host_shares(&self, shares: &mut [T]) {
         assert!(self.takes_pooled_gradient(), "host shares need an all-ADD slot with every group in place");
         assert_eq!(shares.len(), self.envs, "one share per env");
+        shares.fill(T::ONE);
         for group in self.groups.iter().filter(|g| !g.envs.is_empty()) {
             let e0 = group.first.expect("in place");
             let n = group.envs.len();
@@ -386,6 +388,10 @@ impl<T: Real> SlotWorkspace<T> {
             };
             if group.first.is_none() {
                 fit(&mut group.dh, eb * sample);
+            }
+            // Without `grad_h` the blend only feeds the seed: nothing to do when no env trains it.
+            if grad_h.is_none() && !group.envs.iter().any(|&e| params.state[e].train_seed) {
+                continue;
             }
             // Without `grad_h`, a blueprint whose backward reads its output gradient an image at a time
             // takes it in the pool's terms too: then no blend runs for the group and nothing full-size is

@@ -742,7 +742,8 @@ pub(crate) struct SlotPooledGrad<'a, T> {
 /// [`window_order_param_grads`] with the ReLU (`beta`) for a ReLU output gradient given as a
 /// [`SlotPooledGrad`]: the same bits as `window_order_param_grads` over the full-size gradient the blend
 /// would write (a window's three zeros leave its lane unchanged: a lane starts at `+0`, never becomes
-/// `−0`, and `0·(x − mean)` is `±0` for finite `x`), reading pooled-size data and `x` only. The input
+/// `−0`, and `0·(x − mean)` is `±0` while `x − mean` is finite; where it overflows the variance is
+/// infinite anyway, and NaN payloads are not promised), reading pooled-size data and `x` only. The input
 /// gradient then comes image by image ([`SlotPooledNormGrad::write_image`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn relu_batch_norm_param_grads_from_pooled<'a, T: Real>(
@@ -771,13 +772,13 @@ pub(crate) fn relu_batch_norm_param_grads_from_pooled<'a, T: Real>(
     let plane_sums = |e: usize, b: usize, ch: usize, sums: [&mut [T; LANES]; 2]| {
         let plane = (e * shape.batch + b) * c + ch;
         let windows = plane * po..(plane + 1) * po;
-        let planes = WinnerPlane {
+        let plane = WinnerPlane {
             x: shape.plane_of(x, e, b, ch),
             grad: &dy.grad[windows.clone()],
             argmax: &dy.argmax[windows],
             share: dy.share[e],
         };
-        dispatch_winner_sums(&shape, &planes, per_channel(e * c + ch), sums);
+        dispatch_winner_sums(&shape, &plane, per_channel(e * c + ch), sums);
     };
     param_grads_per_env(&shape, save_inv_std, grad_gamma, grad_beta, plane_sums);
     SlotPooledNormGrad { shape, x, gamma, beta, save_mean, save_inv_std, grad_gamma, grad_beta, dy }

@@ -239,7 +239,8 @@ impl ConvNormRelu {
             });
     }
 
-    /// ∂L/∂out is `grad_out`, or (`None`) `grad`'s content on entry. Writes the parameter gradients and
+    /// ∂L/∂out is `grad_out`: given whole, rebuilt from the pool after the slot's ADD blend, or
+    /// ([`UnitOutputGrad::InGrad`]) `grad`'s content on entry. Writes the parameter gradients and
     /// handles the input gradient as `input_grad` says (with [`InputGrad::IntoGrad`] the input and output
     /// must have the same size, true of every seed unit). The ReLU's mask is recomputed from the conv
     /// output. With at least as many envs as threads the backward runs per env a few images at a time

@@ -226,7 +226,9 @@ fn residual_input_grad<'a, T: Real>(
             gx.copy_from_slice(grad_y);
             InputGrad::AccumulateInto(gx)
         }
-        (Some(_), SeedOutputGrad::Pooled(_)) => panic!("a pooled output gradient is for an isolated seed"),
+        (Some(_), SeedOutputGrad::Pooled(_)) => {
+            unreachable!("backward_from: a pooled gradient has no grad_x")
+        }
         (None, _) => InputGrad::Skip,
     }
 }
