@@ -7,7 +7,7 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use super::parity::{Device, ParityError};
+use super::parity::{Device, ParityError, elementwise, push_dims};
 use crate::host::{HostArch, HostParams};
 
 /// Block `b`'s parameters and running statistics on the device, each `[E, …]`.
@@ -97,16 +97,14 @@ impl DeviceHost {
             };
             let size = arch.block_size(b) as u32;
             let (c_in, c_out) = (arch.block_in_channels(b) as u32, arch.block_channels(b) as u32);
-            let (k, groups) = (arch.kernel_size as u32, 1u32);
-            let pad = k / 2;
+            let k = arch.kernel_size as u32;
             let act_len = block.act.len();
 
-            // conv2d_forward: the twin of ops::conv::conv2d_forward.
+            // conv2d_forward: the twin of ops::conv::conv2d_forward (padding k / 2, one group).
+            let dims = [envs, batch, c_in, c_out, size, size, k, k / 2, 1];
             let mut launch = stream.launch_builder(device.function("conv2d_forward_f32"));
             launch.arg(input).arg(&block.conv).arg(&mut block.conv_out);
-            for d in [&envs, &batch, &c_in, &c_out, &size, &size, &k, &pad, &groups] {
-                launch.arg(d);
-            }
+            push_dims(&mut launch, &dims);
             unsafe { launch.launch(elementwise(act_len)) }?;
 
             // Batch norm with the running statistics, the ReLU fused (eval = 1, relu = 1).
@@ -156,9 +154,4 @@ impl DeviceHost {
     pub fn correct(&self, device: &Device) -> Result<Vec<u32>, ParityError> {
         Ok(device.stream.clone_dtoh(&self.correct)?)
     }
-}
-
-/// A grid-stride launch over `n` elements (the kernels' FOR_EACH loops).
-fn elementwise(n: usize) -> LaunchConfig {
-    LaunchConfig::for_num_elems(n.clamp(1, 1 << 24) as u32)
 }

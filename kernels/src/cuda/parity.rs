@@ -105,14 +105,14 @@ fn values(s: &mut Stream, n: usize, lo: f64, hi: f64) -> Vec<f32> {
 }
 
 /// Appends a kernel's shape arguments (`u32` each, in the kernel's parameter order) to a launch.
-fn push_dims<'a>(launch: &mut LaunchArgs<'a>, dims: &'a [u32]) {
+pub(super) fn push_dims<'a>(launch: &mut LaunchArgs<'a>, dims: &'a [u32]) {
     for d in dims {
         launch.arg(d);
     }
 }
 
 /// A grid-stride launch of `n` elements (the FOR_EACH kernels).
-fn elementwise(n: usize) -> LaunchConfig {
+pub(super) fn elementwise(n: usize) -> LaunchConfig {
     LaunchConfig::for_num_elems(n.min(1 << 24) as u32)
 }
 

@@ -9,6 +9,7 @@ use super::arch::HostArch;
 use super::params::{HostParams, Stacked};
 use super::seed_bank::{SeedBank, SlotParams};
 use super::slot::{SlotOutputGrad, SlotWorkspace};
+use crate::ops::fused::BlockNormGrad;
 use crate::ops::{self, ClassifierShape, Conv2dShape, LinearShape, NormShape, PoolShape, Real};
 
 /// One block's activations.
@@ -589,8 +590,8 @@ impl<T: Real> HostWorkspace<T> {
         };
         let grad_input = (b > 0).then(|| &mut grad_b[..input.len()]);
         let (gamma, weight) = (params.gamma(b), params.conv(b));
-        if cur.fused {
-            let dx = ops::fused::batch_norm_relu_max_pool_param_grads(
+        let dx = if cur.fused {
+            BlockNormGrad::Fused(ops::fused::batch_norm_relu_max_pool_param_grads(
                 norm,
                 &cur.conv_out,
                 gamma,
@@ -601,24 +602,14 @@ impl<T: Real> HostWorkspace<T> {
                 &cur.winner,
                 gamma_grad,
                 beta_grad,
-            );
-            let dy_image = |i: usize, scratch: &mut [T], dy: &mut [T]| dx.write_image(i, scratch, dy);
-            ops::conv::conv2d_backward_from_images(
-                conv,
-                input,
-                weight,
-                conv_w,
-                grad_input,
-                dx.scratch_len(),
-                dy_image,
-            );
+            ))
         } else if slot_pooled {
             let dy = ops::fused::SlotPooledGrad {
                 grad: &grad_a[..cur.pooled.len()],
                 argmax: &cur.argmax,
                 share: host_shares,
             };
-            let dx = ops::fused::relu_batch_norm_param_grads_from_pooled(
+            BlockNormGrad::SlotPooled(ops::fused::relu_batch_norm_param_grads_from_pooled(
                 norm,
                 &cur.conv_out,
                 gamma,
@@ -628,20 +619,10 @@ impl<T: Real> HostWorkspace<T> {
                 dy,
                 gamma_grad,
                 beta_grad,
-            );
-            let dy_image = |i: usize, scratch: &mut [T], dy: &mut [T]| dx.write_image(i, scratch, dy);
-            ops::conv::conv2d_backward_from_images(
-                conv,
-                input,
-                weight,
-                conv_w,
-                grad_input,
-                dx.scratch_len(),
-                dy_image,
-            );
+            ))
         } else {
             // The ReLU's backward is taken inside the norm's (the same bits, one pass fewer).
-            let dx = ops::fused::window_order_param_grads(
+            BlockNormGrad::Whole(ops::fused::window_order_param_grads(
                 norm,
                 &cur.conv_out,
                 gamma,
@@ -651,10 +632,11 @@ impl<T: Real> HostWorkspace<T> {
                 &grad_a[..cur.block_out.len()],
                 gamma_grad,
                 beta_grad,
-            );
-            let dy_image = |i: usize, _: &mut [T], dy: &mut [T]| dx.write_image(i, dy);
-            ops::conv::conv2d_backward_from_images(conv, input, weight, conv_w, grad_input, 0, dy_image);
-        }
+            ))
+        };
+        let dy_image = |i: usize, scratch: &mut [T], dy: &mut [T]| dx.write_image(i, scratch, dy);
+        let scratch = dx.scratch_len();
+        ops::conv::conv2d_backward_from_images(conv, input, weight, conv_w, grad_input, scratch, dy_image);
         if b > 0 {
             std::mem::swap(&mut self.grad_a, &mut self.grad_b);
         }

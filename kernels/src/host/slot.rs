@@ -393,20 +393,20 @@ impl<T: Real> SlotWorkspace<T> {
             if grad_h.is_none() && !group.envs.iter().any(|&e| params.state[e].train_seed) {
                 continue;
             }
-            // Without `grad_h`, a blueprint whose backward reads its output gradient an image at a time
-            // takes it in the pool's terms too: then no blend runs for the group and nothing full-size is
-            // written.
-            let seed_pooled = match grad_out {
-                SlotOutputGrad::Pooled { pool, grad, argmax }
-                    if grad_h.is_none() && seeds::takes_pooled_gradient(bp) =>
-                {
+            // A pooled output gradient: the group's envs' windows (every group is in place and all ADD).
+            let pooled = match grad_out {
+                SlotOutputGrad::Pooled { pool, grad, argmax } => {
                     let e0 = group.first.expect("in place");
                     let per_env = pool.max_pool_output_len() / pool.envs;
                     let windows = e0 * per_env..(e0 + eb) * per_env;
-                    Some((&grad[windows.clone()], &argmax[windows]))
+                    Some((PoolShape { envs: eb, ..pool }, &grad[windows.clone()], &argmax[windows]))
                 }
-                _ => None,
+                SlotOutputGrad::Whole(_) => None,
             };
+            // Without `grad_h`, a blueprint whose backward reads its output gradient an image at a time
+            // takes it in the pool's terms too: then no blend runs for the group and nothing full-size is
+            // written.
+            let seed_pooled = pooled.filter(|_| grad_h.is_none() && seeds::takes_pooled_gradient(bp));
             let ds = fit(&mut group.ds, eb * sample);
             for (m, &mode) in MODES.iter().enumerate() {
                 let r = group.ranges[m].clone();
@@ -436,16 +436,10 @@ impl<T: Real> SlotWorkspace<T> {
                     None => Some(&mut group.dh[rows.clone()]),
                 };
                 match mode {
-                    SeedMode::Add => match grad_out {
-                        SlotOutputGrad::Whole(_) => {
-                            ops::blend_add_backward(bs, a, dys(), dhs.expect(NEEDS_GRAD_H), dss)
-                        }
-                        SlotOutputGrad::Pooled { pool, grad, argmax } => {
-                            let e0 = group.first.expect("in place") + r.start;
-                            let per_env = pool.max_pool_output_len() / pool.envs;
-                            let windows = e0 * per_env..(e0 + n) * per_env;
-                            let pool = PoolShape { envs: n, ..pool };
-                            let (g, k) = (&grad[windows.clone()], &argmax[windows]);
+                    SeedMode::Add => match pooled {
+                        None => ops::blend_add_backward(bs, a, dys(), dhs.expect(NEEDS_GRAD_H), dss),
+                        Some((pool, g, k)) => {
+                            assert_eq!(r, 0..eb, "a pooled output gradient: the whole group blends by ADD");
                             ops::blend_add_backward_from_pooled(bs, pool, a, g, k, dhs, dss)
                         }
                     },
@@ -501,7 +495,7 @@ impl<T: Real> SlotWorkspace<T> {
             let gp = fit(&mut group.grad_params, eb * len);
             let grad_y = match seed_pooled {
                 // The blend's `ds` (`g·a` at each winner), as `blend_add_backward_from_pooled` forms it.
-                Some((grad, argmax)) => {
+                Some((_, grad, argmax)) => {
                     SeedOutputGrad::Pooled(PooledSeedGrad { grad, argmax, amplitude: &group.clamped[..eb] })
                 }
                 None => SeedOutputGrad::Whole(&group.ds[..eb * sample]),

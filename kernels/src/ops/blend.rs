@@ -15,7 +15,7 @@
 
 use rayon::prelude::*;
 
-use super::pool::{PoolShape, for_each_argmax};
+use super::pool::{PoolShape, unpool_image};
 use super::real::{LaneSums, Real, clamp01, clamp01_grad};
 
 /// Shape of a blend: `[E, B, F]`.
@@ -147,28 +147,19 @@ pub fn blend_add_backward_from_pooled<T: Real>(
     if shape.is_empty() {
         return;
     }
-    let (f, out_image) = (shape.features, pool.max_pool_output_len() / (shape.envs * shape.batch));
-    let image = |i: usize| {
-        let w = i * out_image..(i + 1) * out_image;
-        (alpha.clamped(i, shape.batch), &grad_pooled[w.clone()], &argmax[w])
-    };
+    let f = shape.features;
+    let (g, code) = (grad_pooled, argmax);
     match grad_h {
         Some(grad_h) => {
             grad_h.par_chunks_mut(f).zip(grad_s.par_chunks_mut(f)).enumerate().for_each(|(i, (dh, ds))| {
-                let (a, g, argmax) = image(i);
-                dh.fill(T::ZERO);
-                ds.fill(T::ZERO);
-                for_each_argmax(&pool, argmax, |o, at| {
-                    let dy = g[o];
-                    dh[at] = dy * (T::ONE - a);
-                    ds[at] = dy * a;
-                });
+                let a = alpha.clamped(i, shape.batch);
+                unpool_image(&pool, i, g, code, |dy| dy * (T::ONE - a), dh);
+                unpool_image(&pool, i, g, code, |dy| dy * a, ds);
             })
         }
         None => grad_s.par_chunks_mut(f).enumerate().for_each(|(i, ds)| {
-            let (a, g, argmax) = image(i);
-            ds.fill(T::ZERO);
-            for_each_argmax(&pool, argmax, |o, at| ds[at] = g[o] * a);
+            let a = alpha.clamped(i, shape.batch);
+            unpool_image(&pool, i, g, code, |dy| dy * a, ds);
         }),
     }
 }

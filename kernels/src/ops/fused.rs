@@ -30,10 +30,10 @@ use rayon::prelude::*;
 
 use super::activation::relu;
 use super::norm::{
-    DxConsts, NormInputGrad, NormShape, affine, batch_norm_param_grads,
+    DxConsts, NormDx, NormInputGrad, NormShape, affine, batch_norm_param_grads,
     batch_norm_param_grads_then_input_grad, eval_affine, normalize, save_batch_stats, train_affine,
 };
-use super::pool::{PoolShape, V, for_each_argmax, gather_windows, winners};
+use super::pool::{PoolShape, V, gather_windows, unpool_image, winners};
 use super::real::{LANES, LaneSums, Real};
 
 /// Window code: no gradient flows through this window (its pooled ReLU output is 0 or NaN).
@@ -660,15 +660,12 @@ fn window_order_sums<T: Real>(
         let (x_top, x_bottom) = x[rows].split_at(w);
         let rows = [dy_top, dy_bottom, x_top, x_bottom];
         let mut ox = 0;
-        // Runs of windows that fill whole lane groups go through fixed-size arrays (they vectorise).
         while ox < wo {
-            let lane = (oy * wo + ox) % LANES;
+            let (lane, n) = window_run(oy, wo, ox);
             let sums = [&mut sum_dy.lanes, &mut sum_dy_centered.lanes];
-            ox += match wo - ox {
-                n if lane == 0 && n >= V => add_windows::<T, V>(rows, ox, lane, mean, sums, keep),
-                n if lane.is_multiple_of(V / 2) && n >= V / 2 => {
-                    add_windows::<T, { V / 2 }>(rows, ox, lane, mean, sums, keep)
-                }
+            ox += match n {
+                V => add_windows::<T, V>(rows, ox, lane, mean, sums, keep),
+                HALF_V => add_windows::<T, HALF_V>(rows, ox, lane, mean, sums, keep),
                 _ => add_windows::<T, 1>(rows, ox, lane, mean, sums, keep),
             };
         }
@@ -687,6 +684,23 @@ fn window_order_sums<T: Real>(
             }
         }
     }
+}
+
+/// Half a window run.
+const HALF_V: usize = V / 2;
+
+/// The window run that starts at window `ox` of row `oy` (of `wo` windows) in window order: its first
+/// lane, `(oy·wo + ox) % LANES`, and its length — `V` windows from lane 0, `V/2` from a multiple of
+/// `V/2`, else one — so runs that fill whole lane groups go through fixed-size arrays (they vectorise).
+#[inline(always)]
+fn window_run(oy: usize, wo: usize, ox: usize) -> (usize, usize) {
+    let lane = (oy * wo + ox) % LANES;
+    let n = match wo - ox {
+        n if lane == 0 && n >= V => V,
+        n if lane.is_multiple_of(HALF_V) && n >= HALF_V => HALF_V,
+        _ => 1,
+    };
+    (lane, n)
 }
 
 /// Adds `N` windows from window `ox` of a row pair (`rows = [dy_top, dy_bottom, x_top, x_bottom]`) to
@@ -781,7 +795,8 @@ pub(crate) fn relu_batch_norm_param_grads_from_pooled<'a, T: Real>(
         dispatch_winner_sums(&shape, &plane, per_channel(e * c + ch), sums);
     };
     param_grads_per_env(&shape, save_inv_std, grad_gamma, grad_beta, plane_sums);
-    SlotPooledNormGrad { shape, x, gamma, beta, save_mean, save_inv_std, grad_gamma, grad_beta, dy }
+    let norm = NormDx::new(shape, x, gamma, Some(beta), save_mean, save_inv_std, grad_gamma, grad_beta);
+    SlotPooledNormGrad { norm, dy }
 }
 
 /// The parameter half of a batch norm's backward (`dβ = Σ dy`, `dγ = Σ dy·(x − mean) · inv_std`), one
@@ -852,13 +867,11 @@ fn winner_sums<T: Real>(
         let rows = WinnerRow { x_top, x_bottom, g, code, share: plane.share, mean };
         let mut ox = 0;
         while ox < wo {
-            let lane = (oy * wo + ox) % LANES;
+            let (lane, n) = window_run(oy, wo, ox);
             let sums = [&mut sum_dy, &mut sum_dy_centered];
-            ox += match wo - ox {
-                n if lane == 0 && n >= V => add_winners::<T, V>(&rows, ox, lane, sums, keep),
-                n if lane.is_multiple_of(V / 2) && n >= V / 2 => {
-                    add_winners::<T, { V / 2 }>(&rows, ox, lane, sums, keep)
-                }
+            ox += match n {
+                V => add_winners::<T, V>(&rows, ox, lane, sums, keep),
+                HALF_V => add_winners::<T, HALF_V>(&rows, ox, lane, sums, keep),
                 _ => add_winners::<T, 1>(&rows, ox, lane, sums, keep),
             };
         }
@@ -920,61 +933,67 @@ fn add_winners<T: Real, const N: usize>(
     N
 }
 
+/// A pooled block's batch-norm input gradient, image by image, once its parameter gradients are known:
+/// fused, from an all-ADD slot's pooled gradient, or from the whole gradient at the ReLU's output. What
+/// [`conv2d_backward_from_images`](super::conv::conv2d_backward_from_images) reads in a block's backward.
+pub(crate) enum BlockNormGrad<'a, T> {
+    Fused(BatchNormPoolGrad<'a, T>),
+    SlotPooled(SlotPooledNormGrad<'a, T>),
+    Whole(NormInputGrad<'a, T>),
+}
+
+impl<T: Real> BlockNormGrad<'_, T> {
+    /// Scratch elements [`Self::write_image`] needs.
+    pub(crate) fn scratch_len(&self) -> usize {
+        match self {
+            BlockNormGrad::Fused(g) => g.scratch_len(),
+            BlockNormGrad::SlotPooled(g) => g.scratch_len(),
+            BlockNormGrad::Whole(_) => 0,
+        }
+    }
+
+    /// Writes image `i`'s input gradient into `dx_img`; `scratch` holds [`Self::scratch_len`].
+    #[inline]
+    pub(crate) fn write_image(&self, i: usize, scratch: &mut [T], dx_img: &mut [T]) {
+        match self {
+            BlockNormGrad::Fused(g) => g.write_image(i, scratch, dx_img),
+            BlockNormGrad::SlotPooled(g) => g.write_image(i, scratch, dx_img),
+            BlockNormGrad::Whole(g) => g.write_image(i, dx_img),
+        }
+    }
+}
+
 /// The gradient at the batch norm's input of a pooled block with an all-ADD slot, a plane at a time,
 /// from the pool's output gradient and the parameter gradients.
 #[derive(Clone, Copy)]
 pub(crate) struct SlotPooledNormGrad<'a, T> {
-    shape: NormShape,
-    x: &'a [T],
-    gamma: &'a [T],
-    beta: &'a [T],
-    save_mean: &'a [T],
-    save_inv_std: &'a [T],
-    grad_gamma: &'a [T],
-    grad_beta: &'a [T],
+    norm: NormDx<'a, T>,
     dy: SlotPooledGrad<'a, T>,
 }
 
 impl<T: Real> SlotPooledNormGrad<'_, T> {
     /// Scratch elements [`Self::write_image`] needs: one plane.
     pub(crate) fn scratch_len(&self) -> usize {
-        self.shape.plane()
+        self.norm.shape().plane()
     }
 
     /// Writes image `i`'s (`e·B + b`) input gradient, `[C, H, W]`, into `dx_img`; `scratch` holds
     /// [`Self::scratch_len`]. Per plane the ReLU output gradient is rebuilt in `scratch` (zero, then
-    /// `g·share` at each winner: the blend's `grad_h`) and goes through
-    /// [`NormInputGrad::write_image`]'s arithmetic.
+    /// `g·share` at each winner: the blend's `grad_h`) and goes through [`NormDx::write_plane`], as the
+    /// whole gradient would.
     #[inline]
     pub(crate) fn write_image(&self, i: usize, scratch: &mut [T], dx_img: &mut [T]) {
-        let s = &self.shape;
+        let s = *self.norm.shape();
         assert_eq!(dx_img.len(), s.image(), "one image of the input gradient");
-        let (plane, po) = (s.plane(), s.pooled_plane());
-        let e = i / s.batch;
-        let n = T::from_usize(s.batch * plane);
-        let per_channel = train_affine(self.save_mean, self.save_inv_std, self.gamma, self.beta);
+        if s.plane() == 0 {
+            return;
+        }
+        let share = self.dy.share[i / s.batch];
         let pool = PoolShape { envs: 1, batch: 1, channels: 1, h: s.h, w: s.w };
-        for (ch, dx) in dx_img.chunks_exact_mut(plane).enumerate() {
-            let p = e * s.channels + ch;
-            let k = DxConsts::new(
-                self.gamma,
-                self.save_mean,
-                self.save_inv_std,
-                self.grad_gamma,
-                self.grad_beta,
-                n,
-                p,
-            );
-            let at = i * s.channels + ch;
-            let windows = at * po..(at + 1) * po;
-            let (g, code) = (&self.dy.grad[windows.clone()], &self.dy.argmax[windows]);
-            let x = &self.x[at * plane..(at + 1) * plane];
-            let dy = &mut scratch[..plane];
-            dy.fill(T::ZERO);
-            let share = self.dy.share[e];
-            for_each_argmax(&pool, code, |o, pos| dy[pos] = g[o] * share);
-            let (mean, scale, shift) = per_channel(p);
-            dispatch_input_grad(&k, x, dy, dx, (mean, scale, shift));
+        let dy = &mut scratch[..s.plane()];
+        for (ch, dx) in dx_img.chunks_exact_mut(s.plane()).enumerate() {
+            unpool_image(&pool, i * s.channels + ch, self.dy.grad, self.dy.argmax, |g| g * share, dy);
+            self.norm.write_plane(i, ch, dy, dx);
         }
     }
 }
@@ -1177,35 +1196,6 @@ fn winner_sums_avx2<T: Real>(
     sums: [&mut [T; LANES]; 2],
 ) {
     winner_sums(shape, plane, affine, sums);
-}
-
-/// The input gradient of one plane with the ReLU's mask (`affine`: the norm's `(mean, scale, shift)`).
-#[inline]
-fn dispatch_input_grad<T: Real>(k: &DxConsts<T>, x: &[T], dy: &[T], dx: &mut [T], affine: (T, T, T)) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2 (checked just above).
-        unsafe { input_grad_avx2(k, x, dy, dx, affine) };
-        return;
-    }
-    relu_input_grad(k, x, dy, dx, affine);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn input_grad_avx2<T: Real>(k: &DxConsts<T>, x: &[T], dy: &[T], dx: &mut [T], affine: (T, T, T)) {
-    relu_input_grad(k, x, dy, dx, affine);
-}
-
-#[inline(always)]
-fn relu_input_grad<T: Real>(
-    k: &DxConsts<T>,
-    x: &[T],
-    dy: &[T],
-    dx: &mut [T],
-    (mean, scale, shift): (T, T, T),
-) {
-    k.input_grad(x, dy, dx, |v| affine(v, mean, scale, shift) > T::ZERO);
 }
 
 #[cfg(test)]

@@ -285,7 +285,7 @@ pub(crate) fn batch_norm_param_grads_then_input_grad<'a, T: Real>(
         assert_eq!(beta.len(), shape.params_len(), "batch norm parameter length");
     }
     batch_norm_param_grads(&shape, save_mean, save_inv_std, grad_gamma, grad_beta, sums);
-    NormInputGrad {
+    let dx = NormDx {
         shape,
         x,
         gamma,
@@ -294,13 +294,15 @@ pub(crate) fn batch_norm_param_grads_then_input_grad<'a, T: Real>(
         save_inv_std,
         d_gamma: grad_gamma,
         d_beta: grad_beta,
-        grad_output,
-    }
+    };
+    NormInputGrad { dx, grad_output }
 }
 
-/// A batch norm's input gradient once its parameter gradients are known, image by image.
+/// A batch norm's input gradient once its parameter gradients are known, a plane at a time from the
+/// gradient at its output (at the ReLU's output with `relu_beta`, see
+/// [`batch_norm_param_grads_then_input_grad`]).
 #[derive(Clone, Copy)]
-pub(crate) struct NormInputGrad<'a, T> {
+pub(crate) struct NormDx<'a, T> {
     shape: NormShape,
     x: &'a [T],
     gamma: &'a [T],
@@ -309,18 +311,95 @@ pub(crate) struct NormInputGrad<'a, T> {
     save_inv_std: &'a [T],
     d_gamma: &'a [T],
     d_beta: &'a [T],
+}
+
+impl<'a, T: Real> NormDx<'a, T> {
+    /// The writer for parameter gradients `d_gamma`, `d_beta` already computed (each `[E, C]`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        shape: NormShape,
+        x: &'a [T],
+        gamma: &'a [T],
+        relu_beta: Option<&'a [T]>,
+        save_mean: &'a [T],
+        save_inv_std: &'a [T],
+        d_gamma: &'a [T],
+        d_beta: &'a [T],
+    ) -> Self {
+        assert_eq!(x.len(), shape.len(), "batch norm activation length");
+        for p in [gamma, save_mean, save_inv_std, d_gamma, d_beta].into_iter().chain(relu_beta) {
+            assert_eq!(p.len(), shape.params_len(), "batch norm parameter length");
+        }
+        Self { shape, x, gamma, relu_beta, save_mean, save_inv_std, d_gamma, d_beta }
+    }
+
+    pub(crate) fn shape(&self) -> &NormShape {
+        &self.shape
+    }
+
+    /// Writes plane (image `i = e·B + b`, channel `ch`) of the input gradient into `dx` from that plane of
+    /// the output gradient, `dy`.
+    #[inline]
+    pub(crate) fn write_plane(&self, i: usize, ch: usize, dy: &[T], dx: &mut [T]) {
+        let shape = &self.shape;
+        let (c, plane) = (shape.channels, shape.plane());
+        let n = T::from_usize(shape.batch * plane);
+        let p = (i / shape.batch) * c + ch;
+        let (gamma, mean, inv_std) = (self.gamma, self.save_mean, self.save_inv_std);
+        let k = DxConsts::new(gamma, mean, inv_std, self.d_gamma, self.d_beta, n, p);
+        let at = (i * c + ch) * plane;
+        let x = &self.x[at..at + plane];
+        let relu = self.relu_beta.map(|beta| train_affine(mean, inv_std, gamma, beta)(p));
+        dispatch_input_grad(&k, x, dy, dx, relu);
+    }
+}
+
+/// [`DxConsts::input_grad`] over one plane, with the ReLU's mask where `relu` gives the norm's
+/// `(mean, scale, shift)`, in an AVX2 build where the CPU has it (the same operations in the same order,
+/// so the same bits).
+#[inline]
+fn dispatch_input_grad<T: Real>(k: &DxConsts<T>, x: &[T], dy: &[T], dx: &mut [T], relu: Option<(T, T, T)>) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        unsafe { input_grad_avx2(k, x, dy, dx, relu) };
+        return;
+    }
+    input_grad(k, x, dy, dx, relu);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn input_grad_avx2<T: Real>(k: &DxConsts<T>, x: &[T], dy: &[T], dx: &mut [T], relu: Option<(T, T, T)>) {
+    input_grad(k, x, dy, dx, relu);
+}
+
+#[inline(always)]
+fn input_grad<T: Real>(k: &DxConsts<T>, x: &[T], dy: &[T], dx: &mut [T], relu: Option<(T, T, T)>) {
+    match relu {
+        None => k.input_grad(x, dy, dx, |_| true),
+        Some((mean, scale, shift)) => k.input_grad(x, dy, dx, |v| affine(v, mean, scale, shift) > T::ZERO),
+    }
+}
+
+/// A batch norm's input gradient once its parameter gradients are known, image by image, from the whole
+/// gradient at its output.
+#[derive(Clone, Copy)]
+pub(crate) struct NormInputGrad<'a, T> {
+    dx: NormDx<'a, T>,
     grad_output: &'a [T],
 }
 
 impl<T: Real> NormInputGrad<'_, T> {
     /// Writes every image's input gradient into `grad_input` (`[E, B, C, H, W]`), one task per image.
     pub(crate) fn write_all(&self, grad_input: &mut [T]) {
-        assert_eq!(grad_input.len(), self.shape.len(), "batch norm activation length");
-        if self.shape.is_empty() {
+        let shape = self.dx.shape;
+        assert_eq!(grad_input.len(), shape.len(), "batch norm activation length");
+        if shape.is_empty() {
             return;
         }
         grad_input
-            .par_chunks_mut(self.shape.image())
+            .par_chunks_mut(shape.image())
             .enumerate()
             .for_each(|(i, dx_img)| self.write_image(i, dx_img));
     }
@@ -328,26 +407,15 @@ impl<T: Real> NormInputGrad<'_, T> {
     /// Writes image `i`'s (`e·B + b`) input gradient, `[C, H, W]`, into `dx_img`.
     #[inline]
     pub(crate) fn write_image(&self, i: usize, dx_img: &mut [T]) {
-        let shape = &self.shape;
-        let (c, plane) = (shape.channels, shape.plane());
+        let shape = &self.dx.shape;
         assert_eq!(dx_img.len(), shape.image(), "one image of the input gradient");
-        let n = T::from_usize(shape.batch * plane);
-        let e = i / shape.batch;
-        let range = i * shape.image()..(i + 1) * shape.image();
-        let (x_img, dy_img) = (&self.x[range.clone()], &self.grad_output[range]);
-        let (gamma, mean, inv_std) = (self.gamma, self.save_mean, self.save_inv_std);
-        for ch in 0..c {
-            let p = e * c + ch;
-            let k = DxConsts::new(gamma, mean, inv_std, self.d_gamma, self.d_beta, n, p);
-            let range = ch * plane..(ch + 1) * plane;
-            let (x, dy, dx) = (&x_img[range.clone()], &dy_img[range.clone()], &mut dx_img[range]);
-            match self.relu_beta {
-                None => k.input_grad(x, dy, dx, |_| true),
-                Some(beta) => {
-                    let (mean, scale, shift) = train_affine(mean, inv_std, gamma, beta)(p);
-                    k.input_grad(x, dy, dx, |v| affine(v, mean, scale, shift) > T::ZERO)
-                }
-            }
+        if shape.plane() == 0 {
+            return;
+        }
+        let dy_img = &self.grad_output[i * shape.image()..(i + 1) * shape.image()];
+        let planes = dx_img.chunks_exact_mut(shape.plane()).zip(dy_img.chunks_exact(shape.plane()));
+        for (ch, (dx, dy)) in planes.enumerate() {
+            self.dx.write_plane(i, ch, dy, dx);
         }
     }
 }

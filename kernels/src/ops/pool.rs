@@ -142,23 +142,40 @@ pub fn max_pool2x2_backward<T: Real>(
     assert_eq!(grad_input.len(), shape.input_len(), "max pool input gradient length");
     assert_eq!(grad_output.len(), shape.max_pool_output_len(), "max pool output gradient length");
     assert_eq!(argmax.len(), grad_output.len(), "max pool argmax length");
-    let (h, w, ho, wo) = (shape.h, shape.w, shape.h / 2, shape.w / 2);
+    let (h, w) = (shape.h, shape.w);
     let in_image = shape.channels * h * w;
     if in_image == 0 {
         return;
     }
-    let out_image = shape.channels * ho * wo;
     grad_input.par_chunks_mut(in_image).enumerate().for_each(|(i, dx_img)| {
-        dx_img.fill(T::ZERO);
-        let dy_img = &grad_output[i * out_image..(i + 1) * out_image];
-        for_each_argmax(&shape, &argmax[i * out_image..(i + 1) * out_image], |o, at| dx_img[at] = dy_img[o]);
+        unpool_image(&shape, i, grad_output, argmax, |g| g, dx_img);
     });
+}
+
+/// Image `i`'s 2×2 max-pool input gradient (`C·H·W` of `shape`, overwrites `dst`) from the pool's output
+/// gradient `g` and winners `argmax` (whole tensors, `[…, C, H/2, W/2]`): `f(g[o])` at each window's
+/// winner, `+0` everywhere else (an odd plane's dropped row and column included).
+#[inline(always)]
+pub(crate) fn unpool_image<T: Real>(
+    shape: &PoolShape,
+    i: usize,
+    g: &[T],
+    argmax: &[u8],
+    f: impl Fn(T) -> T,
+    dst: &mut [T],
+) {
+    assert_eq!(dst.len(), shape.channels * shape.h * shape.w, "one image of the max pool's input gradient");
+    let windows = shape.channels * (shape.h / 2) * (shape.w / 2);
+    let image = i * windows..(i + 1) * windows;
+    let (g, argmax) = (&g[image.clone()], &argmax[image]);
+    dst.fill(T::ZERO);
+    for_each_argmax(shape, argmax, |o, at| dst[at] = f(g[o]));
 }
 
 /// Calls `f(o, at)` for every window `o` of one image's 2×2 max pool (`argmax` of one image, `C·H/2·W/2`)
 /// with the position `at` of its winner in the image (`C·H·W`): where the window's gradient goes.
 #[inline(always)]
-pub(crate) fn for_each_argmax(shape: &PoolShape, argmax: &[u8], mut f: impl FnMut(usize, usize)) {
+fn for_each_argmax(shape: &PoolShape, argmax: &[u8], mut f: impl FnMut(usize, usize)) {
     let (h, w, ho, wo) = (shape.h, shape.w, shape.h / 2, shape.w / 2);
     assert_eq!(argmax.len(), shape.channels * ho * wo, "one image's max pool argmax");
     for c in 0..shape.channels {

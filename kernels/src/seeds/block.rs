@@ -11,7 +11,7 @@ use crate::ops::norm::{
     group_norm_image_backward_carried, group_norm_image_forward, group_norm_param_grads,
     group_norm_relu_mask_image,
 };
-use crate::ops::pool::for_each_argmax;
+use crate::ops::pool::unpool_image;
 use crate::ops::real::LANES;
 use crate::ops::{
     Conv2dShape, NormShape, PoolShape, Real, conv2d_backward_input, conv2d_backward_input_accumulate,
@@ -69,15 +69,9 @@ impl<T: Real> PooledSeedGrad<'_, T> {
     /// Writes image `i`'s (`e·B + b`) gradient (`[C, H, W]` of `c`) into `dst`.
     #[inline]
     pub(crate) fn write_image(&self, c: &Conv2dShape, i: usize, dst: &mut [T]) {
-        let (h, w) = (c.h_out(), c.w_out());
-        let windows = c.c_out * (h / 2) * (w / 2);
-        assert_eq!(dst.len(), c.c_out * h * w, "one image of the seed's output gradient");
-        let (g, code) =
-            (&self.grad[i * windows..(i + 1) * windows], &self.argmax[i * windows..(i + 1) * windows]);
+        let pool = PoolShape { envs: 1, batch: 1, channels: c.c_out, h: c.h_out(), w: c.w_out() };
         let a = self.amplitude[i / c.batch];
-        let pool = PoolShape { envs: 1, batch: 1, channels: c.c_out, h, w };
-        dst.fill(T::ZERO);
-        for_each_argmax(&pool, code, |o, at| dst[at] = g[o] * a);
+        unpool_image(&pool, i, self.grad, self.argmax, |g| g * a, dst);
     }
 
     fn check(&self, c: &Conv2dShape) {
