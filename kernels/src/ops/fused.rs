@@ -795,7 +795,9 @@ pub(crate) fn relu_batch_norm_param_grads_from_pooled<'a, T: Real>(
         dispatch_winner_sums(&shape, &plane, per_channel(e * c + ch), sums);
     };
     param_grads_per_env(&shape, save_inv_std, grad_gamma, grad_beta, plane_sums);
-    let norm = NormDx::new(shape, x, gamma, Some(beta), save_mean, save_inv_std, grad_gamma, grad_beta);
+    let relu_beta = Some(beta);
+    let (d_gamma, d_beta) = (&*grad_gamma, &*grad_beta);
+    let norm = NormDx { shape, x, gamma, relu_beta, save_mean, save_inv_std, d_gamma, d_beta };
     SlotPooledNormGrad { norm, dy }
 }
 
@@ -974,7 +976,7 @@ pub(crate) struct SlotPooledNormGrad<'a, T> {
 impl<T: Real> SlotPooledNormGrad<'_, T> {
     /// Scratch elements [`Self::write_image`] needs: one plane.
     pub(crate) fn scratch_len(&self) -> usize {
-        self.norm.shape().plane()
+        self.norm.shape.plane()
     }
 
     /// Writes image `i`'s (`e·B + b`) input gradient, `[C, H, W]`, into `dx_img`; `scratch` holds
@@ -983,7 +985,7 @@ impl<T: Real> SlotPooledNormGrad<'_, T> {
     /// whole gradient would.
     #[inline]
     pub(crate) fn write_image(&self, i: usize, scratch: &mut [T], dx_img: &mut [T]) {
-        let s = *self.norm.shape();
+        let s = self.norm.shape;
         assert_eq!(dx_img.len(), s.image(), "one image of the input gradient");
         if s.plane() == 0 {
             return;

@@ -303,40 +303,20 @@ pub(crate) fn batch_norm_param_grads_then_input_grad<'a, T: Real>(
 /// [`batch_norm_param_grads_then_input_grad`]).
 #[derive(Clone, Copy)]
 pub(crate) struct NormDx<'a, T> {
-    shape: NormShape,
-    x: &'a [T],
-    gamma: &'a [T],
-    relu_beta: Option<&'a [T]>,
-    save_mean: &'a [T],
-    save_inv_std: &'a [T],
-    d_gamma: &'a [T],
-    d_beta: &'a [T],
+    pub shape: NormShape,
+    /// The norm's input `[E, B, C, H, W]`.
+    pub x: &'a [T],
+    pub gamma: &'a [T],
+    /// `β` where a ReLU follows the norm (its mask is recomputed from `x`).
+    pub relu_beta: Option<&'a [T]>,
+    pub save_mean: &'a [T],
+    pub save_inv_std: &'a [T],
+    /// The parameter gradients, already computed, `[E, C]` each.
+    pub d_gamma: &'a [T],
+    pub d_beta: &'a [T],
 }
 
-impl<'a, T: Real> NormDx<'a, T> {
-    /// The writer for parameter gradients `d_gamma`, `d_beta` already computed (each `[E, C]`).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        shape: NormShape,
-        x: &'a [T],
-        gamma: &'a [T],
-        relu_beta: Option<&'a [T]>,
-        save_mean: &'a [T],
-        save_inv_std: &'a [T],
-        d_gamma: &'a [T],
-        d_beta: &'a [T],
-    ) -> Self {
-        assert_eq!(x.len(), shape.len(), "batch norm activation length");
-        for p in [gamma, save_mean, save_inv_std, d_gamma, d_beta].into_iter().chain(relu_beta) {
-            assert_eq!(p.len(), shape.params_len(), "batch norm parameter length");
-        }
-        Self { shape, x, gamma, relu_beta, save_mean, save_inv_std, d_gamma, d_beta }
-    }
-
-    pub(crate) fn shape(&self) -> &NormShape {
-        &self.shape
-    }
-
+impl<T: Real> NormDx<'_, T> {
     /// Writes plane (image `i = e·B + b`, channel `ch`) of the input gradient into `dx` from that plane of
     /// the output gradient, `dy`.
     #[inline]
