@@ -9,10 +9,11 @@
 //!
 //! The workload is fixed: synthetic data sized so that every env count runs `train_batches` batches of
 //! `batch_per_env` images per env per step and one validation pass over `test_per_env` images per
-//! env, and a forced lifecycle state — three BLENDING seeds (conv_light at the first enabled slot,
-//! attention at the second, conv_heavy at the third; ADD, held at alpha 0.5) in every env — restored
-//! before every step outside the timing, so each step has the same number of counterfactual
-//! configurations whatever the policy did. Each measurement is `warmup` unmeasured steps, then
+//! env, and a forced lifecycle state restored before every step outside the timing, so each step has
+//! the same number of counterfactual configurations whatever the policy did: by default three
+//! BLENDING seeds (conv_light at the first enabled slot, attention at the second, conv_heavy at the
+//! third; ADD, held at alpha 0.5) in every env under the heuristic policy, or with `--seeds none` every
+//! slot empty under the static policy (the bare host's step). Each measurement is `warmup` unmeasured steps, then
 //! `reps` timed steps; the table shows the median and the spread (min–max).
 //!
 //! Tier 3 runs as five schedules in the step's order — the host part (TrainHosts, Validate), Observe,
@@ -88,12 +89,68 @@ pub fn cuda_unavailable() -> &'static str {
     }
 }
 
+/// The lifecycle state every step starts from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BenchSeeds {
+    /// Three BLENDING seeds per env ([`FORCED_BLUEPRINTS`], ADD at [`FORCED_ALPHA`]) under the heuristic
+    /// policy: the workload with live seeds and their counterfactual configurations.
+    #[default]
+    Blending,
+    /// Every slot empty under the static policy (every decision WAIT): the bare host's step, with the
+    /// observation, decision, reward and lifecycle still run.
+    None,
+}
+
+impl BenchSeeds {
+    pub fn parse(name: &str) -> Result<Self, String> {
+        match name {
+            "blending" => Ok(BenchSeeds::Blending),
+            "none" => Ok(BenchSeeds::None),
+            other => Err(format!("unknown --seeds '{other}' (known: blending, none)")),
+        }
+    }
+
+    /// The policy the workload runs under.
+    fn policy(self) -> PolicyKind {
+        match self {
+            BenchSeeds::Blending => PolicyKind::Heuristic,
+            BenchSeeds::None => PolicyKind::Static,
+        }
+    }
+
+    /// The state slot `index` (canonical order) is forced into before every step.
+    fn forced_slot(self, index: usize) -> SlotState {
+        match self {
+            BenchSeeds::Blending => forced_slot(FORCED_BLUEPRINTS[index.min(FORCED_BLUEPRINTS.len() - 1)]),
+            BenchSeeds::None => SlotState::default(),
+        }
+    }
+
+    /// How the report and the table's header name the forced state.
+    fn describe(self) -> String {
+        match self {
+            BenchSeeds::Blending => format!(
+                "{} BLENDING seeds per env ({}; ADD, held at alpha {FORCED_ALPHA}), heuristic policy, restored \
+                 before every step",
+                FORCED_BLUEPRINTS.len(),
+                FORCED_BLUEPRINTS.iter().map(|b| format!("{b:?}")).collect::<Vec<_>>().join(", ")
+            ),
+            BenchSeeds::None => {
+                "no seeds (every slot empty), static policy (every decision WAIT), restored before every step"
+                    .to_string()
+            }
+        }
+    }
+}
+
 /// The bench's settings (the CLI's defaults are [`BenchConfig::default`]).
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct BenchConfig {
     pub envs: Vec<usize>,
     pub task: TaskPreset,
     pub device: Device,
+    pub seeds: BenchSeeds,
     pub batch_per_env: usize,
     /// Training batches per env per step.
     pub train_batches: usize,
@@ -110,6 +167,7 @@ impl Default for BenchConfig {
             envs: vec![1, 4, 16, 64, 256],
             task: TaskPreset::CifarBaseline,
             device: Device::Cpu,
+            seeds: BenchSeeds::Blending,
             batch_per_env: 64,
             train_batches: 2,
             test_per_env: 128,
@@ -238,7 +296,7 @@ fn plan_for(config: &BenchConfig, envs: usize) -> Result<RunPlan, RunError> {
         task: config.task.name().to_string(),
         data: DataKind::Synthetic,
         slots: slots.join(","),
-        policy: PolicyKind::Heuristic,
+        policy: config.seeds.policy(),
         seed: config.seed,
         batch_per_env: config.batch_per_env,
         synthetic_train_per_env: config.batch_per_env * config.train_batches,
@@ -267,19 +325,21 @@ fn forced_slot(blueprint: BlueprintAction) -> SlotState {
 }
 
 /// Write the forced state into every slot (so counters, controller and flags — the policy's input —
-/// are the same every step). A slot that the policy or the lifecycle moved out of it (stage, alpha or
-/// blueprint changed) also gets a germination event, so the kernels give it a fresh seed; the others'
-/// events are cleared. Returns how many slots were re-germinated.
-fn force_state(world: &mut World) -> usize {
+/// are the same every step). With seeds, a slot that the policy or the lifecycle moved out of it (stage,
+/// alpha or blueprint changed) also gets a germination event, so the kernels give it a fresh seed; the
+/// others' events are cleared. Without seeds the empty state turns any seed off. Returns how many slots
+/// had moved out of the forced state.
+fn force_state(world: &mut World, seeds: BenchSeeds) -> usize {
     let mut regerminated = 0;
     let mut slots = world.query::<(&SlotIndex, &mut SlotEvents, SlotLifecycle)>();
     for (index, mut events, mut slot) in slots.iter_mut(world) {
-        let bp = FORCED_BLUEPRINTS[(index.0 as usize).min(FORCED_BLUEPRINTS.len() - 1)];
-        let moved = slot.stage.current != SeedStage::Blending
-            || slot.alpha.0 != FORCED_ALPHA
-            || slot.blueprint.0 != bp;
-        slot.view().write(&forced_slot(bp));
-        *events = SlotEvents { germinated: moved, ..SlotEvents::default() };
+        let forced = seeds.forced_slot(index.0 as usize);
+        let moved = slot.stage.current != forced.stage.current
+            || slot.alpha.0 != forced.alpha.0
+            || slot.blueprint.0 != forced.blueprint.0;
+        slot.view().write(&forced);
+        let germinated = moved && seeds == BenchSeeds::Blending;
+        *events = SlotEvents { germinated, ..SlotEvents::default() };
         regerminated += usize::from(moved);
     }
     regerminated
@@ -329,7 +389,7 @@ fn bench_envs(
         let (mut totals, mut boundaries, mut observes, mut rewards, mut regerminated) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), 0);
         for rep in 0..config.warmup + config.reps {
-            let forced = force_state(&mut world);
+            let forced = force_state(&mut world, config.seeds);
             let mut part_ms = Vec::with_capacity(parts.len());
             for part in &mut parts {
                 let started = Instant::now();
@@ -412,11 +472,7 @@ pub fn run(config: &BenchConfig, mut on_line: impl FnMut(&str)) -> Result<BenchR
     if config.reps == 0 {
         return Err(RunError("--reps must be at least 1".into()));
     }
-    let forced_state = format!(
-        "{} BLENDING seeds per env ({}; ADD, held at alpha {FORCED_ALPHA}), restored before every step",
-        FORCED_BLUEPRINTS.len(),
-        FORCED_BLUEPRINTS.iter().map(|b| format!("{b:?}")).collect::<Vec<_>>().join(", ")
-    );
+    let forced_state = config.seeds.describe();
     let threads = rayon::current_num_threads();
     on_line(&format!(
         "esper-ecs bench — {} host on {}, {threads} threads; per env per step: {} × {} training images, {} \

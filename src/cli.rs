@@ -244,6 +244,16 @@ pub struct BenchArgs {
     )]
     pub device: String,
 
+    #[arg(
+        long,
+        value_name = "STATE",
+        default_value = "blending",
+        help = "The lifecycle state every step starts from: blending (three BLENDING seeds per env, \
+                heuristic policy: live seeds and their counterfactual validation) or none (empty slots, \
+                static policy: the bare host)"
+    )]
+    pub seeds: String,
+
     #[arg(long, value_name = "B", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..),
           help = "Training images per env per batch (64 keeps 256 envs within 24 GiB with three seeds each)")]
     pub batch_per_env: u32,

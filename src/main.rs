@@ -3,7 +3,7 @@
 
 use clap::Parser;
 use esper_components::TaskPreset;
-use esper_ecs::bench::{self, BenchConfig, Device};
+use esper_ecs::bench::{self, BenchConfig, BenchSeeds, Device};
 use esper_ecs::cli::{
     BenchArgs, Cli, Command, CompareArgs, EXIT_BAD_INPUT, EXIT_RUN_FAILED, ProfileArgs, ProfileMode,
     ReplayArgs, SelftestArgs, TrainArgs,
@@ -263,6 +263,10 @@ fn bench_command(args: &BenchArgs) -> ExitCode {
         Ok(device) => device,
         Err(message) => return bad_input(message),
     };
+    let seeds = match BenchSeeds::parse(&args.seeds) {
+        Ok(seeds) => seeds,
+        Err(message) => return bad_input(message),
+    };
     let json_path = args.json.clone().unwrap_or_else(|| {
         PathBuf::from("runs").join(format!(
             "bench-{}.json",
@@ -285,6 +289,7 @@ fn bench_command(args: &BenchArgs) -> ExitCode {
         envs: args.envs.0.clone(),
         task,
         device,
+        seeds,
         batch_per_env: args.batch_per_env as usize,
         train_batches: args.train_batches as usize,
         test_per_env: args.test_per_env as usize,

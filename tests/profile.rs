@@ -278,3 +278,29 @@ fn bench_reports_three_tiers_per_env_count() {
     assert!(report["boundary_growth_16_to_256"].is_null());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `--seeds none`: the bare host under the static policy — one validation configuration (no seed to
+/// ablate), and no slot ever leaves the empty state, so nothing is re-germinated or reset.
+#[test]
+fn bench_without_seeds_runs_the_bare_host() {
+    let dir = scratch("bench-none");
+    let json = dir.join("bench.json");
+    let args = ["bench", "--seeds", "none", "--envs", "2", "--batch-per-env", "8", "--test-per-env", "8"];
+    let rest = ["--train-batches", "1", "--warmup", "0", "--reps", "2", "--json", json.to_str().unwrap()];
+    let out = esper(&[&args[..], &rest[..]].concat());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("forced state: no seeds (every slot empty), static policy"), "{text}");
+    assert!(text.contains("validation configurations per env: 1"), "{text}");
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["config"]["seeds"], "none");
+    let tiers = report["tiers"].as_array().unwrap();
+    assert_eq!(tiers.len(), 3);
+    for t in tiers {
+        assert_eq!(t["regerminated_slots_per_step"].as_f64().unwrap(), 0.0, "{t}");
+    }
+    let out = esper(&["bench", "--seeds", "some"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("unknown --seeds 'some' (known: blending, none)"), "{}", stderr(&out));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
