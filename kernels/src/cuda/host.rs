@@ -1,22 +1,33 @@
-//! The seedless host network's evaluation forward on the device: the first piece of the CUDA
-//! `HostBackend` (issue 16). It composes the kernels that [`super::parity`] checks one by one — conv,
-//! batch norm with the running statistics and the ReLU, 2×2 max pool, global average pool, linear head,
-//! correct counts — over env-stacked parameters resident on the device, and the selftest checks it
-//! against [`HostWorkspace::forward_eval`](crate::host::HostWorkspace::forward_eval) on the same inputs.
-//! Seeds, training and validation plans come next.
+//! The seedless host network on the device: the first piece of the CUDA `HostBackend` (issue 16). It
+//! composes the kernels that [`super::parity`] checks one by one — conv, batch norm (training statistics
+//! or the running ones) with the ReLU, 2×2 max pool, global average pool, linear head, cross-entropy,
+//! their backwards, per-env clipping and SGD with momentum — over env-stacked parameters, gradients and
+//! momentum resident on the device. The selftest checks the evaluation forward against
+//! [`HostWorkspace::forward_eval`](crate::host::HostWorkspace::forward_eval) and two training steps
+//! against [`Trainer::step`](crate::host::Trainer::step) on the same inputs. Seeds and validation
+//! plans come next.
+//!
+//! Nothing is copied back within a step: the losses, gradient norms and parameters stay on the device
+//! until [`DeviceHost::losses`], [`DeviceHost::grad_norms`] or [`DeviceHost::download`] asks for them.
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::parity::{Device, ParityError, elementwise, push_dims};
 use crate::host::{HostArch, HostParams};
+use crate::optim::{MAX_GRAD_NORM, SgdConfig};
 
-/// Block `b`'s parameters and running statistics on the device, each `[E, …]`.
+/// Blocks per env of the first stage of the per-env squared norms (`sq_norms_partial_f32`).
+const NORM_BLOCKS_PER_ENV: u32 = 32;
+/// Threads of a reduction block (the kernels' `REDUCE_THREADS`).
+const REDUCE_THREADS: u32 = 256;
+
+/// Block `b`'s running statistics and activations on the device.
 struct DeviceBlock {
-    conv: CudaSlice<f32>,
-    gamma: CudaSlice<f32>,
-    beta: CudaSlice<f32>,
     running_mean: CudaSlice<f32>,
     running_var: CudaSlice<f32>,
+    /// This batch's statistics per (env, channel) (training forward).
+    save_mean: CudaSlice<f32>,
+    save_inv_std: CudaSlice<f32>,
     /// The conv's output `[E, B, C, H, W]`.
     conv_out: CudaSlice<f32>,
     /// Batch norm → ReLU, `[E, B, C, H, W]`.
@@ -25,54 +36,188 @@ struct DeviceBlock {
     pooled: Option<(CudaSlice<f32>, CudaSlice<u8>)>,
 }
 
-/// An env-stacked host on the device for one `(E, B)`: parameters, running statistics and activations.
+impl DeviceBlock {
+    /// What the next block (or the global pool) reads.
+    fn output(&self) -> &CudaSlice<f32> {
+        self.pooled.as_ref().map_or(&self.act, |(pooled, _)| pooled)
+    }
+}
+
+/// An env-stacked host on the device for one `(E, B)`: parameters (in [`HostParams`]' tensor order:
+/// per block conv, γ, β, then the head's weight and bias), their gradients and momentum, running
+/// statistics and activations.
 pub struct DeviceHost {
     arch: HostArch,
     envs: usize,
     batch: usize,
     blocks: Vec<DeviceBlock>,
-    head_weight: CudaSlice<f32>,
-    head_bias: CudaSlice<f32>,
+    params: Vec<CudaSlice<f32>>,
+    grads: Vec<CudaSlice<f32>>,
+    momentum: Vec<CudaSlice<f32>>,
     features: CudaSlice<f32>,
     logits: CudaSlice<f32>,
     correct: CudaSlice<u32>,
+    /// Per env: the training batch's mean cross-entropy.
+    loss: CudaSlice<f32>,
+    grad_logits: CudaSlice<f32>,
+    grad_features: CudaSlice<f32>,
+    /// Two gradient buffers as large as the largest activation, used in turn down the network.
+    grad_a: CudaSlice<f32>,
+    grad_b: CudaSlice<f32>,
+    /// Per env: the first stage of the squared gradient norm, the norm's square and the clip factor.
+    norm_partial: CudaSlice<f64>,
+    sq_norms: CudaSlice<f64>,
+    clip: CudaSlice<f64>,
+    /// Every env trains its host every step.
+    all_envs: CudaSlice<u8>,
+    sgd: SgdConfig,
 }
 
 impl DeviceHost {
-    /// Uploads `params` and allocates the activations of `batch` images per env.
+    /// Uploads `params` (its running statistics too), zero momentum, and allocates the activations and
+    /// gradients of `batch` images per env.
     pub fn upload(device: &Device, params: &HostParams<f32>, batch: usize) -> Result<Self, ParityError> {
         let stream = &device.stream;
         let (arch, envs) = (params.arch, params.n_envs());
         let mut blocks = Vec::with_capacity(arch.n_blocks);
+        let mut largest = 0;
         for b in 0..arch.n_blocks {
             let size = arch.block_size(b);
             let act = envs * batch * arch.block_channels(b) * size * size;
+            largest = largest.max(act).max(envs * batch * arch.block_in_channels(b) * size * size);
             let pooled = match arch.pools_after(b) {
                 true => Some((stream.alloc_zeros::<f32>(act / 4)?, stream.alloc_zeros::<u8>(act / 4)?)),
                 false => None,
             };
+            let stats = envs * arch.block_channels(b);
             blocks.push(DeviceBlock {
-                conv: stream.clone_htod(params.conv(b))?,
-                gamma: stream.clone_htod(params.gamma(b))?,
-                beta: stream.clone_htod(params.beta(b))?,
                 running_mean: stream.clone_htod(&params.running_mean[b])?,
                 running_var: stream.clone_htod(&params.running_var[b])?,
+                save_mean: stream.alloc_zeros::<f32>(stats)?,
+                save_inv_std: stream.alloc_zeros::<f32>(stats)?,
                 conv_out: stream.alloc_zeros::<f32>(act)?,
                 act: stream.alloc_zeros::<f32>(act)?,
                 pooled,
             });
         }
+        let tensors = &params.weights.tensors;
+        let mut device_params = Vec::with_capacity(tensors.len());
+        let (mut grads, mut momentum) =
+            (Vec::with_capacity(tensors.len()), Vec::with_capacity(tensors.len()));
+        for t in tensors {
+            device_params.push(stream.clone_htod(t)?);
+            grads.push(stream.alloc_zeros::<f32>(t.len())?);
+            momentum.push(stream.alloc_zeros::<f32>(t.len())?);
+        }
+        let samples = envs * batch;
         Ok(Self {
             arch,
             envs,
             batch,
             blocks,
-            head_weight: stream.clone_htod(params.head_weight())?,
-            head_bias: stream.clone_htod(params.head_bias())?,
-            features: stream.alloc_zeros::<f32>(envs * batch * arch.head_in())?,
-            logits: stream.alloc_zeros::<f32>(envs * batch * arch.num_classes)?,
+            params: device_params,
+            grads,
+            momentum,
+            features: stream.alloc_zeros::<f32>(samples * arch.head_in())?,
+            logits: stream.alloc_zeros::<f32>(samples * arch.num_classes)?,
             correct: stream.alloc_zeros::<u32>(envs)?,
+            loss: stream.alloc_zeros::<f32>(envs)?,
+            grad_logits: stream.alloc_zeros::<f32>(samples * arch.num_classes)?,
+            grad_features: stream.alloc_zeros::<f32>(samples * arch.head_in())?,
+            grad_a: stream.alloc_zeros::<f32>(largest)?,
+            grad_b: stream.alloc_zeros::<f32>(largest)?,
+            norm_partial: stream.alloc_zeros::<f64>(envs * NORM_BLOCKS_PER_ENV as usize)?,
+            sq_norms: stream.alloc_zeros::<f64>(envs)?,
+            clip: stream.alloc_zeros::<f64>(envs)?,
+            all_envs: stream.clone_htod(&vec![1u8; envs])?,
+            sgd: SgdConfig::HOST,
         })
+    }
+
+    fn check_batch(&self, images: &CudaSlice<f32>, labels: &CudaSlice<u8>) {
+        assert_eq!(
+            images.len(),
+            self.envs * self.batch * self.arch.image_len(),
+            "device images [E, B, C, H, W]"
+        );
+        assert_eq!(labels.len(), self.envs * self.batch, "device labels [E, B]");
+    }
+
+    /// Block `b`'s forward: conv, batch norm with the ReLU fused — this batch's statistics (running
+    /// averages updated) when `train`, else the running ones —, then the pool.
+    fn block_forward(
+        &mut self,
+        device: &Device,
+        b: usize,
+        images: &CudaSlice<f32>,
+        train: bool,
+    ) -> Result<(), ParityError> {
+        let (arch, stream) = (self.arch, &device.stream);
+        let (envs, batch) = (self.envs as u32, self.batch as u32);
+        let (done, rest) = self.blocks.split_at_mut(b);
+        let block = &mut rest[0];
+        let input = done.last().map_or(images, DeviceBlock::output);
+        let size = arch.block_size(b) as u32;
+        let (c_in, c_out) = (arch.block_in_channels(b) as u32, arch.block_channels(b) as u32);
+        let k = arch.kernel_size as u32;
+        let act_len = block.act.len();
+        let (conv_w, gamma, beta) = (&self.params[3 * b], &self.params[3 * b + 1], &self.params[3 * b + 2]);
+
+        // conv2d_forward: the twin of ops::conv::conv2d_forward (padding k / 2, one group).
+        let dims = [envs, batch, c_in, c_out, size, size, k, k / 2, 1];
+        let mut launch = stream.launch_builder(device.function("conv2d_forward_f32"));
+        launch.arg(input).arg(conv_w).arg(&mut block.conv_out);
+        push_dims(&mut launch, &dims);
+        unsafe { launch.launch(elementwise(act_len)) }?;
+
+        let plane = size * size;
+        if train {
+            let mut launch = stream.launch_builder(device.function("batch_norm_train_stats_f32"));
+            launch.arg(&block.conv_out).arg(&mut block.save_mean).arg(&mut block.save_inv_std);
+            launch.arg(&mut block.running_mean).arg(&mut block.running_var);
+            launch.arg(&batch).arg(&c_out).arg(&plane);
+            unsafe { launch.launch(per_channel(self.envs * arch.block_channels(b))) }?;
+        }
+        let (mean, scale) = match train {
+            true => (&block.save_mean, &block.save_inv_std),
+            false => (&block.running_mean, &block.running_var),
+        };
+        let (eval, relu) = (i32::from(!train), 1i32);
+        let mut launch = stream.launch_builder(device.function("batch_norm_apply_f32"));
+        launch.arg(&block.conv_out).arg(&mut block.act).arg(mean).arg(scale).arg(gamma).arg(beta);
+        launch.arg(&envs).arg(&batch).arg(&c_out).arg(&plane).arg(&eval).arg(&relu);
+        unsafe { launch.launch(elementwise(act_len)) }?;
+
+        if let Some((pooled, argmax)) = &mut block.pooled {
+            let planes = (self.envs * self.batch * arch.block_channels(b)) as u64;
+            let mut launch = stream.launch_builder(device.function("max_pool2x2_forward_f32"));
+            launch.arg(&block.act).arg(pooled).arg(argmax).arg(&planes).arg(&size).arg(&size);
+            unsafe { launch.launch(elementwise(act_len / 4)) }?;
+        }
+        Ok(())
+    }
+
+    /// Global average pool of the last block and the linear head: logits `[E, B, K]`.
+    fn head_forward(&mut self, device: &Device) -> Result<(), ParityError> {
+        let (arch, stream) = (self.arch, &device.stream);
+        let (envs, batch) = (self.envs as u32, self.batch as u32);
+        let last_out = self.blocks.last().expect("a host has blocks").output();
+        let out_size = arch.block_output_size(arch.n_blocks - 1) as u32;
+        let planes = (self.envs * self.batch * arch.head_in()) as u64;
+        let plane_len = out_size * out_size;
+        let mut launch = stream.launch_builder(device.function("global_avg_pool_forward_f32"));
+        launch.arg(last_out).arg(&mut self.features).arg(&planes).arg(&plane_len);
+        // One warp per plane.
+        unsafe { launch.launch(LaunchConfig::for_num_elems((planes * 32).min(1 << 24) as u32)) }?;
+
+        let (n_in, n_out, with_bias) = (arch.head_in() as u32, arch.num_classes as u32, 1i32);
+        let head = 3 * arch.n_blocks;
+        let logits_len = self.logits.len();
+        let mut launch = stream.launch_builder(device.function("linear_forward_f32"));
+        launch.arg(&self.features).arg(&self.params[head]).arg(&self.params[head + 1]).arg(&mut self.logits);
+        launch.arg(&envs).arg(&batch).arg(&n_in).arg(&n_out).arg(&with_bias);
+        unsafe { launch.launch(elementwise(logits_len)) }?;
+        Ok(())
     }
 
     /// The evaluation forward of `images` (`[E, B, C, H, W]` on the device) with the running statistics,
@@ -84,64 +229,169 @@ impl DeviceHost {
         images: &CudaSlice<f32>,
         labels: &CudaSlice<u8>,
     ) -> Result<(), ParityError> {
+        self.check_batch(images, labels);
+        for b in 0..self.arch.n_blocks {
+            self.block_forward(device, b, images, false)?;
+        }
+        self.head_forward(device)?;
+        let (envs, batch, classes) = (self.envs as u32, self.batch as u32, self.arch.num_classes as u32);
+        let mut launch = device.stream.launch_builder(device.function("count_correct_f32"));
+        launch.arg(&self.logits).arg(labels).arg(&mut self.correct).arg(&envs).arg(&batch).arg(&classes);
+        unsafe { launch.launch(elementwise(self.envs)) }?;
+        Ok(())
+    }
+
+    /// One training step for every env, as [`Trainer::step`](crate::host::Trainer::step) does it without
+    /// seeds: the forward with batch statistics (running statistics updated), per-env mean
+    /// cross-entropy, the backward of every host tensor, each env's gradient clipped to norm
+    /// [`MAX_GRAD_NORM`] over all its tensors, then SGD with momentum and weight decay
+    /// ([`SgdConfig::HOST`]). Nothing is copied back.
+    pub fn train_step(
+        &mut self,
+        device: &Device,
+        images: &CudaSlice<f32>,
+        labels: &CudaSlice<u8>,
+    ) -> Result<(), ParityError> {
+        self.check_batch(images, labels);
+        for b in 0..self.arch.n_blocks {
+            self.block_forward(device, b, images, true)?;
+        }
+        self.head_forward(device)?;
+        let (envs, batch, classes) = (self.envs as u32, self.batch as u32, self.arch.num_classes as u32);
+        let grad_on = 1i32;
+        let mut launch = device.stream.launch_builder(device.function("softmax_cross_entropy_f32"));
+        launch.arg(&self.logits).arg(labels).arg(&mut self.loss).arg(&mut self.grad_logits);
+        launch.arg(&envs).arg(&batch).arg(&classes).arg(&grad_on);
+        unsafe { launch.launch(elementwise(self.envs * self.batch.max(1))) }?;
+        self.backward(device, images)?;
+        self.clip_and_step(device)
+    }
+
+    /// Every host gradient from `grad_logits`, overwriting `grads`.
+    fn backward(&mut self, device: &Device, images: &CudaSlice<f32>) -> Result<(), ParityError> {
         let (arch, stream) = (self.arch, &device.stream);
         let (envs, batch) = (self.envs as u32, self.batch as u32);
-        assert_eq!(images.len(), self.envs * self.batch * arch.image_len(), "device images [E, B, C, H, W]");
-        assert_eq!(labels.len(), self.envs * self.batch, "device labels [E, B]");
-        for b in 0..arch.n_blocks {
-            let (done, rest) = self.blocks.split_at_mut(b);
-            let block = &mut rest[0];
-            let input = match done.last() {
-                None => images,
-                Some(prev) => prev.pooled.as_ref().map_or(&prev.act, |(pooled, _)| pooled),
-            };
+        let n = arch.n_blocks;
+        let head = 3 * n;
+        let (n_in, n_out, with_bias) = (arch.head_in() as u32, arch.num_classes as u32, 1i32);
+        let (head_w, head_b) = self.grads[head..].split_at_mut(1);
+        let mut launch = stream.launch_builder(device.function("linear_backward_params_f32"));
+        let head_w_len = head_w[0].len();
+        launch.arg(&self.features).arg(&self.grad_logits).arg(&mut head_w[0]).arg(&mut head_b[0]);
+        launch.arg(&envs).arg(&batch).arg(&n_in).arg(&n_out).arg(&with_bias);
+        unsafe { launch.launch(elementwise(head_w_len)) }?;
+        let features_len = self.grad_features.len();
+        let mut launch = stream.launch_builder(device.function("linear_backward_input_f32"));
+        launch.arg(&self.grad_logits).arg(&self.params[head]).arg(&mut self.grad_features);
+        launch.arg(&envs).arg(&batch).arg(&n_in).arg(&n_out);
+        unsafe { launch.launch(elementwise(features_len)) }?;
+
+        // grad_a: ∂L/∂(the last block's output).
+        let out_size = arch.block_output_size(n - 1) as u32;
+        let (planes, plane_len, accumulate) =
+            ((self.envs * self.batch * arch.head_in()) as u64, out_size * out_size, 0i32);
+        let mut launch = stream.launch_builder(device.function("global_avg_pool_backward_f32"));
+        launch.arg(&self.grad_features).arg(&mut self.grad_a).arg(&planes).arg(&plane_len).arg(&accumulate);
+        unsafe { launch.launch(elementwise(planes as usize * plane_len as usize)) }?;
+
+        for b in (0..n).rev() {
             let size = arch.block_size(b) as u32;
             let (c_in, c_out) = (arch.block_in_channels(b) as u32, arch.block_channels(b) as u32);
             let k = arch.kernel_size as u32;
+            let block = &self.blocks[b];
             let act_len = block.act.len();
-
-            // conv2d_forward: the twin of ops::conv::conv2d_forward (padding k / 2, one group).
-            let dims = [envs, batch, c_in, c_out, size, size, k, k / 2, 1];
-            let mut launch = stream.launch_builder(device.function("conv2d_forward_f32"));
-            launch.arg(input).arg(&block.conv).arg(&mut block.conv_out);
-            push_dims(&mut launch, &dims);
-            unsafe { launch.launch(elementwise(act_len)) }?;
-
-            // Batch norm with the running statistics, the ReLU fused (eval = 1, relu = 1).
-            let (plane, eval, relu) = (size * size, 1i32, 1i32);
-            let mut launch = stream.launch_builder(device.function("batch_norm_apply_f32"));
-            launch.arg(&block.conv_out).arg(&mut block.act).arg(&block.running_mean).arg(&block.running_var);
-            launch.arg(&block.gamma).arg(&block.beta);
-            launch.arg(&envs).arg(&batch).arg(&c_out).arg(&plane).arg(&eval).arg(&relu);
-            unsafe { launch.launch(elementwise(act_len)) }?;
-
-            if let Some((pooled, argmax)) = &mut block.pooled {
+            if let Some((_, argmax)) = &block.pooled {
+                // grad_a (pooled) → grad_b (the ReLU's output), then the two trade places.
                 let planes = (self.envs * self.batch * arch.block_channels(b)) as u64;
-                let mut launch = stream.launch_builder(device.function("max_pool2x2_forward_f32"));
-                launch.arg(&block.act).arg(pooled).arg(argmax).arg(&planes).arg(&size).arg(&size);
-                unsafe { launch.launch(elementwise(act_len / 4)) }?;
+                let mut launch = stream.launch_builder(device.function("max_pool2x2_backward_f32"));
+                launch.arg(&self.grad_a).arg(argmax).arg(&mut self.grad_b).arg(&planes).arg(&size).arg(&size);
+                unsafe { launch.launch(elementwise(act_len)) }?;
+                std::mem::swap(&mut self.grad_a, &mut self.grad_b);
+            }
+            // The ReLU: grad_b = grad_a where the activation is positive (batch norm's output gradient).
+            let act_len64 = act_len as u64;
+            let mut launch = stream.launch_builder(device.function("relu_backward_f32"));
+            launch.arg(&block.act).arg(&self.grad_a).arg(&mut self.grad_b).arg(&act_len64);
+            unsafe { launch.launch(elementwise(act_len)) }?;
+
+            // Batch norm: dγ, dβ, then the conv output's gradient into grad_a.
+            let plane = size * size;
+            let (conv_g, bn_g) = self.grads[3 * b..3 * b + 3].split_at_mut(1);
+            let (gamma_g, beta_g) = bn_g.split_at_mut(1);
+            let mut launch = stream.launch_builder(device.function("batch_norm_backward_params_f32"));
+            launch.arg(&block.conv_out).arg(&self.grad_b).arg(&block.save_mean).arg(&block.save_inv_std);
+            launch.arg(&mut gamma_g[0]).arg(&mut beta_g[0]).arg(&batch).arg(&c_out).arg(&plane);
+            unsafe { launch.launch(per_channel(self.envs * arch.block_channels(b))) }?;
+            let mut launch = stream.launch_builder(device.function("batch_norm_backward_input_f32"));
+            launch.arg(&block.conv_out).arg(&self.grad_b).arg(&self.params[3 * b + 1]);
+            launch.arg(&block.save_mean).arg(&block.save_inv_std).arg(&gamma_g[0]).arg(&beta_g[0]);
+            launch.arg(&mut self.grad_a).arg(&envs).arg(&batch).arg(&c_out).arg(&plane);
+            unsafe { launch.launch(elementwise(act_len)) }?;
+
+            // The conv: its weight gradient, and (above block 0) the gradient at its input into grad_b.
+            let input = match b {
+                0 => images,
+                _ => self.blocks[b - 1].output(),
+            };
+            let dims = [envs, batch, c_in, c_out, size, size, k, k / 2, 1];
+            let weight_len = conv_g[0].len();
+            let mut launch = stream.launch_builder(device.function("conv2d_backward_weight_f32"));
+            launch.arg(input).arg(&self.grad_a).arg(&mut conv_g[0]);
+            push_dims(&mut launch, &dims);
+            unsafe { launch.launch(elementwise(weight_len)) }?;
+            if b > 0 {
+                let overwrite = 0i32;
+                let input_len = self.envs * self.batch * arch.block_in_channels(b) * (size * size) as usize;
+                let mut launch = stream.launch_builder(device.function("conv2d_backward_input_f32"));
+                launch.arg(&self.grad_a).arg(&self.params[3 * b]).arg(&mut self.grad_b);
+                push_dims(&mut launch, &dims);
+                launch.arg(&overwrite);
+                unsafe { launch.launch(elementwise(input_len)) }?;
+                std::mem::swap(&mut self.grad_a, &mut self.grad_b);
             }
         }
-        let last = self.blocks.last().expect("a host has blocks");
-        let last_out = last.pooled.as_ref().map_or(&last.act, |(pooled, _)| pooled);
-        let out_size = arch.block_output_size(arch.n_blocks - 1) as u32;
-        let planes = (self.envs * self.batch * arch.head_in()) as u64;
-        let plane_len = out_size * out_size;
-        let mut launch = stream.launch_builder(device.function("global_avg_pool_forward_f32"));
-        launch.arg(last_out).arg(&mut self.features).arg(&planes).arg(&plane_len);
-        // One warp per plane.
-        unsafe { launch.launch(LaunchConfig::for_num_elems((planes * 32).min(1 << 24) as u32)) }?;
+        Ok(())
+    }
 
-        let (n_in, n_out, with_bias) = (arch.head_in() as u32, arch.num_classes as u32, 1i32);
-        let logits_len = self.logits.len();
-        let mut launch = stream.launch_builder(device.function("linear_forward_f32"));
-        launch.arg(&self.features).arg(&self.head_weight).arg(&self.head_bias).arg(&mut self.logits);
-        launch.arg(&envs).arg(&batch).arg(&n_in).arg(&n_out).arg(&with_bias);
-        unsafe { launch.launch(elementwise(logits_len)) }?;
-
-        let mut launch = stream.launch_builder(device.function("count_correct_f32"));
-        launch.arg(&self.logits).arg(labels).arg(&mut self.correct).arg(&envs).arg(&batch).arg(&n_out);
+    /// Per-env norms over every host gradient (two fixed-order stages), clip factors, the scaling, and
+    /// SGD for every tensor: the twin of the host half of `Trainer::step`.
+    fn clip_and_step(&mut self, device: &Device) -> Result<(), ParityError> {
+        let stream = &device.stream;
+        let envs = self.envs as u32;
+        stream.memset_zeros(&mut self.sq_norms)?;
+        let partial_config = LaunchConfig {
+            grid_dim: (NORM_BLOCKS_PER_ENV, envs, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        for g in &self.grads {
+            let per_env = (g.len() / self.envs) as u64;
+            let mut launch = stream.launch_builder(device.function("sq_norms_partial_f32"));
+            launch.arg(g).arg(&mut self.norm_partial).arg(&per_env).arg(&NORM_BLOCKS_PER_ENV);
+            unsafe { launch.launch(partial_config) }?;
+            let mut launch = stream.launch_builder(device.function("sq_norms_finish"));
+            launch.arg(&self.norm_partial).arg(&mut self.sq_norms).arg(&envs).arg(&NORM_BLOCKS_PER_ENV);
+            unsafe { launch.launch(elementwise(self.envs)) }?;
+        }
+        let max_norm = MAX_GRAD_NORM;
+        let mut launch = stream.launch_builder(device.function("clip_coefficients"));
+        launch.arg(&self.sq_norms).arg(&mut self.clip).arg(&envs).arg(&max_norm);
         unsafe { launch.launch(elementwise(self.envs)) }?;
+
+        // The CPU twin rounds the hyperparameters to f32 (T::from_f64) and decays when wd ≠ 0.
+        let (lr, mu, wd) = (self.sgd.lr as f32, self.sgd.momentum as f32, self.sgd.weight_decay as f32);
+        let decay = i32::from(self.sgd.weight_decay != 0.0);
+        let tensors = self.params.iter_mut().zip(&mut self.grads).zip(&mut self.momentum);
+        for ((p, g), m) in tensors {
+            let (len, per_env) = (g.len(), (g.len() / self.envs) as u64);
+            let mut launch = stream.launch_builder(device.function("scale_per_env_f32"));
+            launch.arg(&mut *g).arg(&self.clip).arg(&per_env).arg(&envs);
+            unsafe { launch.launch(elementwise(len)) }?;
+            let mut launch = stream.launch_builder(device.function("sgd_step_f32"));
+            launch.arg(p).arg(&*g).arg(m).arg(&self.all_envs).arg(&per_env).arg(&envs);
+            launch.arg(&lr).arg(&mu).arg(&wd).arg(&decay);
+            unsafe { launch.launch(elementwise(len)) }?;
+        }
         Ok(())
     }
 
@@ -150,8 +400,45 @@ impl DeviceHost {
         Ok(device.stream.clone_dtoh(&self.logits)?)
     }
 
-    /// The last forward's correct count per env, copied to the host.
+    /// The last evaluation forward's correct count per env, copied to the host.
     pub fn correct(&self, device: &Device) -> Result<Vec<u32>, ParityError> {
         Ok(device.stream.clone_dtoh(&self.correct)?)
     }
+
+    /// The last training step's per-env mean cross-entropy, copied to the host.
+    pub fn losses(&self, device: &Device) -> Result<Vec<f32>, ParityError> {
+        Ok(device.stream.clone_dtoh(&self.loss)?)
+    }
+
+    /// The last training step's per-env host gradient norm before clipping, copied to the host.
+    pub fn grad_norms(&self, device: &Device) -> Result<Vec<f64>, ParityError> {
+        Ok(device.stream.clone_dtoh(&self.sq_norms)?.into_iter().map(f64::sqrt).collect())
+    }
+
+    /// The parameters and running statistics, copied into `params` (same architecture and env count).
+    pub fn download(&self, device: &Device, params: &mut HostParams<f32>) -> Result<(), ParityError> {
+        assert_eq!(
+            (params.arch, params.n_envs()),
+            (self.arch, self.envs),
+            "download into another host's shape"
+        );
+        for (dst, src) in params.weights.tensors.iter_mut().zip(&self.params) {
+            device.stream.memcpy_dtoh(src, dst.as_mut_slice())?;
+        }
+        for (b, block) in self.blocks.iter().enumerate() {
+            device.stream.memcpy_dtoh(&block.running_mean, params.running_mean[b].as_mut_slice())?;
+            device.stream.memcpy_dtoh(&block.running_var, params.running_var[b].as_mut_slice())?;
+        }
+        Ok(())
+    }
+
+    /// The momentum buffers in [`HostParams`]' tensor order, copied to the host.
+    pub fn momentum(&self, device: &Device) -> Result<Vec<Vec<f32>>, ParityError> {
+        self.momentum.iter().map(|m| Ok(device.stream.clone_dtoh(m)?)).collect()
+    }
+}
+
+/// One reduction block per (env, channel): the batch-norm statistics and parameter-gradient kernels.
+fn per_channel(pairs: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: (pairs as u32, 1, 1), block_dim: (REDUCE_THREADS, 1, 1), shared_mem_bytes: 0 }
 }

@@ -10,6 +10,7 @@ use cudarc::nvrtc::Ptx;
 
 use super::host::DeviceHost;
 use super::{DEFAULT_ARCH, KERNEL_FILES, KernelCache};
+use crate::host::train::Trainer;
 use crate::host::{HostArch, HostParams, HostWorkspace, SeedBank};
 use crate::ops::activation::{
     relu_backward, relu_forward, relu_forward_in_place, sigmoid_backward, sigmoid_forward,
@@ -592,6 +593,7 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
     conv_checks(&device, &mut s, &mut rows)?;
     seed_op_checks(&device, &mut s, &mut rows)?;
     host_eval_check(&device, &mut s, &mut rows)?;
+    host_train_check(&device, &mut s, &mut rows)?;
     Ok(rows)
 }
 
@@ -637,6 +639,96 @@ fn host_eval_check(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -
         if correct_gpu == correct_cpu { 0.0 } else { f64::INFINITY },
         0.0,
     ));
+    Ok(())
+}
+
+/// Largest |gpu − cpu| over the largest |cpu| of the tensor: for gradients, whose elements are mostly far
+/// below 1, where [`max_diff`]'s floor of 1 would make any tolerance an absolute one.
+fn max_diff_of_tensor(gpu: &[f32], cpu: &[f32]) -> f64 {
+    assert_eq!(gpu.len(), cpu.len(), "parity: the device and CPU results differ in length");
+    let scale = cpu.iter().map(|c| (*c as f64).abs()).fold(0.0, f64::max).max(f64::MIN_POSITIVE);
+    gpu.iter()
+        .zip(cpu)
+        .map(
+            |(&g, &c)| {
+                if g.is_nan() || c.is_nan() { f64::INFINITY } else { (g as f64 - c as f64).abs() / scale }
+            },
+        )
+        .fold(0.0, f64::max)
+}
+
+/// Two seedless training steps on the device ([`DeviceHost::train_step`]: forward with batch statistics,
+/// cross-entropy, backward, per-env clipping, SGD with momentum) against [`Trainer::step`] on the same
+/// parameters and batches (cifar_baseline, three envs of six images; the second step with momentum
+/// from the first). The CPU sums its batch-norm statistics and parameter gradients in f32 lanes and the
+/// device in f64, so the two part by a few ulps in the forward and that grows through the backward:
+/// the gradients (the momentum after the first step: the clipped gradient plus weight decay) to 1e-4 of each tensor's
+/// largest value, the losses and norms to 1e-5, the parameters after both steps (moved by lr = 0.01
+/// times those gradients) and the running statistics to 1e-5. A wrong index or order gives O(1).
+fn host_train_check(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
+    let stream = &device.stream;
+    let arch = HostArch::CIFAR_BASELINE;
+    let (envs, batch) = (3usize, 6usize);
+    let params0 = HostParams::init(arch, 11, 0, &[0, 1, 2]);
+    let mut params = params0.clone();
+    let mut bank = SeedBank::empty(&arch);
+    let mut ws = HostWorkspace::<f32>::new(arch, envs, batch);
+    let mut trainer = Trainer::new(&params, &bank);
+    let mut host = DeviceHost::upload(device, &params0, batch)?;
+    let (mut loss_diff, mut norm_diff, mut grad_diff, mut grad_len) = (0.0f64, 0.0f64, 0.0f64, 0);
+    for step in 0..2 {
+        let images = values(s, envs * batch * arch.image_len(), -1.5, 1.5);
+        let labels: Vec<u8> = (0..envs * batch).map(|_| s.below(arch.num_classes as u64) as u8).collect();
+        trainer.step(&mut params, &mut bank, &mut ws, &images, &labels, false);
+        let (images_dev, labels_dev) = (stream.clone_htod(&images)?, stream.clone_htod(&labels)?);
+        host.train_step(device, &images_dev, &labels_dev)?;
+        loss_diff = loss_diff.max(max_diff(&host.losses(device)?, &ws.loss));
+        norm_diff = norm_diff.max(max_diff(&host.grad_norms(device)?, &trainer.host_grad_norm));
+        if step == 0 {
+            for (gpu, cpu) in host.momentum(device)?.iter().zip(&trainer.momentum.tensors) {
+                grad_diff = grad_diff.max(max_diff_of_tensor(gpu, cpu));
+                grad_len += cpu.len();
+            }
+        }
+    }
+    let mut downloaded = params0.clone();
+    host.download(device, &mut downloaded)?;
+    let flat = |p: &HostParams<f32>| p.weights.tensors.concat();
+    let stats = |p: &HostParams<f32>| [p.running_mean.concat(), p.running_var.concat()].concat();
+    let checks = [
+        (
+            "host train step: clipped gradients",
+            "host::Trainer::step (momentum after one step)",
+            grad_len,
+            grad_diff,
+            1e-4,
+        ),
+        ("host train step: losses", "host::Trainer::step (ws.loss)", 2 * envs, loss_diff, 1e-5),
+        (
+            "host train step: gradient norms",
+            "host::Trainer::step (host_grad_norm)",
+            2 * envs,
+            norm_diff,
+            1e-5,
+        ),
+        (
+            "host train step: parameters after two",
+            "host::Trainer::step",
+            params.weights.tensors.iter().map(Vec::len).sum(),
+            max_diff(&flat(&downloaded), &flat(&params)),
+            1e-5,
+        ),
+        (
+            "host train step: running statistics",
+            "host::Trainer::step",
+            stats(&params).len(),
+            max_diff(&stats(&downloaded), &stats(&params)),
+            1e-5,
+        ),
+    ];
+    for (kernel, twin, elements, diff, tolerance) in checks {
+        rows.push(ParityRow::new(kernel, twin, elements, diff, tolerance));
+    }
     Ok(())
 }
 
