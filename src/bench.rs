@@ -23,7 +23,7 @@
 
 use crate::config::{DataKind, PolicyKind, RunConfig, RunPlan};
 use crate::memory::{available_bytes, bytes, resident_bytes};
-use crate::run::{RunError, build_world};
+use crate::run::{HostDevice, RunError, build_world_on, probe_device};
 use bevy_ecs::prelude::*;
 use esper_components::{
     AlphaAlgorithm, AlphaController, BlendId, BlendStyle, Blueprint, BlueprintAction, SeedAlpha, SeedStage,
@@ -44,28 +44,52 @@ pub const FORCED_BLUEPRINTS: [BlueprintAction; 3] =
 /// The forced seeds' alpha.
 pub const FORCED_ALPHA: f64 = 0.5;
 
-/// Where the bench runs. Only the CPU runs a step today; `--device cuda` is parsed and refused with a
-/// reason (see [`Device::parse`]).
+/// Where the bench runs: the CPU, or (a `cuda` build) GPU `N` with the CUDA host backend, which so far
+/// runs seedless workloads only (`--seeds none`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Device {
     Cpu,
+    Cuda(usize),
 }
 
 impl Device {
-    pub fn name(self) -> &'static str {
+    pub fn name(self) -> String {
         match self {
-            Device::Cpu => "cpu",
+            Device::Cpu => "cpu".to_string(),
+            Device::Cuda(i) => format!("cuda:{i}"),
         }
     }
 
-    /// Parses `--device`: `cpu`, or `cuda` / `cuda:N`, which this build cannot run yet — the error says
-    /// why and what to do instead.
+    /// Parses `--device`: `cpu`, or `cuda` / `cuda:N`, which a build without CUDA refuses — the error
+    /// says why and what to do instead.
     pub fn parse(name: &str) -> Result<Self, String> {
         match name {
             "cpu" => Ok(Device::Cpu),
-            cuda if cuda_ordinal(cuda).is_some() => Err(format!("--device {cuda}: {}", cuda_unavailable())),
-            other => Err(format!("unknown device '{other}' (known: cpu, cuda, cuda:N)")),
+            cuda => match cuda_ordinal(cuda) {
+                Some(i) if cfg!(feature = "cuda") => Ok(Device::Cuda(i)),
+                Some(_) => Err(format!("--device {cuda}: {}", cuda_unavailable())),
+                None => Err(format!("unknown device '{cuda}' (known: cpu, cuda, cuda:N)")),
+            },
+        }
+    }
+
+    /// Where the run's hosts go.
+    fn hosts(self) -> HostDevice {
+        match self {
+            Device::Cpu => HostDevice::Cpu,
+            Device::Cuda(i) => HostDevice::Cuda(i),
+        }
+    }
+
+    /// Why this device cannot run `seeds`, if it cannot.
+    pub fn refuses(self, seeds: BenchSeeds) -> Option<String> {
+        match (self, seeds) {
+            (Device::Cuda(i), BenchSeeds::Blending) => Some(format!(
+                "--device cuda:{i}: the CUDA host backend runs seedless hosts only so far (seeds on the \
+                 device are not built yet); add --seeds none, or bench the seeds on --device cpu"
+            )),
+            _ => None,
         }
     }
 }
@@ -80,13 +104,8 @@ pub fn cuda_ordinal(name: &str) -> Option<usize> {
 
 /// Why `--device cuda` cannot run in this build.
 pub fn cuda_unavailable() -> &'static str {
-    if cfg!(feature = "cuda") {
-        "this build has the CUDA kernels (kernels/cuda, compiled with NVRTC) but not yet the CUDA host \
-         backend that runs a step on the GPU; see docs/gpu.md"
-    } else {
-        "this binary was built without CUDA; build it with `bash ../shared/tools/cuda-build.sh` (cargo \
-         build --release --features cuda with the CUDA 13 toolkit), see docs/gpu.md"
-    }
+    "this binary was built without CUDA; build it with `bash ../shared/tools/cuda-build.sh` (cargo build \
+     --release --features cuda with the CUDA 13 toolkit), see docs/gpu.md"
 }
 
 /// The lifecycle state every step starts from.
@@ -365,7 +384,7 @@ fn bench_envs(
     mut on_line: impl FnMut(&str),
 ) -> Result<(Vec<TierResult>, BoundaryResult, usize, Option<u64>), RunError> {
     let plan = plan_for(config, envs)?;
-    let mut world = build_world(&plan)?;
+    let mut world = build_world_on(&plan, config.device.hosts())?;
     world.resource_mut::<StepClock>().epoch = 1;
     let train_images = (envs * config.batch_per_env * config.train_batches) as f64;
     let mut tiers = Vec::new();
@@ -412,11 +431,11 @@ fn bench_envs(
             }
         }
         if tier != Tier::Train {
-            configs = world
-                .resource::<Hosts>()
-                .as_cpu()
-                .and_then(|cpu| cpu.validator.configs.first())
-                .map_or(0, |c| c.masks.len());
+            // The CUDA backend runs seedless hosts only: the main configuration.
+            configs = match world.resource::<Hosts>().as_cpu() {
+                Some(cpu) => cpu.validator.configs.first().map_or(0, |c| c.masks.len()),
+                None => 1,
+            };
         }
         let step = Timing::of(&totals);
         let result = TierResult {
@@ -472,6 +491,10 @@ pub fn run(config: &BenchConfig, mut on_line: impl FnMut(&str)) -> Result<BenchR
     if config.reps == 0 {
         return Err(RunError("--reps must be at least 1".into()));
     }
+    if let Some(why) = config.device.refuses(config.seeds) {
+        return Err(RunError(why));
+    }
+    probe_device(config.device.hosts())?;
     let forced_state = config.seeds.describe();
     let threads = rayon::current_num_threads();
     on_line(&format!(

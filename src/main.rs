@@ -267,6 +267,9 @@ fn bench_command(args: &BenchArgs) -> ExitCode {
         Ok(seeds) => seeds,
         Err(message) => return bad_input(message),
     };
+    if let Some(why) = device.refuses(seeds) {
+        return bad_input(why);
+    }
     let json_path = args.json.clone().unwrap_or_else(|| {
         PathBuf::from("runs").join(format!(
             "bench-{}.json",
@@ -299,7 +302,12 @@ fn bench_command(args: &BenchArgs) -> ExitCode {
     };
     let report = match bench::run(&config, |line| println!("{line}")) {
         Ok(report) => report,
-        Err(e) => return failed(e),
+        Err(e) => {
+            // Opened empty above: a failed bench leaves no report behind.
+            drop(json_file);
+            let _ = std::fs::remove_file(&json_path);
+            return failed(e);
+        }
     };
     let text = match serde_json::to_string_pretty(&report) {
         Ok(text) => text,

@@ -93,8 +93,64 @@ pub fn host_arch(plan: &RunPlan) -> HostArch {
     }
 }
 
-/// Build the world: resources, one entity per env and per (env, slot).
+/// Where the hosts train and validate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostDevice {
+    /// The batched CPU kernels ([`CpuHostBackend`]).
+    Cpu,
+    /// GPU `N` with the CUDA backend (a `cuda` build; seedless hosts only so far).
+    Cuda(usize),
+}
+
+/// Build the world: resources, one entity per env and per (env, slot), the hosts on the CPU.
 pub fn build_world(plan: &RunPlan) -> Result<World, RunError> {
+    build_world_on(plan, HostDevice::Cpu)
+}
+
+/// The hosts' backend for `plan` on `device`.
+fn host_backend(plan: &RunPlan, device: HostDevice, slot_ids: &[(u8, u8)]) -> Result<Hosts, RunError> {
+    let (cfg, arch) = (&plan.config, host_arch(plan));
+    match device {
+        HostDevice::Cpu => {
+            Ok(Hosts::from(CpuHostBackend::new(arch, slot_ids, cfg.envs, cfg.batch_per_env, cfg.seed, 0)))
+        }
+        #[cfg(feature = "cuda")]
+        HostDevice::Cuda(ordinal) => {
+            use esper_kernels::cuda::{CudaHostBackend, KernelCache, parity::Device};
+            let on = |e: Box<dyn std::error::Error>| RunError(format!("cuda:{ordinal}: {e}"));
+            let device = Device::open(ordinal, &KernelCache::default_location()).map_err(on)?;
+            let backend =
+                CudaHostBackend::new(device, arch, slot_ids, cfg.envs, cfg.batch_per_env, cfg.seed, 0)
+                    .map_err(on)?;
+            Ok(Hosts::from(backend))
+        }
+        #[cfg(not(feature = "cuda"))]
+        HostDevice::Cuda(ordinal) => {
+            Err(RunError(format!("--device cuda:{ordinal}: {}", crate::bench::cuda_unavailable())))
+        }
+    }
+}
+
+/// Opens `device` once and lets it go: a GPU that cannot be used is found before any work (CPU: Ok).
+pub fn probe_device(device: HostDevice) -> Result<(), RunError> {
+    match device {
+        HostDevice::Cpu => Ok(()),
+        #[cfg(feature = "cuda")]
+        HostDevice::Cuda(ordinal) => {
+            use esper_kernels::cuda::{KernelCache, parity::Device};
+            Device::open(ordinal, &KernelCache::default_location())
+                .map(drop)
+                .map_err(|e| RunError(format!("cuda:{ordinal} cannot be used: {e}")))
+        }
+        #[cfg(not(feature = "cuda"))]
+        HostDevice::Cuda(ordinal) => {
+            Err(RunError(format!("--device cuda:{ordinal}: {}", crate::bench::cuda_unavailable())))
+        }
+    }
+}
+
+/// [`build_world`] with the hosts on `device`.
+pub fn build_world_on(plan: &RunPlan, device: HostDevice) -> Result<World, RunError> {
     let cfg = &plan.config;
     let n_envs = cfg.envs;
     let dataset = Dataset::load(&plan.data).map_err(|e| RunError(e.to_string()))?;
@@ -112,14 +168,7 @@ pub fn build_world(plan: &RunPlan) -> Result<World, RunError> {
         step: 0,
         episode_epochs: cfg.epochs as u64,
     });
-    world.insert_resource(Hosts::from(CpuHostBackend::new(
-        arch,
-        &slot_ids,
-        n_envs,
-        cfg.batch_per_env,
-        cfg.seed,
-        0,
-    )));
+    world.insert_resource(host_backend(plan, device, &slot_ids)?);
     world.insert_resource(GovernorConfig::for_classes(arch.num_classes as u32));
     world.insert_resource(TrainData { dataset, batcher });
     let signal_config = SignalConfig::default();

@@ -234,6 +234,12 @@ impl DeviceHost {
             self.block_forward(device, b, images, false)?;
         }
         self.head_forward(device)?;
+        self.count_correct(device, labels)
+    }
+
+    /// Each env's correct count of the last forward's logits against `labels` (`[E, B]`; a label no class
+    /// has, as padding rows carry, never counts), into [`Self::correct_counts`].
+    pub fn count_correct(&mut self, device: &Device, labels: &CudaSlice<u8>) -> Result<(), ParityError> {
         let (envs, batch, classes) = (self.envs as u32, self.batch as u32, self.arch.num_classes as u32);
         let mut launch = device.stream.launch_builder(device.function("count_correct_f32"));
         launch.arg(&self.logits).arg(labels).arg(&mut self.correct).arg(&envs).arg(&batch).arg(&classes);
@@ -395,12 +401,101 @@ impl DeviceHost {
         Ok(())
     }
 
+    /// The env count and the images per env of a batch.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.envs, self.batch)
+    }
+
+    /// The last forward's logits `[E, B, K]`, on the device.
+    pub fn logits_on_device(&self) -> &CudaSlice<f32> {
+        &self.logits
+    }
+
+    /// The last training step's per-env mean cross-entropy `[E]`, on the device.
+    pub fn losses_on_device(&self) -> &CudaSlice<f32> {
+        &self.loss
+    }
+
+    /// The last [`Self::count_correct`]'s counts `[E]`, on the device.
+    pub fn correct_counts(&self) -> &CudaSlice<u32> {
+        &self.correct
+    }
+
+    /// Every buffer an env's state lives in, in [`HostParams::env_rows`]' order: the weight tensors, then
+    /// the running means and the running variances block by block; each is `[E, n]`.
+    fn state(&self) -> impl Iterator<Item = &CudaSlice<f32>> {
+        let means = self.blocks.iter().map(|b| &b.running_mean);
+        let vars = self.blocks.iter().map(|b| &b.running_var);
+        self.params.iter().chain(means).chain(vars)
+    }
+
+    fn state_mut(&mut self) -> impl Iterator<Item = &mut CudaSlice<f32>> {
+        let (means, vars): (Vec<_>, Vec<_>) =
+            self.blocks.iter_mut().map(|b| (&mut b.running_mean, &mut b.running_var)).unzip();
+        self.params.iter_mut().chain(means).chain(vars)
+    }
+
+    /// Overwrites the parameters and running statistics with `params` (same shape) and zeroes the
+    /// momentum: a new round's hosts.
+    pub fn upload_params(&mut self, device: &Device, params: &HostParams<f32>) -> Result<(), ParityError> {
+        assert_eq!((params.arch, params.n_envs()), (self.arch, self.envs), "upload of another host's shape");
+        let rows = params.weights.tensors.iter().chain(&params.running_mean).chain(&params.running_var);
+        let stream = device.stream.clone();
+        for (dst, src) in self.state_mut().zip(rows) {
+            stream.memcpy_htod(src.as_slice(), dst)?;
+        }
+        for m in &mut self.momentum {
+            stream.memset_zeros(m)?;
+        }
+        Ok(())
+    }
+
+    /// A device copy of every env's parameters and running statistics (a governor snapshot store).
+    pub fn snapshot(&self, device: &Device) -> Result<Vec<CudaSlice<f32>>, ParityError> {
+        self.state().map(|b| Ok(device.stream.clone_dtod(b)?)).collect()
+    }
+
+    /// Env `env`'s parameters and running statistics into `store` (from [`Self::snapshot`]).
+    pub fn save_env(
+        &self,
+        device: &Device,
+        env: usize,
+        store: &mut [CudaSlice<f32>],
+    ) -> Result<(), ParityError> {
+        for (src, dst) in self.state().zip(store.iter_mut()) {
+            let rows = env_rows(src.len(), self.envs, env);
+            device.stream.memcpy_dtod(&src.slice(rows.clone()), &mut dst.slice_mut(rows))?;
+        }
+        Ok(())
+    }
+
+    /// Env `env`'s parameters and running statistics from `store`, and its momentum zeroed (the
+    /// reference rebuilds its optimizer after a rollback).
+    pub fn restore_env(
+        &mut self,
+        device: &Device,
+        env: usize,
+        store: &[CudaSlice<f32>],
+    ) -> Result<(), ParityError> {
+        let envs = self.envs;
+        let stream = device.stream.clone();
+        for (dst, src) in self.state_mut().zip(store) {
+            let rows = env_rows(src.len(), envs, env);
+            stream.memcpy_dtod(&src.slice(rows.clone()), &mut dst.slice_mut(rows))?;
+        }
+        for m in &mut self.momentum {
+            let rows = env_rows(m.len(), envs, env);
+            stream.memset_zeros(&mut m.slice_mut(rows))?;
+        }
+        Ok(())
+    }
+
     /// The last forward's logits `[E, B, K]`, copied to the host.
     pub fn logits(&self, device: &Device) -> Result<Vec<f32>, ParityError> {
         Ok(device.stream.clone_dtoh(&self.logits)?)
     }
 
-    /// The last evaluation forward's correct count per env, copied to the host.
+    /// The last [`Self::count_correct`]'s counts, copied to the host.
     pub fn correct(&self, device: &Device) -> Result<Vec<u32>, ParityError> {
         Ok(device.stream.clone_dtoh(&self.correct)?)
     }
@@ -422,12 +517,10 @@ impl DeviceHost {
             (self.arch, self.envs),
             "download into another host's shape"
         );
-        for (dst, src) in params.weights.tensors.iter_mut().zip(&self.params) {
+        let HostParams { weights, running_mean, running_var, .. } = params;
+        let rows = weights.tensors.iter_mut().chain(running_mean.iter_mut()).chain(running_var.iter_mut());
+        for (src, dst) in self.state().zip(rows) {
             device.stream.memcpy_dtoh(src, dst.as_mut_slice())?;
-        }
-        for (b, block) in self.blocks.iter().enumerate() {
-            device.stream.memcpy_dtoh(&block.running_mean, params.running_mean[b].as_mut_slice())?;
-            device.stream.memcpy_dtoh(&block.running_var, params.running_var[b].as_mut_slice())?;
         }
         Ok(())
     }
@@ -436,6 +529,12 @@ impl DeviceHost {
     pub fn momentum(&self, device: &Device) -> Result<Vec<Vec<f32>>, ParityError> {
         self.momentum.iter().map(|m| Ok(device.stream.clone_dtoh(m)?)).collect()
     }
+}
+
+/// Env `env`'s rows of an `[E, n]` buffer of `len` values.
+fn env_rows(len: usize, envs: usize, env: usize) -> std::ops::Range<usize> {
+    let per_env = len / envs;
+    env * per_env..(env + 1) * per_env
 }
 
 /// One reduction block per (env, channel): the batch-norm statistics and parameter-gradient kernels.

@@ -4,14 +4,17 @@
 //! Compiling needs only NVRTC, not a GPU, so [`compile_all`] runs on any machine with the CUDA 13
 //! libraries (the `cuda` build's tests do it here); loading and launching need the driver:
 //! [`parity::run`] checks every kernel against its CPU twin on a device (`esper-ecs selftest`).
-//! The device backend is being built: [`host::DeviceHost`] runs the seedless host's evaluation forward
-//! on the device (checked by the selftest); the `HostBackend` over it is not built yet.
+//! The device backend is being built: [`host::DeviceHost`] trains and evaluates the seedless host on
+//! the device, and [`CudaHostBackend`] puts it behind the `HostBackend` seam for seedless workloads
+//! (both checked by the selftest against their CPU twins); seeds on the device come next.
 
+pub mod backend;
 mod cache;
 pub mod host;
 pub mod parity;
 mod sources;
 
+pub use backend::CudaHostBackend;
 pub use cache::{CacheOutcome, KernelCache, cache_key, default_cache_dir};
 pub use sources::{COMMON_HEADER, KERNEL_FILES, KernelFile};
 

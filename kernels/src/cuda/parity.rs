@@ -8,10 +8,15 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchArgs, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 
+use super::backend::CudaHostBackend;
 use super::host::DeviceHost;
 use super::{DEFAULT_ARCH, KERNEL_FILES, KernelCache};
-use crate::host::train::Trainer;
-use crate::host::{HostArch, HostParams, HostWorkspace, SeedBank};
+use crate::data::{Batcher, SyntheticSpec, synthetic};
+use crate::host::train::{Trainer, ValTotals, accumulate_validation};
+use crate::host::{
+    CpuHostBackend, EpochTrain, HostArch, HostBackend, HostParams, HostWorkspace, ParamPrint, SeedBank,
+    ValidationPlan,
+};
 use crate::ops::activation::{
     relu_backward, relu_forward, relu_forward_in_place, sigmoid_backward, sigmoid_forward,
 };
@@ -594,6 +599,8 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
     seed_op_checks(&device, &mut s, &mut rows)?;
     host_eval_check(&device, &mut s, &mut rows)?;
     host_train_check(&device, &mut s, &mut rows)?;
+    data_checks(&device, &mut s, &mut rows)?;
+    backend_checks(Device::open(ordinal, cache)?, &mut rows)?;
     Ok(rows)
 }
 
@@ -729,6 +736,185 @@ fn host_train_check(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) 
     for (kernel, twin, elements, diff, tolerance) in checks {
         rows.push(ParityRow::new(kernel, twin, elements, diff, tolerance));
     }
+    Ok(())
+}
+
+/// The batch gathers and the epoch / validation sums (`data.cu`) against the CPU's batcher and
+/// `accumulate_validation`, on a small synthetic set with the reference's crop-and-flip augmentation:
+/// 3 envs × 8 images, a training batch of the second epoch, and the last, short test batch (22 images:
+/// 8, 7, 7 rows and padding). Gathers copy or fill, so bit for bit; the validation sums in f64 on both
+/// sides (exp / ln of the device against Rust's: 1e-12), counts exactly.
+fn data_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
+    let stream = &device.stream;
+    let data =
+        synthetic::generate(&SyntheticSpec { n_train: 200, n_test: 46, ..SyntheticSpec::with_seed(3) })?;
+    let (envs, batch) = (3usize, 8usize);
+    let (slots, image_len) = (envs * batch, data.image_len());
+    let mut batcher = Batcher::new(&data, 9, envs, batch)?;
+    batcher.begin_epoch(0, 2);
+    let train_images = stream.clone_htod(&data.train.images)?;
+    let train_labels = stream.clone_htod(&data.train.labels)?;
+    let (test_images, test_labels) =
+        (stream.clone_htod(&data.test.images)?, stream.clone_htod(&data.test.labels)?);
+    let fill = stream.clone_htod(&data.augment.fill)?;
+
+    let (mut images_cpu, mut labels_cpu) = (vec![0.0f32; slots * image_len], vec![0u8; slots]);
+    batcher.fill_train(&data, 1, &mut images_cpu, &mut labels_cpu);
+    let (mut index, mut draw) = (vec![0u32; slots], vec![0u32; slots]);
+    batcher.train_gather(&data, 1, &mut index, &mut draw);
+    let (index_dev, draw_dev) = (stream.clone_htod(&index)?, stream.clone_htod(&draw)?);
+    let mut images_dev = stream.alloc_zeros::<f32>(slots * image_len)?;
+    let mut labels_dev = stream.alloc_zeros::<u8>(slots)?;
+    let dims = [slots, data.channels, data.height, data.width, data.augment.pad].map(|d| d as u32);
+    let mut launch = stream.launch_builder(device.function("gather_train_f32"));
+    launch.arg(&train_images).arg(&train_labels).arg(&index_dev).arg(&draw_dev).arg(&fill);
+    launch.arg(&mut images_dev).arg(&mut labels_dev);
+    push_dims(&mut launch, &dims);
+    unsafe { launch.launch(elementwise(slots * image_len)) }?;
+    let (images_gpu, labels_gpu) = (stream.clone_dtoh(&images_dev)?, stream.clone_dtoh(&labels_dev)?);
+    rows.push(ParityRow::new(
+        "gather_train_f32",
+        "data::Batcher::fill_train (crop and flip)",
+        images_cpu.len(),
+        max_diff(&images_gpu, &images_cpu).max(max_diff(&labels_gpu, &labels_cpu)),
+        0.0,
+    ));
+
+    let sharding = *batcher.sharding();
+    let last = sharding.num_test_batches() - 1;
+    let mut counts_cpu = vec![0usize; envs];
+    batcher.fill_test(&data, last, &mut images_cpu, &mut labels_cpu, &mut counts_cpu);
+    let first = (last * sharding.combined_batch()) as u64;
+    let len = (sharding.n_test - first as usize) as u32;
+    let mut counts_dev = stream.alloc_zeros::<u32>(envs)?;
+    let (envs32, batch32, image_len32) = (envs as u32, batch as u32, image_len as u32);
+    let mut launch = stream.launch_builder(device.function("gather_test_f32"));
+    launch.arg(&test_images).arg(&test_labels).arg(&mut images_dev).arg(&mut labels_dev).arg(&mut counts_dev);
+    launch.arg(&first).arg(&len).arg(&envs32).arg(&batch32).arg(&image_len32);
+    unsafe { launch.launch(elementwise(slots * image_len)) }?;
+    let (images_gpu, labels_gpu) = (stream.clone_dtoh(&images_dev)?, stream.clone_dtoh(&labels_dev)?);
+    let counts_gpu: Vec<usize> = stream.clone_dtoh(&counts_dev)?.into_iter().map(|c| c as usize).collect();
+    rows.push(ParityRow::new(
+        "gather_test_f32",
+        "data::Batcher::fill_test (short last batch)",
+        images_cpu.len(),
+        match counts_gpu == counts_cpu {
+            true => max_diff(&images_gpu, &images_cpu).max(max_diff(&labels_gpu, &labels_cpu)),
+            false => f64::INFINITY,
+        },
+        0.0,
+    ));
+
+    // Two batches of random logits into the sums, the second with the padded labels and counts above.
+    let classes = 10usize;
+    let mut totals = ValTotals::new(envs);
+    let (mut correct, mut total, mut batches) = (
+        stream.alloc_zeros::<u64>(envs)?,
+        stream.alloc_zeros::<u64>(envs)?,
+        stream.alloc_zeros::<u64>(envs)?,
+    );
+    let mut loss = stream.alloc_zeros::<f64>(envs)?;
+    let full: Vec<u8> = (0..slots).map(|_| s.below(classes as u64) as u8).collect();
+    for (labels, counts) in [(&full, &vec![batch; envs]), (&labels_cpu, &counts_cpu)] {
+        let logits = values(s, slots * classes, -4.0, 4.0);
+        accumulate_validation(&logits, batch, classes, labels, counts, &mut totals);
+        let (logits_dev, labels_dev) = (stream.clone_htod(&logits)?, stream.clone_htod(labels)?);
+        let counts32: Vec<u32> = counts.iter().map(|&c| c as u32).collect();
+        let counts_dev = stream.clone_htod(&counts32)?;
+        let classes32 = classes as u32;
+        let mut launch = stream.launch_builder(device.function("validation_accumulate_f32"));
+        launch.arg(&logits_dev).arg(&labels_dev).arg(&counts_dev).arg(&mut correct).arg(&mut total);
+        launch.arg(&mut loss).arg(&mut batches).arg(&envs32).arg(&batch32).arg(&classes32);
+        unsafe { launch.launch(elementwise(envs)) }?;
+    }
+    let exact = stream.clone_dtoh(&correct)? == totals.correct
+        && stream.clone_dtoh(&total)? == totals.total
+        && stream.clone_dtoh(&batches)? == totals.batches;
+    rows.push(ParityRow::new(
+        "validation_accumulate_f32",
+        "host::train::accumulate_validation",
+        2 * slots,
+        if exact { max_diff(&stream.clone_dtoh(&loss)?, &totals.loss_sum) } else { f64::INFINITY },
+        1e-12,
+    ));
+    Ok(())
+}
+
+/// One seedless run on [`CudaHostBackend`] against [`CpuHostBackend`] through the seam the systems use:
+/// two epochs of training (4 batches of 3 envs × 8 synthetic images, augmented) and a validation pass
+/// after each, then the parameter prints; then a governor snapshot of env 1, a third epoch, and the
+/// rollback, which must give env 1's checksum back bit for bit while env 0's has moved. Losses and
+/// prints to 1e-5 (the statistics' f64 sums against the CPU's f32 lanes, through two epochs of SGD);
+/// accuracies are counts of arg-maxes, which a few ulps only change on a near-tie, so exactly.
+fn backend_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
+    let arch = HostArch::CIFAR_BASELINE;
+    let (envs, batch, seed) = (3usize, 8usize, 5u64);
+    let data =
+        synthetic::generate(&SyntheticSpec { n_train: 96, n_test: 50, ..SyntheticSpec::with_seed(seed) })?;
+    let mut batcher = Batcher::new(&data, seed, envs, batch)?;
+    let mut cpu = CpuHostBackend::new(arch, &[], envs, batch, seed, 0);
+    let mut gpu = CudaHostBackend::new(device, arch, &[], envs, batch, seed, 0)?;
+    let plan = ValidationPlan { fossilized: &[], ablate_fossils: false };
+    let (mut loss_diff, mut acc_diff) = (0.0f64, 0.0f64);
+    let (mut out_cpu, mut out_gpu) = (vec![EpochTrain::default(); envs], vec![EpochTrain::default(); envs]);
+    for epoch in 1..=2 {
+        batcher.begin_epoch(0, epoch);
+        cpu.train_epoch(&data, &batcher, &mut out_cpu);
+        gpu.train_epoch(&data, &batcher, &mut out_gpu);
+        for (g, c) in out_gpu.iter().zip(&out_cpu) {
+            loss_diff = loss_diff.max(max_diff(&[g.loss], &[c.loss]));
+            acc_diff = acc_diff.max(max_diff(&[g.accuracy], &[c.accuracy]));
+        }
+        let val_cpu = cpu.validate(&data, &batcher, plan).to_vec();
+        let val_gpu = gpu.validate(&data, &batcher, plan);
+        for (g, c) in val_gpu.iter().zip(&val_cpu) {
+            loss_diff = loss_diff.max(max_diff(&[g.val_loss], &[c.val_loss]));
+            acc_diff = acc_diff.max(max_diff(&[g.val_acc], &[c.val_acc]));
+            acc_diff =
+                acc_diff.max(if g.config_acc.len() == c.config_acc.len() { 0.0 } else { f64::INFINITY });
+        }
+    }
+    rows.push(ParityRow::new(
+        "backend epochs: losses (CudaHostBackend)",
+        "host::CpuHostBackend::train_epoch, validate",
+        4 * envs,
+        loss_diff,
+        1e-5,
+    ));
+    rows.push(ParityRow::new(
+        "backend epochs: accuracies",
+        "host::CpuHostBackend::train_epoch, validate",
+        4 * envs,
+        acc_diff,
+        0.0,
+    ));
+    let fingerprints = |b: &dyn HostBackend| {
+        let (mut sums, mut prints) = (vec![0u64; envs], vec![ParamPrint::default(); envs]);
+        b.param_fingerprints(&mut sums, &mut prints);
+        (sums, prints)
+    };
+    let ((_, prints_cpu), (sums_before, prints_gpu)) = (fingerprints(&cpu), fingerprints(&gpu));
+    let flat = |p: &[ParamPrint]| p.iter().flat_map(|p| [p.sum, p.sum_sq]).collect::<Vec<f64>>();
+    rows.push(ParityRow::new(
+        "backend parameter prints",
+        "host::CpuHostBackend::param_fingerprints",
+        2 * envs,
+        max_diff(&flat(&prints_gpu), &flat(&prints_cpu)),
+        1e-5,
+    ));
+    gpu.take_snapshot(1, &[]);
+    batcher.begin_epoch(0, 3);
+    gpu.train_epoch(&data, &batcher, &mut out_gpu);
+    gpu.restore_snapshot(1);
+    let (sums_after, _) = fingerprints(&gpu);
+    let restored = sums_after[1] == sums_before[1] && sums_after[0] != sums_before[0];
+    rows.push(ParityRow::new(
+        "backend snapshot + rollback (env 1 of 3)",
+        "host::CpuHostBackend::take_snapshot, restore_snapshot",
+        envs,
+        if restored { 0.0 } else { f64::INFINITY },
+        0.0,
+    ));
     Ok(())
 }
 

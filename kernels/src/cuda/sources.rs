@@ -71,6 +71,16 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         ],
     },
     KernelFile {
+        name: "data.cu",
+        source: include_str!("../../cuda/data.cu"),
+        functions: &[
+            "gather_train_f32",
+            "gather_test_f32",
+            "train_epoch_accumulate",
+            "validation_accumulate_f32",
+        ],
+    },
+    KernelFile {
         name: "optim.cu",
         source: include_str!("../../cuda/optim.cu"),
         functions: &[

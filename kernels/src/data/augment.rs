@@ -29,6 +29,24 @@ pub struct AugDraw {
     pub flip: bool,
 }
 
+impl AugDraw {
+    /// The draw in one word, as the device's batch gather reads it: `top | left << 8 | flip << 16`
+    /// (offsets are at most `2·pad`, and [`Augment::crop_flip`] pads 4).
+    pub fn pack(self) -> u32 {
+        assert!(
+            self.top < 256 && self.left < 256,
+            "crop offsets {} and {} do not fit a byte",
+            self.top,
+            self.left
+        );
+        self.top as u32 | (self.left as u32) << 8 | u32::from(self.flip) << 16
+    }
+
+    pub fn unpack(word: u32) -> Self {
+        Self { top: (word & 0xff) as usize, left: (word >> 8 & 0xff) as usize, flip: word >> 16 & 1 != 0 }
+    }
+}
+
 /// Stream counters one image's draw uses. Every image consumes the same number whatever the settings,
 /// so image `p` of an epoch always reads counters `DRAWS_PER_IMAGE·p ..`.
 pub const DRAWS_PER_IMAGE: u64 = 3;

@@ -202,6 +202,27 @@ impl Batcher {
         );
     }
 
+    /// Training batch `batch` as the device gathers it: for slot `t = e·B + i`, the training image
+    /// `index[t]` and its augmentation draw `draw[t]` ([`AugDraw::pack`](super::AugDraw::pack); 0 when
+    /// the dataset's augmentation is the identity). Applying `draw[t]` to image `index[t]` is slot
+    /// `t` of [`Self::fill_train`].
+    pub fn train_gather(&self, data: &Dataset, batch: usize, index: &mut [u32], draw: &mut [u32]) {
+        let s = &self.sharding;
+        assert!(batch < s.num_train_batches(), "train batch {batch} of {}", s.num_train_batches());
+        assert!(index.len() == s.combined_batch() && draw.len() == s.combined_batch(), "one entry per slot");
+        let first = batch * s.combined_batch();
+        let aug = &data.augment;
+        let key = StreamKey::new(self.seed, self.round, self.epoch, Purpose::Augmentation);
+        for (slot, (index, draw)) in index.iter_mut().zip(draw.iter_mut()).enumerate() {
+            let position = first + slot;
+            *index = self.order[position];
+            *draw = match aug.is_identity() {
+                true => 0,
+                false => aug.draw(&mut key.stream(DRAWS_PER_IMAGE * position as u64)).pack(),
+            };
+        }
+    }
+
     /// Writes test batch `batch` into `images` / `labels` and each env's number of valid samples into
     /// `counts` (`[E]`). Env `e`'s samples are rows `0..counts[e]` of its block. The remaining rows (only
     /// in the last batch, and only when a chunk is shorter than `batch_per_env`) are padding: zero images
@@ -256,7 +277,7 @@ impl Batcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::{Augment, Split};
+    use crate::data::{AugDraw, Augment, Split};
 
     #[test]
     fn data_shard_reference_counts() {
@@ -380,6 +401,58 @@ mod tests {
         }
         // 7 × 150 = 1,050: every image exactly once per epoch.
         assert!(seen.iter().all(|&n| n == 1));
+    }
+
+    /// What the device gathers from `train_gather`'s plan — image `index[t]` with draw `draw[t]` — is
+    /// slot `t` of `fill_train`, with the reference's crop-and-flip augmentation on 3×8×8 images whose
+    /// pixels all differ (a wrong counter, image or unpacked offset changes pixels).
+    #[test]
+    fn data_shard_train_gather_plan_rebuilds_fill_train() {
+        let (n_train, image_len) = (240usize, 3 * 8 * 8);
+        let data = Dataset {
+            name: "coded".into(),
+            train: Split {
+                images: (0..n_train * image_len).map(|i| i as f32).collect(),
+                labels: (0..n_train).map(|i| (i % 7) as u8).collect(),
+            },
+            test: Split { images: vec![0.0; 4 * image_len], labels: vec![0; 4] },
+            num_classes: 7,
+            channels: 3,
+            height: 8,
+            width: 8,
+            augment: Augment::crop_flip(4, &[0.5, 0.4, 0.3], &[0.25, 0.2, 0.1]),
+        };
+        let mut batcher = Batcher::new(&data, 5, 3, 20).unwrap();
+        batcher.begin_epoch(1, 2);
+        let slots = 60;
+        let (mut images, mut labels) = (vec![0.0f32; slots * image_len], vec![0u8; slots]);
+        let (mut index, mut draw) = (vec![0u32; slots], vec![0u32; slots]);
+        let (mut flips, mut shifted) = (0, 0);
+        for batch in [0, 3] {
+            batcher.fill_train(&data, batch, &mut images, &mut labels);
+            batcher.train_gather(&data, batch, &mut index, &mut draw);
+            for t in 0..slots {
+                let d = AugDraw::unpack(draw[t]);
+                flips += usize::from(d.flip);
+                shifted += usize::from(d.top != 4 || d.left != 4);
+                let mut rebuilt = vec![0.0f32; image_len];
+                data.augment.apply(d, data.train.image(index[t] as usize, image_len), &mut rebuilt, 8, 8);
+                assert_eq!(rebuilt, images[t * image_len..(t + 1) * image_len], "slot {t} of batch {batch}");
+                assert_eq!(data.train.labels[index[t] as usize], labels[t]);
+            }
+        }
+        // The draws vary: some flip, most crop off-centre.
+        assert!(flips > 20 && flips < 100 && shifted > 90, "{flips} flips, {shifted} shifted of 120");
+        for d in [AugDraw { top: 0, left: 8, flip: true }, AugDraw { top: 255, left: 3, flip: false }] {
+            assert_eq!(AugDraw::unpack(d.pack()), d);
+        }
+        // Without augmentation every draw is 0 (the kernel's plain copy).
+        let plain = indexed_dataset(100, 10);
+        let batcher = Batcher::new(&plain, 5, 2, 10).unwrap();
+        let (mut index, mut draw) = (vec![0u32; 20], vec![7u32; 20]);
+        batcher.train_gather(&plain, 1, &mut index, &mut draw);
+        assert_eq!(draw, vec![0; 20]);
+        assert_eq!(index[..], batcher.order()[20..40]);
     }
 
     #[test]

@@ -94,6 +94,17 @@ impl ParamPrint {
 /// FNV-1a's offset basis: the hash of nothing.
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 
+/// The start of env `env`'s checksum (see [`HostBackend::param_fingerprints`]): 64-bit FNV-1a over its
+/// host rows ([`HostParams::env_rows`]), their sums added to `print`. A backend continues the hash over
+/// the env's seed rows.
+pub fn host_fingerprint(params: &HostParams<f32>, env: usize, print: &mut ParamPrint) -> u64 {
+    let mut hash = FNV_OFFSET;
+    for row in params.env_rows(env) {
+        hash = print.add_hashed(hash, row);
+    }
+    hash
+}
+
 /// Which seeds validation ablates.
 #[derive(Clone, Copy, Debug)]
 pub struct ValidationPlan<'a> {
@@ -250,10 +261,7 @@ impl CpuHostBackend {
     /// Env `env`'s checksum and prints (see [`HostBackend::param_fingerprints`]).
     fn env_fingerprint(&self, env: usize, groups: &mut [ParamPrint]) -> u64 {
         groups.fill(ParamPrint::default());
-        let mut hash = FNV_OFFSET;
-        for row in self.params.env_rows(env) {
-            hash = groups[0].add_hashed(hash, row);
-        }
+        let mut hash = host_fingerprint(&self.params, env, &mut groups[0]);
         for (slot, group) in self.bank.slots().zip(&mut groups[1..]) {
             let state = slot.state[env];
             let Some(bp) = state.blueprint else { continue };

@@ -13,7 +13,7 @@ pub mod train;
 pub use arch::HostArch;
 pub use backend::{
     CpuHostBackend, EpochTrain, FossilRow, HostBackend, ParamPrint, SeedTelemetry, SlotSync, SnapshotStore,
-    TELEMETRY_STRIDE, ValidationPlan,
+    TELEMETRY_STRIDE, ValidationPlan, host_fingerprint,
 };
 pub use counterfactual::{EnvConfigs, EnvCounterfactuals, FusedValidator};
 pub use network::HostWorkspace;

@@ -1,0 +1,92 @@
+// Batches gathered on the device from the resident dataset, and the per-env sums a training epoch and
+// a validation pass keep: the CUDA twins of Batcher::fill_train (with Augment::apply), Batcher::fill_test
+// (kernels/src/data/shard.rs, augment.rs) and of the sums in CpuHostBackend::train_epoch and
+// accumulate_validation (kernels/src/host/backend.rs, train.rs). Images are [N, C, H, W] f32, batches
+// [E, B, C, H, W], labels u8.
+
+#define PAD_LABEL 255
+
+// Training batch slot t = e·B + i is training image index[t], cropped and flipped by draw[t]
+// (AugDraw::pack: top | left << 8 | flip << 16): out[t][c][y][x] = padded[c][y + top][x' + left] with
+// x' = W−1−x when flipped, padded = the image surrounded by `pad` pixels of fill[c]. With pad 0 and
+// draw 0 this is a copy. A copy or a fill: the same bits as the CPU.
+extern "C" __global__ void gather_train_f32(
+    const float* images, const u8* labels, const u32* index, const u32* draw, const float* fill, float* out,
+    u8* out_labels, u32 slots, u32 channels, u32 height, u32 width, u32 pad) {
+    u64 plane = (u64)height * width, image_len = channels * plane;
+    FOR_EACH(i, (u64)slots * image_len) {
+        u64 t = i / image_len, r = i % image_len;
+        u32 c = (u32)(r / plane), y = (u32)(r % plane / width), x = (u32)(r % width);
+        u32 d = draw[t];
+        int top = (int)(d & 0xffu), left = (int)((d >> 8) & 0xffu);
+        bool flip = ((d >> 16) & 1u) != 0;
+        int sy = (int)y + top - (int)pad;
+        int xc = flip ? (int)width - 1 - (int)x : (int)x;
+        int sx = xc + left - (int)pad;
+        float v = fill[c];
+        if (sy >= 0 && sy < (int)height && sx >= 0 && sx < (int)width)
+            v = images[(u64)index[t] * image_len + c * plane + (u64)sy * width + sx];
+        out[i] = v;
+        if (r == 0) out_labels[t] = labels[index[t]];
+    }
+}
+
+// Test batch: the `len` test images from `first` on, split over the envs as Sharding::test_chunk does
+// (the first len mod E envs get one more); env e's rows past its chunk are zero images labelled
+// PAD_LABEL; counts[e] = its chunk's length.
+extern "C" __global__ void gather_test_f32(
+    const float* images, const u8* labels, float* out, u8* out_labels, u32* counts, u64 first, u32 len,
+    u32 envs, u32 batch, u32 image_len) {
+    u32 q = len / envs, rem = len % envs;
+    FOR_EACH(i, (u64)envs * batch * image_len) {
+        u64 t = i / image_len;
+        u32 k = (u32)(i % image_len), e = (u32)(t / batch), row = (u32)(t % batch);
+        u32 n = q + (e < rem ? 1u : 0u);
+        u64 start = first + (u64)e * q + (e < rem ? e : rem);
+        bool real = row < n;
+        out[i] = real ? images[(start + row) * image_len + k] : 0.0f;
+        if (k == 0) out_labels[t] = real ? labels[start + row] : (u8)PAD_LABEL;
+        if (k == 0 && row == 0) counts[e] = n;
+    }
+}
+
+// One training batch into the epoch's per-env sums: loss_sum[e] += loss[e] (in f64, batches in order),
+// right[e] += correct[e].
+extern "C" __global__ void train_epoch_accumulate(
+    const float* loss, const u32* correct, double* loss_sum, u64* right, u32 envs) {
+    FOR_EACH(e, envs) {
+        loss_sum[e] += (double)loss[e];
+        right[e] += correct[e];
+    }
+}
+
+// One validation batch into the pass's per-env sums, one thread per env doing accumulate_validation's
+// f64 arithmetic in its order: rows 0..counts[e] of env e, the first arg-max, the cross-entropy
+// max + ln Σ exp(z − max) − z[label]; correct, total, loss_sum += the batch mean, batches += 1.
+extern "C" __global__ void validation_accumulate_f32(
+    const float* logits, const u8* labels, const u32* counts, u64* correct, u64* total, double* loss_sum,
+    u64* batches, u32 envs, u32 batch, u32 classes) {
+    FOR_EACH(e, envs) {
+        u32 count = counts[e];
+        if (count == 0) continue;
+        double loss = 0.0;
+        u64 right = 0;
+        for (u32 row = 0; row < count; ++row) {
+            u64 i = (u64)e * batch + row;
+            const float* z = logits + i * classes;
+            u32 label = labels[i], best = 0;
+            double max = (double)z[0];
+            for (u32 k = 0; k < classes; ++k) {
+                if ((double)z[k] > max) { best = k; max = (double)z[k]; }
+            }
+            double sum = 0.0;
+            for (u32 k = 0; k < classes; ++k) sum += exp((double)z[k] - max);
+            loss += max + log(sum) - (double)z[label];
+            right += best == label ? 1 : 0;
+        }
+        correct[e] += right;
+        total[e] += count;
+        loss_sum[e] += loss / (double)count;
+        batches[e] += 1;
+    }
+}

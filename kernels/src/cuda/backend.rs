@@ -1,0 +1,307 @@
+//! [`CudaHostBackend`]: the [`HostBackend`] seam on one GPU, for hosts without seeds (issue 16's first
+//! workload, `bench --seeds none`). The dataset is uploaded once; each training batch is gathered on the
+//! device from the epoch's order and augmentation draws (a few bytes per image, computed on the CPU by
+//! [`Batcher::train_gather`]); [`DeviceHost`] trains and evaluates; the epoch's and the validation
+//! pass's per-env sums stay on the device until the stage ends, so each stage reads back once. Governor
+//! snapshots are device copies.
+//!
+//! Seeds are not on the device yet: a lifecycle step that would give a slot a seed is refused (a panic
+//! that names the missing piece; the CLI only builds this backend for seedless workloads).
+
+use std::any::Any;
+
+use cudarc::driver::{CudaSlice, PushKernelArg};
+
+use super::host::DeviceHost;
+use super::parity::{Device, ParityError, elementwise};
+use crate::data::{Batcher, Dataset, PAD_LABEL};
+use crate::host::{
+    EnvCounterfactuals, EpochTrain, FossilRow, HostArch, HostBackend, HostParams, ParamPrint, SeedTelemetry,
+    SlotSync, ValidationPlan, host_fingerprint,
+};
+
+/// The dataset resident on the device, and what it was uploaded from.
+struct DeviceData {
+    /// `(n_train, n_test, address of the training images)`: a different dataset is uploaded anew.
+    source: (usize, usize, usize),
+    train_images: CudaSlice<f32>,
+    train_labels: CudaSlice<u8>,
+    test_images: CudaSlice<f32>,
+    test_labels: CudaSlice<u8>,
+    /// Per channel: the value of a padded pixel of the training augmentation.
+    fill: CudaSlice<f32>,
+    pad: u32,
+}
+
+/// The hosts of every env on one GPU (no seeds).
+pub struct CudaHostBackend {
+    device: Device,
+    arch: HostArch,
+    slot_ids: Vec<(u8, u8)>,
+    host: DeviceHost,
+    snapshots: Vec<CudaSlice<f32>>,
+    data: Option<DeviceData>,
+    /// This batch's gather plan, on the host and the device: `[E·B]` each.
+    index: Vec<u32>,
+    draw: Vec<u32>,
+    index_dev: CudaSlice<u32>,
+    draw_dev: CudaSlice<u32>,
+    /// The batch: images `[E, B, C, H, W]`, labels `[E, B]`, a test batch's valid rows per env `[E]`.
+    images: CudaSlice<f32>,
+    labels: CudaSlice<u8>,
+    counts: CudaSlice<u32>,
+    /// Per env over the epoch: Σ batch losses, Σ correct.
+    loss_sum: CudaSlice<f64>,
+    right: CudaSlice<u64>,
+    /// Per env over the validation pass: correct, total, Σ batch-mean losses, batches.
+    val_correct: CudaSlice<u64>,
+    val_total: CudaSlice<u64>,
+    val_loss: CudaSlice<f64>,
+    val_batches: CudaSlice<u64>,
+    results: Vec<EnvCounterfactuals>,
+}
+
+/// A device failure inside a stage: the seam's operations cannot return one, and a step cannot go on.
+fn on_device<T>(result: Result<T, ParityError>) -> T {
+    result.unwrap_or_else(|e| panic!("CUDA host backend: {e}"))
+}
+
+impl CudaHostBackend {
+    /// Fresh hosts on `device` ([`Device::open`]) for round `round` of run `seed`: `n_envs` envs of
+    /// `batch` images per batch, initialised exactly as [`crate::host::CpuHostBackend`] initialises them.
+    pub fn new(
+        device: Device,
+        arch: HostArch,
+        slot_ids: &[(u8, u8)],
+        n_envs: usize,
+        batch: usize,
+        seed: u64,
+        round: u64,
+    ) -> Result<Self, ParityError> {
+        let params = init_params(arch, n_envs, seed, round);
+        let host = DeviceHost::upload(&device, &params, batch)?;
+        let snapshots = host.snapshot(&device)?;
+        let stream = &device.stream;
+        let slots = n_envs * batch;
+        Ok(Self {
+            arch,
+            slot_ids: slot_ids.to_vec(),
+            snapshots,
+            data: None,
+            index: vec![0; slots],
+            draw: vec![0; slots],
+            index_dev: stream.alloc_zeros::<u32>(slots)?,
+            draw_dev: stream.alloc_zeros::<u32>(slots)?,
+            images: stream.alloc_zeros::<f32>(slots * arch.image_len())?,
+            labels: stream.alloc_zeros::<u8>(slots)?,
+            counts: stream.alloc_zeros::<u32>(n_envs)?,
+            loss_sum: stream.alloc_zeros::<f64>(n_envs)?,
+            right: stream.alloc_zeros::<u64>(n_envs)?,
+            val_correct: stream.alloc_zeros::<u64>(n_envs)?,
+            val_total: stream.alloc_zeros::<u64>(n_envs)?,
+            val_loss: stream.alloc_zeros::<f64>(n_envs)?,
+            val_batches: stream.alloc_zeros::<u64>(n_envs)?,
+            results: Vec::new(),
+            host,
+            device,
+        })
+    }
+
+    /// Uploads `data` unless it is what the device holds.
+    fn ensure_data(&mut self, data: &Dataset) -> Result<(), ParityError> {
+        let source = (data.n_train(), data.n_test(), data.train.images.as_ptr() as usize);
+        if self.data.as_ref().is_some_and(|d| d.source == source) {
+            return Ok(());
+        }
+        assert_eq!(data.image_len(), self.arch.image_len(), "the dataset's images are not the host's");
+        assert!(data.augment.pad < 128, "crop padding {} does not fit the packed draw", data.augment.pad);
+        let stream = &self.device.stream;
+        self.data = Some(DeviceData {
+            source,
+            train_images: stream.clone_htod(&data.train.images)?,
+            train_labels: stream.clone_htod(&data.train.labels)?,
+            test_images: stream.clone_htod(&data.test.images)?,
+            test_labels: stream.clone_htod(&data.test.labels)?,
+            fill: stream.clone_htod(&data.augment.fill)?,
+            pad: data.augment.pad as u32,
+        });
+        Ok(())
+    }
+
+    fn train_epoch_on_device(
+        &mut self,
+        data: &Dataset,
+        batcher: &Batcher,
+        out: &mut [EpochTrain],
+    ) -> Result<(), ParityError> {
+        self.ensure_data(data)?;
+        let (envs, batch) = self.host.shape();
+        assert_eq!(out.len(), envs, "one result per env");
+        let stream = self.device.stream.clone();
+        stream.memset_zeros(&mut self.loss_sum)?;
+        stream.memset_zeros(&mut self.right)?;
+        let d = self.data.as_ref().expect("uploaded above");
+        let slots = (envs * batch) as u32;
+        let (channels, height, width) = (data.channels as u32, data.height as u32, data.width as u32);
+        let n_batches = batcher.sharding().num_train_batches();
+        let image_values = self.images.len();
+        for b in 0..n_batches {
+            batcher.train_gather(data, b, &mut self.index, &mut self.draw);
+            stream.memcpy_htod(self.index.as_slice(), &mut self.index_dev)?;
+            stream.memcpy_htod(self.draw.as_slice(), &mut self.draw_dev)?;
+            let mut launch = stream.launch_builder(self.device.function("gather_train_f32"));
+            launch.arg(&d.train_images).arg(&d.train_labels).arg(&self.index_dev).arg(&self.draw_dev);
+            launch.arg(&d.fill).arg(&mut self.images).arg(&mut self.labels);
+            launch.arg(&slots).arg(&channels).arg(&height).arg(&width).arg(&d.pad);
+            unsafe { launch.launch(elementwise(image_values)) }?;
+
+            self.host.train_step(&self.device, &self.images, &self.labels)?;
+            self.host.count_correct(&self.device, &self.labels)?;
+            let envs32 = envs as u32;
+            let mut launch = stream.launch_builder(self.device.function("train_epoch_accumulate"));
+            launch.arg(self.host.losses_on_device()).arg(self.host.correct_counts());
+            launch.arg(&mut self.loss_sum).arg(&mut self.right).arg(&envs32);
+            unsafe { launch.launch(elementwise(envs)) }?;
+        }
+        // The epoch's one read-back.
+        let (loss_sum, right) = (stream.clone_dtoh(&self.loss_sum)?, stream.clone_dtoh(&self.right)?);
+        for ((o, loss_sum), right) in out.iter_mut().zip(loss_sum).zip(right) {
+            *o = EpochTrain {
+                loss: loss_sum / n_batches as f64,
+                accuracy: 100.0 * right as f64 / (n_batches * batch) as f64,
+            };
+        }
+        Ok(())
+    }
+
+    fn validate_on_device(&mut self, data: &Dataset, batcher: &Batcher) -> Result<(), ParityError> {
+        self.ensure_data(data)?;
+        let (envs, batch) = self.host.shape();
+        let stream = self.device.stream.clone();
+        for sums in [&mut self.val_correct, &mut self.val_total, &mut self.val_batches] {
+            stream.memset_zeros(sums)?;
+        }
+        stream.memset_zeros(&mut self.val_loss)?;
+        let d = self.data.as_ref().expect("uploaded above");
+        let sharding = batcher.sharding();
+        let (envs32, batch32) = (envs as u32, batch as u32);
+        let (image_len, classes) = (self.arch.image_len() as u32, self.arch.num_classes as u32);
+        debug_assert_eq!(PAD_LABEL, 255, "gather_test_f32 pads with label 255");
+        let image_values = self.images.len();
+        for b in 0..sharding.num_test_batches() {
+            let first = (b * sharding.combined_batch()) as u64;
+            let len = sharding.combined_batch().min(sharding.n_test - first as usize) as u32;
+            let mut launch = stream.launch_builder(self.device.function("gather_test_f32"));
+            launch.arg(&d.test_images).arg(&d.test_labels).arg(&mut self.images).arg(&mut self.labels);
+            launch.arg(&mut self.counts).arg(&first).arg(&len).arg(&envs32).arg(&batch32).arg(&image_len);
+            unsafe { launch.launch(elementwise(image_values)) }?;
+
+            self.host.forward_eval(&self.device, &self.images, &self.labels)?;
+            let mut launch = stream.launch_builder(self.device.function("validation_accumulate_f32"));
+            launch.arg(self.host.logits_on_device()).arg(&self.labels).arg(&self.counts);
+            launch.arg(&mut self.val_correct).arg(&mut self.val_total).arg(&mut self.val_loss);
+            launch.arg(&mut self.val_batches).arg(&envs32).arg(&batch32).arg(&classes);
+            unsafe { launch.launch(elementwise(envs)) }?;
+        }
+        // The pass's one read-back; the results are what the CPU's validator gives an env without
+        // ablatable seeds: the main configuration only.
+        let correct = stream.clone_dtoh(&self.val_correct)?;
+        let total = stream.clone_dtoh(&self.val_total)?;
+        let loss = stream.clone_dtoh(&self.val_loss)?;
+        let batches = stream.clone_dtoh(&self.val_batches)?;
+        self.results.resize_with(envs, EnvCounterfactuals::default);
+        for (e, r) in self.results.iter_mut().enumerate() {
+            let acc = if total[e] == 0 { 0.0 } else { 100.0 * correct[e] as f64 / total[e] as f64 };
+            *r = EnvCounterfactuals {
+                val_acc: acc,
+                val_loss: if batches[e] == 0 { f64::NAN } else { loss[e] / batches[e] as f64 },
+                config_acc: vec![acc],
+                ..EnvCounterfactuals::default()
+            };
+        }
+        Ok(())
+    }
+}
+
+fn init_params(arch: HostArch, n_envs: usize, seed: u64, round: u64) -> HostParams<f32> {
+    let ids: Vec<u64> = (0..n_envs as u64).collect();
+    HostParams::init(arch, seed, round, &ids)
+}
+
+impl HostBackend for CudaHostBackend {
+    fn arch(&self) -> HostArch {
+        self.arch
+    }
+
+    fn n_envs(&self) -> usize {
+        self.host.shape().0
+    }
+
+    fn slot_ids(&self) -> &[(u8, u8)] {
+        &self.slot_ids
+    }
+
+    fn sync_slot(&mut self, env: usize, slot: usize, sync: &SlotSync) {
+        assert!(
+            sync.germinate.is_none() && !sync.create_gate && sync.state.blueprint.is_none(),
+            "env {env} slot {slot}: seeds do not run on the CUDA backend yet (issue 16); only seedless \
+             workloads (bench --seeds none) can use --device cuda"
+        );
+    }
+
+    fn train_epoch(&mut self, data: &Dataset, batcher: &Batcher, out: &mut [EpochTrain]) {
+        on_device(self.train_epoch_on_device(data, batcher, out));
+    }
+
+    fn validate(
+        &mut self,
+        data: &Dataset,
+        batcher: &Batcher,
+        _plan: ValidationPlan<'_>,
+    ) -> &[EnvCounterfactuals] {
+        on_device(self.validate_on_device(data, batcher));
+        &self.results
+    }
+
+    fn seed_telemetry(&self, _slot: usize, _env: usize) -> Option<SeedTelemetry> {
+        None
+    }
+
+    fn take_snapshot(&mut self, env: usize, fossils: &[Option<FossilRow>]) {
+        assert!(fossils.iter().all(Option::is_none), "no fossils without seeds");
+        on_device(self.host.save_env(&self.device, env, &mut self.snapshots));
+    }
+
+    fn restore_snapshot(&mut self, env: usize) {
+        on_device(self.host.restore_env(&self.device, env, &self.snapshots));
+    }
+
+    fn reset_round(&mut self, seed: u64, round: u64) {
+        let params = init_params(self.arch, self.n_envs(), seed, round);
+        on_device(self.host.upload_params(&self.device, &params));
+        self.snapshots = on_device(self.host.snapshot(&self.device));
+    }
+
+    fn param_fingerprints(&self, checksums: &mut [u64], prints: &mut [ParamPrint]) {
+        let groups = 1 + self.slot_ids.len();
+        assert_eq!(
+            (checksums.len(), prints.len()),
+            (self.n_envs(), self.n_envs() * groups),
+            "[E] and [E, 1 + S]"
+        );
+        let mut params = HostParams::zeros(self.arch, self.n_envs());
+        on_device(self.host.download(&self.device, &mut params));
+        for (env, (checksum, prints)) in checksums.iter_mut().zip(prints.chunks_mut(groups)).enumerate() {
+            prints.fill(ParamPrint::default());
+            *checksum = host_fingerprint(&params, env, &mut prints[0]);
+        }
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
