@@ -111,3 +111,60 @@ extern "C" __global__ void conv2d_backward_weight_f32(
         grad_weight[t] = (a0 + a2) + (a1 + a3);
     }
 }
+
+// ---- The GEMM form (the host's convolutions at speed): im2col, one cuBLAS GEMM per stage over all
+// envs (strided batched), and the layout changes around it. Checked as a whole against the CPU's
+// ops::conv (its twin), to a tolerance: cuBLAS sums in its own order.
+//
+// col[e][j][b·P + q], j = (s·k + ky)·k + kx over the input channels s and taps, q = yo·w_out + xo over
+// the output positions: x_padded[e, b, s, yo + ky, xo + kx] (0 in the padding). Row-major per env, a
+// (c_in·k·k) × (B·P) matrix.
+extern "C" __global__ void im2col_f32(
+    const float* x, float* col, u32 envs, u32 batch, u32 c_in, u32 h, u32 w, u32 k, u32 pad) {
+    u32 ho = h + 2 * pad + 1 - k, wo = w + 2 * pad + 1 - k;
+    u64 positions = (u64)ho * wo, n = (u64)batch * positions, rows = (u64)c_in * k * k;
+    FOR_EACH(i, (u64)envs * rows * n) {
+        u64 e = i / (rows * n), r = i / n % rows, c = i % n;
+        u64 b = c / positions, q = c % positions;
+        u32 yo = (u32)(q / wo), xo = (u32)(q % wo);
+        u32 kx = (u32)(r % k), ky = (u32)(r / k % k), s = (u32)(r / ((u64)k * k));
+        const float* plane = x + ((e * batch + b) * c_in + s) * (u64)h * w;
+        col[i] = padded_at(plane, h, w, pad, yo + ky, xo + kx);
+    }
+}
+
+// The input gradient from the column gradient dcol (same layout as col): dx[e, b, s, y, x] (= or +=)
+// Σ_{ky, kx} dcol[e][(s·k + ky)·k + kx][b·P + (y + pad − ky)·w_out + (x + pad − kx)] over the taps whose
+// output position exists, in tap order. A gather: no two threads write one place.
+extern "C" __global__ void col2im_f32(
+    const float* dcol, float* dx, u32 envs, u32 batch, u32 c_in, u32 h, u32 w, u32 k, u32 pad,
+    int accumulate) {
+    u32 ho = h + 2 * pad + 1 - k, wo = w + 2 * pad + 1 - k;
+    u64 positions = (u64)ho * wo, n = (u64)batch * positions, rows = (u64)c_in * k * k;
+    FOR_EACH(i, (u64)envs * batch * c_in * h * w) {
+        u32 x = (u32)(i % w), y = (u32)(i / w % h), s = (u32)(i / ((u64)w * h) % c_in);
+        u64 image = i / ((u64)w * h * c_in);
+        u64 e = image / batch, b = image % batch;
+        const float* base = dcol + e * rows * n + b * positions;
+        float acc = 0.0f;
+        for (u32 ky = 0; ky < k; ++ky) {
+            int yo = (int)y + (int)pad - (int)ky;
+            if (yo < 0 || yo >= (int)ho) continue;
+            for (u32 kx = 0; kx < k; ++kx) {
+                int xo = (int)x + (int)pad - (int)kx;
+                if (xo < 0 || xo >= (int)wo) continue;
+                acc += base[((u64)s * k * k + ky * k + kx) * n + (u64)yo * wo + xo];
+            }
+        }
+        dx[i] = accumulate ? dx[i] + acc : acc;
+    }
+}
+
+// dst[e][b][a][p] = src[e][a][b][p] for src [E, A, B, P]: between the GEMM's channel-major rows
+// [E, C, B·P] and the network's image-major [E, B, C, P] (call with A and B swapped to go back).
+extern "C" __global__ void swap_middle_axes_f32(const float* src, float* dst, u32 envs, u32 a, u32 b, u32 plane) {
+    FOR_EACH(i, (u64)envs * a * b * plane) {
+        u64 p = i % plane, ia = i / plane % a, ib = i / ((u64)plane * a) % b, e = i / ((u64)plane * a * b);
+        dst[i] = src[((e * a + ia) * b + ib) * plane + p];
+    }
+}

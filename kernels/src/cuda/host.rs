@@ -1,6 +1,6 @@
 //! The seedless host network on the device: the first piece of the CUDA `HostBackend` (issue 16). It
-//! composes the kernels that [`super::parity`] checks one by one — conv, batch norm (training statistics
-//! or the running ones) with the ReLU, 2×2 max pool, global average pool, linear head, cross-entropy,
+//! composes the kernels that [`super::parity`] checks one by one — the convolutions as cuBLAS GEMMs
+//! ([`GemmConv`]), batch norm (training statistics or the running ones) with the ReLU, 2×2 max pool, global average pool, linear head, cross-entropy,
 //! their backwards, per-env clipping and SGD with momentum — over env-stacked parameters, gradients and
 //! momentum resident on the device. The selftest checks the evaluation forward against
 //! [`HostWorkspace::forward_eval`](crate::host::HostWorkspace::forward_eval) and two training steps
@@ -12,7 +12,8 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use super::parity::{Device, ParityError, elementwise, push_dims};
+use super::gemm_conv::{ConvDims, GemmConv};
+use super::parity::{Device, ParityError, elementwise};
 use crate::host::{HostArch, HostParams};
 use crate::optim::{MAX_GRAD_NORM, SgdConfig};
 
@@ -51,6 +52,8 @@ pub struct DeviceHost {
     envs: usize,
     batch: usize,
     blocks: Vec<DeviceBlock>,
+    /// The convolutions, as GEMMs.
+    conv: GemmConv,
     params: Vec<CudaSlice<f32>>,
     grads: Vec<CudaSlice<f32>>,
     momentum: Vec<CudaSlice<f32>>,
@@ -110,11 +113,13 @@ impl DeviceHost {
             momentum.push(stream.alloc_zeros::<f32>(t.len())?);
         }
         let samples = envs * batch;
+        let dims: Vec<ConvDims> = (0..arch.n_blocks).map(|b| conv_dims(arch, envs, batch, b)).collect();
         Ok(Self {
             arch,
             envs,
             batch,
             blocks,
+            conv: GemmConv::new(device, &dims)?,
             params: device_params,
             grads,
             momentum,
@@ -158,17 +163,13 @@ impl DeviceHost {
         let block = &mut rest[0];
         let input = done.last().map_or(images, DeviceBlock::output);
         let size = arch.block_size(b) as u32;
-        let (c_in, c_out) = (arch.block_in_channels(b) as u32, arch.block_channels(b) as u32);
-        let k = arch.kernel_size as u32;
+        let c_out = arch.block_channels(b) as u32;
         let act_len = block.act.len();
         let (conv_w, gamma, beta) = (&self.params[3 * b], &self.params[3 * b + 1], &self.params[3 * b + 2]);
 
-        // conv2d_forward: the twin of ops::conv::conv2d_forward (padding k / 2, one group).
-        let dims = [envs, batch, c_in, c_out, size, size, k, k / 2, 1];
-        let mut launch = stream.launch_builder(device.function("conv2d_forward_f32"));
-        launch.arg(input).arg(conv_w).arg(&mut block.conv_out);
-        push_dims(&mut launch, &dims);
-        unsafe { launch.launch(elementwise(act_len)) }?;
+        // The conv (padding k / 2, one group) as a GEMM; its twin is ops::conv::conv2d_forward.
+        let dims = conv_dims(arch, self.envs, self.batch, b);
+        self.conv.forward(device, &dims, input, conv_w, &mut block.conv_out)?;
 
         let plane = size * size;
         if train {
@@ -302,8 +303,7 @@ impl DeviceHost {
 
         for b in (0..n).rev() {
             let size = arch.block_size(b) as u32;
-            let (c_in, c_out) = (arch.block_in_channels(b) as u32, arch.block_channels(b) as u32);
-            let k = arch.kernel_size as u32;
+            let c_out = arch.block_channels(b) as u32;
             let block = &self.blocks[b];
             let act_len = block.act.len();
             if let Some((_, argmax)) = &block.pooled {
@@ -339,20 +339,16 @@ impl DeviceHost {
                 0 => images,
                 _ => self.blocks[b - 1].output(),
             };
-            let dims = [envs, batch, c_in, c_out, size, size, k, k / 2, 1];
-            let weight_len = conv_g[0].len();
-            let mut launch = stream.launch_builder(device.function("conv2d_backward_weight_f32"));
-            launch.arg(input).arg(&self.grad_a).arg(&mut conv_g[0]);
-            push_dims(&mut launch, &dims);
-            unsafe { launch.launch(elementwise(weight_len)) }?;
+            let dims = conv_dims(arch, self.envs, self.batch, b);
+            self.conv.backward_weight(device, &dims, input, &self.grad_a, &mut conv_g[0])?;
             if b > 0 {
-                let overwrite = 0i32;
-                let input_len = self.envs * self.batch * arch.block_in_channels(b) * (size * size) as usize;
-                let mut launch = stream.launch_builder(device.function("conv2d_backward_input_f32"));
-                launch.arg(&self.grad_a).arg(&self.params[3 * b]).arg(&mut self.grad_b);
-                push_dims(&mut launch, &dims);
-                launch.arg(&overwrite);
-                unsafe { launch.launch(elementwise(input_len)) }?;
+                self.conv.backward_input(
+                    device,
+                    &dims,
+                    &self.grad_a,
+                    &self.params[3 * b],
+                    &mut self.grad_b,
+                )?;
                 std::mem::swap(&mut self.grad_a, &mut self.grad_b);
             }
         }
@@ -528,6 +524,21 @@ impl DeviceHost {
     /// The momentum buffers in [`HostParams`]' tensor order, copied to the host.
     pub fn momentum(&self, device: &Device) -> Result<Vec<Vec<f32>>, ParityError> {
         self.momentum.iter().map(|m| Ok(device.stream.clone_dtoh(m)?)).collect()
+    }
+}
+
+/// Block `b`'s convolution: k×k, padding k / 2, one group, the block's size in and out.
+fn conv_dims(arch: HostArch, envs: usize, batch: usize, b: usize) -> ConvDims {
+    let size = arch.block_size(b);
+    ConvDims {
+        envs,
+        batch,
+        c_in: arch.block_in_channels(b),
+        c_out: arch.block_channels(b),
+        h: size,
+        w: size,
+        k: arch.kernel_size,
+        pad: arch.kernel_size / 2,
     }
 }
 

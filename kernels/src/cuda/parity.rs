@@ -9,6 +9,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchArgs, LaunchCo
 use cudarc::nvrtc::Ptx;
 
 use super::backend::CudaHostBackend;
+use super::gemm_conv::{ConvDims, GemmConv};
 use super::host::DeviceHost;
 use super::{DEFAULT_ARCH, KERNEL_FILES, KernelCache};
 use crate::data::{Batcher, SyntheticSpec, synthetic};
@@ -668,7 +669,8 @@ fn max_diff_of_tensor(gpu: &[f32], cpu: &[f32]) -> f64 {
 /// cross-entropy, backward, per-env clipping, SGD with momentum) against [`Trainer::step`] on the same
 /// parameters and batches (cifar_baseline, three envs of six images; the second step with momentum
 /// from the first). The CPU sums its batch-norm statistics and parameter gradients in f32 lanes and the
-/// device in f64, so the two part by a few ulps in the forward and that grows through the backward:
+/// device in f64, and the device's convolutions are cuBLAS GEMMs summing in their own order, so the two
+/// part by a few ulps in the forward and that grows through the backward:
 /// the gradients (the momentum after the first step: the clipped gradient plus weight decay) to 1e-4 of each tensor's
 /// largest value, the losses and norms to 1e-5, the parameters after both steps (moved by lr = 0.01
 /// times those gradients) and the running statistics to 1e-5. A wrong index or order gives O(1).
@@ -1009,6 +1011,55 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
             max_diff(&dw_gpu, &dw_cpu),
             0.0,
         ));
+
+        // The GEMM form the host trains with (one group only): cuBLAS sums in its own order, so to 1e-5
+        // of each result's largest value.
+        if c.groups == 1 {
+            let d = ConvDims {
+                envs: c.envs,
+                batch: c.batch,
+                c_in: c.c_in,
+                c_out: c.c_out,
+                h: c.h,
+                w: c.w,
+                k: c.k,
+                pad: c.pad,
+            };
+            let mut gemm = GemmConv::new(device, &[d])?;
+            let mut y_dev = stream.alloc_zeros::<f32>(y_cpu.len())?;
+            gemm.forward(device, &d, &x_dev, &w_dev, &mut y_dev)?;
+            let y_gemm = stream.clone_dtoh(&y_dev)?;
+            rows.push(ParityRow::new(
+                "GemmConv::forward (im2col, SGEMM)",
+                "ops::conv::conv2d_forward",
+                y_cpu.len(),
+                max_diff_of_tensor(&y_gemm, &y_cpu),
+                1e-5,
+            ));
+            let mut dw_dev = stream.alloc_zeros::<f32>(dw_cpu.len())?;
+            gemm.backward_weight(device, &d, &x_dev, &dy_dev, &mut dw_dev)?;
+            let dw_gemm = stream.clone_dtoh(&dw_dev)?;
+            rows.push(ParityRow::new(
+                "GemmConv::backward_weight",
+                "ops::conv::conv2d_backward_weight",
+                dw_cpu.len(),
+                max_diff_of_tensor(&dw_gemm, &dw_cpu),
+                1e-5,
+            ));
+            let mut dx_cpu = vec![0.0f32; c.input_len()];
+            conv2d_backward_input(c, &dy, &w, &mut dx_cpu);
+            // Start from junk: the GEMM form overwrites.
+            let mut dx_dev = stream.clone_htod(&values(s, c.input_len(), -1.0, 1.0))?;
+            gemm.backward_input(device, &d, &dy_dev, &w_dev, &mut dx_dev)?;
+            let dx_gemm = stream.clone_dtoh(&dx_dev)?;
+            rows.push(ParityRow::new(
+                "GemmConv::backward_input (col2im)",
+                "ops::conv::conv2d_backward_input",
+                dx_cpu.len(),
+                max_diff_of_tensor(&dx_gemm, &dx_cpu),
+                1e-5,
+            ));
+        }
     }
     Ok(())
 }

@@ -53,7 +53,14 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     KernelFile {
         name: "conv.cu",
         source: include_str!("../../cuda/conv.cu"),
-        functions: &["conv2d_forward_f32", "conv2d_backward_input_f32", "conv2d_backward_weight_f32"],
+        functions: &[
+            "conv2d_forward_f32",
+            "conv2d_backward_input_f32",
+            "conv2d_backward_weight_f32",
+            "im2col_f32",
+            "col2im_f32",
+            "swap_middle_axes_f32",
+        ],
     },
     KernelFile {
         name: "seeds.cu",
