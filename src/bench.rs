@@ -29,6 +29,7 @@ use esper_components::{
     AlphaAlgorithm, AlphaController, BlendId, BlendStyle, Blueprint, BlueprintAction, SeedAlpha, SeedStage,
     SlotEvents, SlotIndex, SlotState, TaskPreset,
 };
+use esper_kernels::host::DeviceReport;
 use esper_systems::host_resources::{Hosts, StepClock};
 use esper_systems::slot_query::SlotLifecycle;
 use esper_systems::{
@@ -265,6 +266,32 @@ pub struct TierResult {
     /// Slots the policy or the lifecycle moved out of the forced state, per timed step: their seeds
     /// were re-initialised inside the timed step (0 once the warm-up has germinated every seed).
     pub regerminated_slots_per_step: f64,
+    /// What a device backend measured in the timed steps (None on the CPU).
+    pub device: Option<DeviceStep>,
+}
+
+/// A device backend's own figures per timed step: the stages' device time (CUDA events, median over
+/// the steps) and the copies back that waited for the device (mean).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct DeviceStep {
+    pub train_ms: f64,
+    pub validate_ms: f64,
+    pub syncs_per_step: f64,
+}
+
+impl DeviceStep {
+    fn of(reports: &[DeviceReport]) -> Option<Self> {
+        if reports.is_empty() {
+            return None;
+        }
+        let median =
+            |f: fn(&DeviceReport) -> f64| Timing::of(&reports.iter().map(f).collect::<Vec<_>>()).median_ms;
+        Some(Self {
+            train_ms: median(|r| r.train_ms),
+            validate_ms: median(|r| r.validate_ms),
+            syncs_per_step: reports.iter().map(|r| r.syncs as f64).sum::<f64>() / reports.len() as f64,
+        })
+    }
 }
 
 /// The epoch boundary (tier 3, Observe … Record) at one env count.
@@ -407,8 +434,11 @@ fn bench_envs(
         }
         let (mut totals, mut boundaries, mut observes, mut rewards, mut regerminated) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), 0);
+        let mut device_steps = Vec::new();
         for rep in 0..config.warmup + config.reps {
             let forced = force_state(&mut world, config.seeds);
+            // Whatever a device counted before this step is not the step's.
+            world.resource_mut::<Hosts>().0.take_device_report();
             let mut part_ms = Vec::with_capacity(parts.len());
             for part in &mut parts {
                 let started = Instant::now();
@@ -420,7 +450,9 @@ fn bench_envs(
                 clock.epoch += 1;
                 clock.step += 1;
             }
+            let device_step = world.resource_mut::<Hosts>().0.take_device_report();
             if rep >= config.warmup {
+                device_steps.extend(device_step);
                 totals.push(part_ms.iter().sum::<f64>());
                 regerminated += forced;
                 if tier == Tier::FullLoop {
@@ -446,8 +478,19 @@ fn bench_envs(
             train_images_per_s: train_images / (step.median_ms / 1e3),
             env_epochs_per_s: envs as f64 / (step.median_ms / 1e3),
             regerminated_slots_per_step: regerminated as f64 / config.reps as f64,
+            device: DeviceStep::of(&device_steps),
         };
         on_line(&format_tier_row(&result));
+        if let Some(d) = result.device {
+            on_line(&format!(
+                "        device (CUDA events): train {:.2} ms, validate {:.2} ms per step ({:.0} % of the step); \
+                 {:.1} copies back per step",
+                d.train_ms,
+                d.validate_ms,
+                100.0 * (d.train_ms + d.validate_ms) / step.median_ms,
+                d.syncs_per_step
+            ));
+        }
         tiers.push(result);
         if tier == Tier::FullLoop {
             let full_step_ms = step.median_ms;

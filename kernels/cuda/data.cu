@@ -50,27 +50,30 @@ extern "C" __global__ void gather_test_f32(
     }
 }
 
-// One training batch into the epoch's per-env sums: loss_sum[e] += loss[e] (in f64, batches in order),
-// right[e] += correct[e].
-extern "C" __global__ void train_epoch_accumulate(
-    const float* loss, const u32* correct, double* loss_sum, u64* right, u32 envs) {
+// The per-env sums of a step live in one f64 buffer, so a stage reads them back in one copy:
+// [0, E) Σ batch losses and [E, 2E) Σ correct of the training epoch; [2E, 3E) correct, [3E, 4E) total,
+// [4E, 5E) Σ batch-mean losses and [5E, 6E) batches of the validation pass. Counts are whole numbers
+// far below 2^53, so f64 holds them exactly.
+
+// One training batch into the epoch's sums: Σ loss += loss[e] (f64, batches in order), Σ correct +=
+// correct[e].
+extern "C" __global__ void train_epoch_accumulate(const float* loss, const u32* correct, double* sums, u32 envs) {
     FOR_EACH(e, envs) {
-        loss_sum[e] += (double)loss[e];
-        right[e] += correct[e];
+        sums[e] += (double)loss[e];
+        sums[envs + e] += (double)correct[e];
     }
 }
 
-// One validation batch into the pass's per-env sums, one thread per env doing accumulate_validation's
-// f64 arithmetic in its order: rows 0..counts[e] of env e, the first arg-max, the cross-entropy
-// max + ln Σ exp(z − max) − z[label]; correct, total, loss_sum += the batch mean, batches += 1.
+// One validation batch into the pass's sums, one thread per env doing accumulate_validation's f64
+// arithmetic in its order: rows 0..counts[e] of env e, the first arg-max, the cross-entropy
+// max + ln Σ exp(z − max) − z[label]; correct, total, the batch mean loss and one batch added.
 extern "C" __global__ void validation_accumulate_f32(
-    const float* logits, const u8* labels, const u32* counts, u64* correct, u64* total, double* loss_sum,
-    u64* batches, u32 envs, u32 batch, u32 classes) {
+    const float* logits, const u8* labels, const u32* counts, double* sums, u32 envs, u32 batch, u32 classes) {
     FOR_EACH(e, envs) {
         u32 count = counts[e];
         if (count == 0) continue;
         double loss = 0.0;
-        u64 right = 0;
+        u32 right = 0;
         for (u32 row = 0; row < count; ++row) {
             u64 i = (u64)e * batch + row;
             const float* z = logits + i * classes;
@@ -84,9 +87,9 @@ extern "C" __global__ void validation_accumulate_f32(
             loss += max + log(sum) - (double)z[label];
             right += best == label ? 1 : 0;
         }
-        correct[e] += right;
-        total[e] += count;
-        loss_sum[e] += loss / (double)count;
-        batches[e] += 1;
+        sums[2 * envs + e] += (double)right;
+        sums[3 * envs + e] += (double)count;
+        sums[4 * envs + e] += loss / (double)count;
+        sums[5 * envs + e] += 1.0;
     }
 }

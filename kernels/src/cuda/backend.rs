@@ -9,15 +9,17 @@
 //! that names the missing piece; the CLI only builds this backend for seedless workloads).
 
 use std::any::Any;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use cudarc::driver::{CudaSlice, PushKernelArg};
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaEvent, CudaSlice, PushKernelArg};
 
 use super::host::DeviceHost;
 use super::parity::{Device, ParityError, elementwise};
 use crate::data::{Batcher, Dataset, PAD_LABEL};
 use crate::host::{
-    EnvCounterfactuals, EpochTrain, FossilRow, HostArch, HostBackend, HostParams, ParamPrint, SeedTelemetry,
-    SlotSync, ValidationPlan, host_fingerprint,
+    DeviceReport, EnvCounterfactuals, EpochTrain, FossilRow, HostArch, HostBackend, HostParams, ParamPrint,
+    SeedTelemetry, SlotSync, ValidationPlan, host_fingerprint,
 };
 
 /// The dataset resident on the device, and what it was uploaded from.
@@ -50,15 +52,18 @@ pub struct CudaHostBackend {
     images: CudaSlice<f32>,
     labels: CudaSlice<u8>,
     counts: CudaSlice<u32>,
-    /// Per env over the epoch: Σ batch losses, Σ correct.
-    loss_sum: CudaSlice<f64>,
-    right: CudaSlice<u64>,
-    /// Per env over the validation pass: correct, total, Σ batch-mean losses, batches.
-    val_correct: CudaSlice<u64>,
-    val_total: CudaSlice<u64>,
-    val_loss: CudaSlice<f64>,
-    val_batches: CudaSlice<u64>,
+    /// `[6, E]`: per env over the epoch Σ batch losses and Σ correct, over the validation pass correct,
+    /// total, Σ batch-mean losses and batches (the layout `data.cu` describes); one read-back per stage.
+    sums: CudaSlice<f64>,
     results: Vec<EnvCounterfactuals>,
+    /// Timing events around the last training epoch and validation pass.
+    train_events: (CudaEvent, CudaEvent),
+    validate_events: (CudaEvent, CudaEvent),
+    /// Since the last [`HostBackend::take_device_report`]: device→host copies that wait for the device,
+    /// and the stages' device time.
+    report: DeviceReport,
+    /// The read-backs of [`HostBackend::param_fingerprints`] (which only borrows the backend).
+    fingerprint_syncs: AtomicU64,
 }
 
 /// A device failure inside a stage: the seam's operations cannot return one, and a step cannot go on.
@@ -95,13 +100,12 @@ impl CudaHostBackend {
             images: stream.alloc_zeros::<f32>(slots * arch.image_len())?,
             labels: stream.alloc_zeros::<u8>(slots)?,
             counts: stream.alloc_zeros::<u32>(n_envs)?,
-            loss_sum: stream.alloc_zeros::<f64>(n_envs)?,
-            right: stream.alloc_zeros::<u64>(n_envs)?,
-            val_correct: stream.alloc_zeros::<u64>(n_envs)?,
-            val_total: stream.alloc_zeros::<u64>(n_envs)?,
-            val_loss: stream.alloc_zeros::<f64>(n_envs)?,
-            val_batches: stream.alloc_zeros::<u64>(n_envs)?,
+            sums: stream.alloc_zeros::<f64>(6 * n_envs)?,
             results: Vec::new(),
+            train_events: (timing_event(&device)?, timing_event(&device)?),
+            validate_events: (timing_event(&device)?, timing_event(&device)?),
+            report: DeviceReport::default(),
+            fingerprint_syncs: AtomicU64::new(0),
             host,
             device,
         })
@@ -138,8 +142,8 @@ impl CudaHostBackend {
         let (envs, batch) = self.host.shape();
         assert_eq!(out.len(), envs, "one result per env");
         let stream = self.device.stream.clone();
-        stream.memset_zeros(&mut self.loss_sum)?;
-        stream.memset_zeros(&mut self.right)?;
+        self.train_events.0.record(&stream)?;
+        stream.memset_zeros(&mut self.sums.slice_mut(..2 * envs))?;
         let d = self.data.as_ref().expect("uploaded above");
         let slots = (envs * batch) as u32;
         let (channels, height, width) = (data.channels as u32, data.height as u32, data.width as u32);
@@ -160,15 +164,19 @@ impl CudaHostBackend {
             let envs32 = envs as u32;
             let mut launch = stream.launch_builder(self.device.function("train_epoch_accumulate"));
             launch.arg(self.host.losses_on_device()).arg(self.host.correct_counts());
-            launch.arg(&mut self.loss_sum).arg(&mut self.right).arg(&envs32);
+            launch.arg(&mut self.sums).arg(&envs32);
             unsafe { launch.launch(elementwise(envs)) }?;
         }
         // The epoch's one read-back.
-        let (loss_sum, right) = (stream.clone_dtoh(&self.loss_sum)?, stream.clone_dtoh(&self.right)?);
-        for ((o, loss_sum), right) in out.iter_mut().zip(loss_sum).zip(right) {
+        self.train_events.1.record(&stream)?;
+        let sums = stream.clone_dtoh(&self.sums.slice(..2 * envs))?;
+        self.report.syncs += 1;
+        self.report.train_ms += self.train_events.0.elapsed_ms(&self.train_events.1)? as f64;
+        let (loss_sum, right) = sums.split_at(envs);
+        for ((o, &loss_sum), &right) in out.iter_mut().zip(loss_sum).zip(right) {
             *o = EpochTrain {
                 loss: loss_sum / n_batches as f64,
-                accuracy: 100.0 * right as f64 / (n_batches * batch) as f64,
+                accuracy: 100.0 * right / (n_batches * batch) as f64,
             };
         }
         Ok(())
@@ -178,10 +186,8 @@ impl CudaHostBackend {
         self.ensure_data(data)?;
         let (envs, batch) = self.host.shape();
         let stream = self.device.stream.clone();
-        for sums in [&mut self.val_correct, &mut self.val_total, &mut self.val_batches] {
-            stream.memset_zeros(sums)?;
-        }
-        stream.memset_zeros(&mut self.val_loss)?;
+        self.validate_events.0.record(&stream)?;
+        stream.memset_zeros(&mut self.sums.slice_mut(2 * envs..))?;
         let d = self.data.as_ref().expect("uploaded above");
         let sharding = batcher.sharding();
         let (envs32, batch32) = (envs as u32, batch as u32);
@@ -199,28 +205,35 @@ impl CudaHostBackend {
             self.host.forward_eval(&self.device, &self.images, &self.labels)?;
             let mut launch = stream.launch_builder(self.device.function("validation_accumulate_f32"));
             launch.arg(self.host.logits_on_device()).arg(&self.labels).arg(&self.counts);
-            launch.arg(&mut self.val_correct).arg(&mut self.val_total).arg(&mut self.val_loss);
-            launch.arg(&mut self.val_batches).arg(&envs32).arg(&batch32).arg(&classes);
+            launch.arg(&mut self.sums).arg(&envs32).arg(&batch32).arg(&classes);
             unsafe { launch.launch(elementwise(envs)) }?;
         }
         // The pass's one read-back; the results are what the CPU's validator gives an env without
         // ablatable seeds: the main configuration only.
-        let correct = stream.clone_dtoh(&self.val_correct)?;
-        let total = stream.clone_dtoh(&self.val_total)?;
-        let loss = stream.clone_dtoh(&self.val_loss)?;
-        let batches = stream.clone_dtoh(&self.val_batches)?;
+        self.validate_events.1.record(&stream)?;
+        let sums = stream.clone_dtoh(&self.sums.slice(2 * envs..))?;
+        self.report.syncs += 1;
+        self.report.validate_ms += self.validate_events.0.elapsed_ms(&self.validate_events.1)? as f64;
+        let (correct, rest) = sums.split_at(envs);
+        let (total, rest) = rest.split_at(envs);
+        let (loss, batches) = rest.split_at(envs);
         self.results.resize_with(envs, EnvCounterfactuals::default);
         for (e, r) in self.results.iter_mut().enumerate() {
-            let acc = if total[e] == 0 { 0.0 } else { 100.0 * correct[e] as f64 / total[e] as f64 };
+            let acc = if total[e] == 0.0 { 0.0 } else { 100.0 * correct[e] / total[e] };
             *r = EnvCounterfactuals {
                 val_acc: acc,
-                val_loss: if batches[e] == 0 { f64::NAN } else { loss[e] / batches[e] as f64 },
+                val_loss: if batches[e] == 0.0 { f64::NAN } else { loss[e] / batches[e] },
                 config_acc: vec![acc],
                 ..EnvCounterfactuals::default()
             };
         }
         Ok(())
     }
+}
+
+/// An event that records time (cudarc's default disables timing).
+fn timing_event(device: &Device) -> Result<CudaEvent, ParityError> {
+    Ok(device.stream.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?)
 }
 
 fn init_params(arch: HostArch, n_envs: usize, seed: u64, round: u64) -> HostParams<f32> {
@@ -291,10 +304,18 @@ impl HostBackend for CudaHostBackend {
         );
         let mut params = HostParams::zeros(self.arch, self.n_envs());
         on_device(self.host.download(&self.device, &mut params));
+        // Copies of every state buffer; the first waits for the device, the rest find it idle.
+        self.fingerprint_syncs.fetch_add(1, Ordering::Relaxed);
         for (env, (checksum, prints)) in checksums.iter_mut().zip(prints.chunks_mut(groups)).enumerate() {
             prints.fill(ParamPrint::default());
             *checksum = host_fingerprint(&params, env, &mut prints[0]);
         }
+    }
+
+    fn take_device_report(&mut self) -> Option<DeviceReport> {
+        let mut report = std::mem::take(&mut self.report);
+        report.syncs += self.fingerprint_syncs.swap(0, Ordering::Relaxed);
+        Some(report)
     }
 
     fn as_any(&self) -> &dyn Any {

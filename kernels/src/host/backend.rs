@@ -105,6 +105,17 @@ pub fn host_fingerprint(params: &HostParams<f32>, env: usize, print: &mut ParamP
     hash
 }
 
+/// What a device backend measured (see [`HostBackend::take_device_report`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DeviceReport {
+    /// Device→host copies that waited for the device's queued work.
+    pub syncs: u64,
+    /// Device time of the training epochs (CUDA events around each), ms.
+    pub train_ms: f64,
+    /// Device time of the validation passes, ms.
+    pub validate_ms: f64,
+}
+
 /// Which seeds validation ablates.
 #[derive(Clone, Copy, Debug)]
 pub struct ValidationPlan<'a> {
@@ -152,6 +163,11 @@ pub trait HostBackend: Send + Sync + 'static {
     /// GATE mode, its gate row) and `prints[e·(1 + S)..]` (`[E, 1 + S]`) a [`ParamPrint`] of its host
     /// and of each slot's seed (zeros for an empty slot).
     fn param_fingerprints(&self, checksums: &mut [u64], prints: &mut [ParamPrint]);
+    /// A device backend's counters since the last call (then reset): copies back that waited for the
+    /// device, and each stage's device time. None on the CPU.
+    fn take_device_report(&mut self) -> Option<DeviceReport> {
+        None
+    }
     /// The implementation, for tests and tools that inspect it.
     fn as_any(&self) -> &dyn Any;
     fn as_any_mut(&mut self) -> &mut dyn Any;
