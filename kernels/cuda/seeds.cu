@@ -186,3 +186,41 @@ extern "C" __global__ void scale_planes_backward_scale_f32(
         grad_scale[p] = lanes_total(sum);
     }
 }
+
+// The norm seed (seeds/norm.rs): y = x + tanh(λ[e])·(GN(x) − x) per element of env e's images (`image`
+// values each). tanhf against Rust's tanh: a few ulps, so checked with a tolerance.
+extern "C" __global__ void norm_seed_forward_f32(
+    const float* x, const float* normed, const float* lambda, float* y, u32 envs, u32 batch, u32 image) {
+    FOR_EACH(i, (u64)envs * batch * image) {
+        float t = tanhf(lambda[i / ((u64)batch * image)]);
+        y[i] = x[i] + t * (normed[i] - x[i]);
+    }
+}
+
+// ∂L/∂GN(x) = tanh(λ[e])·∂L/∂y.
+extern "C" __global__ void norm_seed_scale_grad_f32(
+    const float* dy, const float* lambda, float* out, u32 envs, u32 batch, u32 image) {
+    FOR_EACH(i, (u64)envs * batch * image) out[i] = tanhf(lambda[i / ((u64)batch * image)]) * dy[i];
+}
+
+// Per image (e·B + b): Σ ∂L/∂y·(GN(x) − x) over its values in the CPU's lanes.
+extern "C" __global__ void norm_seed_image_partials_f32(
+    const float* dy, const float* normed, const float* x, float* partials, u32 images, u32 image) {
+    FOR_EACH(p, (u64)images) {
+        Lanes sum;
+        lanes_zero(sum);
+        const u64 base = p * image;
+        for (u32 i = 0; i < image; ++i) sum.l[i % 8] += dy[base + i] * (normed[base + i] - x[base + i]);
+        partials[p] = lanes_total(sum);
+    }
+}
+
+// ∂L/∂λ[e] = (1 − tanh²λ)·Σ of env e's image partials, images in order.
+extern "C" __global__ void norm_seed_lambda_grad_f32(
+    const float* partials, const float* lambda, float* grad_lambda, u32 envs, u32 batch) {
+    FOR_EACH(e, envs) {
+        float t = tanhf(lambda[e]), total = 0.0f;
+        for (u32 b = 0; b < batch; ++b) total += partials[e * batch + b];
+        grad_lambda[e] = (1.0f - t * t) * total;
+    }
+}

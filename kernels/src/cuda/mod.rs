@@ -12,7 +12,9 @@ pub mod backend;
 mod cache;
 pub mod gemm_conv;
 pub mod host;
+pub mod ops;
 pub mod parity;
+pub mod seed_module;
 mod sources;
 
 pub use backend::CudaHostBackend;

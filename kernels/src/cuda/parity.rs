@@ -2,6 +2,7 @@
 //! --device cuda` runs. Inputs come from our own streams; each check names the CPU function it compares
 //! with and the tolerance it allows (0 where the kernel does the twin's f32 operations in its order).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -11,6 +12,7 @@ use cudarc::nvrtc::Ptx;
 use super::backend::CudaHostBackend;
 use super::gemm_conv::{ConvDims, GemmConv};
 use super::host::DeviceHost;
+use super::seed_module::{DeviceSeed, SeedDims};
 use super::{DEFAULT_ARCH, KERNEL_FILES, KernelCache};
 use crate::data::{Batcher, SyntheticSpec, synthetic};
 use crate::host::train::{Trainer, ValTotals, accumulate_validation};
@@ -39,11 +41,12 @@ use crate::ops::pool::{
 use crate::optim::{SgdConfig, accumulate_sq_norms, clip_coefficient, scale_per_env, sgd_step};
 use crate::rng::{Purpose, Stream, StreamKey};
 use crate::seeds::common::{scale_planes, scale_planes_backward_scale};
+use crate::seeds::{self, CnnBlueprint};
 
 /// One comparison: the kernel, its CPU twin, the largest difference found and the tolerance allowed.
 #[derive(Clone, Debug)]
 pub struct ParityRow {
-    pub kernel: &'static str,
+    pub kernel: Cow<'static, str>,
     pub twin: &'static str,
     pub elements: usize,
     /// Largest |gpu − cpu| / max(1, |cpu|); NaN against NaN counts as equal, NaN against a number as ∞.
@@ -52,8 +55,14 @@ pub struct ParityRow {
 }
 
 impl ParityRow {
-    fn new(kernel: &'static str, twin: &'static str, elements: usize, max_diff: f64, tolerance: f64) -> Self {
-        Self { kernel, twin, elements, max_diff, tolerance }
+    fn new(
+        kernel: impl Into<Cow<'static, str>>,
+        twin: &'static str,
+        elements: usize,
+        max_diff: f64,
+        tolerance: f64,
+    ) -> Self {
+        Self { kernel: kernel.into(), twin, elements, max_diff, tolerance }
     }
 
     pub fn passed(&self) -> bool {
@@ -200,7 +209,7 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
     let (y_gpu, idx_gpu) = (stream.clone_dtoh(&y_dev)?, stream.clone_dtoh(&idx_dev)?);
     let index_mismatch = idx_gpu.iter().zip(&idx_cpu).any(|(g, c)| g != c);
     rows.push(ParityRow {
-        kernel: "max_pool2x2_forward_f32",
+        kernel: "max_pool2x2_forward_f32".into(),
         twin: "ops::pool::max_pool2x2_forward",
         elements: y_cpu.len(),
         max_diff: if index_mismatch { f64::INFINITY } else { max_diff(&y_gpu, &y_cpu) },
@@ -256,7 +265,7 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
         unsafe { launch.launch(elementwise(dx_cpu.len())) }?;
         let dx_gpu = stream.clone_dtoh(&dx_dev)?;
         rows.push(ParityRow {
-            kernel: "global_avg_pool_backward_f32",
+            kernel: "global_avg_pool_backward_f32".into(),
             twin: if accumulate == 1 {
                 "ops::pool::global_avg_pool_backward_accumulate"
             } else {
@@ -339,7 +348,7 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
         unsafe { launch.launch(elementwise(bn.len())) }?;
         let gpu = stream.clone_dtoh(&out_dev)?;
         rows.push(ParityRow {
-            kernel: "batch_norm_apply_f32",
+            kernel: "batch_norm_apply_f32".into(),
             twin,
             elements: bn.len(),
             max_diff: max_diff(&gpu, cpu),
@@ -589,7 +598,7 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
     {
         let gpu = stream.clone_dtoh(dev)?;
         rows.push(ParityRow {
-            kernel,
+            kernel: kernel.into(),
             twin: "a row loop (germinate / prune / rollback rows)",
             elements: gpu.len(),
             max_diff: max_diff(&gpu, cpu),
@@ -601,6 +610,7 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
     host_eval_check(&device, &mut s, &mut rows)?;
     host_train_check(&device, &mut s, &mut rows)?;
     data_checks(&device, &mut s, &mut rows)?;
+    seed_module_checks(&device, &mut s, &mut rows)?;
     backend_checks(Device::open(ordinal, cache)?, &mut rows)?;
     Ok(rows)
 }
@@ -918,6 +928,67 @@ fn backend_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), Parit
         0.0,
     ));
     Ok(())
+}
+
+/// Every seed blueprint on the device ([`DeviceSeed`]: forward, then the parameter gradients) against
+/// `seeds::forward` / `seeds::backward` on the same rows (born, then moved off their birth values so
+/// no tensor is zero or one) and input: 2 envs × 3 images of 8 channels at 8×8 and at 16×16. The output
+/// to 1e-5 and the parameter gradients to 1e-4 of each result's largest value (the GEMM convolutions
+/// and the group norms after them sum in another order; the attention's squeeze is an f64 mean on the
+/// device; tanh and the sigmoid's exp are the device's).
+fn seed_module_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
+    let stream = &device.stream;
+    for size in [8usize, 16] {
+        let dims = SeedDims { envs: 2, batch: 3, channels: 8, size };
+        let shape = seeds::SeedShape { envs: 2, batch: 3, channels: 8, h: size, w: size };
+        for bp in CnnBlueprint::ALL {
+            let p = seeds::param_count(bp, dims.channels);
+            let mut params = vec![0.0f32; dims.envs * p];
+            for row in params.chunks_mut(p) {
+                seeds::init_row(bp, dims.channels, false, s, row);
+                for v in row.iter_mut() {
+                    *v += s.uniform(-0.3, 0.3) as f32;
+                }
+            }
+            let x = values(s, shape.len(), -1.5, 1.5);
+            let grad_y = values(s, shape.len(), -1.0, 1.0);
+            let mut ws = seeds::Workspace::new();
+            let mut y_cpu = vec![0.0f32; shape.len()];
+            seeds::forward(bp, shape, &params, &x, &mut y_cpu, &mut ws);
+            let mut grads_cpu = vec![0.0f32; params.len()];
+            seeds::backward(bp, shape, &x, &grad_y, &mut grads_cpu, None, &mut ws);
+
+            let mut seed = DeviceSeed::new(device, bp, dims)?;
+            seed.upload_rows(device, &params)?;
+            let mut conv = GemmConv::new(device, &dims.convs(bp))?;
+            let (x_dev, grad_y_dev) = (stream.clone_htod(&x)?, stream.clone_htod(&grad_y)?);
+            let mut y_dev = stream.alloc_zeros::<f32>(shape.len())?;
+            seed.forward(device, &mut conv, &x_dev, &mut y_dev)?;
+            seed.backward(device, &mut conv, &x_dev, &grad_y_dev)?;
+            let (y_gpu, grads_gpu) = (stream.clone_dtoh(&y_dev)?, seed.download_grad_rows(device)?);
+            let round_trip = seed.download_rows(device)? == params;
+            rows.push(ParityRow::new(
+                seed_label(bp, "forward"),
+                "seeds::forward",
+                y_cpu.len(),
+                if round_trip { max_diff_of_tensor(&y_gpu, &y_cpu) } else { f64::INFINITY },
+                1e-5,
+            ));
+            rows.push(ParityRow::new(
+                seed_label(bp, "parameter gradients"),
+                "seeds::backward",
+                grads_cpu.len(),
+                max_diff_of_tensor(&grads_gpu, &grads_cpu),
+                1e-4,
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `"DeviceSeed conv_light: forward"` and the like.
+fn seed_label(bp: CnnBlueprint, what: &str) -> String {
+    format!("DeviceSeed {}: {what}", bp.name())
 }
 
 /// The convolution kernels against `ops::conv` on the host's and the seeds' shapes (3×3 from 3, 8 and 32

@@ -75,6 +75,10 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "sigmoid_backward_f32",
             "scale_planes_f32",
             "scale_planes_backward_scale_f32",
+            "norm_seed_forward_f32",
+            "norm_seed_scale_grad_f32",
+            "norm_seed_image_partials_f32",
+            "norm_seed_lambda_grad_f32",
         ],
     },
     KernelFile {

@@ -1,0 +1,297 @@
+//! Typed launchers for the kernels the composed modules use: each names its kernel and takes the
+//! kernel's arguments in the kernel's order, so a composition reads as the CPU code it mirrors and an
+//! argument list is written once.
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::parity::{Device, ParityError, elementwise};
+
+type R = Result<(), ParityError>;
+
+/// `[E, B, C, H·W]` activations with statistics over `groups` channel groups per image.
+#[derive(Clone, Copy, Debug)]
+pub struct GroupNormDims {
+    pub envs: usize,
+    pub batch: usize,
+    pub channels: usize,
+    pub plane: usize,
+    pub groups: usize,
+}
+
+impl GroupNormDims {
+    fn args(&self) -> [u32; 5] {
+        [self.envs, self.batch, self.channels, self.plane, self.groups].map(|d| d as u32)
+    }
+}
+
+/// A per-env linear layer: `x [E, B, n_in]`, weight `[E, n_out, n_in]`, bias `[E, n_out]`.
+#[derive(Clone, Copy, Debug)]
+pub struct LinearDims {
+    pub envs: usize,
+    pub batch: usize,
+    pub n_in: usize,
+    pub n_out: usize,
+}
+
+impl LinearDims {
+    fn args(&self) -> [u32; 4] {
+        [self.envs, self.batch, self.n_in, self.n_out].map(|d| d as u32)
+    }
+}
+
+/// `y = max(x, 0)` over `n` values (`x` may be `y`'s own buffer only through [`relu_in_place`]).
+pub fn relu(device: &Device, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, n: usize) -> R {
+    let n64 = n as u64;
+    let mut launch = device.stream.launch_builder(device.function("relu_forward_f32"));
+    launch.arg(x).arg(y).arg(&n64);
+    unsafe { launch.launch(elementwise(n)) }?;
+    Ok(())
+}
+
+/// `x = max(x, 0)` over the first `n` values (the kernel reads and writes each element in one thread).
+pub fn relu_in_place(device: &Device, x: &mut CudaSlice<f32>, n: usize) -> R {
+    let n64 = n as u64;
+    // The kernel takes x and y; the same pointer twice is safe element-wise.
+    let view = x.slice(..n);
+    let mut launch = device.stream.launch_builder(device.function("relu_forward_f32"));
+    launch.arg(&view).arg(&view).arg(&n64);
+    unsafe { launch.launch(elementwise(n)) }?;
+    Ok(())
+}
+
+/// `dx = dy·[y > 0]` with `y` the ReLU's output (or its input: the same mask but for NaN).
+pub fn relu_backward(
+    device: &Device,
+    y: &CudaSlice<f32>,
+    dy: &CudaSlice<f32>,
+    dx: &mut CudaSlice<f32>,
+    n: usize,
+) -> R {
+    let n64 = n as u64;
+    let mut launch = device.stream.launch_builder(device.function("relu_backward_f32"));
+    launch.arg(y).arg(dy).arg(dx).arg(&n64);
+    unsafe { launch.launch(elementwise(n)) }?;
+    Ok(())
+}
+
+/// `out = a + b` over `n` values.
+pub fn add(device: &Device, a: &CudaSlice<f32>, b: &CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize) -> R {
+    let n64 = n as u64;
+    let mut launch = device.stream.launch_builder(device.function("add_f32"));
+    launch.arg(a).arg(b).arg(out).arg(&n64);
+    unsafe { launch.launch(elementwise(n)) }?;
+    Ok(())
+}
+
+/// Group norm forward with the statistics saved (`[E, B, G]` each).
+#[allow(clippy::too_many_arguments)]
+pub fn group_norm_forward(
+    device: &Device,
+    d: &GroupNormDims,
+    x: &CudaSlice<f32>,
+    gamma: &CudaSlice<f32>,
+    beta: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    mean: &mut CudaSlice<f32>,
+    inv_std: &mut CudaSlice<f32>,
+) -> R {
+    let args = d.args();
+    let mut launch = device.stream.launch_builder(device.function("group_norm_forward_f32"));
+    launch.arg(x).arg(gamma).arg(beta).arg(y).arg(mean).arg(inv_std);
+    for a in &args {
+        launch.arg(a);
+    }
+    unsafe { launch.launch(elementwise(d.envs * d.batch * d.groups)) }?;
+    Ok(())
+}
+
+/// Group norm's parameter gradients (overwritten) from the gradient `dy` at its output.
+#[allow(clippy::too_many_arguments)]
+pub fn group_norm_backward_params(
+    device: &Device,
+    d: &GroupNormDims,
+    x: &CudaSlice<f32>,
+    mean: &CudaSlice<f32>,
+    inv_std: &CudaSlice<f32>,
+    dy: &CudaSlice<f32>,
+    grad_gamma: &mut CudaSlice<f32>,
+    grad_beta: &mut CudaSlice<f32>,
+) -> R {
+    let args = d.args();
+    let mut launch = device.stream.launch_builder(device.function("group_norm_backward_params_f32"));
+    launch.arg(x).arg(mean).arg(inv_std).arg(dy).arg(grad_gamma).arg(grad_beta);
+    for a in &args {
+        launch.arg(a);
+    }
+    unsafe { launch.launch(elementwise(d.envs * d.channels)) }?;
+    Ok(())
+}
+
+/// Group norm's input gradient (overwritten, or added with `accumulate`).
+#[allow(clippy::too_many_arguments)]
+pub fn group_norm_backward_input(
+    device: &Device,
+    d: &GroupNormDims,
+    x: &CudaSlice<f32>,
+    gamma: &CudaSlice<f32>,
+    mean: &CudaSlice<f32>,
+    inv_std: &CudaSlice<f32>,
+    dy: &CudaSlice<f32>,
+    dx: &mut CudaSlice<f32>,
+    accumulate: bool,
+) -> R {
+    let args = d.args();
+    let accumulate = i32::from(accumulate);
+    let mut launch = device.stream.launch_builder(device.function("group_norm_backward_input_f32"));
+    launch.arg(x).arg(gamma).arg(mean).arg(inv_std).arg(dy).arg(dx);
+    for a in &args {
+        launch.arg(a);
+    }
+    launch.arg(&accumulate);
+    unsafe { launch.launch(elementwise(d.envs * d.batch * d.groups)) }?;
+    Ok(())
+}
+
+/// The mean of each of `planes` planes of `plane` values (one warp per plane).
+pub fn global_avg_pool(
+    device: &Device,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    planes: usize,
+    plane: usize,
+) -> R {
+    let (planes64, plane32) = (planes as u64, plane as u32);
+    let mut launch = device.stream.launch_builder(device.function("global_avg_pool_forward_f32"));
+    launch.arg(x).arg(y).arg(&planes64).arg(&plane32);
+    unsafe { launch.launch(LaunchConfig::for_num_elems((planes * 32).min(1 << 24) as u32)) }?;
+    Ok(())
+}
+
+/// `y = x·Wᵀ (+ bias)` per env.
+pub fn linear(
+    device: &Device,
+    d: &LinearDims,
+    x: &CudaSlice<f32>,
+    weight: &CudaSlice<f32>,
+    bias: Option<&CudaSlice<f32>>,
+    y: &mut CudaSlice<f32>,
+) -> R {
+    let args = d.args();
+    let has_bias = i32::from(bias.is_some());
+    let mut launch = device.stream.launch_builder(device.function("linear_forward_f32"));
+    // Without a bias the kernel never reads its bias pointer: the weight stands in.
+    launch.arg(x).arg(weight).arg(bias.unwrap_or(weight)).arg(y);
+    for a in &args {
+        launch.arg(a);
+    }
+    launch.arg(&has_bias);
+    unsafe { launch.launch(elementwise(d.envs * d.batch * d.n_out)) }?;
+    Ok(())
+}
+
+/// The linear layer's weight (and bias) gradients, overwritten.
+pub fn linear_backward_params(
+    device: &Device,
+    d: &LinearDims,
+    x: &CudaSlice<f32>,
+    dy: &CudaSlice<f32>,
+    grad_weight: &mut CudaSlice<f32>,
+    grad_bias: Option<&mut CudaSlice<f32>>,
+) -> R {
+    let args = d.args();
+    let has_bias = i32::from(grad_bias.is_some());
+    let view;
+    let mut launch = device.stream.launch_builder(device.function("linear_backward_params_f32"));
+    launch.arg(x).arg(dy);
+    match grad_bias {
+        Some(gb) => {
+            launch.arg(grad_weight).arg(gb);
+        }
+        None => {
+            // Not written without a bias (the kernel's has_bias is 0); one pointer serves both slots.
+            view = grad_weight.slice(..);
+            launch.arg(&view).arg(&view);
+        }
+    }
+    for a in &args {
+        launch.arg(a);
+    }
+    launch.arg(&has_bias);
+    unsafe { launch.launch(elementwise(d.envs * d.n_out * d.n_in)) }?;
+    Ok(())
+}
+
+/// The linear layer's input gradient, overwritten.
+pub fn linear_backward_input(
+    device: &Device,
+    d: &LinearDims,
+    dy: &CudaSlice<f32>,
+    weight: &CudaSlice<f32>,
+    dx: &mut CudaSlice<f32>,
+) -> R {
+    let args = d.args();
+    let mut launch = device.stream.launch_builder(device.function("linear_backward_input_f32"));
+    launch.arg(dy).arg(weight).arg(dx);
+    for a in &args {
+        launch.arg(a);
+    }
+    unsafe { launch.launch(elementwise(d.envs * d.batch * d.n_in)) }?;
+    Ok(())
+}
+
+/// `y = σ(x)` over `n` values (`x` and `y` may share a buffer through [`sigmoid_in_place`]).
+pub fn sigmoid_in_place(device: &Device, x: &mut CudaSlice<f32>, n: usize) -> R {
+    let n64 = n as u64;
+    let view = x.slice(..n);
+    let mut launch = device.stream.launch_builder(device.function("sigmoid_forward_f32"));
+    launch.arg(&view).arg(&view).arg(&n64);
+    unsafe { launch.launch(elementwise(n)) }?;
+    Ok(())
+}
+
+/// `dx = dy·y·(1 − y)` from the sigmoid's output `y`.
+pub fn sigmoid_backward(
+    device: &Device,
+    y: &CudaSlice<f32>,
+    dy: &CudaSlice<f32>,
+    dx: &mut CudaSlice<f32>,
+    n: usize,
+) -> R {
+    let n64 = n as u64;
+    let mut launch = device.stream.launch_builder(device.function("sigmoid_backward_f32"));
+    launch.arg(y).arg(dy).arg(dx).arg(&n64);
+    unsafe { launch.launch(elementwise(n)) }?;
+    Ok(())
+}
+
+/// `y[p, :] = x[p, :]·scale[p]` over `planes` planes of `plane` values.
+pub fn scale_planes(
+    device: &Device,
+    x: &CudaSlice<f32>,
+    scale: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    planes: usize,
+    plane: usize,
+) -> R {
+    let (planes64, plane32) = (planes as u64, plane as u32);
+    let mut launch = device.stream.launch_builder(device.function("scale_planes_f32"));
+    launch.arg(x).arg(scale).arg(y).arg(&planes64).arg(&plane32);
+    unsafe { launch.launch(elementwise(planes * plane)) }?;
+    Ok(())
+}
+
+/// `grad_scale[p] = Σ dy[p, :]·x[p, :]`.
+pub fn scale_planes_backward_scale(
+    device: &Device,
+    x: &CudaSlice<f32>,
+    dy: &CudaSlice<f32>,
+    grad_scale: &mut CudaSlice<f32>,
+    planes: usize,
+    plane: usize,
+) -> R {
+    let (planes64, plane32) = (planes as u64, plane as u32);
+    let mut launch = device.stream.launch_builder(device.function("scale_planes_backward_scale_f32"));
+    launch.arg(x).arg(dy).arg(grad_scale).arg(&planes64).arg(&plane32);
+    unsafe { launch.launch(elementwise(planes)) }?;
+    Ok(())
+}

@@ -1,0 +1,455 @@
+//! Every CNN seed blueprint on the device: the CUDA twin of [`crate::seeds::forward`] and of the
+//! parameter half of [`crate::seeds::backward`] (the seed's input is detached in the RL loop, so no
+//! input gradient) over all `E` envs of a batch, composed from the parity-checked kernels and the GEMM
+//! convolutions. Parameters are kept tensor-major (`[E, len]` per tensor, in the blueprint's layout
+//! order: what [`ParamLayout::rows_to_tensors`] gives), so every op reads its tensor as the host's ops
+//! read theirs; rows go in and out through [`DeviceSeed::upload_rows`] and [`DeviceSeed::download_rows`].
+//!
+//! The selftest checks each blueprint's output and parameter gradients against the CPU's on the same
+//! rows and input.
+
+use cudarc::driver::{CudaSlice, PushKernelArg};
+
+use super::gemm_conv::{ConvDims, GemmConv};
+use super::ops::{self, GroupNormDims, LinearDims};
+use super::parity::{Device, ParityError, elementwise, push_dims};
+use crate::seeds::{self, CnnBlueprint, ParamLayout, group_norm_groups};
+
+type R = Result<(), ParityError>;
+
+/// A seed batch: activations `[E, B, C, size, size]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeedDims {
+    pub envs: usize,
+    pub batch: usize,
+    pub channels: usize,
+    pub size: usize,
+}
+
+impl SeedDims {
+    fn plane(&self) -> usize {
+        self.size * self.size
+    }
+
+    fn samples(&self) -> usize {
+        self.envs * self.batch
+    }
+
+    /// Values of an activation with `channels` channels.
+    fn activation(&self, channels: usize) -> usize {
+        self.samples() * channels * self.plane()
+    }
+
+    fn len(&self) -> usize {
+        self.activation(self.channels)
+    }
+
+    /// A stride-1 convolution at this size, `c_in → c_out`, k × k, padding k / 2.
+    fn conv(&self, c_in: usize, c_out: usize, k: usize) -> ConvDims {
+        ConvDims {
+            envs: self.envs,
+            batch: self.batch,
+            c_in,
+            c_out,
+            h: self.size,
+            w: self.size,
+            k,
+            pad: k / 2,
+        }
+    }
+
+    fn group_norm(&self, channels: usize) -> GroupNormDims {
+        GroupNormDims {
+            envs: self.envs,
+            batch: self.batch,
+            channels,
+            plane: self.plane(),
+            groups: group_norm_groups(channels),
+        }
+    }
+
+    fn linear(&self, n_in: usize, n_out: usize) -> LinearDims {
+        LinearDims { envs: self.envs, batch: self.batch, n_in, n_out }
+    }
+
+    /// The attention seed's squeeze width (`seeds::attention::reduced`).
+    fn reduced(&self) -> usize {
+        (self.channels / 4).max(1)
+    }
+
+    /// The bottleneck's width (`seeds::bottleneck::width`).
+    fn narrow(&self) -> usize {
+        (self.channels / 4).max(8)
+    }
+
+    /// Every GEMM convolution `bp` runs at these dims (to size a [`GemmConv`]'s scratch).
+    pub fn convs(&self, bp: CnnBlueprint) -> Vec<ConvDims> {
+        let c = self.channels;
+        match bp {
+            CnnBlueprint::ConvSmall => vec![self.conv(c, c, 1)],
+            CnnBlueprint::ConvLight | CnnBlueprint::ConvHeavy => vec![self.conv(c, c, 3)],
+            CnnBlueprint::Depthwise => vec![self.conv(c, c, 1)],
+            CnnBlueprint::Bottleneck => {
+                let b = self.narrow();
+                vec![self.conv(c, b, 1), self.conv(b, b, 3), self.conv(b, c, 1)]
+            }
+            CnnBlueprint::Attention | CnnBlueprint::Norm => Vec::new(),
+        }
+    }
+}
+
+/// One blueprint's parameters, gradients and saved activations for every env of a batch.
+pub struct DeviceSeed {
+    pub bp: CnnBlueprint,
+    dims: SeedDims,
+    layout: ParamLayout,
+    /// Tensor-major parameters and their gradients, one `[E, len]` buffer per layout tensor.
+    pub params: Vec<CudaSlice<f32>>,
+    pub grads: Vec<CudaSlice<f32>>,
+    /// What the backward reads, written by the forward (per blueprint; see each forward).
+    saved: Vec<CudaSlice<f32>>,
+    /// Group-norm statistics `[E, B, G]`: mean, inv_std (and a second norm's).
+    stats: Vec<CudaSlice<f32>>,
+    /// Backward temporaries.
+    temp: Vec<CudaSlice<f32>>,
+}
+
+impl DeviceSeed {
+    /// Zero parameters and the buffers of `bp` at `dims`.
+    pub fn new(device: &Device, bp: CnnBlueprint, dims: SeedDims) -> Result<Self, ParityError> {
+        let layout = seeds::layout(bp, dims.channels);
+        let stream = &device.stream;
+        let (a, samples, c) = (dims.len(), dims.samples(), dims.channels);
+        let n_stats = samples * group_norm_groups(c);
+        let (saved, stats, temp): (Vec<usize>, Vec<usize>, Vec<usize>) = match bp {
+            CnnBlueprint::ConvSmall | CnnBlueprint::ConvLight => (vec![a, a], vec![n_stats; 2], vec![a, a]),
+            CnnBlueprint::ConvHeavy => (vec![a; 5], vec![n_stats; 4], vec![a, a]),
+            CnnBlueprint::Attention => {
+                let r = samples * dims.reduced();
+                (vec![samples * c, r, samples * c], Vec::new(), vec![samples * c, samples * c, r, r])
+            }
+            CnnBlueprint::Norm => (vec![a], vec![n_stats; 2], vec![a, samples]),
+            CnnBlueprint::Depthwise => (vec![a; 3], vec![n_stats; 2], vec![a, a]),
+            CnnBlueprint::Bottleneck => {
+                let narrow = dims.activation(dims.narrow());
+                (vec![narrow, narrow, a], vec![n_stats; 2], vec![a.max(narrow), narrow])
+            }
+        };
+        let alloc = |lens: &[usize]| -> Result<Vec<CudaSlice<f32>>, ParityError> {
+            lens.iter().map(|&n| Ok(stream.alloc_zeros::<f32>(n.max(1))?)).collect()
+        };
+        let tensor_lens: Vec<usize> = layout.tensors().iter().map(|t| dims.envs * t.len).collect();
+        Ok(Self {
+            bp,
+            dims,
+            params: alloc(&tensor_lens)?,
+            grads: alloc(&tensor_lens)?,
+            saved: alloc(&saved)?,
+            stats: alloc(&stats)?,
+            temp: alloc(&temp)?,
+            layout,
+        })
+    }
+
+    /// Every env's row (`[E, P]`, packed as the blueprint's layout) into the tensor-major parameters.
+    pub fn upload_rows(&mut self, device: &Device, rows: &[f32]) -> R {
+        let mut tensor_major = vec![0.0f32; rows.len()];
+        self.layout.rows_to_tensors(self.dims.envs, rows, &mut tensor_major);
+        let mut start = 0;
+        for t in &mut self.params {
+            let len = t.len();
+            device.stream.memcpy_htod(&tensor_major[start..start + len], t)?;
+            start += len;
+        }
+        Ok(())
+    }
+
+    fn download(
+        device: &Device,
+        layout: &ParamLayout,
+        envs: usize,
+        tensors: &[CudaSlice<f32>],
+    ) -> Result<Vec<f32>, ParityError> {
+        let mut tensor_major = Vec::new();
+        for t in tensors {
+            tensor_major.extend(device.stream.clone_dtoh(t)?);
+        }
+        let mut rows = vec![0.0f32; tensor_major.len()];
+        layout.tensors_to_rows(envs, &tensor_major, &mut rows);
+        Ok(rows)
+    }
+
+    /// The parameters as rows `[E, P]`.
+    pub fn download_rows(&self, device: &Device) -> Result<Vec<f32>, ParityError> {
+        Self::download(device, &self.layout, self.dims.envs, &self.params)
+    }
+
+    /// The last backward's parameter gradients as rows `[E, P]`.
+    pub fn download_grad_rows(&self, device: &Device) -> Result<Vec<f32>, ParityError> {
+        Self::download(device, &self.layout, self.dims.envs, &self.grads)
+    }
+
+    /// `y = bp(x)` for every env (`x`, `y`: `[E, B, C, H, W]`), keeping what [`Self::backward`] needs.
+    pub fn forward(
+        &mut self,
+        device: &Device,
+        conv: &mut GemmConv,
+        x: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+    ) -> R {
+        let d = self.dims;
+        let (a, c) = (d.len(), d.channels);
+        let (p, s, st, t) = (&self.params, &mut self.saved, &mut self.stats, &mut self.temp);
+        match self.bp {
+            // y = x + relu(GN(conv(x))): saved conv out, GN out.
+            CnnBlueprint::ConvSmall | CnnBlueprint::ConvLight => {
+                let k = if self.bp == CnnBlueprint::ConvSmall { 1 } else { 3 };
+                let [conv_out, gn_out] = &mut s[..] else { unreachable!() };
+                let [mean, inv_std] = &mut st[..] else { unreachable!() };
+                conv.forward(device, &d.conv(c, c, k), x, &p[0], conv_out)?;
+                ops::group_norm_forward(
+                    device,
+                    &d.group_norm(c),
+                    conv_out,
+                    &p[1],
+                    &p[2],
+                    gn_out,
+                    mean,
+                    inv_std,
+                )?;
+                ops::relu(device, gn_out, &mut t[0], a)?;
+                ops::add(device, x, &t[0], y, a)
+            }
+            // y = x + U2(U1(x)), Uk = relu(GN(conv3×3)): saved conv1, GN1, U1 out, conv2, GN2.
+            CnnBlueprint::ConvHeavy => {
+                let [c1, g1, o1, c2, g2] = &mut s[..] else { unreachable!() };
+                let [m1, i1, m2, i2] = &mut st[..] else { unreachable!() };
+                let (cd, gd) = (d.conv(c, c, 3), d.group_norm(c));
+                conv.forward(device, &cd, x, &p[0], c1)?;
+                ops::group_norm_forward(device, &gd, c1, &p[1], &p[2], g1, m1, i1)?;
+                ops::relu(device, g1, o1, a)?;
+                conv.forward(device, &cd, o1, &p[3], c2)?;
+                ops::group_norm_forward(device, &gd, c2, &p[4], &p[5], g2, m2, i2)?;
+                ops::relu(device, g2, &mut t[0], a)?;
+                ops::add(device, x, &t[0], y, a)
+            }
+            // y = x·σ(W2·relu(W1·GAP(x)) + b2): saved GAP(x), the hidden ReLU output, the scale.
+            CnnBlueprint::Attention => {
+                let (samples, r) = (d.samples(), d.reduced());
+                let [pooled, hidden, scale] = &mut s[..] else { unreachable!() };
+                ops::global_avg_pool(device, x, pooled, samples * c, d.plane())?;
+                ops::linear(device, &d.linear(c, r), pooled, &p[0], None, hidden)?;
+                ops::relu_in_place(device, hidden, samples * r)?;
+                ops::linear(device, &d.linear(r, c), hidden, &p[1], Some(&p[2]), scale)?;
+                ops::sigmoid_in_place(device, scale, samples * c)?;
+                ops::scale_planes(device, x, scale, y, samples * c, d.plane())
+            }
+            // y = x + tanh(λ)·(GN(x) − x): saved GN(x).
+            CnnBlueprint::Norm => {
+                let [mean, inv_std] = &mut st[..] else { unreachable!() };
+                ops::group_norm_forward(device, &d.group_norm(c), x, &p[0], &p[1], &mut s[0], mean, inv_std)?;
+                let dims = [d.envs, d.batch, c * d.plane()].map(|v| v as u32);
+                let mut launch = device.stream.launch_builder(device.function("norm_seed_forward_f32"));
+                launch.arg(x).arg(&s[0]).arg(&p[2]).arg(y);
+                push_dims(&mut launch, &dims);
+                unsafe { launch.launch(elementwise(a)) }?;
+                Ok(())
+            }
+            // y = x + relu(GN(PW(DW(x)))): saved DW(x), PW(…), GN(…).
+            CnnBlueprint::Depthwise => {
+                let [dw_out, pw_out, gn_out] = &mut s[..] else { unreachable!() };
+                let [mean, inv_std] = &mut st[..] else { unreachable!() };
+                depthwise_forward(device, &d, x, &p[0], dw_out)?;
+                conv.forward(device, &d.conv(c, c, 1), dw_out, &p[1], pw_out)?;
+                ops::group_norm_forward(
+                    device,
+                    &d.group_norm(c),
+                    pw_out,
+                    &p[2],
+                    &p[3],
+                    gn_out,
+                    mean,
+                    inv_std,
+                )?;
+                ops::relu(device, gn_out, &mut t[0], a)?;
+                ops::add(device, x, &t[0], y, a)
+            }
+            // y = GN(UP(relu(CONV(relu(DOWN(x)))))) + x: saved the two ReLU outputs and UP's.
+            CnnBlueprint::Bottleneck => {
+                let b = d.narrow();
+                let narrow = d.activation(b);
+                let [down_out, conv_out, up_out] = &mut s[..] else { unreachable!() };
+                let [mean, inv_std] = &mut st[..] else { unreachable!() };
+                conv.forward(device, &d.conv(c, b, 1), x, &p[0], down_out)?;
+                ops::relu_in_place(device, down_out, narrow)?;
+                conv.forward(device, &d.conv(b, b, 3), down_out, &p[1], conv_out)?;
+                ops::relu_in_place(device, conv_out, narrow)?;
+                conv.forward(device, &d.conv(b, c, 1), conv_out, &p[2], up_out)?;
+                ops::group_norm_forward(
+                    device,
+                    &d.group_norm(c),
+                    up_out,
+                    &p[3],
+                    &p[4],
+                    &mut t[0],
+                    mean,
+                    inv_std,
+                )?;
+                ops::add(device, &t[0], x, y, a)
+            }
+        }
+    }
+
+    /// The parameter gradients of the last [`Self::forward`] (same `x`) given `grad_y = ∂L/∂y`,
+    /// overwriting [`Self::grads`].
+    pub fn backward(
+        &mut self,
+        device: &Device,
+        conv: &mut GemmConv,
+        x: &CudaSlice<f32>,
+        grad_y: &CudaSlice<f32>,
+    ) -> R {
+        let d = self.dims;
+        let (a, c) = (d.len(), d.channels);
+        let (p, g, s, st, t) = (&self.params, &mut self.grads, &self.saved, &self.stats, &mut self.temp);
+        match self.bp {
+            CnnBlueprint::ConvSmall | CnnBlueprint::ConvLight => {
+                let k = if self.bp == CnnBlueprint::ConvSmall { 1 } else { 3 };
+                let [t0, t1] = &mut t[..] else { unreachable!() };
+                let [dw, dgamma, dbeta] = &mut g[..] else { unreachable!() };
+                let gd = d.group_norm(c);
+                ops::relu_backward(device, &s[1], grad_y, t0, a)?;
+                ops::group_norm_backward_params(device, &gd, &s[0], &st[0], &st[1], t0, dgamma, dbeta)?;
+                ops::group_norm_backward_input(device, &gd, &s[0], &p[1], &st[0], &st[1], t0, t1, false)?;
+                conv.backward_weight(device, &d.conv(c, c, k), x, t1, dw)
+            }
+            CnnBlueprint::ConvHeavy => {
+                let [t0, t1] = &mut t[..] else { unreachable!() };
+                let [dw1, dg1, db1, dw2, dg2, db2] = &mut g[..] else { unreachable!() };
+                let [c1, g1, o1, c2, g2] = &s[..] else { unreachable!() };
+                let (cd, gd) = (d.conv(c, c, 3), d.group_norm(c));
+                ops::relu_backward(device, g2, grad_y, t0, a)?;
+                ops::group_norm_backward_params(device, &gd, c2, &st[2], &st[3], t0, dg2, db2)?;
+                ops::group_norm_backward_input(device, &gd, c2, &p[4], &st[2], &st[3], t0, t1, false)?;
+                conv.backward_weight(device, &cd, o1, t1, dw2)?;
+                // ∂L/∂U1(x), then through U1.
+                conv.backward_input(device, &cd, t1, &p[3], t0)?;
+                ops::relu_backward(device, g1, t0, t1, a)?;
+                ops::group_norm_backward_params(device, &gd, c1, &st[0], &st[1], t1, dg1, db1)?;
+                ops::group_norm_backward_input(device, &gd, c1, &p[1], &st[0], &st[1], t1, t0, false)?;
+                conv.backward_weight(device, &cd, x, t0, dw1)
+            }
+            CnnBlueprint::Attention => {
+                let (samples, r) = (d.samples(), d.reduced());
+                let [pooled, hidden, scale] = &s[..] else { unreachable!() };
+                let [d_scale, d_logits, d_hidden, d_hidden_pre] = &mut t[..] else { unreachable!() };
+                let [dw1, dw2, db2] = &mut g[..] else { unreachable!() };
+                let (fc1, fc2) = (d.linear(c, r), d.linear(r, c));
+                ops::scale_planes_backward_scale(device, x, grad_y, d_scale, samples * c, d.plane())?;
+                ops::sigmoid_backward(device, scale, d_scale, d_logits, samples * c)?;
+                ops::linear_backward_params(device, &fc2, hidden, d_logits, dw2, Some(db2))?;
+                ops::linear_backward_input(device, &fc2, d_logits, &p[1], d_hidden)?;
+                ops::relu_backward(device, hidden, d_hidden, d_hidden_pre, samples * r)?;
+                ops::linear_backward_params(device, &fc1, pooled, d_hidden_pre, dw1, None)
+            }
+            CnnBlueprint::Norm => {
+                let [scaled, partials] = &mut t[..] else { unreachable!() };
+                let [dgamma, dbeta, dlambda] = &mut g[..] else { unreachable!() };
+                let (image, samples) = (c * d.plane(), d.samples());
+                let (images32, image32) = (samples as u32, image as u32);
+                let mut launch =
+                    device.stream.launch_builder(device.function("norm_seed_image_partials_f32"));
+                launch.arg(grad_y).arg(&s[0]).arg(x).arg(&mut *partials).arg(&images32).arg(&image32);
+                unsafe { launch.launch(elementwise(samples)) }?;
+                let (envs32, batch32) = (d.envs as u32, d.batch as u32);
+                let mut launch = device.stream.launch_builder(device.function("norm_seed_lambda_grad_f32"));
+                launch.arg(&*partials).arg(&p[2]).arg(dlambda).arg(&envs32).arg(&batch32);
+                unsafe { launch.launch(elementwise(d.envs)) }?;
+                let mut launch = device.stream.launch_builder(device.function("norm_seed_scale_grad_f32"));
+                launch.arg(grad_y).arg(&p[2]).arg(&mut *scaled).arg(&envs32).arg(&batch32).arg(&image32);
+                unsafe { launch.launch(elementwise(a)) }?;
+                // Only the parameter half of the norm's backward: the seed's input is detached.
+                ops::group_norm_backward_params(
+                    device,
+                    &d.group_norm(c),
+                    x,
+                    &st[0],
+                    &st[1],
+                    scaled,
+                    dgamma,
+                    dbeta,
+                )
+            }
+            CnnBlueprint::Depthwise => {
+                let [t0, t1] = &mut t[..] else { unreachable!() };
+                let [d_dw, d_pw, dgamma, dbeta] = &mut g[..] else { unreachable!() };
+                let [dw_out, pw_out, gn_out] = &s[..] else { unreachable!() };
+                let (gd, pw) = (d.group_norm(c), d.conv(c, c, 1));
+                ops::relu_backward(device, gn_out, grad_y, t0, a)?;
+                ops::group_norm_backward_params(device, &gd, pw_out, &st[0], &st[1], t0, dgamma, dbeta)?;
+                ops::group_norm_backward_input(device, &gd, pw_out, &p[2], &st[0], &st[1], t0, t1, false)?;
+                conv.backward_weight(device, &pw, dw_out, t1, d_pw)?;
+                conv.backward_input(device, &pw, t1, &p[1], t0)?;
+                depthwise_backward_weight(device, &d, x, t0, d_dw)
+            }
+            CnnBlueprint::Bottleneck => {
+                let b = d.narrow();
+                let narrow = d.activation(b);
+                let [t0, t1] = &mut t[..] else { unreachable!() };
+                let [d_down, d_conv, d_up, dgamma, dbeta] = &mut g[..] else { unreachable!() };
+                let [down_out, conv_out, up_out] = &s[..] else { unreachable!() };
+                let gd = d.group_norm(c);
+                let (down, mid, up) = (d.conv(c, b, 1), d.conv(b, b, 3), d.conv(b, c, 1));
+                ops::group_norm_backward_params(device, &gd, up_out, &st[0], &st[1], grad_y, dgamma, dbeta)?;
+                ops::group_norm_backward_input(
+                    device, &gd, up_out, &p[3], &st[0], &st[1], grad_y, t0, false,
+                )?;
+                conv.backward_weight(device, &up, conv_out, t0, d_up)?;
+                conv.backward_input(device, &up, t0, &p[2], t1)?;
+                ops::relu_backward(device, conv_out, t1, t0, narrow)?;
+                conv.backward_weight(device, &mid, down_out, t0, d_conv)?;
+                conv.backward_input(device, &mid, t0, &p[1], t1)?;
+                ops::relu_backward(device, down_out, t1, t0, narrow)?;
+                conv.backward_weight(device, &down, x, t0, d_down)
+            }
+        }
+    }
+}
+
+/// The depthwise 3×3 conv (groups = C, pad 1) with the one-thread-per-output twin kernel: the GEMM form
+/// does not take groups, and a depthwise conv has 9 taps per output.
+fn depthwise_forward(
+    device: &Device,
+    d: &SeedDims,
+    x: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+) -> R {
+    let dims = depthwise_dims(d);
+    let mut launch = device.stream.launch_builder(device.function("conv2d_forward_f32"));
+    launch.arg(x).arg(w).arg(y);
+    push_dims(&mut launch, &dims);
+    unsafe { launch.launch(elementwise(d.len())) }?;
+    Ok(())
+}
+
+/// The depthwise conv's weight gradient (the twin kernel; `[E, C, 1, 3, 3]`).
+fn depthwise_backward_weight(
+    device: &Device,
+    d: &SeedDims,
+    x: &CudaSlice<f32>,
+    dy: &CudaSlice<f32>,
+    dw: &mut CudaSlice<f32>,
+) -> R {
+    let dims = depthwise_dims(d);
+    let mut launch = device.stream.launch_builder(device.function("conv2d_backward_weight_f32"));
+    launch.arg(x).arg(dy).arg(dw);
+    push_dims(&mut launch, &dims);
+    unsafe { launch.launch(elementwise(d.envs * d.channels * 9)) }?;
+    Ok(())
+}
+
+fn depthwise_dims(d: &SeedDims) -> [u32; 9] {
+    let c = d.channels as u32;
+    [d.envs as u32, d.batch as u32, c, c, d.size as u32, d.size as u32, 3, 1, c]
+}
