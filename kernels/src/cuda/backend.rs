@@ -24,8 +24,8 @@ use crate::host::{
 
 /// The dataset resident on the device, and what it was uploaded from.
 struct DeviceData {
-    /// `(n_train, n_test, address of the training images)`: a different dataset is uploaded anew.
-    source: (usize, usize, usize),
+    /// What it was uploaded from: a different dataset is uploaded anew.
+    source: DataKey,
     train_images: CudaSlice<f32>,
     train_labels: CudaSlice<u8>,
     test_images: CudaSlice<f32>,
@@ -33,6 +33,25 @@ struct DeviceData {
     /// Per channel: the value of a padded pixel of the training augmentation.
     fill: CudaSlice<f32>,
     pad: u32,
+}
+
+/// What identifies a dataset's upload: its splits' sizes and addresses, and its augmentation.
+#[derive(Clone, Debug, PartialEq)]
+struct DataKey {
+    splits: [(usize, usize); 2],
+    fill: Vec<f32>,
+    pad: usize,
+}
+
+impl DataKey {
+    fn of(data: &Dataset) -> Self {
+        let at = |s: &crate::data::Split| (s.images.len(), s.images.as_ptr() as usize);
+        Self {
+            splits: [at(&data.train), at(&data.test)],
+            fill: data.augment.fill.clone(),
+            pad: data.augment.pad,
+        }
+    }
 }
 
 /// The hosts of every env on one GPU (no seeds).
@@ -43,11 +62,10 @@ pub struct CudaHostBackend {
     host: DeviceHost,
     snapshots: Vec<CudaSlice<f32>>,
     data: Option<DeviceData>,
-    /// This batch's gather plan, on the host and the device: `[E·B]` each.
-    index: Vec<u32>,
-    draw: Vec<u32>,
-    index_dev: CudaSlice<u32>,
-    draw_dev: CudaSlice<u32>,
+    /// The epoch's gather plan, on the host and the device: every batch's `[E·B]` image indices, then
+    /// every batch's packed augmentation draws; uploaded in one copy when the epoch starts.
+    plan: Vec<u32>,
+    plan_dev: CudaSlice<u32>,
     /// The batch: images `[E, B, C, H, W]`, labels `[E, B]`, a test batch's valid rows per env `[E]`.
     images: CudaSlice<f32>,
     labels: CudaSlice<u8>,
@@ -93,10 +111,8 @@ impl CudaHostBackend {
             slot_ids: slot_ids.to_vec(),
             snapshots,
             data: None,
-            index: vec![0; slots],
-            draw: vec![0; slots],
-            index_dev: stream.alloc_zeros::<u32>(slots)?,
-            draw_dev: stream.alloc_zeros::<u32>(slots)?,
+            plan: Vec::new(),
+            plan_dev: stream.alloc_zeros::<u32>(1)?,
             images: stream.alloc_zeros::<f32>(slots * arch.image_len())?,
             labels: stream.alloc_zeros::<u8>(slots)?,
             counts: stream.alloc_zeros::<u32>(n_envs)?,
@@ -113,11 +129,13 @@ impl CudaHostBackend {
 
     /// Uploads `data` unless it is what the device holds.
     fn ensure_data(&mut self, data: &Dataset) -> Result<(), ParityError> {
-        let source = (data.n_train(), data.n_test(), data.train.images.as_ptr() as usize);
+        let source = DataKey::of(data);
         if self.data.as_ref().is_some_and(|d| d.source == source) {
             return Ok(());
         }
         assert_eq!(data.image_len(), self.arch.image_len(), "the dataset's images are not the host's");
+        // A label is an index into a row of logits on the device.
+        assert!(data.num_classes <= self.arch.num_classes, "the dataset has more classes than the head");
         assert!(data.augment.pad < 128, "crop padding {} does not fit the packed draw", data.augment.pad);
         let stream = &self.device.stream;
         self.data = Some(DeviceData {
@@ -144,19 +162,37 @@ impl CudaHostBackend {
         let stream = self.device.stream.clone();
         self.train_events.0.record(&stream)?;
         stream.memset_zeros(&mut self.sums.slice_mut(..2 * envs))?;
+        let sharding = batcher.sharding();
+        assert_eq!(
+            (sharding.n_envs, sharding.batch_per_env),
+            (envs, batch),
+            "the batcher's envs and batch are the backend's"
+        );
+        let slots = envs * batch;
+        let n_batches = sharding.num_train_batches();
+        // The whole epoch's plan in one copy (a pageable copy may wait for the device: once per epoch,
+        // not once per batch).
+        let per_epoch = n_batches * slots;
+        self.plan.resize(2 * per_epoch, 0);
+        let (index, draw) = self.plan.split_at_mut(per_epoch);
+        for (b, (index, draw)) in index.chunks_mut(slots).zip(draw.chunks_mut(slots)).enumerate() {
+            batcher.train_gather(data, b, index, draw);
+        }
+        if self.plan_dev.len() < self.plan.len() {
+            self.plan_dev = stream.alloc_zeros::<u32>(self.plan.len())?;
+        }
+        stream.memcpy_htod(self.plan.as_slice(), &mut self.plan_dev.slice_mut(..2 * per_epoch))?;
         let d = self.data.as_ref().expect("uploaded above");
-        let slots = (envs * batch) as u32;
+        let slots32 = slots as u32;
         let (channels, height, width) = (data.channels as u32, data.height as u32, data.width as u32);
-        let n_batches = batcher.sharding().num_train_batches();
         let image_values = self.images.len();
         for b in 0..n_batches {
-            batcher.train_gather(data, b, &mut self.index, &mut self.draw);
-            stream.memcpy_htod(self.index.as_slice(), &mut self.index_dev)?;
-            stream.memcpy_htod(self.draw.as_slice(), &mut self.draw_dev)?;
+            let index = self.plan_dev.slice(b * slots..(b + 1) * slots);
+            let draw = self.plan_dev.slice(per_epoch + b * slots..per_epoch + (b + 1) * slots);
             let mut launch = stream.launch_builder(self.device.function("gather_train_f32"));
-            launch.arg(&d.train_images).arg(&d.train_labels).arg(&self.index_dev).arg(&self.draw_dev);
+            launch.arg(&d.train_images).arg(&d.train_labels).arg(&index).arg(&draw);
             launch.arg(&d.fill).arg(&mut self.images).arg(&mut self.labels);
-            launch.arg(&slots).arg(&channels).arg(&height).arg(&width).arg(&d.pad);
+            launch.arg(&slots32).arg(&channels).arg(&height).arg(&width).arg(&d.pad);
             unsafe { launch.launch(elementwise(image_values)) }?;
 
             self.host.train_step(&self.device, &self.images, &self.labels)?;
@@ -190,6 +226,11 @@ impl CudaHostBackend {
         stream.memset_zeros(&mut self.sums.slice_mut(2 * envs..))?;
         let d = self.data.as_ref().expect("uploaded above");
         let sharding = batcher.sharding();
+        assert_eq!(
+            (sharding.n_envs, sharding.batch_per_env),
+            (envs, batch),
+            "the batcher's envs and batch are the backend's"
+        );
         let (envs32, batch32) = (envs as u32, batch as u32);
         let (image_len, classes) = (self.arch.image_len() as u32, self.arch.num_classes as u32);
         debug_assert_eq!(PAD_LABEL, 255, "gather_test_f32 pads with label 255");

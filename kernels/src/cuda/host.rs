@@ -221,9 +221,9 @@ impl DeviceHost {
         Ok(())
     }
 
-    /// The evaluation forward of `images` (`[E, B, C, H, W]` on the device) with the running statistics,
-    /// then each env's correct count against `labels` (`[E, B]`): the logits and counts stay on the
-    /// device ([`Self::logits`], [`Self::correct`]).
+    /// The evaluation forward of `images` (`[E, B, C, H, W]` on the device) with the running statistics:
+    /// the logits stay on the device ([`Self::logits`]; [`Self::count_correct`] counts them against
+    /// labels). `labels` (`[E, B]`) only has its shape checked.
     pub fn forward_eval(
         &mut self,
         device: &Device,
@@ -234,8 +234,7 @@ impl DeviceHost {
         for b in 0..self.arch.n_blocks {
             self.block_forward(device, b, images, false)?;
         }
-        self.head_forward(device)?;
-        self.count_correct(device, labels)
+        self.head_forward(device)
     }
 
     /// Each env's correct count of the last forward's logits against `labels` (`[E, B]`; a label no class

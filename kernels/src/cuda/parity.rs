@@ -109,6 +109,10 @@ fn max_diff<T: Copy + Into<f64>>(gpu: &[T], cpu: &[T]) -> f64 {
             let (g, c): (f64, f64) = (g.into(), c.into());
             match (g.is_nan(), c.is_nan()) {
                 (true, true) => 0.0,
+                // Equal infinities agree; any other infinity differs without limit (not NaN, which
+                // the fold below would drop).
+                (false, false) if g == c => 0.0,
+                (false, false) if g.is_infinite() || c.is_infinite() => f64::INFINITY,
                 (false, false) => (g - c).abs() / c.abs().max(1.0),
                 _ => f64::INFINITY,
             }
@@ -642,6 +646,7 @@ fn host_eval_check(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -
     let mut host = DeviceHost::upload(device, &params, batch)?;
     let (images_dev, labels_dev) = (stream.clone_htod(&images)?, stream.clone_htod(&labels)?);
     host.forward_eval(device, &images_dev, &labels_dev)?;
+    host.count_correct(device, &labels_dev)?;
     let (logits_gpu, correct_gpu) = (host.logits(device)?, host.correct(device)?);
     rows.push(ParityRow::new(
         "host eval forward (DeviceHost)",
@@ -882,8 +887,6 @@ fn backend_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), Parit
         for (g, c) in val_gpu.iter().zip(&val_cpu) {
             loss_diff = loss_diff.max(max_diff(&[g.val_loss], &[c.val_loss]));
             acc_diff = acc_diff.max(max_diff(&[g.val_acc], &[c.val_acc]));
-            acc_diff =
-                acc_diff.max(if g.config_acc.len() == c.config_acc.len() { 0.0 } else { f64::INFINITY });
         }
     }
     rows.push(ParityRow::new(
@@ -914,9 +917,12 @@ fn backend_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), Parit
         max_diff(&flat(&prints_gpu), &flat(&prints_cpu)),
         1e-5,
     ));
+    cpu.take_snapshot(1, &[]);
     gpu.take_snapshot(1, &[]);
     batcher.begin_epoch(0, 3);
+    cpu.train_epoch(&data, &batcher, &mut out_cpu);
     gpu.train_epoch(&data, &batcher, &mut out_gpu);
+    cpu.restore_snapshot(1);
     gpu.restore_snapshot(1);
     let (sums_after, _) = fingerprints(&gpu);
     let restored = sums_after[1] == sums_before[1] && sums_after[0] != sums_before[0];
@@ -926,6 +932,31 @@ fn backend_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), Parit
         envs,
         if restored { 0.0 } else { f64::INFINITY },
         0.0,
+    ));
+    // The epoch after the rollback starts env 1 from zero momentum on both sides; then a new round.
+    let mut after = |cpu: &mut CpuHostBackend, gpu: &mut CudaHostBackend, epoch: u64| {
+        batcher.begin_epoch(0, epoch);
+        cpu.train_epoch(&data, &batcher, &mut out_cpu);
+        gpu.train_epoch(&data, &batcher, &mut out_gpu);
+        out_gpu.iter().zip(&out_cpu).map(|(g, c)| max_diff(&[g.loss], &[c.loss])).fold(0.0, f64::max)
+    };
+    let rollback_diff = after(&mut cpu, &mut gpu, 4);
+    rows.push(ParityRow::new(
+        "backend epoch after the rollback: losses",
+        "host::CpuHostBackend (restore_snapshot clears momentum)",
+        envs,
+        rollback_diff,
+        1e-5,
+    ));
+    cpu.reset_round(seed, 1);
+    gpu.reset_round(seed, 1);
+    let round_diff = after(&mut cpu, &mut gpu, 1);
+    rows.push(ParityRow::new(
+        "backend new round, first epoch: losses",
+        "host::CpuHostBackend::reset_round",
+        envs,
+        round_diff,
+        1e-5,
     ));
     Ok(())
 }
