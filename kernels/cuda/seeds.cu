@@ -224,3 +224,38 @@ extern "C" __global__ void norm_seed_lambda_grad_f32(
         grad_lambda[e] = (1.0f - t * t) * total;
     }
 }
+
+// ---- A slot over every env at once (host/slot.rs with the seeds' modes OFF, INCUBATOR and ADD): one
+// blueprint's seed output s for every env, blended into the slot's output y only where select[e]
+// (the env holds that blueprint and blends by ADD): y = h + a·(s − h) with a = clamp(alpha[e]), the
+// arithmetic of blend_add_forward. The other envs' rows of y are left as they are (h, copied first).
+extern "C" __global__ void slot_blend_add_select_f32(
+    const float* h, const float* s, const float* alpha, const u8* select, float* y, u32 envs, u32 batch,
+    u32 features) {
+    FOR_EACH(t, (u64)envs * batch * features) {
+        u32 e = (u32)(t / ((u64)batch * features));
+        if (!select[e]) continue;
+        float a = clamp01(alpha[e]);
+        y[t] = h[t] + a * (s[t] - h[t]);
+    }
+}
+
+// The slot's backward split of the output gradient dy by each env's mode (0 off, 1 incubator, 2 ADD):
+// the host's direct path dh (dy, dy, dy·(1 − a)) and the seed's ds (0, dy straight through, dy·a), as
+// blend_add_backward and the incubator's straight-through do.
+extern "C" __global__ void slot_backward_split_f32(
+    const float* dy, const float* alpha, const u8* mode, float* dh, float* ds, u32 envs, u32 batch,
+    u32 features) {
+    FOR_EACH(t, (u64)envs * batch * features) {
+        u32 e = (u32)(t / ((u64)batch * features));
+        float g = dy[t];
+        if (mode[e] == 2) {
+            float a = clamp01(alpha[e]);
+            dh[t] = g * (1.0f - a);
+            ds[t] = g * a;
+        } else {
+            dh[t] = g;
+            ds[t] = mode[e] == 1 ? g : 0.0f;
+        }
+    }
+}

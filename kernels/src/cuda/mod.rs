@@ -15,6 +15,7 @@ pub mod host;
 pub mod ops;
 pub mod parity;
 pub mod seed_module;
+pub mod slot;
 mod sources;
 
 pub use backend::CudaHostBackend;

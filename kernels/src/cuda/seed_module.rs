@@ -106,6 +106,8 @@ pub struct DeviceSeed {
     /// Tensor-major parameters and their gradients, one `[E, len]` buffer per layout tensor.
     pub params: Vec<CudaSlice<f32>>,
     pub grads: Vec<CudaSlice<f32>>,
+    /// The seed optimizer's momentum, tensor-major like the parameters.
+    pub momentum: Vec<CudaSlice<f32>>,
     /// What the backward reads, written by the forward (per blueprint; see each forward).
     saved: Vec<CudaSlice<f32>>,
     /// Group-norm statistics `[E, B, G]`: mean, inv_std (and a second norm's).
@@ -144,6 +146,7 @@ impl DeviceSeed {
             dims,
             params: alloc(&tensor_lens)?,
             grads: alloc(&tensor_lens)?,
+            momentum: alloc(&tensor_lens)?,
             saved: alloc(&saved)?,
             stats: alloc(&stats)?,
             temp: alloc(&temp)?,
@@ -177,6 +180,36 @@ impl DeviceSeed {
         let mut rows = vec![0.0f32; tensor_major.len()];
         layout.tensors_to_rows(envs, &tensor_major, &mut rows);
         Ok(rows)
+    }
+
+    /// Env `env`'s row (`P` values, packed as the layout) into the parameters, and its momentum zeroed:
+    /// a germination drawn on the host.
+    pub fn upload_env_row(&mut self, device: &Device, env: usize, row: &[f32]) -> R {
+        assert_eq!(row.len(), self.layout.param_count(), "one row of the blueprint");
+        for ((spec, t), m) in self.layout.tensors().iter().zip(&mut self.params).zip(&mut self.momentum) {
+            let at = env * spec.len..(env + 1) * spec.len;
+            device.stream.memcpy_htod(&row[spec.range()], &mut t.slice_mut(at.clone()))?;
+            device.stream.memset_zeros(&mut m.slice_mut(at))?;
+        }
+        Ok(())
+    }
+
+    /// Env `env`'s row as the layout packs it (for checksums and snapshots).
+    pub fn download_env_row(&self, device: &Device, env: usize) -> Result<Vec<f32>, ParityError> {
+        let mut row = vec![0.0f32; self.layout.param_count()];
+        for (spec, t) in self.layout.tensors().iter().zip(&self.params) {
+            let at = env * spec.len..(env + 1) * spec.len;
+            device.stream.memcpy_dtoh(&t.slice(at), &mut row[spec.range()])?;
+        }
+        Ok(row)
+    }
+
+    /// Zeroes env `env`'s momentum (the seed optimizer rebuilt at fossilization or rollback).
+    pub fn zero_momentum(&mut self, device: &Device, env: usize) -> R {
+        for (spec, m) in self.layout.tensors().iter().zip(&mut self.momentum) {
+            device.stream.memset_zeros(&mut m.slice_mut(env * spec.len..(env + 1) * spec.len))?;
+        }
+        Ok(())
     }
 
     /// The parameters as rows `[E, P]`.

@@ -1,0 +1,329 @@
+//! One injection point's seeds on the device, for every env at once: the CUDA twin of
+//! [`SlotWorkspace`](crate::host::SlotWorkspace) for the modes OFF, INCUBATOR and ADD (MULTIPLY and GATE
+//! are not on the device yet). Each blueprint that some env holds runs as one [`DeviceSeed`] over all
+//! envs (dense: the GPU has no use for gathering a few envs); the blend writes only the rows of the envs
+//! that blend that blueprint by ADD, every other row of the output is the input. The seed's input is the
+//! detached host activation (isolation), so the host gets only the blend's direct path.
+//!
+//! The seed optimizer is the CPU's `Trainer::step_seeds`: each env's gradient over all of the slot's
+//! blueprints clipped to norm 1, then SGD (no weight decay) for the envs that train each blueprint.
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::gemm_conv::GemmConv;
+use super::parity::{Device, ParityError, elementwise};
+use super::seed_module::{DeviceSeed, SeedDims};
+use crate::host::{SeedEnvState, SeedMode};
+use crate::optim::{MAX_GRAD_NORM, SgdConfig};
+use crate::seeds::CnnBlueprint;
+
+type R = Result<(), ParityError>;
+
+/// Blocks per env of the first stage of the per-env squared norms.
+const NORM_BLOCKS_PER_ENV: u32 = 32;
+
+/// The modes the slot kernels know, as `slot_backward_split_f32` reads them.
+fn mode_code(mode: SeedMode) -> u8 {
+    match mode {
+        SeedMode::Off => 0,
+        SeedMode::Incubator => 1,
+        SeedMode::Add => 2,
+        SeedMode::Multiply | SeedMode::Gate => {
+            panic!("{mode:?} blends do not run on the CUDA backend yet (issue 16): OFF, INCUBATOR and ADD do")
+        }
+    }
+}
+
+/// A slot's seeds, their per-env controls and its activations on the device.
+pub struct DeviceSlot {
+    dims: SeedDims,
+    /// By `CnnBlueprint as usize − 1`, made at the first germination of that blueprint.
+    modules: Vec<Option<DeviceSeed>>,
+    state: Vec<SeedEnvState>,
+    /// The controls below no longer match `state`.
+    dirty: bool,
+    /// `[E]`: each env's alpha and mode code.
+    alpha: CudaSlice<f32>,
+    mode: CudaSlice<u8>,
+    /// `[7, E]`: the env blends blueprint `bp` by ADD (the training forward's and the main
+    /// configuration's selection); the env trains `bp`; and its complement (rows whose gradients are
+    /// zeroed, as the CPU leaves them zero).
+    select: CudaSlice<u8>,
+    trains: CudaSlice<u8>,
+    not_trains: CudaSlice<u8>,
+    /// `[K, 7, E]`: validation pass `k`'s selection (the main one with the pass's ablated envs off).
+    eval_select: CudaSlice<u8>,
+    eval_passes: usize,
+    /// The slot's output, a seed's output, and the seed's output gradient, `[E, B, C, H, W]`.
+    pub out: CudaSlice<f32>,
+    s: CudaSlice<f32>,
+    ds: CudaSlice<f32>,
+    norm_partial: CudaSlice<f64>,
+    sq_norms: CudaSlice<f64>,
+    clip: CudaSlice<f64>,
+    sgd: SgdConfig,
+}
+
+impl DeviceSlot {
+    /// A slot whose activations are `dims`, every env's seed off.
+    pub fn new(device: &Device, dims: SeedDims) -> Result<Self, ParityError> {
+        let stream = &device.stream;
+        let (envs, len) = (dims.envs, dims.envs * dims.batch * dims.channels * dims.size * dims.size);
+        let n = CnnBlueprint::ALL.len() * envs;
+        Ok(Self {
+            dims,
+            modules: CnnBlueprint::ALL.iter().map(|_| None).collect(),
+            state: vec![SeedEnvState::default(); envs],
+            dirty: true,
+            alpha: stream.alloc_zeros::<f32>(envs)?,
+            mode: stream.alloc_zeros::<u8>(envs)?,
+            select: stream.alloc_zeros::<u8>(n)?,
+            trains: stream.alloc_zeros::<u8>(n)?,
+            not_trains: stream.alloc_zeros::<u8>(n)?,
+            eval_select: stream.alloc_zeros::<u8>(n)?,
+            eval_passes: 1,
+            out: stream.alloc_zeros::<f32>(len)?,
+            s: stream.alloc_zeros::<f32>(len)?,
+            ds: stream.alloc_zeros::<f32>(len)?,
+            norm_partial: stream.alloc_zeros::<f64>(envs * NORM_BLOCKS_PER_ENV as usize)?,
+            sq_norms: stream.alloc_zeros::<f64>(envs)?,
+            clip: stream.alloc_zeros::<f64>(envs)?,
+            sgd: SgdConfig::SEED,
+        })
+    }
+
+    pub fn dims(&self) -> SeedDims {
+        self.dims
+    }
+
+    /// Env `env`'s seed state this epoch (its mode decides what the forward and backward do).
+    pub fn set_state(&mut self, env: usize, state: SeedEnvState) {
+        mode_code(state.mode);
+        self.state[env] = state;
+        self.dirty = true;
+    }
+
+    pub fn state(&self, env: usize) -> SeedEnvState {
+        self.state[env]
+    }
+
+    /// A germinated seed: env `env`'s row of `bp` (drawn on the host, packed as the layout) and its
+    /// momentum zeroed; the blueprint's module is made at its first germination.
+    pub fn germinate(&mut self, device: &Device, env: usize, bp: CnnBlueprint, row: &[f32]) -> R {
+        let slot = &mut self.modules[bp as usize - 1];
+        if slot.is_none() {
+            *slot = Some(DeviceSeed::new(device, bp, self.dims)?);
+        }
+        slot.as_mut().expect("made above").upload_env_row(device, env, row)
+    }
+
+    /// Zeroes env `env`'s momentum in every blueprint (fossilization, rollback).
+    pub fn reset_momentum(&mut self, device: &Device, env: usize) -> R {
+        for m in self.modules.iter_mut().flatten() {
+            m.zero_momentum(device, env)?;
+        }
+        Ok(())
+    }
+
+    /// The module of `bp`, if some env ever held it.
+    pub fn module(&self, bp: CnnBlueprint) -> Option<&DeviceSeed> {
+        self.modules[bp as usize - 1].as_ref()
+    }
+
+    pub fn module_mut(&mut self, bp: CnnBlueprint) -> Option<&mut DeviceSeed> {
+        self.modules[bp as usize - 1].as_mut()
+    }
+
+    /// Any env's seed takes part in a forward (as [`crate::host::SlotParams::any_active_in`]).
+    pub fn runs(&self, train: bool) -> bool {
+        self.state.iter().any(|s| s.mode.runs_in(train))
+    }
+
+    /// Which blueprints run in a forward: some env holds it in a mode that runs.
+    fn running(&self, train: bool) -> impl Iterator<Item = CnnBlueprint> + '_ {
+        CnnBlueprint::ALL
+            .into_iter()
+            .filter(move |&bp| self.state.iter().any(|s| s.blueprint == Some(bp) && s.mode.runs_in(train)))
+    }
+
+    /// Uploads the per-env controls when the states changed.
+    fn prepare(&mut self, device: &Device) -> R {
+        if !self.dirty {
+            return Ok(());
+        }
+        let envs = self.dims.envs;
+        let stream = &device.stream;
+        let alpha: Vec<f32> = self.state.iter().map(|s| s.alpha).collect();
+        let mode: Vec<u8> = self.state.iter().map(|s| mode_code(s.mode)).collect();
+        let (mut select, mut trains) = (vec![0u8; 7 * envs], vec![0u8; 7 * envs]);
+        for (e, s) in self.state.iter().enumerate() {
+            if let Some(bp) = s.blueprint {
+                let i = (bp as usize - 1) * envs + e;
+                select[i] = u8::from(s.mode == SeedMode::Add);
+                trains[i] = u8::from(s.train_seed);
+            }
+        }
+        let not_trains: Vec<u8> = trains.iter().map(|&t| 1 - t).collect();
+        stream.memcpy_htod(alpha.as_slice(), &mut self.alpha)?;
+        stream.memcpy_htod(mode.as_slice(), &mut self.mode)?;
+        stream.memcpy_htod(select.as_slice(), &mut self.select)?;
+        stream.memcpy_htod(trains.as_slice(), &mut self.trains)?;
+        stream.memcpy_htod(not_trains.as_slice(), &mut self.not_trains)?;
+        self.dirty = false;
+        Ok(())
+    }
+
+    /// The validation passes' selections: pass `k` switches this slot off for the envs `off[k][e]`
+    /// (`[K][E]`), the main selection otherwise.
+    pub fn plan_eval(&mut self, device: &Device, off: &[Vec<bool>]) -> R {
+        self.prepare(device)?;
+        let envs = self.dims.envs;
+        let mut select = vec![0u8; off.len().max(1) * 7 * envs];
+        for (k, off) in off.iter().enumerate() {
+            for (e, s) in self.state.iter().enumerate() {
+                if let Some(bp) = s.blueprint.filter(|_| s.mode == SeedMode::Add && !off[e]) {
+                    select[(k * 7 + bp as usize - 1) * envs + e] = 1;
+                }
+            }
+        }
+        if self.eval_select.len() < select.len() {
+            self.eval_select = device.stream.alloc_zeros::<u8>(select.len())?;
+        }
+        device.stream.memcpy_htod(select.as_slice(), &mut self.eval_select.slice_mut(..select.len()))?;
+        self.eval_passes = off.len().max(1);
+        Ok(())
+    }
+
+    /// The slot's forward over `h` into [`Self::out`]: a training forward (`pass` None) runs every seed
+    /// not off; an evaluation forward runs the blending ones with validation pass `pass`'s selection.
+    /// The caller reads `out` only when [`Self::runs`] is true.
+    pub fn forward(
+        &mut self,
+        device: &Device,
+        conv: &mut GemmConv,
+        h: &CudaSlice<f32>,
+        pass: Option<usize>,
+    ) -> R {
+        self.prepare(device)?;
+        let train = pass.is_none();
+        let d = self.dims;
+        let len = self.out.len();
+        device.stream.memcpy_dtod(h, &mut self.out)?;
+        let running: Vec<CnnBlueprint> = self.running(train).collect();
+        for bp in running {
+            let module = self.modules[bp as usize - 1].as_mut().expect("a held blueprint has its module");
+            module.forward(device, conv, h, &mut self.s)?;
+            let at = match pass {
+                None => (bp as usize - 1) * d.envs,
+                Some(k) => {
+                    assert!(k < self.eval_passes, "validation pass {k} was not planned");
+                    (k * 7 + bp as usize - 1) * d.envs
+                }
+            };
+            let select = match pass {
+                None => self.select.slice(at..at + d.envs),
+                Some(_) => self.eval_select.slice(at..at + d.envs),
+            };
+            let dims = [d.envs, d.batch, d.channels * d.size * d.size].map(|v| v as u32);
+            let mut launch = device.stream.launch_builder(device.function("slot_blend_add_select_f32"));
+            launch.arg(h).arg(&self.s).arg(&self.alpha).arg(&select).arg(&mut self.out);
+            launch.arg(&dims[0]).arg(&dims[1]).arg(&dims[2]);
+            unsafe { launch.launch(elementwise(len)) }?;
+        }
+        Ok(())
+    }
+
+    /// The backward of the last training forward over `h`: `grad_h` (overwritten) the host's direct
+    /// path, and every trained blueprint's parameter gradients (the rows of envs that do not train it
+    /// zero).
+    pub fn backward(
+        &mut self,
+        device: &Device,
+        conv: &mut GemmConv,
+        h: &CudaSlice<f32>,
+        grad_y: &CudaSlice<f32>,
+        grad_h: &mut CudaSlice<f32>,
+    ) -> R {
+        let d = self.dims;
+        let len = self.out.len();
+        let dims = [d.envs, d.batch, d.channels * d.size * d.size].map(|v| v as u32);
+        let mut launch = device.stream.launch_builder(device.function("slot_backward_split_f32"));
+        launch.arg(grad_y).arg(&self.alpha).arg(&self.mode).arg(grad_h).arg(&mut self.ds);
+        launch.arg(&dims[0]).arg(&dims[1]).arg(&dims[2]);
+        unsafe { launch.launch(elementwise(len)) }?;
+        let trained: Vec<CnnBlueprint> = CnnBlueprint::ALL
+            .into_iter()
+            .filter(|&bp| self.state.iter().any(|s| s.blueprint == Some(bp) && s.train_seed))
+            .collect();
+        let envs32 = d.envs as u32;
+        for bp in trained {
+            let module = self.modules[bp as usize - 1].as_mut().expect("a held blueprint has its module");
+            module.backward(device, conv, h, &self.ds)?;
+            let mask = self.not_trains.slice((bp as usize - 1) * d.envs..(bp as usize) * d.envs);
+            for g in &mut module.grads {
+                let per_env = (g.len() / d.envs) as u64;
+                let n = g.len();
+                let mut launch = device.stream.launch_builder(device.function("zero_masked_rows_f32"));
+                launch.arg(g).arg(&mask).arg(&per_env).arg(&envs32);
+                unsafe { launch.launch(elementwise(n)) }?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The seed optimizer after a backward: per env, the norm over every blueprint's gradient, the clip
+    /// factor, then SGD for the envs that train each blueprint.
+    pub fn step(&mut self, device: &Device) -> R {
+        let d = self.dims;
+        let stream = &device.stream;
+        let envs32 = d.envs as u32;
+        let trained: Vec<CnnBlueprint> = CnnBlueprint::ALL
+            .into_iter()
+            .filter(|&bp| self.state.iter().any(|s| s.blueprint == Some(bp) && s.train_seed))
+            .collect();
+        if trained.is_empty() {
+            return Ok(());
+        }
+        stream.memset_zeros(&mut self.sq_norms)?;
+        let partial_config = LaunchConfig {
+            grid_dim: (NORM_BLOCKS_PER_ENV, envs32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // Blueprints nobody trains have zero gradients on the CPU and add nothing to the norm.
+        for &bp in &trained {
+            let module = self.modules[bp as usize - 1].as_ref().expect("a trained blueprint has its module");
+            for g in &module.grads {
+                let per_env = (g.len() / d.envs) as u64;
+                let mut launch = stream.launch_builder(device.function("sq_norms_partial_f32"));
+                launch.arg(g).arg(&mut self.norm_partial).arg(&per_env).arg(&NORM_BLOCKS_PER_ENV);
+                unsafe { launch.launch(partial_config) }?;
+                let mut launch = stream.launch_builder(device.function("sq_norms_finish"));
+                launch.arg(&self.norm_partial).arg(&mut self.sq_norms).arg(&envs32).arg(&NORM_BLOCKS_PER_ENV);
+                unsafe { launch.launch(elementwise(d.envs)) }?;
+            }
+        }
+        let max_norm = MAX_GRAD_NORM;
+        let mut launch = stream.launch_builder(device.function("clip_coefficients"));
+        launch.arg(&self.sq_norms).arg(&mut self.clip).arg(&envs32).arg(&max_norm);
+        unsafe { launch.launch(elementwise(d.envs)) }?;
+        let (lr, mu, wd) = (self.sgd.lr as f32, self.sgd.momentum as f32, self.sgd.weight_decay as f32);
+        let decay = i32::from(self.sgd.weight_decay != 0.0);
+        for bp in trained {
+            let active = self.trains.slice((bp as usize - 1) * d.envs..(bp as usize) * d.envs);
+            let module = self.modules[bp as usize - 1].as_mut().expect("a trained blueprint has its module");
+            let tensors = module.params.iter_mut().zip(&mut module.grads).zip(&mut module.momentum);
+            for ((p, g), m) in tensors {
+                let (n, per_env) = (g.len(), (g.len() / d.envs) as u64);
+                let mut launch = stream.launch_builder(device.function("scale_per_env_f32"));
+                launch.arg(&mut *g).arg(&self.clip).arg(&per_env).arg(&envs32);
+                unsafe { launch.launch(elementwise(n)) }?;
+                let mut launch = stream.launch_builder(device.function("sgd_step_f32"));
+                launch.arg(p).arg(&*g).arg(m).arg(&active).arg(&per_env).arg(&envs32);
+                launch.arg(&lr).arg(&mu).arg(&wd).arg(&decay);
+                unsafe { launch.launch(elementwise(n)) }?;
+            }
+        }
+        Ok(())
+    }
+}
