@@ -192,20 +192,16 @@ fn profile_bad_input_is_one_line_and_exit_2() {
     let out = esper(&["bench", "--device", "tpu"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("unknown device 'tpu'"), "{}", stderr(&out));
-    // CUDA is refused with one line, before any work: a CPU build says how to get a CUDA build; a CUDA
-    // build runs only seedless hosts on the device so far, so the default (seeded) bench is refused.
-    for (device, ordinal) in [("cuda", 0), ("cuda:1", 1)] {
+    // A CPU build refuses CUDA with one line, before any work, saying how to get a CUDA build. (A CUDA
+    // build runs the bench on the GPU: not something a test here can do.)
+    let cuda_refused = if cfg!(feature = "cuda") { &[][..] } else { &["cuda", "cuda:1"][..] };
+    for device in cuda_refused {
         let out = esper(&["bench", "--device", device]);
         assert_eq!(out.status.code(), Some(2), "{device}");
         let err = stderr(&out);
         assert_eq!(err.lines().count(), 1, "{err}");
-        if cfg!(feature = "cuda") {
-            let expected = format!("--device cuda:{ordinal}: the CUDA host backend runs seedless hosts only");
-            assert!(err.contains(&expected) && err.contains("--seeds none"), "{err}");
-        } else {
-            assert!(err.contains(&format!("--device {device}: this binary was built without CUDA")), "{err}");
-            assert!(err.contains("cuda-build.sh") && err.contains("--features cuda"), "{err}");
-        }
+        assert!(err.contains(&format!("--device {device}: this binary was built without CUDA")), "{err}");
+        assert!(err.contains("cuda-build.sh") && err.contains("--features cuda"), "{err}");
     }
     // selftest checks CUDA kernels: a CPU build refuses it the same way, and a CPU device is no device for it.
     if !cfg!(feature = "cuda") {

@@ -1,12 +1,15 @@
-//! [`CudaHostBackend`]: the [`HostBackend`] seam on one GPU, for hosts without seeds (issue 16's first
-//! workload, `bench --seeds none`). The dataset is uploaded once; each training batch is gathered on the
-//! device from the epoch's order and augmentation draws (a few bytes per image, computed on the CPU by
-//! [`Batcher::train_gather`]); [`DeviceHost`] trains and evaluates; the epoch's and the validation
-//! pass's per-env sums stay on the device until the stage ends, so each stage reads back once. Governor
-//! snapshots are device copies.
+//! [`CudaHostBackend`]: the [`HostBackend`] seam on one GPU. The dataset is uploaded once; each training
+//! batch is gathered on the device from the epoch's order and augmentation draws (a few bytes per
+//! image, computed on the CPU by [`Batcher::train_gather`]); [`DeviceHost`] trains and evaluates the
+//! hosts and their seeds ([`DeviceSlot`]: the modes OFF, INCUBATOR and ADD); validation runs the
+//! counterfactual plan the CPU's validator makes, one evaluation pass per configuration index; the
+//! epoch's and the validation pass's per-env sums stay on the device until the stage ends, so each
+//! stage reads back once. Governor snapshots are device copies. Seeds are born on the host from the
+//! env's own stream, exactly as the CPU backend draws them, and their rows uploaded.
 //!
-//! Seeds are not on the device yet: a lifecycle step that would give a slot a seed is refused (a panic
-//! that names the missing piece; the CLI only builds this backend for seedless workloads).
+//! Not on the device yet: the MULTIPLY and GATE blends (a lifecycle step that asks for one is refused
+//! with a panic that names it) and the seeds' gradient telemetry ([`HostBackend::seed_telemetry`] is
+//! None).
 
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,10 +19,13 @@ use cudarc::driver::{CudaEvent, CudaSlice, PushKernelArg};
 
 use super::host::DeviceHost;
 use super::parity::{Device, ParityError, elementwise};
+use super::slot::DeviceSlot;
 use crate::data::{Batcher, Dataset, PAD_LABEL};
+use crate::host::train::ValTotals;
 use crate::host::{
-    DeviceReport, EnvCounterfactuals, EpochTrain, FossilRow, HostArch, HostBackend, HostParams, ParamPrint,
-    SeedTelemetry, SlotSync, ValidationPlan, host_fingerprint,
+    DeviceReport, EnvConfigs, EnvCounterfactuals, EpochTrain, FossilRow, HostArch, HostBackend, HostParams,
+    ParamPrint, SeedBank, SeedEnvState, SeedTelemetry, SlotSync, ValidationPlan, counterfactuals_into,
+    host_fingerprint, plan_env_configs,
 };
 
 /// The dataset resident on the device, and what it was uploaded from.
@@ -54,13 +60,21 @@ impl DataKey {
     }
 }
 
-/// The hosts of every env on one GPU (no seeds).
+/// The hosts and seeds of every env on one GPU.
 pub struct CudaHostBackend {
     device: Device,
     arch: HostArch,
     slot_ids: Vec<(u8, u8)>,
     host: DeviceHost,
+    /// The seeds' states and birth draws, on the host: each germination is drawn here, exactly as the
+    /// CPU backend draws it, and its row uploaded (the rows here are not trained).
+    bank: SeedBank<f32>,
     snapshots: Vec<CudaSlice<f32>>,
+    /// `[E × S]`: the fossil row each env's snapshot holds at each slot (its row is in the module's
+    /// snapshot store on the device).
+    snapshot_fossils: Vec<Option<FossilRow>>,
+    /// This validation's configurations per env.
+    configs: Vec<EnvConfigs>,
     data: Option<DeviceData>,
     /// The epoch's gather plan, on the host and the device: every batch's `[E·B]` image indices, then
     /// every batch's packed augmentation draws; uploaded in one copy when the epoch starts.
@@ -102,14 +116,18 @@ impl CudaHostBackend {
         round: u64,
     ) -> Result<Self, ParityError> {
         let params = init_params(arch, n_envs, seed, round);
-        let host = DeviceHost::upload(&device, &params, batch)?;
+        let host = DeviceHost::upload(&device, &params, slot_ids, batch)?;
         let snapshots = host.snapshot(&device)?;
+        let bank = SeedBank::new(&arch, n_envs, slot_ids);
         let stream = &device.stream;
         let slots = n_envs * batch;
         Ok(Self {
             arch,
             slot_ids: slot_ids.to_vec(),
             snapshots,
+            bank,
+            snapshot_fossils: vec![None; n_envs * slot_ids.len()],
+            configs: Vec::new(),
             data: None,
             plan: Vec::new(),
             plan_dev: stream.alloc_zeros::<u32>(1)?,
@@ -218,12 +236,37 @@ impl CudaHostBackend {
         Ok(())
     }
 
-    fn validate_on_device(&mut self, data: &Dataset, batcher: &Batcher) -> Result<(), ParityError> {
+    fn validate_on_device(
+        &mut self,
+        data: &Dataset,
+        batcher: &Batcher,
+        plan: ValidationPlan<'_>,
+    ) -> Result<(), ParityError> {
         self.ensure_data(data)?;
         let (envs, batch) = self.host.shape();
         let stream = self.device.stream.clone();
         self.validate_events.0.record(&stream)?;
-        stream.memset_zeros(&mut self.sums.slice_mut(2 * envs..))?;
+        // The counterfactual plan, as the CPU's validator makes it; pass j evaluates every env's j-th
+        // configuration (an env with fewer has that pass's rows ignored), each slot off where that
+        // configuration's mask says so.
+        plan_env_configs(&self.bank, plan.fossilized, plan.ablate_fossils, &mut self.configs);
+        let passes = self.configs.iter().map(|c| c.masks.len()).max().unwrap_or(1).max(1);
+        for k in 0..self.slot_ids.len() {
+            let off: Vec<Vec<bool>> = (0..passes)
+                .map(|j| {
+                    self.configs.iter().map(|c| c.masks.get(j).is_some_and(|m| m & (1 << k) != 0)).collect()
+                })
+                .collect();
+            self.host.slot_mut(k).expect("every slot id has its slot").plan_eval(&self.device, &off)?;
+        }
+        // Sums: the epoch's two rows, then four per pass.
+        let needed = (2 + 4 * passes) * envs;
+        if self.sums.len() < needed {
+            let mut grown = stream.alloc_zeros::<f64>(needed)?;
+            stream.memcpy_dtod(&self.sums.slice(..2 * envs), &mut grown.slice_mut(..2 * envs))?;
+            self.sums = grown;
+        }
+        stream.memset_zeros(&mut self.sums.slice_mut(2 * envs..needed))?;
         let d = self.data.as_ref().expect("uploaded above");
         let sharding = batcher.sharding();
         assert_eq!(
@@ -243,31 +286,36 @@ impl CudaHostBackend {
             launch.arg(&mut self.counts).arg(&first).arg(&len).arg(&envs32).arg(&batch32).arg(&image_len);
             unsafe { launch.launch(elementwise(image_values)) }?;
 
-            self.host.forward_eval(&self.device, &self.images, &self.labels)?;
-            let mut launch = stream.launch_builder(self.device.function("validation_accumulate_f32"));
-            launch.arg(self.host.logits_on_device()).arg(&self.labels).arg(&self.counts);
-            launch.arg(&mut self.sums).arg(&envs32).arg(&batch32).arg(&classes);
-            unsafe { launch.launch(elementwise(envs)) }?;
+            for j in 0..passes {
+                self.host.forward_eval_pass(&self.device, &self.images, &self.labels, j)?;
+                // The kernel adds into rows 2..6 of its view: pass j's rows are 2 + 4j .. 6 + 4j.
+                let mut sums = self.sums.slice_mut(4 * j * envs..needed);
+                let mut launch = stream.launch_builder(self.device.function("validation_accumulate_f32"));
+                launch.arg(self.host.logits_on_device()).arg(&self.labels).arg(&self.counts);
+                launch.arg(&mut sums).arg(&envs32).arg(&batch32).arg(&classes);
+                unsafe { launch.launch(elementwise(envs)) }?;
+            }
         }
-        // The pass's one read-back; the results are what the CPU's validator gives an env without
-        // ablatable seeds: the main configuration only.
+        // The pass's one read-back.
         self.validate_events.1.record(&stream)?;
-        let sums = stream.clone_dtoh(&self.sums.slice(2 * envs..))?;
+        let sums = stream.clone_dtoh(&self.sums.slice(2 * envs..needed))?;
         self.report.syncs += 1;
         self.report.validate_ms += self.validate_events.0.elapsed_ms(&self.validate_events.1)? as f64;
-        let (correct, rest) = sums.split_at(envs);
-        let (total, rest) = rest.split_at(envs);
-        let (loss, batches) = rest.split_at(envs);
-        self.results.resize_with(envs, EnvCounterfactuals::default);
-        for (e, r) in self.results.iter_mut().enumerate() {
-            let acc = if total[e] == 0.0 { 0.0 } else { 100.0 * correct[e] / total[e] };
-            *r = EnvCounterfactuals {
-                val_acc: acc,
-                val_loss: if batches[e] == 0.0 { f64::NAN } else { loss[e] / batches[e] },
-                config_acc: vec![acc],
-                ..EnvCounterfactuals::default()
-            };
+        // Every env's configurations in order, as the CPU's validator counts its virtual envs.
+        let virtual_envs: usize = self.configs.iter().map(|c| c.masks.len()).sum();
+        let mut totals = ValTotals::new(virtual_envs);
+        let mut v = 0;
+        for (e, c) in self.configs.iter().enumerate() {
+            for j in 0..c.masks.len() {
+                let row = |r: usize| sums[(4 * j + r) * envs + e];
+                totals.correct[v] = row(0) as u64;
+                totals.total[v] = row(1) as u64;
+                totals.loss_sum[v] = row(2);
+                totals.batches[v] = row(3) as u64;
+                v += 1;
+            }
         }
+        counterfactuals_into(&self.configs, &totals, &mut self.results);
         Ok(())
     }
 }
@@ -297,10 +345,22 @@ impl HostBackend for CudaHostBackend {
 
     fn sync_slot(&mut self, env: usize, slot: usize, sync: &SlotSync) {
         assert!(
-            sync.germinate.is_none() && !sync.create_gate && sync.state.blueprint.is_none(),
-            "env {env} slot {slot}: seeds do not run on the CUDA backend yet (issue 16); only seedless \
-             workloads (bench --seeds none) can use --device cuda"
+            !sync.create_gate,
+            "env {env} slot {slot}: GATE blends do not run on the CUDA backend yet (issue 16)"
         );
+        let s = self.bank.slot_mut(slot).expect("every slot has its bank slot");
+        let device_slot = self.host.slot_mut(slot).expect("every slot id has its device slot");
+        if let Some((bp, multiply)) = sync.germinate {
+            // Drawn on the host from the env's own stream, exactly as the CPU backend draws it.
+            s.germinate(env, bp, multiply, sync.draws, sync.counter);
+            on_device(device_slot.germinate(&self.device, env, bp, s.pool(bp).row(env)));
+        }
+        if sync.reset_momentum {
+            s.reset_momentum(env);
+            on_device(device_slot.reset_momentum(&self.device, env));
+        }
+        s.state[env] = sync.state;
+        device_slot.set_state(env, sync.state);
     }
 
     fn train_epoch(&mut self, data: &Dataset, batcher: &Batcher, out: &mut [EpochTrain]) {
@@ -311,9 +371,9 @@ impl HostBackend for CudaHostBackend {
         &mut self,
         data: &Dataset,
         batcher: &Batcher,
-        _plan: ValidationPlan<'_>,
+        plan: ValidationPlan<'_>,
     ) -> &[EnvCounterfactuals] {
-        on_device(self.validate_on_device(data, batcher));
+        on_device(self.validate_on_device(data, batcher, plan));
         &self.results
     }
 
@@ -322,18 +382,48 @@ impl HostBackend for CudaHostBackend {
     }
 
     fn take_snapshot(&mut self, env: usize, fossils: &[Option<FossilRow>]) {
-        assert!(fossils.iter().all(Option::is_none), "no fossils without seeds");
+        let n_slots = self.slot_ids.len();
+        assert_eq!(fossils.len(), n_slots, "one entry per slot");
         on_device(self.host.save_env(&self.device, env, &mut self.snapshots));
+        for (k, fossil) in fossils.iter().enumerate() {
+            self.snapshot_fossils[env * n_slots + k] = *fossil;
+            if let Some(f) = fossil {
+                assert!(!f.gate, "env {env} slot {k}: GATE fossils do not run on the CUDA backend yet");
+                let slot = self.host.slot_mut(k).expect("the slot exists");
+                let module = slot.module_mut(f.blueprint).expect("a fossil's blueprint has its module");
+                on_device(module.save_env_row(&self.device, env));
+            }
+        }
     }
 
     fn restore_snapshot(&mut self, env: usize) {
         on_device(self.host.restore_env(&self.device, env, &self.snapshots));
+        let n_slots = self.slot_ids.len();
+        for k in 0..n_slots {
+            let slot = self.host.slot_mut(k).expect("the slot exists");
+            if let Some(f) = self.snapshot_fossils[env * n_slots + k] {
+                let module = slot.module_mut(f.blueprint).expect("a fossil's blueprint has its module");
+                on_device(module.restore_env_row(&self.device, env));
+            }
+            // The reference clears its optimizers after a rollback (tamiyo §6.5).
+            on_device(slot.reset_momentum(&self.device, env));
+            self.bank.slot_mut(k).expect("the slot exists").reset_momentum(env);
+        }
     }
 
     fn reset_round(&mut self, seed: u64, round: u64) {
-        let params = init_params(self.arch, self.n_envs(), seed, round);
+        let envs = self.n_envs();
+        let params = init_params(self.arch, envs, seed, round);
         on_device(self.host.upload_params(&self.device, &params));
         self.snapshots = on_device(self.host.snapshot(&self.device));
+        self.bank = SeedBank::new(&self.arch, envs, &self.slot_ids);
+        self.snapshot_fossils.fill(None);
+        for k in 0..self.slot_ids.len() {
+            let slot = self.host.slot_mut(k).expect("the slot exists");
+            for env in 0..envs {
+                slot.set_state(env, SeedEnvState::default());
+            }
+        }
     }
 
     fn param_fingerprints(&self, checksums: &mut [u64], prints: &mut [ParamPrint]) {
@@ -347,9 +437,18 @@ impl HostBackend for CudaHostBackend {
         on_device(self.host.download(&self.device, &mut params));
         // Copies of every state buffer; the first waits for the device, the rest find it idle.
         self.fingerprint_syncs.fetch_add(1, Ordering::Relaxed);
+        let slots: Vec<&DeviceSlot> = self.host.slots().collect();
         for (env, (checksum, prints)) in checksums.iter_mut().zip(prints.chunks_mut(groups)).enumerate() {
             prints.fill(ParamPrint::default());
-            *checksum = host_fingerprint(&params, env, &mut prints[0]);
+            let mut hash = host_fingerprint(&params, env, &mut prints[0]);
+            // Then each slot's seed row, as the CPU backend continues the hash (no GATE rows here).
+            for (slot, print) in slots.iter().zip(&mut prints[1..]) {
+                let Some(bp) = slot.state(env).blueprint else { continue };
+                let module = slot.module(bp).expect("a held blueprint has its module");
+                let row = on_device(module.download_env_row(&self.device, env));
+                hash = print.add_hashed(hash, &row);
+            }
+            *checksum = hash;
         }
     }
 

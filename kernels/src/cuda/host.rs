@@ -14,8 +14,11 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::gemm_conv::{ConvDims, GemmConv};
 use super::parity::{Device, ParityError, elementwise};
+use super::seed_module::SeedDims;
+use super::slot::DeviceSlot;
 use crate::host::{HostArch, HostParams};
 use crate::optim::{MAX_GRAD_NORM, SgdConfig};
+use crate::seeds::CnnBlueprint;
 
 /// Blocks per env of the first stage of the per-env squared norms (`sq_norms_partial_f32`).
 const NORM_BLOCKS_PER_ENV: u32 = 32;
@@ -33,15 +36,42 @@ struct DeviceBlock {
     conv_out: CudaSlice<f32>,
     /// Batch norm → ReLU, `[E, B, C, H, W]`.
     act: CudaSlice<f32>,
-    /// The 2×2 max pool of `act` and its winners (blocks that pool).
+    /// The 2×2 max pool of the slot r0's output and its winners (blocks that pool).
     pooled: Option<(CudaSlice<f32>, CudaSlice<u8>)>,
+    /// The seeds after the ReLU (r0, before the pool) and after the pool (r1), when enabled, and
+    /// whether each took part in the last forward (else its output is its input).
+    r0: Option<DeviceSlot>,
+    r1: Option<DeviceSlot>,
+    r0_ran: bool,
+    r1_ran: bool,
 }
 
 impl DeviceBlock {
-    /// What the next block (or the global pool) reads.
-    fn output(&self) -> &CudaSlice<f32> {
-        self.pooled.as_ref().map_or(&self.act, |(pooled, _)| pooled)
+    /// What the pool reads: slot r0's output, or the ReLU's.
+    fn r0_output(&self) -> &CudaSlice<f32> {
+        match (&self.r0, self.r0_ran) {
+            (Some(slot), true) => &slot.out,
+            _ => &self.act,
+        }
     }
+
+    /// What the next block (or the global pool) reads: conv → BN → ReLU → r0 → pool → r1.
+    fn output(&self) -> &CudaSlice<f32> {
+        match (&self.r1, self.r1_ran, &self.pooled) {
+            (Some(slot), true, _) => &slot.out,
+            (_, _, Some((pooled, _))) => pooled,
+            _ => self.r0_output(),
+        }
+    }
+}
+
+/// Which forward a block runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pass {
+    /// Batch statistics, every seed not off.
+    Train,
+    /// Running statistics, the blending seeds with validation pass `k`'s selection.
+    Eval(usize),
 }
 
 /// An env-stacked host on the device for one `(E, B)`: parameters (in [`HostParams`]' tensor order:
@@ -78,12 +108,19 @@ pub struct DeviceHost {
 
 impl DeviceHost {
     /// Uploads `params` (its running statistics too), zero momentum, and allocates the activations and
-    /// gradients of `batch` images per env.
-    pub fn upload(device: &Device, params: &HostParams<f32>, batch: usize) -> Result<Self, ParityError> {
+    /// gradients of `batch` images per env, and a [`DeviceSlot`] at each enabled slot `(row, col)` of
+    /// `slot_ids` (every seed off).
+    pub fn upload(
+        device: &Device,
+        params: &HostParams<f32>,
+        slot_ids: &[(u8, u8)],
+        batch: usize,
+    ) -> Result<Self, ParityError> {
         let stream = &device.stream;
         let (arch, envs) = (params.arch, params.n_envs());
         let mut blocks = Vec::with_capacity(arch.n_blocks);
         let mut largest = 0;
+        let mut conv_dims_all: Vec<ConvDims> = Vec::new();
         for b in 0..arch.n_blocks {
             let size = arch.block_size(b);
             let act = envs * batch * arch.block_channels(b) * size * size;
@@ -93,6 +130,18 @@ impl DeviceHost {
                 false => None,
             };
             let stats = envs * arch.block_channels(b);
+            let mut slot = |row: u8, size: usize| -> Result<Option<DeviceSlot>, ParityError> {
+                if !slot_ids.contains(&(row, b as u8)) {
+                    return Ok(None);
+                }
+                assert!(row == 0 || arch.pools_after(b), "slot r1c{b}: block {b} has no pool");
+                let dims = SeedDims { envs, batch, channels: arch.block_channels(b), size };
+                for bp in CnnBlueprint::ALL {
+                    conv_dims_all.extend(dims.convs(bp));
+                }
+                Ok(Some(DeviceSlot::new(device, dims)?))
+            };
+            let (r0, r1) = (slot(0, size)?, slot(1, size / 2)?);
             blocks.push(DeviceBlock {
                 running_mean: stream.clone_htod(&params.running_mean[b])?,
                 running_var: stream.clone_htod(&params.running_var[b])?,
@@ -101,6 +150,10 @@ impl DeviceHost {
                 conv_out: stream.alloc_zeros::<f32>(act)?,
                 act: stream.alloc_zeros::<f32>(act)?,
                 pooled,
+                r0,
+                r1,
+                r0_ran: false,
+                r1_ran: false,
             });
         }
         let tensors = &params.weights.tensors;
@@ -113,13 +166,13 @@ impl DeviceHost {
             momentum.push(stream.alloc_zeros::<f32>(t.len())?);
         }
         let samples = envs * batch;
-        let dims: Vec<ConvDims> = (0..arch.n_blocks).map(|b| conv_dims(arch, envs, batch, b)).collect();
+        conv_dims_all.extend((0..arch.n_blocks).map(|b| conv_dims(arch, envs, batch, b)));
         Ok(Self {
             arch,
             envs,
             batch,
             blocks,
-            conv: GemmConv::new(device, &dims)?,
+            conv: GemmConv::new(device, &conv_dims_all)?,
             params: device_params,
             grads,
             momentum,
@@ -155,8 +208,9 @@ impl DeviceHost {
         device: &Device,
         b: usize,
         images: &CudaSlice<f32>,
-        train: bool,
+        pass: Pass,
     ) -> Result<(), ParityError> {
+        let train = pass == Pass::Train;
         let (arch, stream) = (self.arch, &device.stream);
         let (envs, batch) = (self.envs as u32, self.batch as u32);
         let (done, rest) = self.blocks.split_at_mut(b);
@@ -189,13 +243,44 @@ impl DeviceHost {
         launch.arg(&envs).arg(&batch).arg(&c_out).arg(&plane).arg(&eval).arg(&relu);
         unsafe { launch.launch(elementwise(act_len)) }?;
 
+        // The seeds: each slot runs when some env's seed takes part in this forward.
+        let eval_pass = match pass {
+            Pass::Train => None,
+            Pass::Eval(k) => Some(k),
+        };
+        block.r0_ran = false;
+        if let Some(slot) = block.r0.as_mut().filter(|slot| slot.runs(train)) {
+            slot.forward(device, &mut self.conv, &block.act, eval_pass)?;
+            block.r0_ran = true;
+        }
+        block.r1_ran = false;
         if let Some((pooled, argmax)) = &mut block.pooled {
+            let pool_in = match (&block.r0, block.r0_ran) {
+                (Some(slot), true) => &slot.out,
+                _ => &block.act,
+            };
             let planes = (self.envs * self.batch * arch.block_channels(b)) as u64;
             let mut launch = stream.launch_builder(device.function("max_pool2x2_forward_f32"));
-            launch.arg(&block.act).arg(pooled).arg(argmax).arg(&planes).arg(&size).arg(&size);
+            launch.arg(pool_in).arg(&mut *pooled).arg(argmax).arg(&planes).arg(&size).arg(&size);
             unsafe { launch.launch(elementwise(act_len / 4)) }?;
+            if let Some(slot) = block.r1.as_mut().filter(|slot| slot.runs(train)) {
+                slot.forward(device, &mut self.conv, pooled, eval_pass)?;
+                block.r1_ran = true;
+            }
         }
         Ok(())
+    }
+
+    /// The slot with canonical index `k` (every enabled r0 in block order, then every r1).
+    pub fn slot_mut(&mut self, k: usize) -> Option<&mut DeviceSlot> {
+        let (r0, r1): (Vec<_>, Vec<_>) = self.blocks.iter_mut().map(|b| (&mut b.r0, &mut b.r1)).unzip();
+        r0.into_iter().chain(r1).flatten().nth(k)
+    }
+
+    /// Every enabled slot in canonical order.
+    pub fn slots(&self) -> impl Iterator<Item = &DeviceSlot> {
+        let r0 = self.blocks.iter().filter_map(|b| b.r0.as_ref());
+        r0.chain(self.blocks.iter().filter_map(|b| b.r1.as_ref()))
     }
 
     /// Global average pool of the last block and the linear head: logits `[E, B, K]`.
@@ -231,8 +316,21 @@ impl DeviceHost {
         labels: &CudaSlice<u8>,
     ) -> Result<(), ParityError> {
         self.check_batch(images, labels);
+        self.forward_eval_pass(device, images, labels, 0)
+    }
+
+    /// [`Self::forward_eval`] with validation pass `pass`'s seed selection (see
+    /// [`DeviceSlot::plan_eval`]; pass 0 is the main configuration when planned so).
+    pub fn forward_eval_pass(
+        &mut self,
+        device: &Device,
+        images: &CudaSlice<f32>,
+        labels: &CudaSlice<u8>,
+        pass: usize,
+    ) -> Result<(), ParityError> {
+        self.check_batch(images, labels);
         for b in 0..self.arch.n_blocks {
-            self.block_forward(device, b, images, false)?;
+            self.block_forward(device, b, images, Pass::Eval(pass))?;
         }
         self.head_forward(device)
     }
@@ -260,7 +358,7 @@ impl DeviceHost {
     ) -> Result<(), ParityError> {
         self.check_batch(images, labels);
         for b in 0..self.arch.n_blocks {
-            self.block_forward(device, b, images, true)?;
+            self.block_forward(device, b, images, Pass::Train)?;
         }
         self.head_forward(device)?;
         let (envs, batch, classes) = (self.envs as u32, self.batch as u32, self.arch.num_classes as u32);
@@ -270,7 +368,16 @@ impl DeviceHost {
         launch.arg(&envs).arg(&batch).arg(&classes).arg(&grad_on);
         unsafe { launch.launch(elementwise(self.envs * self.batch.max(1))) }?;
         self.backward(device, images)?;
-        self.clip_and_step(device)
+        self.clip_and_step(device)?;
+        // Then each slot's seed optimizer (Trainer::step_seeds).
+        for block in &mut self.blocks {
+            for (slot, ran) in [(&mut block.r0, block.r0_ran), (&mut block.r1, block.r1_ran)] {
+                if let (Some(slot), true) = (slot, ran) {
+                    slot.step(device)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Every host gradient from `grad_logits`, overwriting `grads`.
@@ -303,8 +410,13 @@ impl DeviceHost {
         for b in (0..n).rev() {
             let size = arch.block_size(b) as u32;
             let c_out = arch.block_channels(b) as u32;
-            let block = &self.blocks[b];
+            let block = &mut self.blocks[b];
             let act_len = block.act.len();
+            if let (Some(slot), true, Some((pooled, _))) = (&mut block.r1, block.r1_ran, &block.pooled) {
+                // grad_a (after r1) → grad_b (the pool's output), then the two trade places.
+                slot.backward(device, &mut self.conv, pooled, &self.grad_a, &mut self.grad_b)?;
+                std::mem::swap(&mut self.grad_a, &mut self.grad_b);
+            }
             if let Some((_, argmax)) = &block.pooled {
                 // grad_a (pooled) → grad_b (the ReLU's output), then the two trade places.
                 let planes = (self.envs * self.batch * arch.block_channels(b)) as u64;
@@ -313,6 +425,12 @@ impl DeviceHost {
                 unsafe { launch.launch(elementwise(act_len)) }?;
                 std::mem::swap(&mut self.grad_a, &mut self.grad_b);
             }
+            if let (Some(slot), true) = (&mut block.r0, block.r0_ran) {
+                // grad_a (after r0) → grad_b (the ReLU's output), then the two trade places.
+                slot.backward(device, &mut self.conv, &block.act, &self.grad_a, &mut self.grad_b)?;
+                std::mem::swap(&mut self.grad_a, &mut self.grad_b);
+            }
+            let block = &self.blocks[b];
             // The ReLU: grad_b = grad_a where the activation is positive (batch norm's output gradient).
             let act_len64 = act_len as u64;
             let mut launch = stream.launch_builder(device.function("relu_backward_f32"));

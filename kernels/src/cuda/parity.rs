@@ -18,7 +18,7 @@ use crate::data::{Batcher, SyntheticSpec, synthetic};
 use crate::host::train::{Trainer, ValTotals, accumulate_validation};
 use crate::host::{
     CpuHostBackend, EpochTrain, HostArch, HostBackend, HostParams, HostWorkspace, ParamPrint, SeedBank,
-    ValidationPlan,
+    SeedEnvState, SeedMode, SlotSync, ValidationPlan,
 };
 use crate::ops::activation::{
     relu_backward, relu_forward, relu_forward_in_place, sigmoid_backward, sigmoid_forward,
@@ -616,6 +616,7 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
     data_checks(&device, &mut s, &mut rows)?;
     seed_module_checks(&device, &mut s, &mut rows)?;
     backend_checks(Device::open(ordinal, cache)?, &mut rows)?;
+    backend_seed_checks(Device::open(ordinal, cache)?, &mut rows)?;
     Ok(rows)
 }
 
@@ -643,7 +644,7 @@ fn host_eval_check(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -
     let classes = ClassifierShape { envs, batch, classes: arch.num_classes };
     count_correct(classes, &ws.logits, &labels, &mut correct_cpu);
 
-    let mut host = DeviceHost::upload(device, &params, batch)?;
+    let mut host = DeviceHost::upload(device, &params, &[], batch)?;
     let (images_dev, labels_dev) = (stream.clone_htod(&images)?, stream.clone_htod(&labels)?);
     host.forward_eval(device, &images_dev, &labels_dev)?;
     host.count_correct(device, &labels_dev)?;
@@ -698,7 +699,7 @@ fn host_train_check(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) 
     let mut bank = SeedBank::empty(&arch);
     let mut ws = HostWorkspace::<f32>::new(arch, envs, batch);
     let mut trainer = Trainer::new(&params, &bank);
-    let mut host = DeviceHost::upload(device, &params0, batch)?;
+    let mut host = DeviceHost::upload(device, &params0, &[], batch)?;
     let (mut loss_diff, mut norm_diff, mut grad_diff, mut grad_len) = (0.0f64, 0.0f64, 0.0f64, 0);
     for step in 0..2 {
         let images = values(s, envs * batch * arch.image_len(), -1.5, 1.5);
@@ -1020,6 +1021,115 @@ fn seed_module_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>
 /// `"DeviceSeed conv_light: forward"` and the like.
 fn seed_label(bp: CnnBlueprint, what: &str) -> String {
     format!("DeviceSeed {}: {what}", bp.name())
+}
+
+/// The seeded run on [`CudaHostBackend`] against [`CpuHostBackend`]: the bench's three slots (r0c0,
+/// r0c1, r0c2) with every blueprint somewhere — env 0 the bench's BLENDING conv_light, attention,
+/// conv_heavy; env 1 norm, depthwise, bottleneck; env 2 conv_small blending, nothing, and conv_light
+/// incubating — germinated through `sync_slot` on both, then two epochs of training with a validation
+/// pass and its counterfactual configurations after each, and the parameter prints of the host and
+/// every seed. Losses and prints to 1e-4 (the GEMM convolutions, the statistics' sums and the seeds'
+/// own reductions part from the CPU's by a few ulps, through eight SGD steps of host and seeds);
+/// every configuration's accuracy exactly.
+fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
+    use CnnBlueprint::*;
+    let arch = HostArch::CIFAR_BASELINE;
+    let (envs, batch, seed) = (3usize, 8usize, 6u64);
+    let slot_ids = [(0u8, 0u8), (0, 1), (0, 2)];
+    let data =
+        synthetic::generate(&SyntheticSpec { n_train: 96, n_test: 50, ..SyntheticSpec::with_seed(seed) })?;
+    let mut batcher = Batcher::new(&data, seed, envs, batch)?;
+    let mut cpu = CpuHostBackend::new(arch, &slot_ids, envs, batch, seed, 0);
+    let mut gpu = CudaHostBackend::new(device, arch, &slot_ids, envs, batch, seed, 0)?;
+    let blending = |alpha: f32| SeedEnvState {
+        mode: SeedMode::Add,
+        alpha,
+        train_seed: true,
+        collect_stats: true,
+        ..SeedEnvState::default()
+    };
+    let incubating = SeedEnvState {
+        mode: SeedMode::Incubator,
+        alpha: 0.0,
+        train_seed: true,
+        collect_stats: true,
+        ..SeedEnvState::default()
+    };
+    let plan: [[Option<(CnnBlueprint, SeedEnvState)>; 3]; 3] = [
+        [
+            Some((ConvLight, blending(0.5))),
+            Some((Attention, blending(0.5))),
+            Some((ConvHeavy, blending(0.5))),
+        ],
+        [Some((Norm, blending(0.7))), Some((Depthwise, blending(0.3))), Some((Bottleneck, blending(1.0)))],
+        [Some((ConvSmall, blending(0.6))), None, Some((ConvLight, incubating))],
+    ];
+    for (e, env_plan) in plan.iter().enumerate() {
+        for (k, slot) in env_plan.iter().enumerate() {
+            let Some((bp, state)) = *slot else { continue };
+            let sync = SlotSync {
+                germinate: Some((bp, false)),
+                create_gate: false,
+                reset_momentum: false,
+                state: SeedEnvState { blueprint: Some(bp), ..state },
+                draws: StreamKey::new(seed, 0, e as u64, Purpose::SeedInit),
+                counter: (k as u64) << 40 | 2,
+            };
+            cpu.sync_slot(e, k, &sync);
+            gpu.sync_slot(e, k, &sync);
+        }
+    }
+    let fossilized = vec![vec![false; envs]; slot_ids.len()];
+    let validation = ValidationPlan { fossilized: &fossilized, ablate_fossils: false };
+    let (mut loss_diff, mut acc_diff, mut configs) = (0.0f64, 0.0f64, 0usize);
+    let (mut out_cpu, mut out_gpu) = (vec![EpochTrain::default(); envs], vec![EpochTrain::default(); envs]);
+    for epoch in 1..=2 {
+        batcher.begin_epoch(0, epoch);
+        cpu.train_epoch(&data, &batcher, &mut out_cpu);
+        gpu.train_epoch(&data, &batcher, &mut out_gpu);
+        for (g, c) in out_gpu.iter().zip(&out_cpu) {
+            loss_diff = loss_diff.max(max_diff(&[g.loss], &[c.loss]));
+            acc_diff = acc_diff.max(max_diff(&[g.accuracy], &[c.accuracy]));
+        }
+        let val_cpu = cpu.validate(&data, &batcher, validation).to_vec();
+        let val_gpu = gpu.validate(&data, &batcher, validation);
+        for (g, c) in val_gpu.iter().zip(&val_cpu) {
+            loss_diff = loss_diff.max(max_diff(&[g.val_loss], &[c.val_loss]));
+            acc_diff = acc_diff.max(match g.config_acc.len() == c.config_acc.len() && g.slots == c.slots {
+                true => max_diff(&g.config_acc, &c.config_acc),
+                false => f64::INFINITY,
+            });
+            configs += c.config_acc.len();
+        }
+    }
+    rows.push(ParityRow::new(
+        "seeded backend epochs: losses",
+        "host::CpuHostBackend::train_epoch, validate",
+        4 * envs,
+        loss_diff,
+        1e-4,
+    ));
+    rows.push(ParityRow::new(
+        "seeded backend: every configuration's accuracy",
+        "host::CpuHostBackend::validate (counterfactuals)",
+        configs,
+        acc_diff,
+        0.0,
+    ));
+    let groups = 1 + slot_ids.len();
+    let prints = |b: &dyn HostBackend| {
+        let (mut sums, mut prints) = (vec![0u64; envs], vec![ParamPrint::default(); envs * groups]);
+        b.param_fingerprints(&mut sums, &mut prints);
+        prints.iter().flat_map(|p| [p.sum, p.sum_sq]).collect::<Vec<f64>>()
+    };
+    rows.push(ParityRow::new(
+        "seeded backend: host and seed prints",
+        "host::CpuHostBackend::param_fingerprints",
+        2 * envs * groups,
+        max_diff(&prints(&gpu), &prints(&cpu)),
+        1e-4,
+    ));
+    Ok(())
 }
 
 /// The convolution kernels against `ops::conv` on the host's and the seeds' shapes (3×3 from 3, 8 and 32

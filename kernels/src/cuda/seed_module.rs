@@ -108,6 +108,8 @@ pub struct DeviceSeed {
     pub grads: Vec<CudaSlice<f32>>,
     /// The seed optimizer's momentum, tensor-major like the parameters.
     pub momentum: Vec<CudaSlice<f32>>,
+    /// Governor snapshots of fossil rows, tensor-major; made at the first snapshot.
+    snapshot: Option<Vec<CudaSlice<f32>>>,
     /// What the backward reads, written by the forward (per blueprint; see each forward).
     saved: Vec<CudaSlice<f32>>,
     /// Group-norm statistics `[E, B, G]`: mean, inv_std (and a second norm's).
@@ -147,6 +149,7 @@ impl DeviceSeed {
             params: alloc(&tensor_lens)?,
             grads: alloc(&tensor_lens)?,
             momentum: alloc(&tensor_lens)?,
+            snapshot: None,
             saved: alloc(&saved)?,
             stats: alloc(&stats)?,
             temp: alloc(&temp)?,
@@ -208,6 +211,31 @@ impl DeviceSeed {
     pub fn zero_momentum(&mut self, device: &Device, env: usize) -> R {
         for (spec, m) in self.layout.tensors().iter().zip(&mut self.momentum) {
             device.stream.memset_zeros(&mut m.slice_mut(env * spec.len..(env + 1) * spec.len))?;
+        }
+        Ok(())
+    }
+
+    /// Env `env`'s row into the snapshot store (a fossil in a governor snapshot), on the device.
+    pub fn save_env_row(&mut self, device: &Device, env: usize) -> R {
+        if self.snapshot.is_none() {
+            let copies: Result<Vec<_>, ParityError> =
+                self.params.iter().map(|t| Ok(device.stream.alloc_zeros::<f32>(t.len())?)).collect();
+            self.snapshot = Some(copies?);
+        }
+        let store = self.snapshot.as_mut().expect("made above");
+        for ((spec, t), s) in self.layout.tensors().iter().zip(&self.params).zip(store) {
+            let at = env * spec.len..(env + 1) * spec.len;
+            device.stream.memcpy_dtod(&t.slice(at.clone()), &mut s.slice_mut(at))?;
+        }
+        Ok(())
+    }
+
+    /// Env `env`'s row back from the snapshot store (rollback); its momentum is the caller's to clear.
+    pub fn restore_env_row(&mut self, device: &Device, env: usize) -> R {
+        let store = self.snapshot.as_ref().expect("a row is restored only after it was saved");
+        for ((spec, t), s) in self.layout.tensors().iter().zip(&mut self.params).zip(store) {
+            let at = env * spec.len..(env + 1) * spec.len;
+            device.stream.memcpy_dtod(&s.slice(at.clone()), &mut t.slice_mut(at))?;
         }
         Ok(())
     }

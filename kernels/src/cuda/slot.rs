@@ -169,12 +169,16 @@ impl DeviceSlot {
         stream.memcpy_htod(select.as_slice(), &mut self.select)?;
         stream.memcpy_htod(trains.as_slice(), &mut self.trains)?;
         stream.memcpy_htod(not_trains.as_slice(), &mut self.not_trains)?;
+        // Until a validation plans its passes, pass 0 is the main configuration.
+        stream.memcpy_htod(select.as_slice(), &mut self.eval_select.slice_mut(..select.len()))?;
+        self.eval_passes = 1;
         self.dirty = false;
         Ok(())
     }
 
     /// The validation passes' selections: pass `k` switches this slot off for the envs `off[k][e]`
-    /// (`[K][E]`), the main selection otherwise.
+    /// (`[K][E]`), the main selection otherwise. Holds until the states change (then pass 0 alone, the
+    /// main configuration).
     pub fn plan_eval(&mut self, device: &Device, off: &[Vec<bool>]) -> R {
         self.prepare(device)?;
         let envs = self.dims.envs;

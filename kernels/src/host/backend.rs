@@ -78,7 +78,7 @@ impl ParamPrint {
     /// Add `values` to the group's sums and continue the env's checksum `hash` over them, in one pass:
     /// 64-bit FNV-1a over the bit patterns, one 32-bit word at a time. Equal hashes mean (to 2^-64)
     /// bit-identical values: −0 and +0, or two NaN payloads, differ.
-    fn add_hashed(&mut self, mut hash: u64, values: &[f32]) -> u64 {
+    pub(crate) fn add_hashed(&mut self, mut hash: u64, values: &[f32]) -> u64 {
         const PRIME: u64 = 0x0000_0100_0000_01b3;
         for &v in values {
             hash ^= v.to_bits() as u64;

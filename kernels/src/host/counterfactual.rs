@@ -233,26 +233,9 @@ impl<T: Real> FusedValidator<T> {
     /// Reuses the plan's memory: once the lists have reached their sizes, a replan allocates nothing.
     pub fn plan(&mut self, bank: &SeedBank<T>, fossilized: &[Vec<bool>]) {
         let n_envs = bank.slots().next().map_or(0, |s| s.n_envs());
-        self.configs.resize_with(n_envs, EnvConfigs::default);
+        plan_env_configs(bank, fossilized, self.ablate_fossils, &mut self.configs);
         self.virtual_envs.clear();
-        let mut ablatable = [0usize; MAX_ABLATABLE];
-        for (e, configs) in self.configs.iter_mut().enumerate() {
-            let (mut n, mut fossils) = (0, 0u16);
-            for (k, slot) in bank.slots().enumerate() {
-                let st = slot.state[e];
-                if matches!(st.mode, SeedMode::Add | SeedMode::Multiply | SeedMode::Gate)
-                    && st.alpha > 0.0
-                    && (self.ablate_fossils || !fossilized[k][e])
-                {
-                    assert!(n < MAX_ABLATABLE, "at most {MAX_ABLATABLE} ablatable slots");
-                    ablatable[n] = k;
-                    if fossilized[k][e] {
-                        fossils |= 1 << k;
-                    }
-                    n += 1;
-                }
-            }
-            configs.rebuild(&ablatable[..n], fossils);
+        for (e, configs) in self.configs.iter().enumerate() {
             self.virtual_envs.extend(configs.masks.iter().map(|&m| (e, m)));
         }
         self.totals.resize(self.virtual_envs.len());
@@ -440,41 +423,77 @@ impl<T: Real> FusedValidator<T> {
     /// [`Self::results`] into `out`, reusing its memory (once it has held a pass of the same shape, this
     /// allocates nothing).
     pub fn results_into(&self, out: &mut Vec<EnvCounterfactuals>) {
-        out.resize_with(self.configs.len(), EnvCounterfactuals::default);
-        let mut first = 0;
-        for (c, r) in self.configs.iter().zip(out.iter_mut()) {
-            r.slots.clear();
-            r.slots.extend_from_slice(&c.slots);
-            r.config_acc.clear();
-            r.config_acc.extend((0..c.masks.len()).map(|k| self.totals.accuracy(first + k)));
-            r.val_loss = self.totals.loss(first);
-            first += c.masks.len();
-            let acc = &r.config_acc;
-            r.val_acc = acc[0];
-            r.contribution.clear();
-            r.contribution.extend(c.solo_off.iter().map(|&k| acc[0] - acc[k]));
-            r.solo_on_acc.clear();
-            r.solo_on_acc.extend(c.solo_on.iter().map(|&k| acc[k]));
-            r.all_off_acc = c.all_off.map(|k| acc[k]);
-            r.committed_acc = c.committed.map(|k| acc[k]);
-            // f(∅): all-off, or the lowest leave-one-out accuracy when there is none.
-            r.empty_acc = (!c.slots.is_empty()).then(|| {
-                r.all_off_acc
-                    .unwrap_or_else(|| c.solo_off.iter().map(|&k| acc[k]).fold(f64::INFINITY, f64::min))
-            });
-            r.interactions.clear();
-            if let Some(empty) = r.empty_acc {
-                r.interactions.extend(
-                    c.pairs
-                        .iter()
-                        .map(|&(i, j, k)| (i, j, acc[k] - r.solo_on_acc[i] - r.solo_on_acc[j] + empty)),
-                );
-            }
-        }
+        counterfactuals_into(&self.configs, &self.totals, out);
     }
 
     pub fn slot_ids(&self) -> &[(u8, u8)] {
         &self.slot_ids
+    }
+}
+
+/// Every env's configurations from `bank`'s current states into `configs` (`[E]`): a slot is ablatable
+/// in env `e` when its seed blends (ADD / MULTIPLY / GATE) at alpha > 0 and `fossilized[slot][e]` is
+/// false (or `ablate_fossils`). Reuses the lists' memory.
+pub fn plan_env_configs<T: Real>(
+    bank: &SeedBank<T>,
+    fossilized: &[Vec<bool>],
+    ablate_fossils: bool,
+    configs: &mut Vec<EnvConfigs>,
+) {
+    let n_envs = bank.slots().next().map_or(0, |s| s.n_envs());
+    configs.resize_with(n_envs, EnvConfigs::default);
+    let mut ablatable = [0usize; MAX_ABLATABLE];
+    for (e, configs) in configs.iter_mut().enumerate() {
+        let (mut n, mut fossils) = (0, 0u16);
+        for (k, slot) in bank.slots().enumerate() {
+            let st = slot.state[e];
+            if matches!(st.mode, SeedMode::Add | SeedMode::Multiply | SeedMode::Gate)
+                && st.alpha > 0.0
+                && (ablate_fossils || !fossilized[k][e])
+            {
+                assert!(n < MAX_ABLATABLE, "at most {MAX_ABLATABLE} ablatable slots");
+                ablatable[n] = k;
+                if fossilized[k][e] {
+                    fossils |= 1 << k;
+                }
+                n += 1;
+            }
+        }
+        configs.rebuild(&ablatable[..n], fossils);
+    }
+}
+
+/// Per-env results from the totals of every virtual env (`totals` row `v`: the `v`-th configuration
+/// counting env by env, each env's in `configs[e].masks` order, main first) into `out`, reusing its
+/// memory.
+pub fn counterfactuals_into(configs: &[EnvConfigs], totals: &ValTotals, out: &mut Vec<EnvCounterfactuals>) {
+    out.resize_with(configs.len(), EnvCounterfactuals::default);
+    let mut first = 0;
+    for (c, r) in configs.iter().zip(out.iter_mut()) {
+        r.slots.clear();
+        r.slots.extend_from_slice(&c.slots);
+        r.config_acc.clear();
+        r.config_acc.extend((0..c.masks.len()).map(|k| totals.accuracy(first + k)));
+        r.val_loss = totals.loss(first);
+        first += c.masks.len();
+        let acc = &r.config_acc;
+        r.val_acc = acc[0];
+        r.contribution.clear();
+        r.contribution.extend(c.solo_off.iter().map(|&k| acc[0] - acc[k]));
+        r.solo_on_acc.clear();
+        r.solo_on_acc.extend(c.solo_on.iter().map(|&k| acc[k]));
+        r.all_off_acc = c.all_off.map(|k| acc[k]);
+        r.committed_acc = c.committed.map(|k| acc[k]);
+        // f(∅): all-off, or the lowest leave-one-out accuracy when there is none.
+        r.empty_acc = (!c.slots.is_empty()).then(|| {
+            r.all_off_acc.unwrap_or_else(|| c.solo_off.iter().map(|&k| acc[k]).fold(f64::INFINITY, f64::min))
+        });
+        r.interactions.clear();
+        if let Some(empty) = r.empty_acc {
+            r.interactions.extend(
+                c.pairs.iter().map(|&(i, j, k)| (i, j, acc[k] - r.solo_on_acc[i] - r.solo_on_acc[j] + empty)),
+            );
+        }
     }
 }
 

@@ -15,7 +15,9 @@ pub use backend::{
     CpuHostBackend, DeviceReport, EpochTrain, FossilRow, HostBackend, ParamPrint, SeedTelemetry, SlotSync,
     SnapshotStore, TELEMETRY_STRIDE, ValidationPlan, host_fingerprint,
 };
-pub use counterfactual::{EnvConfigs, EnvCounterfactuals, FusedValidator};
+pub use counterfactual::{
+    EnvConfigs, EnvCounterfactuals, FusedValidator, counterfactuals_into, plan_env_configs,
+};
 pub use network::HostWorkspace;
 pub use params::{HostParams, Stacked};
 pub use seed_bank::{Pool, SeedBank, SeedEnvState, SeedMode, SlotParams};
