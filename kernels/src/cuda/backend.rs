@@ -8,8 +8,7 @@
 //! env's own stream, exactly as the CPU backend draws them, and their rows uploaded.
 //!
 //! Not on the device yet: the MULTIPLY and GATE blends (a lifecycle step that asks for one is refused
-//! with a panic that names it) and the seeds' gradient telemetry ([`HostBackend::seed_telemetry`] is
-//! None).
+//! with a panic that names it).
 
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,11 +20,11 @@ use super::host::DeviceHost;
 use super::parity::{Device, ParityError, elementwise};
 use super::slot::DeviceSlot;
 use crate::data::{Batcher, Dataset, PAD_LABEL};
-use crate::host::train::ValTotals;
+use crate::host::train::{SeedGradStats, ValTotals};
 use crate::host::{
     DeviceReport, EnvConfigs, EnvCounterfactuals, EpochTrain, FossilRow, HostArch, HostBackend, HostParams,
-    ParamPrint, SeedBank, SeedEnvState, SeedTelemetry, SlotSync, ValidationPlan, counterfactuals_into,
-    host_fingerprint, plan_env_configs,
+    ParamPrint, SeedBank, SeedEnvState, SeedTelemetry, SlotSync, TELEMETRY_STRIDE, ValidationPlan,
+    counterfactuals_into, host_fingerprint, plan_env_configs,
 };
 
 /// The dataset resident on the device, and what it was uploaded from.
@@ -75,6 +74,10 @@ pub struct CudaHostBackend {
     snapshot_fossils: Vec<Option<FossilRow>>,
     /// This validation's configurations per env.
     configs: Vec<EnvConfigs>,
+    /// `[slot][env]`: the seeds' gradient health at this epoch's last collection batch (None: not
+    /// collected), and per env the host's gradient norm on that batch.
+    telemetry: Vec<Vec<Option<SeedGradStats>>>,
+    host_norm_at_collection: Vec<f64>,
     data: Option<DeviceData>,
     /// The epoch's gather plan, on the host and the device: every batch's `[E·B]` image indices, then
     /// every batch's packed augmentation draws; uploaded in one copy when the epoch starts.
@@ -128,6 +131,8 @@ impl CudaHostBackend {
             bank,
             snapshot_fossils: vec![None; n_envs * slot_ids.len()],
             configs: Vec::new(),
+            telemetry: vec![vec![None; n_envs]; slot_ids.len()],
+            host_norm_at_collection: vec![0.0; n_envs],
             data: None,
             plan: Vec::new(),
             plan_dev: stream.alloc_zeros::<u32>(1)?,
@@ -180,6 +185,10 @@ impl CudaHostBackend {
         let stream = self.device.stream.clone();
         self.train_events.0.record(&stream)?;
         stream.memset_zeros(&mut self.sums.slice_mut(..2 * envs))?;
+        // Statistics are kept only for slots with a collection batch this epoch (Trainer::clear_stats).
+        for k in 0..self.slot_ids.len() {
+            self.host.slot_mut(k).expect("every slot id has its slot").collected.clear();
+        }
         let sharding = batcher.sharding();
         assert_eq!(
             (sharding.n_envs, sharding.batch_per_env),
@@ -213,7 +222,8 @@ impl CudaHostBackend {
             launch.arg(&slots32).arg(&channels).arg(&height).arg(&width).arg(&d.pad);
             unsafe { launch.launch(elementwise(image_values)) }?;
 
-            self.host.train_step(&self.device, &self.images, &self.labels)?;
+            let collect = b % TELEMETRY_STRIDE == 0;
+            self.host.train_step(&self.device, &self.images, &self.labels, collect)?;
             self.host.count_correct(&self.device, &self.labels)?;
             let envs32 = envs as u32;
             let mut launch = stream.launch_builder(self.device.function("train_epoch_accumulate"));
@@ -232,6 +242,51 @@ impl CudaHostBackend {
                 loss: loss_sum / n_batches as f64,
                 accuracy: 100.0 * right / (n_batches * batch) as f64,
             };
+        }
+        self.read_telemetry()
+    }
+
+    /// The seeds' gradient health from the epoch's last collection batch, as the CPU's
+    /// `collect_seed_stats` forms it: for each env collecting at a slot, its blueprint's per-tensor
+    /// norms when it trains the seed (none otherwise). Reads back only when some slot collected, right
+    /// after the epoch's sums: the device is idle by then, so these copies do not wait for it (the
+    /// report counts the epoch's read-back once).
+    fn read_telemetry(&mut self) -> Result<(), ParityError> {
+        for slot in &mut self.telemetry {
+            slot.fill(None);
+        }
+        let envs = self.n_envs();
+        let slots: Vec<&DeviceSlot> = self.host.slots().collect();
+        if slots.iter().all(|s| s.collected.is_empty()) {
+            return Ok(());
+        }
+        let stream = &self.device.stream;
+        let host_sq = stream.clone_dtoh(self.host.sq_norms_collected())?;
+        for (norm, sq) in self.host_norm_at_collection.iter_mut().zip(host_sq) {
+            *norm = sq.sqrt();
+        }
+        for (k, slot) in slots.iter().enumerate() {
+            if slot.collected.is_empty() {
+                continue;
+            }
+            let mut sq_by_bp = Vec::new();
+            for &bp in &slot.collected {
+                let module = slot.module(bp).expect("a collected blueprint has its module");
+                sq_by_bp.push((bp, stream.clone_dtoh(&module.stat_sq)?, *module.layout()));
+            }
+            for e in 0..envs {
+                let st = slot.state(e);
+                let Some(bp) = st.blueprint.filter(|_| st.collect_stats) else { continue };
+                let mut norms = Vec::new();
+                if st.train_seed {
+                    let (_, sq, layout) =
+                        sq_by_bp.iter().find(|(b, ..)| *b == bp).expect("a training collector was collected");
+                    for (t, spec) in layout.tensors().iter().enumerate() {
+                        norms.push((sq[t * envs + e].sqrt(), spec.len));
+                    }
+                }
+                self.telemetry[k][e] = Some(SeedGradStats::from_tensor_norms(&norms));
+            }
         }
         Ok(())
     }
@@ -377,8 +432,9 @@ impl HostBackend for CudaHostBackend {
         &self.results
     }
 
-    fn seed_telemetry(&self, _slot: usize, _env: usize) -> Option<SeedTelemetry> {
-        None
+    fn seed_telemetry(&self, slot: usize, env: usize) -> Option<SeedTelemetry> {
+        let stats = self.telemetry[slot][env]?;
+        Some(SeedTelemetry { stats, host_norm: self.host_norm_at_collection[env] })
     }
 
     fn take_snapshot(&mut self, env: usize, fossils: &[Option<FossilRow>]) {

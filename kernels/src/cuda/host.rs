@@ -101,6 +101,8 @@ pub struct DeviceHost {
     norm_partial: CudaSlice<f64>,
     sq_norms: CudaSlice<f64>,
     clip: CudaSlice<f64>,
+    /// Per env: the squared host gradient norm of the last collection batch (the seed/host ratio's).
+    sq_norms_collected: CudaSlice<f64>,
     /// Every env trains its host every step.
     all_envs: CudaSlice<u8>,
     sgd: SgdConfig,
@@ -187,6 +189,7 @@ impl DeviceHost {
             norm_partial: stream.alloc_zeros::<f64>(envs * NORM_BLOCKS_PER_ENV as usize)?,
             sq_norms: stream.alloc_zeros::<f64>(envs)?,
             clip: stream.alloc_zeros::<f64>(envs)?,
+            sq_norms_collected: stream.alloc_zeros::<f64>(envs)?,
             all_envs: stream.clone_htod(&vec![1u8; envs])?,
             sgd: SgdConfig::HOST,
         })
@@ -349,12 +352,15 @@ impl DeviceHost {
     /// seeds: the forward with batch statistics (running statistics updated), per-env mean
     /// cross-entropy, the backward of every host tensor, each env's gradient clipped to norm
     /// [`MAX_GRAD_NORM`] over all its tensors, then SGD with momentum and weight decay
-    /// ([`SgdConfig::HOST`]). Nothing is copied back.
+    /// ([`SgdConfig::HOST`]); then each slot's seed optimizer. With `collect` (a collection batch) the
+    /// host's gradient norm and the seeds' per-tensor norms are kept for the telemetry
+    /// ([`Self::sq_norms_collected`], [`DeviceSlot::collect`]). Nothing is copied back.
     pub fn train_step(
         &mut self,
         device: &Device,
         images: &CudaSlice<f32>,
         labels: &CudaSlice<u8>,
+        collect: bool,
     ) -> Result<(), ParityError> {
         self.check_batch(images, labels);
         for b in 0..self.arch.n_blocks {
@@ -369,10 +375,16 @@ impl DeviceHost {
         unsafe { launch.launch(elementwise(self.envs * self.batch.max(1))) }?;
         self.backward(device, images)?;
         self.clip_and_step(device)?;
-        // Then each slot's seed optimizer (Trainer::step_seeds).
+        if collect {
+            device.stream.memcpy_dtod(&self.sq_norms, &mut self.sq_norms_collected)?;
+        }
+        // Then each slot's statistics and seed optimizer (Trainer::step).
         for block in &mut self.blocks {
             for (slot, ran) in [(&mut block.r0, block.r0_ran), (&mut block.r1, block.r1_ran)] {
                 if let (Some(slot), true) = (slot, ran) {
+                    if collect {
+                        slot.collect(device)?;
+                    }
                     slot.step(device)?;
                 }
             }
@@ -616,6 +628,11 @@ impl DeviceHost {
     /// The last training step's per-env mean cross-entropy, copied to the host.
     pub fn losses(&self, device: &Device) -> Result<Vec<f32>, ParityError> {
         Ok(device.stream.clone_dtoh(&self.loss)?)
+    }
+
+    /// Per env, the squared host gradient norm of the last collection batch, on the device.
+    pub fn sq_norms_collected(&self) -> &CudaSlice<f64> {
+        &self.sq_norms_collected
     }
 
     /// The last training step's per-env host gradient norm before clipping, copied to the host.

@@ -706,7 +706,7 @@ fn host_train_check(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) 
         let labels: Vec<u8> = (0..envs * batch).map(|_| s.below(arch.num_classes as u64) as u8).collect();
         trainer.step(&mut params, &mut bank, &mut ws, &images, &labels, false);
         let (images_dev, labels_dev) = (stream.clone_htod(&images)?, stream.clone_htod(&labels)?);
-        host.train_step(device, &images_dev, &labels_dev)?;
+        host.train_step(device, &images_dev, &labels_dev, false)?;
         loss_diff = loss_diff.max(max_diff(&host.losses(device)?, &ws.loss));
         norm_diff = norm_diff.max(max_diff(&host.grad_norms(device)?, &trainer.host_grad_norm));
         if step == 0 {
@@ -1027,8 +1027,9 @@ fn seed_label(bp: CnnBlueprint, what: &str) -> String {
 /// r0c1, r0c2) with every blueprint somewhere — env 0 the bench's BLENDING conv_light, attention,
 /// conv_heavy; env 1 norm, depthwise, bottleneck; env 2 conv_small blending, nothing, and conv_light
 /// incubating — germinated through `sync_slot` on both, then two epochs of training with a validation
-/// pass and its counterfactual configurations after each, and the parameter prints of the host and
-/// every seed. Losses and prints to 1e-4 (the GEMM convolutions, the statistics' sums and the seeds'
+/// pass and its counterfactual configurations after each, the seeds' gradient telemetry of the last
+/// epoch (all eight seeds collect: seven blending, one incubating), and the parameter prints of the
+/// host and every seed. Losses and prints to 1e-4 (the GEMM convolutions, the statistics' sums and the seeds'
 /// own reductions part from the CPU's by a few ulps, through eight SGD steps of host and seeds);
 /// every configuration's accuracy exactly.
 fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
@@ -1115,6 +1116,37 @@ fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), 
         configs,
         acc_diff,
         0.0,
+    ));
+    // The seeds' gradient health of the last epoch's collection batch: the same envs collected, the
+    // same counts, norms and health.
+    let (mut telemetry_diff, mut collected) = (0.0f64, 0usize);
+    for k in 0..slot_ids.len() {
+        for e in 0..envs {
+            match (gpu.seed_telemetry(k, e), cpu.seed_telemetry(k, e)) {
+                (None, None) => {}
+                (Some(g), Some(c)) => {
+                    collected += 1;
+                    let (gs, cs) = (g.stats, c.stats);
+                    let same = gs.elements == cs.elements
+                        && gs.has_vanishing == cs.has_vanishing
+                        && gs.has_exploding == cs.has_exploding;
+                    telemetry_diff = telemetry_diff.max(match same {
+                        true => {
+                            max_diff(&[gs.norm, gs.health, g.host_norm], &[cs.norm, cs.health, c.host_norm])
+                        }
+                        false => f64::INFINITY,
+                    });
+                }
+                _ => telemetry_diff = f64::INFINITY,
+            }
+        }
+    }
+    rows.push(ParityRow::new(
+        "seeded backend: seed gradient telemetry",
+        "host::CpuHostBackend::seed_telemetry",
+        collected,
+        if collected == 8 { telemetry_diff } else { f64::INFINITY },
+        1e-4,
     ));
     let groups = 1 + slot_ids.len();
     let prints = |b: &dyn HostBackend| {

@@ -8,7 +8,7 @@
 //! The selftest checks each blueprint's output and parameter gradients against the CPU's on the same
 //! rows and input.
 
-use cudarc::driver::{CudaSlice, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::gemm_conv::{ConvDims, GemmConv};
 use super::ops::{self, GroupNormDims, LinearDims};
@@ -16,6 +16,9 @@ use super::parity::{Device, ParityError, elementwise, push_dims};
 use crate::seeds::{self, CnnBlueprint, ParamLayout, group_norm_groups};
 
 type R = Result<(), ParityError>;
+
+/// Blocks per env of the first stage of the per-tensor squared norms.
+const STAT_BLOCKS_PER_ENV: u32 = 8;
 
 /// A seed batch: activations `[E, B, C, size, size]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,6 +113,10 @@ pub struct DeviceSeed {
     pub momentum: Vec<CudaSlice<f32>>,
     /// Governor snapshots of fossil rows, tensor-major; made at the first snapshot.
     snapshot: Option<Vec<CudaSlice<f32>>>,
+    /// `[T, E]`: each tensor's squared gradient norm per env at the last collection batch (f64), and
+    /// the first stage of those sums.
+    pub stat_sq: CudaSlice<f64>,
+    stat_partial: CudaSlice<f64>,
     /// What the backward reads, written by the forward (per blueprint; see each forward).
     saved: Vec<CudaSlice<f32>>,
     /// Group-norm statistics `[E, B, G]`: mean, inv_std (and a second norm's).
@@ -150,6 +157,8 @@ impl DeviceSeed {
             grads: alloc(&tensor_lens)?,
             momentum: alloc(&tensor_lens)?,
             snapshot: None,
+            stat_sq: stream.alloc_zeros::<f64>(tensor_lens.len() * dims.envs)?,
+            stat_partial: stream.alloc_zeros::<f64>(dims.envs * STAT_BLOCKS_PER_ENV as usize)?,
             saved: alloc(&saved)?,
             stats: alloc(&stats)?,
             temp: alloc(&temp)?,
@@ -238,6 +247,35 @@ impl DeviceSeed {
             device.stream.memcpy_dtod(&s.slice(at.clone()), &mut t.slice_mut(at))?;
         }
         Ok(())
+    }
+
+    /// Every tensor's squared gradient norm per env into [`Self::stat_sq`] (the gradient-health
+    /// statistics of a collection batch, before clipping): f64 sums in two fixed-order stages.
+    pub fn collect_sq_norms(&mut self, device: &Device) -> R {
+        let envs = self.dims.envs;
+        let envs32 = envs as u32;
+        let config = LaunchConfig {
+            grid_dim: (STAT_BLOCKS_PER_ENV, envs32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        device.stream.memset_zeros(&mut self.stat_sq)?;
+        for (t, g) in self.grads.iter().enumerate() {
+            let per_env = (g.len() / envs) as u64;
+            let mut launch = device.stream.launch_builder(device.function("sq_norms_partial_f32"));
+            launch.arg(g).arg(&mut self.stat_partial).arg(&per_env).arg(&STAT_BLOCKS_PER_ENV);
+            unsafe { launch.launch(config) }?;
+            let mut sq = self.stat_sq.slice_mut(t * envs..(t + 1) * envs);
+            let mut launch = device.stream.launch_builder(device.function("sq_norms_finish"));
+            launch.arg(&self.stat_partial).arg(&mut sq).arg(&envs32).arg(&STAT_BLOCKS_PER_ENV);
+            unsafe { launch.launch(elementwise(envs)) }?;
+        }
+        Ok(())
+    }
+
+    /// The layout's tensors (names, lengths per env), in the order of [`Self::stat_sq`]'s rows.
+    pub fn layout(&self) -> &ParamLayout {
+        &self.layout
     }
 
     /// The parameters as rows `[E, P]`.

@@ -62,6 +62,8 @@ pub struct DeviceSlot {
     sq_norms: CudaSlice<f64>,
     clip: CudaSlice<f64>,
     sgd: SgdConfig,
+    /// The blueprints whose statistics the last collection batch took (see [`Self::collect`]).
+    pub collected: Vec<CnnBlueprint>,
 }
 
 impl DeviceSlot {
@@ -89,6 +91,7 @@ impl DeviceSlot {
             sq_norms: stream.alloc_zeros::<f64>(envs)?,
             clip: stream.alloc_zeros::<f64>(envs)?,
             sgd: SgdConfig::SEED,
+            collected: Vec::new(),
         })
     }
 
@@ -272,6 +275,24 @@ impl DeviceSlot {
                 unsafe { launch.launch(elementwise(n)) }?;
             }
         }
+        Ok(())
+    }
+
+    /// The gradient-health statistics of a collection batch (after the backward, before the seed
+    /// optimizer clips): each blueprint that an env collects for and trains gets its per-tensor squared
+    /// norms ([`DeviceSeed::stat_sq`]), listed in [`Self::collected`].
+    pub fn collect(&mut self, device: &Device) -> R {
+        let collected: Vec<CnnBlueprint> = CnnBlueprint::ALL
+            .into_iter()
+            .filter(|&bp| {
+                self.state.iter().any(|s| s.blueprint == Some(bp) && s.collect_stats && s.train_seed)
+            })
+            .collect();
+        for &bp in &collected {
+            let module = self.modules[bp as usize - 1].as_mut().expect("a held blueprint has its module");
+            module.collect_sq_norms(device)?;
+        }
+        self.collected = collected;
         Ok(())
     }
 
