@@ -225,37 +225,53 @@ extern "C" __global__ void norm_seed_lambda_grad_f32(
     }
 }
 
-// ---- A slot over every env at once (host/slot.rs with the seeds' modes OFF, INCUBATOR and ADD): one
-// blueprint's seed output s for every env, blended into the slot's output y only where select[e]
-// (the env holds that blueprint and blends by ADD): y = h + a·(s − h) with a = clamp(alpha[e]), the
-// arithmetic of blend_add_forward. The other envs' rows of y are left as they are (h, copied first).
-extern "C" __global__ void slot_blend_add_select_f32(
-    const float* h, const float* s, const float* alpha, const u8* select, float* y, u32 envs, u32 batch,
-    u32 features) {
+// ---- A slot over every env at once (host/slot.rs with the seeds' modes OFF, INCUBATOR, ADD and MULTIPLY):
+// one blueprint's seed output s for every env; holds[e] marks the envs whose seed is that blueprint
+// and takes part in this forward. Their seed output is kept in s_mine (the backward's), and the
+// blending ones (mode 2 ADD, 3 MULTIPLY) write their rows of the slot's output y, the arithmetic of
+// blend_add_forward (y = h + a·(s − h)) and blend_multiply_forward with the detached input as x_s
+// (y = h·(1 + a·tanh(s − h))), a = clamp(alpha[e]). Every other row of y is left as it is (h, copied
+// first). tanhf is not Rust's tanh: MULTIPLY is checked with a tolerance.
+extern "C" __global__ void slot_blend_select_f32(
+    const float* h, const float* s, const float* alpha, const u8* mode, const u8* holds, float* s_mine,
+    float* y, u32 envs, u32 batch, u32 features) {
     FOR_EACH(t, (u64)envs * batch * features) {
         u32 e = (u32)(t / ((u64)batch * features));
-        if (!select[e]) continue;
+        if (!holds[e]) continue;
+        float sv = s[t], hv = h[t];
+        s_mine[t] = sv;
         float a = clamp01(alpha[e]);
-        y[t] = h[t] + a * (s[t] - h[t]);
+        if (mode[e] == 2) y[t] = hv + a * (sv - hv);
+        else if (mode[e] == 3) y[t] = hv * (1.0f + a * tanhf(sv - hv));
     }
 }
 
-// The slot's backward split of the output gradient dy by each env's mode (0 off, 1 incubator, 2 ADD):
-// the host's direct path dh (dy, dy, dy·(1 − a)) and the seed's ds (0, dy straight through, dy·a), as
-// blend_add_backward and the incubator's straight-through do.
+// The slot's backward split of the output gradient dy by each env's mode (0 off, 1 incubator, 2 ADD,
+// 3 MULTIPLY): the host's direct path dh and the seed's ds — off: (dy, 0); incubator: (dy, dy straight
+// through); ADD: (dy·(1 − a), dy·a) as blend_add_backward; MULTIPLY with t = tanh(s − h):
+// (dy·(1 + a·t), dy·h·a·(1 − t²)) as blend_multiply_backward (the seed's input is detached, so no
+// x_s term reaches dh).
 extern "C" __global__ void slot_backward_split_f32(
-    const float* dy, const float* alpha, const u8* mode, float* dh, float* ds, u32 envs, u32 batch,
-    u32 features) {
+    const float* dy, const float* h, const float* s_mine, const float* alpha, const u8* mode, float* dh,
+    float* ds, u32 envs, u32 batch, u32 features) {
     FOR_EACH(t, (u64)envs * batch * features) {
         u32 e = (u32)(t / ((u64)batch * features));
         float g = dy[t];
-        if (mode[e] == 2) {
-            float a = clamp01(alpha[e]);
-            dh[t] = g * (1.0f - a);
-            ds[t] = g * a;
-        } else {
-            dh[t] = g;
-            ds[t] = mode[e] == 1 ? g : 0.0f;
+        float a = clamp01(alpha[e]);
+        switch (mode[e]) {
+            case 2:
+                dh[t] = g * (1.0f - a);
+                ds[t] = g * a;
+                break;
+            case 3: {
+                float tv = tanhf(s_mine[t] - h[t]);
+                dh[t] = g * (1.0f + a * tv);
+                ds[t] = g * h[t] * a * (1.0f - tv * tv);
+                break;
+            }
+            default:
+                dh[t] = g;
+                ds[t] = mode[e] == 1 ? g : 0.0f;
         }
     }
 }

@@ -1025,13 +1025,13 @@ fn seed_label(bp: CnnBlueprint, what: &str) -> String {
 
 /// The seeded run on [`CudaHostBackend`] against [`CpuHostBackend`]: the bench's three slots (r0c0,
 /// r0c1, r0c2) with every blueprint somewhere — env 0 the bench's BLENDING conv_light, attention,
-/// conv_heavy; env 1 norm, depthwise, bottleneck; env 2 conv_small blending, nothing, and conv_light
-/// incubating — germinated through `sync_slot` on both, then two epochs of training with a validation
+/// conv_heavy (ADD); env 1 norm, depthwise, bottleneck (ADD at 0.7, 0.3, 1); env 2 conv_small (ADD),
+/// attention (MULTIPLY, born so) and conv_light incubating — germinated through `sync_slot` on both, then two epochs of training with a validation
 /// pass and its counterfactual configurations after each, the seeds' gradient telemetry of the last
-/// epoch (all eight seeds collect: seven blending, one incubating), and the parameter prints of the
+/// epoch (all nine seeds collect: eight blending, one incubating), and the parameter prints of the
 /// host and every seed. Losses and prints to 1e-4 (the GEMM convolutions, the statistics' sums and the seeds'
 /// own reductions part from the CPU's by a few ulps, through eight SGD steps of host and seeds);
-/// every configuration's accuracy exactly.
+/// every configuration's accuracy exactly (MULTIPLY's tanh is the device's: within the 1e-4).
 fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
     use CnnBlueprint::*;
     let arch = HostArch::CIFAR_BASELINE;
@@ -1049,6 +1049,7 @@ fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), 
         collect_stats: true,
         ..SeedEnvState::default()
     };
+    let multiplying = |alpha: f32| SeedEnvState { mode: SeedMode::Multiply, ..blending(alpha) };
     let incubating = SeedEnvState {
         mode: SeedMode::Incubator,
         alpha: 0.0,
@@ -1063,13 +1064,17 @@ fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), 
             Some((ConvHeavy, blending(0.5))),
         ],
         [Some((Norm, blending(0.7))), Some((Depthwise, blending(0.3))), Some((Bottleneck, blending(1.0)))],
-        [Some((ConvSmall, blending(0.6))), None, Some((ConvLight, incubating))],
+        [
+            Some((ConvSmall, blending(0.6))),
+            Some((Attention, multiplying(0.4))),
+            Some((ConvLight, incubating)),
+        ],
     ];
     for (e, env_plan) in plan.iter().enumerate() {
         for (k, slot) in env_plan.iter().enumerate() {
             let Some((bp, state)) = *slot else { continue };
             let sync = SlotSync {
-                germinate: Some((bp, false)),
+                germinate: Some((bp, state.mode == SeedMode::Multiply)),
                 create_gate: false,
                 reset_momentum: false,
                 state: SeedEnvState { blueprint: Some(bp), ..state },
@@ -1145,7 +1150,7 @@ fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), 
         "seeded backend: seed gradient telemetry",
         "host::CpuHostBackend::seed_telemetry",
         collected,
-        if collected == 8 { telemetry_diff } else { f64::INFINITY },
+        if collected == 9 { telemetry_diff } else { f64::INFINITY },
         1e-4,
     ));
     let groups = 1 + slot_ids.len();

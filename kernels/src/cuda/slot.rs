@@ -1,8 +1,8 @@
 //! One injection point's seeds on the device, for every env at once: the CUDA twin of
-//! [`SlotWorkspace`](crate::host::SlotWorkspace) for the modes OFF, INCUBATOR and ADD (MULTIPLY and GATE
-//! are not on the device yet). Each blueprint that some env holds runs as one [`DeviceSeed`] over all
-//! envs (dense: the GPU has no use for gathering a few envs); the blend writes only the rows of the envs
-//! that blend that blueprint by ADD, every other row of the output is the input. The seed's input is the
+//! [`SlotWorkspace`](crate::host::SlotWorkspace) for the modes OFF, INCUBATOR, ADD and MULTIPLY (GATE is
+//! not on the device yet). Each blueprint that some env holds runs as one [`DeviceSeed`] over all envs
+//! (dense: the GPU has no use for gathering a few envs); the blend writes only the rows of the envs that
+//! blend that blueprint, every other row of the output is the input. The seed's input is the
 //! detached host activation (isolation), so the host gets only the blend's direct path.
 //!
 //! The seed optimizer is the CPU's `Trainer::step_seeds`: each env's gradient over all of the slot's
@@ -28,8 +28,11 @@ fn mode_code(mode: SeedMode) -> u8 {
         SeedMode::Off => 0,
         SeedMode::Incubator => 1,
         SeedMode::Add => 2,
-        SeedMode::Multiply | SeedMode::Gate => {
-            panic!("{mode:?} blends do not run on the CUDA backend yet (issue 16): OFF, INCUBATOR and ADD do")
+        SeedMode::Multiply => 3,
+        SeedMode::Gate => {
+            panic!(
+                "GATE blends do not run on the CUDA backend yet (issue 16): OFF, INCUBATOR, ADD and MULTIPLY do"
+            )
         }
     }
 }
@@ -45,18 +48,19 @@ pub struct DeviceSlot {
     /// `[E]`: each env's alpha and mode code.
     alpha: CudaSlice<f32>,
     mode: CudaSlice<u8>,
-    /// `[7, E]`: the env blends blueprint `bp` by ADD (the training forward's and the main
-    /// configuration's selection); the env trains `bp`; and its complement (rows whose gradients are
-    /// zeroed, as the CPU leaves them zero).
-    select: CudaSlice<u8>,
+    /// `[7, E]`: the env's seed is blueprint `bp` and runs in a training forward; the env trains `bp`;
+    /// and its complement (rows whose gradients are zeroed, as the CPU leaves them zero).
+    holds: CudaSlice<u8>,
     trains: CudaSlice<u8>,
     not_trains: CudaSlice<u8>,
-    /// `[K, 7, E]`: validation pass `k`'s selection (the main one with the pass's ablated envs off).
-    eval_select: CudaSlice<u8>,
+    /// `[K, 7, E]`: validation pass `k`'s envs whose blending seed is `bp` and is not ablated.
+    eval_holds: CudaSlice<u8>,
     eval_passes: usize,
-    /// The slot's output, a seed's output, and the seed's output gradient, `[E, B, C, H, W]`.
+    /// The slot's output, a seed's output, each env's own seed's output (for the backward), and the
+    /// seed's output gradient, `[E, B, C, H, W]`.
     pub out: CudaSlice<f32>,
     s: CudaSlice<f32>,
+    s_mine: CudaSlice<f32>,
     ds: CudaSlice<f32>,
     norm_partial: CudaSlice<f64>,
     sq_norms: CudaSlice<f64>,
@@ -79,13 +83,14 @@ impl DeviceSlot {
             dirty: true,
             alpha: stream.alloc_zeros::<f32>(envs)?,
             mode: stream.alloc_zeros::<u8>(envs)?,
-            select: stream.alloc_zeros::<u8>(n)?,
+            holds: stream.alloc_zeros::<u8>(n)?,
             trains: stream.alloc_zeros::<u8>(n)?,
             not_trains: stream.alloc_zeros::<u8>(n)?,
-            eval_select: stream.alloc_zeros::<u8>(n)?,
+            eval_holds: stream.alloc_zeros::<u8>(n)?,
             eval_passes: 1,
             out: stream.alloc_zeros::<f32>(len)?,
             s: stream.alloc_zeros::<f32>(len)?,
+            s_mine: stream.alloc_zeros::<f32>(len)?,
             ds: stream.alloc_zeros::<f32>(len)?,
             norm_partial: stream.alloc_zeros::<f64>(envs * NORM_BLOCKS_PER_ENV as usize)?,
             sq_norms: stream.alloc_zeros::<f64>(envs)?,
@@ -158,22 +163,24 @@ impl DeviceSlot {
         let stream = &device.stream;
         let alpha: Vec<f32> = self.state.iter().map(|s| s.alpha).collect();
         let mode: Vec<u8> = self.state.iter().map(|s| mode_code(s.mode)).collect();
-        let (mut select, mut trains) = (vec![0u8; 7 * envs], vec![0u8; 7 * envs]);
+        let (mut holds, mut trains, mut blending) =
+            (vec![0u8; 7 * envs], vec![0u8; 7 * envs], vec![0u8; 7 * envs]);
         for (e, s) in self.state.iter().enumerate() {
             if let Some(bp) = s.blueprint {
                 let i = (bp as usize - 1) * envs + e;
-                select[i] = u8::from(s.mode == SeedMode::Add);
+                holds[i] = u8::from(s.mode.runs_in(true));
+                blending[i] = u8::from(s.mode.runs_in(false));
                 trains[i] = u8::from(s.train_seed);
             }
         }
         let not_trains: Vec<u8> = trains.iter().map(|&t| 1 - t).collect();
         stream.memcpy_htod(alpha.as_slice(), &mut self.alpha)?;
         stream.memcpy_htod(mode.as_slice(), &mut self.mode)?;
-        stream.memcpy_htod(select.as_slice(), &mut self.select)?;
+        stream.memcpy_htod(holds.as_slice(), &mut self.holds)?;
         stream.memcpy_htod(trains.as_slice(), &mut self.trains)?;
         stream.memcpy_htod(not_trains.as_slice(), &mut self.not_trains)?;
         // Until a validation plans its passes, pass 0 is the main configuration.
-        stream.memcpy_htod(select.as_slice(), &mut self.eval_select.slice_mut(..select.len()))?;
+        stream.memcpy_htod(blending.as_slice(), &mut self.eval_holds.slice_mut(..blending.len()))?;
         self.eval_passes = 1;
         self.dirty = false;
         Ok(())
@@ -185,18 +192,18 @@ impl DeviceSlot {
     pub fn plan_eval(&mut self, device: &Device, off: &[Vec<bool>]) -> R {
         self.prepare(device)?;
         let envs = self.dims.envs;
-        let mut select = vec![0u8; off.len().max(1) * 7 * envs];
+        let mut holds = vec![0u8; off.len().max(1) * 7 * envs];
         for (k, off) in off.iter().enumerate() {
             for (e, s) in self.state.iter().enumerate() {
-                if let Some(bp) = s.blueprint.filter(|_| s.mode == SeedMode::Add && !off[e]) {
-                    select[(k * 7 + bp as usize - 1) * envs + e] = 1;
+                if let Some(bp) = s.blueprint.filter(|_| s.mode.runs_in(false) && !off[e]) {
+                    holds[(k * 7 + bp as usize - 1) * envs + e] = 1;
                 }
             }
         }
-        if self.eval_select.len() < select.len() {
-            self.eval_select = device.stream.alloc_zeros::<u8>(select.len())?;
+        if self.eval_holds.len() < holds.len() {
+            self.eval_holds = device.stream.alloc_zeros::<u8>(holds.len())?;
         }
-        device.stream.memcpy_htod(select.as_slice(), &mut self.eval_select.slice_mut(..select.len()))?;
+        device.stream.memcpy_htod(holds.as_slice(), &mut self.eval_holds.slice_mut(..holds.len()))?;
         self.eval_passes = off.len().max(1);
         Ok(())
     }
@@ -227,13 +234,14 @@ impl DeviceSlot {
                     (k * 7 + bp as usize - 1) * d.envs
                 }
             };
-            let select = match pass {
-                None => self.select.slice(at..at + d.envs),
-                Some(_) => self.eval_select.slice(at..at + d.envs),
+            let holds = match pass {
+                None => self.holds.slice(at..at + d.envs),
+                Some(_) => self.eval_holds.slice(at..at + d.envs),
             };
             let dims = [d.envs, d.batch, d.channels * d.size * d.size].map(|v| v as u32);
-            let mut launch = device.stream.launch_builder(device.function("slot_blend_add_select_f32"));
-            launch.arg(h).arg(&self.s).arg(&self.alpha).arg(&select).arg(&mut self.out);
+            let mut launch = device.stream.launch_builder(device.function("slot_blend_select_f32"));
+            launch.arg(h).arg(&self.s).arg(&self.alpha).arg(&self.mode).arg(&holds);
+            launch.arg(&mut self.s_mine).arg(&mut self.out);
             launch.arg(&dims[0]).arg(&dims[1]).arg(&dims[2]);
             unsafe { launch.launch(elementwise(len)) }?;
         }
@@ -255,7 +263,8 @@ impl DeviceSlot {
         let len = self.out.len();
         let dims = [d.envs, d.batch, d.channels * d.size * d.size].map(|v| v as u32);
         let mut launch = device.stream.launch_builder(device.function("slot_backward_split_f32"));
-        launch.arg(grad_y).arg(&self.alpha).arg(&self.mode).arg(grad_h).arg(&mut self.ds);
+        launch.arg(grad_y).arg(h).arg(&self.s_mine).arg(&self.alpha).arg(&self.mode);
+        launch.arg(grad_h).arg(&mut self.ds);
         launch.arg(&dims[0]).arg(&dims[1]).arg(&dims[2]);
         unsafe { launch.launch(elementwise(len)) }?;
         let trained: Vec<CnnBlueprint> = CnnBlueprint::ALL
