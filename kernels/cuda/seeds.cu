@@ -225,16 +225,19 @@ extern "C" __global__ void norm_seed_lambda_grad_f32(
     }
 }
 
-// ---- A slot over every env at once (host/slot.rs with the seeds' modes OFF, INCUBATOR, ADD and MULTIPLY):
+// ---- A slot over every env at once (host/slot.rs with the seeds' modes OFF, INCUBATOR, ADD, MULTIPLY and
+// GATE):
 // one blueprint's seed output s for every env; holds[e] marks the envs whose seed is that blueprint
 // and takes part in this forward. Their seed output is kept in s_mine (the backward's), and the
-// blending ones (mode 2 ADD, 3 MULTIPLY) write their rows of the slot's output y, the arithmetic of
-// blend_add_forward (y = h + a·(s − h)) and blend_multiply_forward with the detached input as x_s
-// (y = h·(1 + a·tanh(s − h))), a = clamp(alpha[e]). Every other row of y is left as it is (h, copied
-// first). tanhf is not Rust's tanh: MULTIPLY is checked with a tolerance.
+// blending ones (mode 2 ADD, 3 MULTIPLY, 4 GATE) write their rows of the slot's output y, the
+// arithmetic of blend_add_forward (y = h + a·(s − h)), blend_multiply_forward with the detached input
+// as x_s (y = h·(1 + a·tanh(s − h))) and blend_gate_forward (y = h + a_eff·(s − h), a_eff =
+// clamp(a·clamp(g)) with the sample's gate g), a = clamp(alpha[e]). Every other row of y is left as it
+// is (h, copied first). `gate` ([E·B]) is read only in GATE rows. tanhf is not Rust's tanh: MULTIPLY is
+// checked with a tolerance.
 extern "C" __global__ void slot_blend_select_f32(
-    const float* h, const float* s, const float* alpha, const u8* mode, const u8* holds, float* s_mine,
-    float* y, u32 envs, u32 batch, u32 features) {
+    const float* h, const float* s, const float* alpha, const float* gate, const u8* mode, const u8* holds,
+    float* s_mine, float* y, u32 envs, u32 batch, u32 features) {
     FOR_EACH(t, (u64)envs * batch * features) {
         u32 e = (u32)(t / ((u64)batch * features));
         if (!holds[e]) continue;
@@ -243,17 +246,21 @@ extern "C" __global__ void slot_blend_select_f32(
         float a = clamp01(alpha[e]);
         if (mode[e] == 2) y[t] = hv + a * (sv - hv);
         else if (mode[e] == 3) y[t] = hv * (1.0f + a * tanhf(sv - hv));
+        else if (mode[e] == 4) {
+            float a_eff = clamp01(a * clamp01(gate[t / features]));
+            y[t] = hv + a_eff * (sv - hv);
+        }
     }
 }
 
 // The slot's backward split of the output gradient dy by each env's mode (0 off, 1 incubator, 2 ADD,
-// 3 MULTIPLY): the host's direct path dh and the seed's ds — off: (dy, 0); incubator: (dy, dy straight
-// through); ADD: (dy·(1 − a), dy·a) as blend_add_backward; MULTIPLY with t = tanh(s − h):
+// 3 MULTIPLY, 4 GATE): the host's direct path dh and the seed's ds — off: (dy, 0); incubator: (dy, dy
+// straight through); ADD: (dy·(1 − a), dy·a) as blend_add_backward; MULTIPLY with t = tanh(s − h):
 // (dy·(1 + a·t), dy·h·a·(1 − t²)) as blend_multiply_backward (the seed's input is detached, so no
-// x_s term reaches dh).
+// x_s term reaches dh); GATE: (dy·(1 − a_eff), dy·a_eff) as blend_gate_backward.
 extern "C" __global__ void slot_backward_split_f32(
-    const float* dy, const float* h, const float* s_mine, const float* alpha, const u8* mode, float* dh,
-    float* ds, u32 envs, u32 batch, u32 features) {
+    const float* dy, const float* h, const float* s_mine, const float* alpha, const float* gate,
+    const u8* mode, float* dh, float* ds, u32 envs, u32 batch, u32 features) {
     FOR_EACH(t, (u64)envs * batch * features) {
         u32 e = (u32)(t / ((u64)batch * features));
         float g = dy[t];
@@ -269,9 +276,39 @@ extern "C" __global__ void slot_backward_split_f32(
                 ds[t] = g * h[t] * a * (1.0f - tv * tv);
                 break;
             }
+            case 4: {
+                float a_eff = clamp01(a * clamp01(gate[t / features]));
+                dh[t] = g * (1.0f - a_eff);
+                ds[t] = g * a_eff;
+                break;
+            }
             default:
                 dh[t] = g;
                 ds[t] = mode[e] == 1 ? g : 0.0f;
         }
+    }
+}
+
+// clamp01's subgradient, PyTorch's convention: 1 on [0, 1], 0 outside (ops::real::clamp01_grad).
+__device__ __forceinline__ float clamp01_grad(float v) { return (v >= 0.0f && v <= 1.0f) ? 1.0f : 0.0f; }
+
+// The gate's gradient per sample i (env e = i / B) in GATE mode, as blend_gate_backward forms it:
+// dg = Σ_features dy·(s − h) (the CPU's lanes) · a · clamp01'(a·clamp(g)) · clamp01'(g), a = clamp(alpha[e]);
+// 0 for the samples of envs in any other mode.
+extern "C" __global__ void slot_gate_grad_f32(
+    const float* dy, const float* h, const float* s_mine, const float* alpha, const float* gate,
+    const u8* mode, float* dg, u32 envs, u32 batch, u32 features) {
+    FOR_EACH(i, (u64)envs * batch) {
+        u32 e = (u32)(i / batch);
+        if (mode[e] != 4) {
+            dg[i] = 0.0f;
+            continue;
+        }
+        Lanes sum;
+        lanes_zero(sum);
+        const u64 base = i * features;
+        for (u32 f = 0; f < features; ++f) sum.l[f % 8] += dy[base + f] * (s_mine[base + f] - h[base + f]);
+        float a = clamp01(alpha[e]), g = clamp01(gate[i]);
+        dg[i] = lanes_total(sum) * a * clamp01_grad(a * g) * clamp01_grad(gate[i]);
     }
 }

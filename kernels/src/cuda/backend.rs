@@ -1,14 +1,11 @@
 //! [`CudaHostBackend`]: the [`HostBackend`] seam on one GPU. The dataset is uploaded once; each training
 //! batch is gathered on the device from the epoch's order and augmentation draws (a few bytes per
 //! image, computed on the CPU by [`Batcher::train_gather`]); [`DeviceHost`] trains and evaluates the
-//! hosts and their seeds ([`DeviceSlot`]: the modes OFF, INCUBATOR and ADD); validation runs the
-//! counterfactual plan the CPU's validator makes, one evaluation pass per configuration index; the
-//! epoch's and the validation pass's per-env sums stay on the device until the stage ends, so each
-//! stage reads back once. Governor snapshots are device copies. Seeds are born on the host from the
+//! hosts and their seeds ([`DeviceSlot`]: every mode, OFF, INCUBATOR, ADD, MULTIPLY and GATE);
+//! validation runs the counterfactual plan the CPU's validator makes, one evaluation pass per
+//! configuration index; the epoch's and the validation pass's per-env sums stay on the device until
+//! the stage ends, so each stage reads back once. Governor snapshots are device copies. Seeds are born on the host from the
 //! env's own stream, exactly as the CPU backend draws them, and their rows uploaded.
-//!
-//! Not on the device yet: the MULTIPLY and GATE blends (a lifecycle step that asks for one is refused
-//! with a panic that names it).
 
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,6 +17,7 @@ use super::host::DeviceHost;
 use super::parity::{Device, ParityError, elementwise};
 use super::slot::DeviceSlot;
 use crate::data::{Batcher, Dataset, PAD_LABEL};
+use crate::host::SeedMode;
 use crate::host::train::{SeedGradStats, ValTotals};
 use crate::host::{
     DeviceReport, EnvConfigs, EnvCounterfactuals, EpochTrain, FossilRow, HostArch, HostBackend, HostParams,
@@ -257,7 +255,7 @@ impl CudaHostBackend {
         }
         let envs = self.n_envs();
         let slots: Vec<&DeviceSlot> = self.host.slots().collect();
-        if slots.iter().all(|s| s.collected.is_empty()) {
+        if slots.iter().all(|s| s.collected.is_empty() && !s.gate_collected) {
             return Ok(());
         }
         let stream = &self.device.stream;
@@ -266,9 +264,13 @@ impl CudaHostBackend {
             *norm = sq.sqrt();
         }
         for (k, slot) in slots.iter().enumerate() {
-            if slot.collected.is_empty() {
+            if slot.collected.is_empty() && !slot.gate_collected {
                 continue;
             }
+            let gate_sq = match (slot.gate_collected, slot.gate()) {
+                (true, Some(gate)) => Some((stream.clone_dtoh(&gate.stat_sq)?, *gate.layout())),
+                _ => None,
+            };
             let mut sq_by_bp = Vec::new();
             for &bp in &slot.collected {
                 let module = slot.module(bp).expect("a collected blueprint has its module");
@@ -281,6 +283,12 @@ impl CudaHostBackend {
                 if st.train_seed {
                     let (_, sq, layout) =
                         sq_by_bp.iter().find(|(b, ..)| *b == bp).expect("a training collector was collected");
+                    for (t, spec) in layout.tensors().iter().enumerate() {
+                        norms.push((sq[t * envs + e].sqrt(), spec.len));
+                    }
+                }
+                if st.gate_grad {
+                    let (sq, layout) = gate_sq.as_ref().expect("a collecting gate was collected");
                     for (t, spec) in layout.tensors().iter().enumerate() {
                         norms.push((sq[t * envs + e].sqrt(), spec.len));
                     }
@@ -399,16 +407,16 @@ impl HostBackend for CudaHostBackend {
     }
 
     fn sync_slot(&mut self, env: usize, slot: usize, sync: &SlotSync) {
-        assert!(
-            !sync.create_gate,
-            "env {env} slot {slot}: GATE blends do not run on the CUDA backend yet (issue 16)"
-        );
         let s = self.bank.slot_mut(slot).expect("every slot has its bank slot");
         let device_slot = self.host.slot_mut(slot).expect("every slot id has its device slot");
         if let Some((bp, multiply)) = sync.germinate {
             // Drawn on the host from the env's own stream, exactly as the CPU backend draws it.
             s.germinate(env, bp, multiply, sync.draws, sync.counter);
             on_device(device_slot.germinate(&self.device, env, bp, s.pool(bp).row(env)));
+        }
+        if sync.create_gate {
+            s.create_gate(env, sync.draws, sync.counter | 1);
+            on_device(device_slot.create_gate(&self.device, env, s.gate.row(env)));
         }
         if sync.reset_momentum {
             s.reset_momentum(env);
@@ -444,10 +452,13 @@ impl HostBackend for CudaHostBackend {
         for (k, fossil) in fossils.iter().enumerate() {
             self.snapshot_fossils[env * n_slots + k] = *fossil;
             if let Some(f) = fossil {
-                assert!(!f.gate, "env {env} slot {k}: GATE fossils do not run on the CUDA backend yet");
                 let slot = self.host.slot_mut(k).expect("the slot exists");
                 let module = slot.module_mut(f.blueprint).expect("a fossil's blueprint has its module");
                 on_device(module.save_env_row(&self.device, env));
+                if f.gate {
+                    let gate = slot.gate_mut().expect("a gated fossil has its gate");
+                    on_device(gate.save_env_row(&self.device, env));
+                }
             }
         }
     }
@@ -460,6 +471,10 @@ impl HostBackend for CudaHostBackend {
             if let Some(f) = self.snapshot_fossils[env * n_slots + k] {
                 let module = slot.module_mut(f.blueprint).expect("a fossil's blueprint has its module");
                 on_device(module.restore_env_row(&self.device, env));
+                if f.gate {
+                    let gate = slot.gate_mut().expect("a gated fossil has its gate");
+                    on_device(gate.restore_env_row(&self.device, env));
+                }
             }
             // The reference clears its optimizers after a rollback (tamiyo §6.5).
             on_device(slot.reset_momentum(&self.device, env));
@@ -497,12 +512,18 @@ impl HostBackend for CudaHostBackend {
         for (env, (checksum, prints)) in checksums.iter_mut().zip(prints.chunks_mut(groups)).enumerate() {
             prints.fill(ParamPrint::default());
             let mut hash = host_fingerprint(&params, env, &mut prints[0]);
-            // Then each slot's seed row, as the CPU backend continues the hash (no GATE rows here).
+            // Then each slot's seed row and, in GATE mode, its gate row, as the CPU backend continues it.
             for (slot, print) in slots.iter().zip(&mut prints[1..]) {
-                let Some(bp) = slot.state(env).blueprint else { continue };
+                let state = slot.state(env);
+                let Some(bp) = state.blueprint else { continue };
                 let module = slot.module(bp).expect("a held blueprint has its module");
                 let row = on_device(module.download_env_row(&self.device, env));
                 hash = print.add_hashed(hash, &row);
+                if state.mode == SeedMode::Gate {
+                    let gate = slot.gate().expect("a GATE seed has its gate");
+                    let row = on_device(gate.download_env_row(&self.device, env));
+                    hash = print.add_hashed(hash, &row);
+                }
             }
             *checksum = hash;
         }

@@ -1025,7 +1025,8 @@ fn seed_label(bp: CnnBlueprint, what: &str) -> String {
 
 /// The seeded run on [`CudaHostBackend`] against [`CpuHostBackend`]: the bench's three slots (r0c0,
 /// r0c1, r0c2) with every blueprint somewhere — env 0 the bench's BLENDING conv_light, attention,
-/// conv_heavy (ADD); env 1 norm, depthwise, bottleneck (ADD at 0.7, 0.3, 1); env 2 conv_small (ADD),
+/// conv_heavy (ADD); env 1 norm (GATE at 0.7, its gate born with it and trained), depthwise and
+/// bottleneck (ADD at 0.3, 1); env 2 conv_small (ADD),
 /// attention (MULTIPLY, born so) and conv_light incubating — germinated through `sync_slot` on both, then two epochs of training with a validation
 /// pass and its counterfactual configurations after each, the seeds' gradient telemetry of the last
 /// epoch (all nine seeds collect: eight blending, one incubating), and the parameter prints of the
@@ -1050,6 +1051,13 @@ fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), 
         ..SeedEnvState::default()
     };
     let multiplying = |alpha: f32| SeedEnvState { mode: SeedMode::Multiply, ..blending(alpha) };
+    // A gated seed whose gate also steps (as after fossilization).
+    let gated = |alpha: f32| SeedEnvState {
+        mode: SeedMode::Gate,
+        gate_grad: true,
+        gate_step: true,
+        ..blending(alpha)
+    };
     let incubating = SeedEnvState {
         mode: SeedMode::Incubator,
         alpha: 0.0,
@@ -1063,7 +1071,7 @@ fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), 
             Some((Attention, blending(0.5))),
             Some((ConvHeavy, blending(0.5))),
         ],
-        [Some((Norm, blending(0.7))), Some((Depthwise, blending(0.3))), Some((Bottleneck, blending(1.0)))],
+        [Some((Norm, gated(0.7))), Some((Depthwise, blending(0.3))), Some((Bottleneck, blending(1.0)))],
         [
             Some((ConvSmall, blending(0.6))),
             Some((Attention, multiplying(0.4))),
@@ -1075,7 +1083,7 @@ fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), 
             let Some((bp, state)) = *slot else { continue };
             let sync = SlotSync {
                 germinate: Some((bp, state.mode == SeedMode::Multiply)),
-                create_gate: false,
+                create_gate: state.mode == SeedMode::Gate,
                 reset_momentum: false,
                 state: SeedEnvState { blueprint: Some(bp), ..state },
                 draws: StreamKey::new(seed, 0, e as u64, Purpose::SeedInit),

@@ -1,6 +1,6 @@
 //! One injection point's seeds on the device, for every env at once: the CUDA twin of
-//! [`SlotWorkspace`](crate::host::SlotWorkspace) for the modes OFF, INCUBATOR, ADD and MULTIPLY (GATE is
-//! not on the device yet). Each blueprint that some env holds runs as one [`DeviceSeed`] over all envs
+//! [`SlotWorkspace`](crate::host::SlotWorkspace) for every mode: OFF, INCUBATOR, ADD, MULTIPLY and GATE
+//! (with the slot's [`DeviceGate`]). Each blueprint that some env holds runs as one [`DeviceSeed`] over all envs
 //! (dense: the GPU has no use for gathering a few envs); the blend writes only the rows of the envs that
 //! blend that blueprint, every other row of the output is the input. The seed's input is the
 //! detached host activation (isolation), so the host gets only the blend's direct path.
@@ -10,6 +10,7 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
+use super::gate::DeviceGate;
 use super::gemm_conv::GemmConv;
 use super::parity::{Device, ParityError, elementwise};
 use super::seed_module::{DeviceSeed, SeedDims};
@@ -29,11 +30,7 @@ fn mode_code(mode: SeedMode) -> u8 {
         SeedMode::Incubator => 1,
         SeedMode::Add => 2,
         SeedMode::Multiply => 3,
-        SeedMode::Gate => {
-            panic!(
-                "GATE blends do not run on the CUDA backend yet (issue 16): OFF, INCUBATOR, ADD and MULTIPLY do"
-            )
-        }
+        SeedMode::Gate => 4,
     }
 }
 
@@ -42,6 +39,13 @@ pub struct DeviceSlot {
     dims: SeedDims,
     /// By `CnnBlueprint as usize − 1`, made at the first germination of that blueprint.
     modules: Vec<Option<DeviceSeed>>,
+    /// The GatedBlend gates, made at the first gate's birth, and the gate's gradient per sample.
+    gate: Option<DeviceGate>,
+    dg: CudaSlice<f32>,
+    /// `[E]`: the env's gate gets no gradient (its rows are zeroed, as the CPU leaves them zero), and
+    /// the env's gate takes SGD steps (`gate_step && gate_grad`).
+    gate_no_grad: CudaSlice<u8>,
+    gate_steps: CudaSlice<u8>,
     state: Vec<SeedEnvState>,
     /// The controls below no longer match `state`.
     dirty: bool,
@@ -66,8 +70,10 @@ pub struct DeviceSlot {
     sq_norms: CudaSlice<f64>,
     clip: CudaSlice<f64>,
     sgd: SgdConfig,
-    /// The blueprints whose statistics the last collection batch took (see [`Self::collect`]).
+    /// The blueprints whose statistics the last collection batch took (see [`Self::collect`]), and
+    /// whether it took the gates'.
     pub collected: Vec<CnnBlueprint>,
+    pub gate_collected: bool,
 }
 
 impl DeviceSlot {
@@ -79,6 +85,10 @@ impl DeviceSlot {
         Ok(Self {
             dims,
             modules: CnnBlueprint::ALL.iter().map(|_| None).collect(),
+            gate: None,
+            dg: stream.alloc_zeros::<f32>(envs * dims.batch)?,
+            gate_no_grad: stream.alloc_zeros::<u8>(envs)?,
+            gate_steps: stream.alloc_zeros::<u8>(envs)?,
             state: vec![SeedEnvState::default(); envs],
             dirty: true,
             alpha: stream.alloc_zeros::<f32>(envs)?,
@@ -97,6 +107,7 @@ impl DeviceSlot {
             clip: stream.alloc_zeros::<f64>(envs)?,
             sgd: SgdConfig::SEED,
             collected: Vec::new(),
+            gate_collected: false,
         })
     }
 
@@ -125,12 +136,37 @@ impl DeviceSlot {
         slot.as_mut().expect("made above").upload_env_row(device, env, row)
     }
 
-    /// Zeroes env `env`'s momentum in every blueprint (fossilization, rollback).
+    /// A new gate for env `env` (drawn on the host, packed as the gate's layout), momentum zeroed.
+    pub fn create_gate(&mut self, device: &Device, env: usize, row: &[f32]) -> R {
+        if self.gate.is_none() {
+            self.gate = Some(DeviceGate::new(device, self.dims)?);
+        }
+        self.gate.as_mut().expect("made above").upload_env_row(device, env, row)
+    }
+
+    /// The gates, if any env ever had one.
+    pub fn gate(&self) -> Option<&DeviceGate> {
+        self.gate.as_ref()
+    }
+
+    pub fn gate_mut(&mut self) -> Option<&mut DeviceGate> {
+        self.gate.as_mut()
+    }
+
+    /// Zeroes env `env`'s momentum in every blueprint and its gate (fossilization, rollback).
     pub fn reset_momentum(&mut self, device: &Device, env: usize) -> R {
         for m in self.modules.iter_mut().flatten() {
             m.zero_momentum(device, env)?;
         }
+        if let Some(gate) = &mut self.gate {
+            gate.zero_momentum(device, env)?;
+        }
         Ok(())
+    }
+
+    /// Some env blends through its gate.
+    fn gated(&self) -> bool {
+        self.state.iter().any(|s| s.mode == SeedMode::Gate)
     }
 
     /// The module of `bp`, if some env ever held it.
@@ -179,6 +215,10 @@ impl DeviceSlot {
         stream.memcpy_htod(holds.as_slice(), &mut self.holds)?;
         stream.memcpy_htod(trains.as_slice(), &mut self.trains)?;
         stream.memcpy_htod(not_trains.as_slice(), &mut self.not_trains)?;
+        let gate_no_grad: Vec<u8> = self.state.iter().map(|s| u8::from(!s.gate_grad)).collect();
+        let gate_steps: Vec<u8> = self.state.iter().map(|s| u8::from(s.gate_step && s.gate_grad)).collect();
+        stream.memcpy_htod(gate_no_grad.as_slice(), &mut self.gate_no_grad)?;
+        stream.memcpy_htod(gate_steps.as_slice(), &mut self.gate_steps)?;
         // Until a validation plans its passes, pass 0 is the main configuration.
         stream.memcpy_htod(blending.as_slice(), &mut self.eval_holds.slice_mut(..blending.len()))?;
         self.eval_passes = 1;
@@ -223,6 +263,9 @@ impl DeviceSlot {
         let d = self.dims;
         let len = self.out.len();
         device.stream.memcpy_dtod(h, &mut self.out)?;
+        if self.gated() {
+            self.gate.as_mut().expect("a GATE seed has its gate").forward(device, h)?;
+        }
         let running: Vec<CnnBlueprint> = self.running(train).collect();
         for bp in running {
             let module = self.modules[bp as usize - 1].as_mut().expect("a held blueprint has its module");
@@ -240,7 +283,9 @@ impl DeviceSlot {
             };
             let dims = [d.envs, d.batch, d.channels * d.size * d.size].map(|v| v as u32);
             let mut launch = device.stream.launch_builder(device.function("slot_blend_select_f32"));
-            launch.arg(h).arg(&self.s).arg(&self.alpha).arg(&self.mode).arg(&holds);
+            // Without a gate the kernel reads none (no env is in GATE mode): alpha stands in.
+            let gate = self.gate.as_ref().map_or(&self.alpha, |g| &g.gate);
+            launch.arg(h).arg(&self.s).arg(&self.alpha).arg(gate).arg(&self.mode).arg(&holds);
             launch.arg(&mut self.s_mine).arg(&mut self.out);
             launch.arg(&dims[0]).arg(&dims[1]).arg(&dims[2]);
             unsafe { launch.launch(elementwise(len)) }?;
@@ -262,11 +307,31 @@ impl DeviceSlot {
         let d = self.dims;
         let len = self.out.len();
         let dims = [d.envs, d.batch, d.channels * d.size * d.size].map(|v| v as u32);
+        let gate = self.gate.as_ref().map_or(&self.alpha, |g| &g.gate);
         let mut launch = device.stream.launch_builder(device.function("slot_backward_split_f32"));
-        launch.arg(grad_y).arg(h).arg(&self.s_mine).arg(&self.alpha).arg(&self.mode);
+        launch.arg(grad_y).arg(h).arg(&self.s_mine).arg(&self.alpha).arg(gate).arg(&self.mode);
         launch.arg(grad_h).arg(&mut self.ds);
         launch.arg(&dims[0]).arg(&dims[1]).arg(&dims[2]);
         unsafe { launch.launch(elementwise(len)) }?;
+        // The gate's gradient (GATE envs), then its parameters' for the envs whose gate gets one.
+        if self.gated() {
+            let gate = self.gate.as_ref().expect("a GATE seed has its gate");
+            let mut launch = device.stream.launch_builder(device.function("slot_gate_grad_f32"));
+            launch.arg(grad_y).arg(h).arg(&self.s_mine).arg(&self.alpha).arg(&gate.gate).arg(&self.mode);
+            launch.arg(&mut self.dg).arg(&dims[0]).arg(&dims[1]).arg(&dims[2]);
+            unsafe { launch.launch(elementwise(d.envs * d.batch)) }?;
+        }
+        if self.state.iter().any(|s| s.gate_grad) {
+            let gate = self.gate.as_mut().expect("a gate with a gradient exists");
+            gate.backward(device, &self.dg)?;
+            let envs32 = d.envs as u32;
+            for g in &mut gate.grads {
+                let (n, per_env) = (g.len(), (g.len() / d.envs) as u64);
+                let mut launch = device.stream.launch_builder(device.function("zero_masked_rows_f32"));
+                launch.arg(g).arg(&self.gate_no_grad).arg(&per_env).arg(&envs32);
+                unsafe { launch.launch(elementwise(n)) }?;
+            }
+        }
         let trained: Vec<CnnBlueprint> = CnnBlueprint::ALL
             .into_iter()
             .filter(|&bp| self.state.iter().any(|s| s.blueprint == Some(bp) && s.train_seed))
@@ -302,6 +367,11 @@ impl DeviceSlot {
             module.collect_sq_norms(device)?;
         }
         self.collected = collected;
+        self.gate_collected =
+            self.state.iter().any(|s| s.blueprint.is_some() && s.collect_stats && s.gate_grad);
+        if self.gate_collected {
+            self.gate.as_mut().expect("a gate with a gradient exists").collect_sq_norms(device)?;
+        }
         Ok(())
     }
 
@@ -315,7 +385,8 @@ impl DeviceSlot {
             .into_iter()
             .filter(|&bp| self.state.iter().any(|s| s.blueprint == Some(bp) && s.train_seed))
             .collect();
-        if trained.is_empty() {
+        let gate_grads = self.state.iter().any(|s| s.gate_grad);
+        if trained.is_empty() && !gate_grads {
             return Ok(());
         }
         stream.memset_zeros(&mut self.sq_norms)?;
@@ -324,18 +395,23 @@ impl DeviceSlot {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        // Blueprints nobody trains have zero gradients on the CPU and add nothing to the norm.
-        for &bp in &trained {
-            let module = self.modules[bp as usize - 1].as_ref().expect("a trained blueprint has its module");
-            for g in &module.grads {
-                let per_env = (g.len() / d.envs) as u64;
-                let mut launch = stream.launch_builder(device.function("sq_norms_partial_f32"));
-                launch.arg(g).arg(&mut self.norm_partial).arg(&per_env).arg(&NORM_BLOCKS_PER_ENV);
-                unsafe { launch.launch(partial_config) }?;
-                let mut launch = stream.launch_builder(device.function("sq_norms_finish"));
-                launch.arg(&self.norm_partial).arg(&mut self.sq_norms).arg(&envs32).arg(&NORM_BLOCKS_PER_ENV);
-                unsafe { launch.launch(elementwise(d.envs)) }?;
-            }
+        // Blueprints nobody trains, and gates nobody's gradient reaches, have zero gradients on the CPU
+        // and add nothing to the norm.
+        let gate_tensors = match (gate_grads, &self.gate) {
+            (true, Some(gate)) => gate.grads.iter().collect::<Vec<_>>(),
+            _ => Vec::new(),
+        };
+        let seed_tensors = trained.iter().flat_map(|&bp| {
+            self.modules[bp as usize - 1].as_ref().expect("a trained blueprint has its module").grads.iter()
+        });
+        for g in seed_tensors.chain(gate_tensors) {
+            let per_env = (g.len() / d.envs) as u64;
+            let mut launch = stream.launch_builder(device.function("sq_norms_partial_f32"));
+            launch.arg(g).arg(&mut self.norm_partial).arg(&per_env).arg(&NORM_BLOCKS_PER_ENV);
+            unsafe { launch.launch(partial_config) }?;
+            let mut launch = stream.launch_builder(device.function("sq_norms_finish"));
+            launch.arg(&self.norm_partial).arg(&mut self.sq_norms).arg(&envs32).arg(&NORM_BLOCKS_PER_ENV);
+            unsafe { launch.launch(elementwise(d.envs)) }?;
         }
         let max_norm = MAX_GRAD_NORM;
         let mut launch = stream.launch_builder(device.function("clip_coefficients"));
@@ -343,6 +419,19 @@ impl DeviceSlot {
         unsafe { launch.launch(elementwise(d.envs)) }?;
         let (lr, mu, wd) = (self.sgd.lr as f32, self.sgd.momentum as f32, self.sgd.weight_decay as f32);
         let decay = i32::from(self.sgd.weight_decay != 0.0);
+        if let (true, Some(gate)) = (self.state.iter().any(|s| s.gate_step && s.gate_grad), &mut self.gate) {
+            let tensors = gate.params.iter_mut().zip(&mut gate.grads).zip(&mut gate.momentum);
+            for ((p, g), m) in tensors {
+                let (n, per_env) = (g.len(), (g.len() / d.envs) as u64);
+                let mut launch = stream.launch_builder(device.function("scale_per_env_f32"));
+                launch.arg(&mut *g).arg(&self.clip).arg(&per_env).arg(&envs32);
+                unsafe { launch.launch(elementwise(n)) }?;
+                let mut launch = stream.launch_builder(device.function("sgd_step_f32"));
+                launch.arg(p).arg(&*g).arg(m).arg(&self.gate_steps).arg(&per_env).arg(&envs32);
+                launch.arg(&lr).arg(&mu).arg(&wd).arg(&decay);
+                unsafe { launch.launch(elementwise(n)) }?;
+            }
+        }
         for bp in trained {
             let active = self.trains.slice((bp as usize - 1) * d.envs..(bp as usize) * d.envs);
             let module = self.modules[bp as usize - 1].as_mut().expect("a trained blueprint has its module");
