@@ -399,6 +399,11 @@ pub struct TrainArgs {
           help = with_default("Run seed; every random draw derives from it", d().seed))]
     pub seed: Option<u64>,
 
+    #[arg(long, value_name = "DEVICE", help = with_default(
+        "Where the hosts train and validate: cpu, or cuda / cuda:N (a build with --features cuda: bash \
+         ../shared/tools/cuda-build.sh; docs/gpu.md)", "cpu"))]
+    pub device: Option<String>,
+
     #[arg(long, value_name = "B", allow_negative_numbers = true,
           help = with_default("Training images per env per step", d().batch_per_env))]
     pub batch_per_env: Option<usize>,
@@ -550,6 +555,7 @@ impl TrainArgs {
         set(&mut c.slots, self.slots.clone());
         set(&mut c.policy, self.policy);
         set(&mut c.seed, self.seed);
+        set(&mut c.device, self.device.clone());
         set(&mut c.batch_per_env, self.batch_per_env);
         set(&mut c.reward_mode, self.reward_mode);
         set(&mut c.reward_family, self.reward_family);

@@ -86,6 +86,9 @@ impl std::fmt::Display for PolicyKind {
 pub struct RunConfig {
     /// Parallel environments (one host network each).
     pub envs: usize,
+    /// Where the hosts train and validate: `cpu`, or `cuda` / `cuda:N` (a build with the `cuda`
+    /// feature; see docs/gpu.md).
+    pub device: String,
     /// Rounds (batches of episodes); every round starts fresh hosts.
     pub rounds: usize,
     /// Host epochs per episode (policy decisions per env per round).
@@ -160,6 +163,7 @@ impl Default for RunConfig {
         let reward = RewardConfig::default();
         Self {
             envs: 16,
+            device: "cpu".into(),
             rounds: 1,
             // The README configuration on the built-in task (README, "The default task"): short epochs
             // of 512 images at batch 32 (16 SGD steps each), 80 of them, so the heuristic's epoch-counted
@@ -251,6 +255,8 @@ pub struct RunPlan {
     /// Continue the learned policy's run from this checkpoint (`--resume`): its state, from its next
     /// round.
     pub resume: Option<PathBuf>,
+    /// Where the hosts train and validate (`config.device`, parsed).
+    pub device: crate::run::HostDevice,
 }
 
 impl RunPlan {
@@ -568,7 +574,33 @@ impl RunConfig {
         Sharding::new(n_train, n_test, self.envs, self.batch_per_env).map_err(ConfigError::CannotFeed)?;
         let memory =
             MemoryEstimate::new(&task.host(), &slots, self.batch_per_env, self.envs, n_train + n_test);
-        Ok(RunPlan { config: self, task, slots, data, out_dir, quiet, table: !quiet, memory, resume: None })
+        let device = parse_device(&self.device)?;
+        Ok(RunPlan {
+            config: self,
+            task,
+            slots,
+            data,
+            out_dir,
+            quiet,
+            table: !quiet,
+            memory,
+            resume: None,
+            device,
+        })
+    }
+}
+
+/// `cpu`, or `cuda` / `cuda:N` in a build with the `cuda` feature.
+fn parse_device(name: &str) -> Result<crate::run::HostDevice, ConfigError> {
+    use crate::run::HostDevice;
+    let invalid = |reason: String| ConfigError::Invalid { name: "--device (device)", reason };
+    match name {
+        "cpu" => Ok(HostDevice::Cpu),
+        other => match crate::bench::cuda_ordinal(other) {
+            Some(i) if cfg!(feature = "cuda") => Ok(HostDevice::Cuda(i)),
+            Some(_) => Err(invalid(crate::bench::cuda_unavailable().to_string())),
+            None => Err(invalid(format!("unknown device '{other}' (known: cpu, cuda, cuda:N)"))),
+        },
     }
 }
 

@@ -158,6 +158,14 @@ fn train(args: &TrainArgs) -> ExitCode {
             return bad_input(e);
         }
     };
+    // A GPU that cannot be used fails before any work, and leaves no empty run folder behind.
+    if let Err(e) = run::probe_device(plan.device) {
+        let _ = std::fs::remove_dir(&plan.out_dir);
+        if let Some(path) = chromes.first() {
+            let _ = std::fs::remove_file(path);
+        }
+        return failed(e);
+    }
     // The trace goes to the chrome=FILE given, else (for `table`) into the run's folder.
     let table = args.profile.contains(&ProfileMode::Table);
     let trace_path =

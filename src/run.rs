@@ -117,7 +117,7 @@ fn host_backend(plan: &RunPlan, device: HostDevice, slot_ids: &[(u8, u8)]) -> Re
         #[cfg(feature = "cuda")]
         HostDevice::Cuda(ordinal) => {
             use esper_kernels::cuda::{CudaHostBackend, KernelCache, parity::Device};
-            let on = |e: Box<dyn std::error::Error>| RunError(format!("cuda:{ordinal}: {e}"));
+            let on = |e: Box<dyn std::error::Error>| RunError(format!("cuda:{ordinal} cannot be used: {e}"));
             let device = Device::open(ordinal, &KernelCache::default_location()).map_err(on)?;
             let backend =
                 CudaHostBackend::new(device, arch, slot_ids, cfg.envs, cfg.batch_per_env, cfg.seed, 0)
@@ -269,7 +269,7 @@ impl Session {
     /// [`Session::new`] with more systems in the step schedule (tests put probes and faults between
     /// the stages this way; the sets order them).
     pub fn with_systems(plan: &RunPlan, add: impl FnOnce(&mut Schedule)) -> Result<Self, RunError> {
-        let mut world = build_world(plan)?;
+        let mut world = build_world_on(plan, plan.device)?;
         let mut schedule = empty_step_schedule();
         add_training_systems(&mut schedule);
         add(&mut schedule);

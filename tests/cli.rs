@@ -157,6 +157,21 @@ fn compare_refuses_single_run_flags_and_repeats() {
 }
 
 #[test]
+fn train_device_is_cpu_or_a_cuda_build() {
+    config_error(
+        &["train", "--device", "tpu"],
+        "--device (device): unknown device 'tpu' (known: cpu, cuda, cuda:N)",
+    );
+    if !cfg!(feature = "cuda") {
+        let line = config_error(
+            &["train", "--device", "cuda:1"],
+            "--device (device): this binary was built without CUDA",
+        );
+        assert!(line.contains("cuda-build.sh"), "{line}");
+    }
+}
+
+#[test]
 fn bad_reward_settings() {
     bad_input(
         &["train", "--reward-mode", "dense"],
@@ -479,6 +494,7 @@ fn train_help_lists_every_flag_with_its_default() {
         ("--policy-checkpoint <FILE>", "none".to_string()),
         ("--resume <FILE>", "none".to_string()),
         ("--seed <S>", d.seed.to_string()),
+        ("--device <DEVICE>", "cpu".to_string()),
         ("--batch-per-env <B>", d.batch_per_env.to_string()),
         ("--config <FILE>", "none".to_string()),
         ("--out <DIR>", "runs/<UTC timestamp>".to_string()),
