@@ -312,7 +312,7 @@ impl CudaHostBackend {
         // The counterfactual plan, as the CPU's validator makes it; pass j evaluates every env's j-th
         // configuration (an env with fewer has that pass's rows ignored), each slot off where that
         // configuration's mask says so.
-        plan_env_configs(&self.bank, plan.fossilized, plan.ablate_fossils, &mut self.configs);
+        plan_env_configs(envs, &self.bank, plan.fossilized, plan.ablate_fossils, &mut self.configs);
         let passes = self.configs.iter().map(|c| c.masks.len()).max().unwrap_or(1).max(1);
         for k in 0..self.slot_ids.len() {
             let off: Vec<Vec<bool>> = (0..passes)

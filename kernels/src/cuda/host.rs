@@ -128,7 +128,11 @@ impl DeviceHost {
             let act = envs * batch * arch.block_channels(b) * size * size;
             largest = largest.max(act).max(envs * batch * arch.block_in_channels(b) * size * size);
             let pooled = match arch.pools_after(b) {
-                true => Some((stream.alloc_zeros::<f32>(act / 4)?, stream.alloc_zeros::<u8>(act / 4)?)),
+                // Floor mode: an odd row or column is dropped.
+                true => {
+                    let windows = envs * batch * arch.block_channels(b) * (size / 2) * (size / 2);
+                    Some((stream.alloc_zeros::<f32>(windows)?, stream.alloc_zeros::<u8>(windows)?))
+                }
                 false => None,
             };
             let stats = envs * arch.block_channels(b);
@@ -264,8 +268,9 @@ impl DeviceHost {
             };
             let planes = (self.envs * self.batch * arch.block_channels(b)) as u64;
             let mut launch = stream.launch_builder(device.function("max_pool2x2_forward_f32"));
+            let windows = pooled.len();
             launch.arg(pool_in).arg(&mut *pooled).arg(argmax).arg(&planes).arg(&size).arg(&size);
-            unsafe { launch.launch(elementwise(act_len / 4)) }?;
+            unsafe { launch.launch(elementwise(windows)) }?;
             if let Some(slot) = block.r1.as_mut().filter(|slot| slot.runs(train)) {
                 slot.forward(device, &mut self.conv, pooled, eval_pass)?;
                 block.r1_ran = true;

@@ -17,8 +17,8 @@ use super::{DEFAULT_ARCH, KERNEL_FILES, KernelCache};
 use crate::data::{Batcher, SyntheticSpec, synthetic};
 use crate::host::train::{Trainer, ValTotals, accumulate_validation};
 use crate::host::{
-    CpuHostBackend, EpochTrain, HostArch, HostBackend, HostParams, HostWorkspace, ParamPrint, SeedBank,
-    SeedEnvState, SeedMode, SlotSync, ValidationPlan,
+    CpuHostBackend, EpochTrain, FossilRow, HostArch, HostBackend, HostParams, HostWorkspace, ParamPrint,
+    SeedBank, SeedEnvState, SeedMode, SlotSync, ValidationPlan,
 };
 use crate::ops::activation::{
     relu_backward, relu_forward, relu_forward_in_place, sigmoid_backward, sigmoid_forward,
@@ -870,9 +870,12 @@ fn backend_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), Parit
     let data =
         synthetic::generate(&SyntheticSpec { n_train: 96, n_test: 50, ..SyntheticSpec::with_seed(seed) })?;
     let mut batcher = Batcher::new(&data, seed, envs, batch)?;
-    let mut cpu = CpuHostBackend::new(arch, &[], envs, batch, seed, 0);
-    let mut gpu = CudaHostBackend::new(device, arch, &[], envs, batch, seed, 0)?;
-    let plan = ValidationPlan { fossilized: &[], ablate_fossils: false };
+    // The bench's slots, every seed off: the validation has the main configuration alone.
+    let slot_ids = [(0u8, 0u8), (0, 1), (0, 2)];
+    let mut cpu = CpuHostBackend::new(arch, &slot_ids, envs, batch, seed, 0);
+    let mut gpu = CudaHostBackend::new(device, arch, &slot_ids, envs, batch, seed, 0)?;
+    let fossilized = vec![vec![false; envs]; slot_ids.len()];
+    let plan = ValidationPlan { fossilized: &fossilized, ablate_fossils: false };
     let (mut loss_diff, mut acc_diff) = (0.0f64, 0.0f64);
     let (mut out_cpu, mut out_gpu) = (vec![EpochTrain::default(); envs], vec![EpochTrain::default(); envs]);
     for epoch in 1..=2 {
@@ -885,6 +888,7 @@ fn backend_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), Parit
         }
         let val_cpu = cpu.validate(&data, &batcher, plan).to_vec();
         let val_gpu = gpu.validate(&data, &batcher, plan);
+        assert_eq!((val_gpu.len(), val_cpu.len()), (envs, envs), "one validation result per env");
         for (g, c) in val_gpu.iter().zip(&val_cpu) {
             loss_diff = loss_diff.max(max_diff(&[g.val_loss], &[c.val_loss]));
             acc_diff = acc_diff.max(max_diff(&[g.val_acc], &[c.val_acc]));
@@ -905,7 +909,8 @@ fn backend_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), Parit
         0.0,
     ));
     let fingerprints = |b: &dyn HostBackend| {
-        let (mut sums, mut prints) = (vec![0u64; envs], vec![ParamPrint::default(); envs]);
+        let (mut sums, mut prints) =
+            (vec![0u64; envs], vec![ParamPrint::default(); envs * (1 + slot_ids.len())]);
         b.param_fingerprints(&mut sums, &mut prints);
         (sums, prints)
     };
@@ -914,12 +919,12 @@ fn backend_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), Parit
     rows.push(ParityRow::new(
         "backend parameter prints",
         "host::CpuHostBackend::param_fingerprints",
-        2 * envs,
+        2 * envs * (1 + slot_ids.len()),
         max_diff(&flat(&prints_gpu), &flat(&prints_cpu)),
         1e-5,
     ));
-    cpu.take_snapshot(1, &[]);
-    gpu.take_snapshot(1, &[]);
+    cpu.take_snapshot(1, &[None; 3]);
+    gpu.take_snapshot(1, &[None; 3]);
     batcher.begin_epoch(0, 3);
     cpu.train_epoch(&data, &batcher, &mut out_cpu);
     gpu.train_epoch(&data, &batcher, &mut out_gpu);
@@ -964,15 +969,17 @@ fn backend_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), Parit
 
 /// Every seed blueprint on the device ([`DeviceSeed`]: forward, then the parameter gradients) against
 /// `seeds::forward` / `seeds::backward` on the same rows (born, then moved off their birth values so
-/// no tensor is zero or one) and input: 2 envs × 3 images of 8 channels at 8×8 and at 16×16. The output
-/// to 1e-5 and the parameter gradients to 1e-4 of each result's largest value (the GEMM convolutions
+/// no tensor is zero or one) and input: 2 envs × 3 images of 32 channels at 8×8 and of 8 at 16×16. The
+/// output to 1e-5 of its largest value and each parameter tensor's gradient to 1e-4 of its largest (the GEMM convolutions
 /// and the group norms after them sum in another order; the attention's squeeze is an f64 mean on the
 /// device; tanh and the sigmoid's exp are the device's).
 fn seed_module_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
     let stream = &device.stream;
-    for size in [8usize, 16] {
-        let dims = SeedDims { envs: 2, batch: 3, channels: 8, size };
-        let shape = seeds::SeedShape { envs: 2, batch: 3, channels: 8, h: size, w: size };
+    // 32 channels at 8×8 (group norms of several channels, a bottleneck narrower than its input) and
+    // 8 at 16×16.
+    for (size, channels) in [(8usize, 32usize), (16, 8)] {
+        let dims = SeedDims { envs: 2, batch: 3, channels, size };
+        let shape = seeds::SeedShape { envs: 2, batch: 3, channels, h: size, w: size };
         for bp in CnnBlueprint::ALL {
             let p = seeds::param_count(bp, dims.channels);
             let mut params = vec![0.0f32; dims.envs * p];
@@ -1006,11 +1013,19 @@ fn seed_module_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>
                 if round_trip { max_diff_of_tensor(&y_gpu, &y_cpu) } else { f64::INFINITY },
                 1e-5,
             ));
+            // Tensor by tensor, so that a small tensor's error is not measured against a large one's.
+            let layout = seeds::layout(bp, channels);
+            let per_tensor = layout.tensors().iter().map(|t| {
+                let pick = |rows: &[f32]| {
+                    rows.chunks(p).flat_map(|row| row[t.range()].to_vec()).collect::<Vec<f32>>()
+                };
+                max_diff_of_tensor(&pick(&grads_gpu), &pick(&grads_cpu))
+            });
             rows.push(ParityRow::new(
                 seed_label(bp, "parameter gradients"),
-                "seeds::backward",
+                "seeds::backward (per tensor)",
                 grads_cpu.len(),
-                max_diff_of_tensor(&grads_gpu, &grads_cpu),
+                per_tensor.fold(0.0, f64::max),
                 1e-4,
             ));
         }
@@ -1024,20 +1039,23 @@ fn seed_label(bp: CnnBlueprint, what: &str) -> String {
 }
 
 /// The seeded run on [`CudaHostBackend`] against [`CpuHostBackend`]: the bench's three slots (r0c0,
-/// r0c1, r0c2) with every blueprint somewhere — env 0 the bench's BLENDING conv_light, attention,
-/// conv_heavy (ADD); env 1 norm (GATE at 0.7, its gate born with it and trained), depthwise and
-/// bottleneck (ADD at 0.3, 1); env 2 conv_small (ADD),
-/// attention (MULTIPLY, born so) and conv_light incubating — germinated through `sync_slot` on both, then two epochs of training with a validation
-/// pass and its counterfactual configurations after each, the seeds' gradient telemetry of the last
-/// epoch (all nine seeds collect: eight blending, one incubating), and the parameter prints of the
-/// host and every seed. Losses and prints to 1e-4 (the GEMM convolutions, the statistics' sums and the seeds'
-/// own reductions part from the CPU's by a few ulps, through eight SGD steps of host and seeds);
-/// every configuration's accuracy exactly (MULTIPLY's tanh is the device's: within the 1e-4).
+/// r0c1, r0c2) and r1c0 with every blueprint somewhere — env 0 the bench's BLENDING conv_light,
+/// attention, conv_heavy (ADD); env 1 norm (GATE at 0.7, its gate born with it and trained), depthwise
+/// and bottleneck (ADD at 0.3, 1); env 2 conv_small (ADD), attention (MULTIPLY, born so) and
+/// conv_light incubating; at r1c0 depthwise by ADD and by MULTIPLY and a frozen conv_light —
+/// germinated through `sync_slot` on both, then two epochs of training with a validation pass and its
+/// counterfactual configurations after each, the seeds' gradient telemetry of the last epoch (eleven
+/// seeds collect; the frozen one does not), and the parameter prints of the host and every seed; then
+/// a governor snapshot with two fossils, an epoch, the rollback and another epoch; and a new round's
+/// first epoch. Losses and prints to 1e-4 (the GEMM convolutions, the statistics' sums and the seeds'
+/// own reductions part from the CPU's by a few ulps, through the SGD steps of host and seeds); every
+/// configuration's accuracy exactly (MULTIPLY's tanh is the device's: within the 1e-4).
 fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
     use CnnBlueprint::*;
     let arch = HostArch::CIFAR_BASELINE;
     let (envs, batch, seed) = (3usize, 8usize, 6u64);
-    let slot_ids = [(0u8, 0u8), (0, 1), (0, 2)];
+    // The bench's three slots and r1c0, after block 0's pool.
+    let slot_ids = [(0u8, 0u8), (0, 1), (0, 2), (1, 0)];
     let data =
         synthetic::generate(&SyntheticSpec { n_train: 96, n_test: 50, ..SyntheticSpec::with_seed(seed) })?;
     let mut batcher = Batcher::new(&data, seed, envs, batch)?;
@@ -1058,6 +1076,8 @@ fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), 
         gate_step: true,
         ..blending(alpha)
     };
+    // Blending but frozen (a blend-out): it runs, its parameters do not move, no statistics.
+    let frozen = SeedEnvState { train_seed: false, collect_stats: false, ..blending(0.8) };
     let incubating = SeedEnvState {
         mode: SeedMode::Incubator,
         alpha: 0.0,
@@ -1065,17 +1085,25 @@ fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), 
         collect_stats: true,
         ..SeedEnvState::default()
     };
-    let plan: [[Option<(CnnBlueprint, SeedEnvState)>; 3]; 3] = [
+    // At r1c0 one blueprint in two modes (depthwise ADD and MULTIPLY) beside a frozen conv_light.
+    let plan: [[Option<(CnnBlueprint, SeedEnvState)>; 4]; 3] = [
         [
             Some((ConvLight, blending(0.5))),
             Some((Attention, blending(0.5))),
             Some((ConvHeavy, blending(0.5))),
+            Some((Depthwise, blending(0.6))),
         ],
-        [Some((Norm, gated(0.7))), Some((Depthwise, blending(0.3))), Some((Bottleneck, blending(1.0)))],
+        [
+            Some((Norm, gated(0.7))),
+            Some((Depthwise, blending(0.3))),
+            Some((Bottleneck, blending(1.0))),
+            Some((Depthwise, multiplying(0.5))),
+        ],
         [
             Some((ConvSmall, blending(0.6))),
             Some((Attention, multiplying(0.4))),
             Some((ConvLight, incubating)),
+            Some((ConvLight, frozen)),
         ],
     ];
     for (e, env_plan) in plan.iter().enumerate() {
@@ -1158,7 +1186,7 @@ fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), 
         "seeded backend: seed gradient telemetry",
         "host::CpuHostBackend::seed_telemetry",
         collected,
-        if collected == 9 { telemetry_diff } else { f64::INFINITY },
+        if collected == 11 { telemetry_diff } else { f64::INFINITY },
         1e-4,
     ));
     let groups = 1 + slot_ids.len();
@@ -1173,6 +1201,45 @@ fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), 
         2 * envs * groups,
         max_diff(&prints(&gpu), &prints(&cpu)),
         1e-4,
+    ));
+
+    // A governor snapshot of env 0 holding its r0c0 conv_light and its r1c0 depthwise as fossils, an
+    // epoch, the rollback (those rows back, every momentum cleared), then an epoch: the same losses.
+    let fossils = [
+        Some(FossilRow { blueprint: ConvLight, gate: false }),
+        None,
+        None,
+        Some(FossilRow { blueprint: Depthwise, gate: false }),
+    ];
+    cpu.take_snapshot(0, &fossils);
+    gpu.take_snapshot(0, &fossils);
+    let mut epoch_diff = |cpu: &mut CpuHostBackend, gpu: &mut CudaHostBackend, round: u64, epoch: u64| {
+        batcher.begin_epoch(round, epoch);
+        cpu.train_epoch(&data, &batcher, &mut out_cpu);
+        gpu.train_epoch(&data, &batcher, &mut out_gpu);
+        out_gpu.iter().zip(&out_cpu).map(|(g, c)| max_diff(&[g.loss], &[c.loss])).fold(0.0, f64::max)
+    };
+    let mut after = epoch_diff(&mut cpu, &mut gpu, 0, 3);
+    cpu.restore_snapshot(0);
+    gpu.restore_snapshot(0);
+    after = after.max(epoch_diff(&mut cpu, &mut gpu, 0, 4));
+    rows.push(ParityRow::new(
+        "seeded backend: fossil snapshot, rollback, epoch",
+        "host::CpuHostBackend::take_snapshot, restore_snapshot",
+        2 * envs,
+        after,
+        1e-4,
+    ));
+    // A new round: fresh hosts, every seed gone.
+    cpu.reset_round(seed, 1);
+    gpu.reset_round(seed, 1);
+    let round = epoch_diff(&mut cpu, &mut gpu, 1, 1);
+    rows.push(ParityRow::new(
+        "seeded backend: new round, first epoch",
+        "host::CpuHostBackend::reset_round",
+        envs,
+        round,
+        1e-5,
     ));
     Ok(())
 }

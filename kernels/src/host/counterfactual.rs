@@ -233,7 +233,7 @@ impl<T: Real> FusedValidator<T> {
     /// Reuses the plan's memory: once the lists have reached their sizes, a replan allocates nothing.
     pub fn plan(&mut self, bank: &SeedBank<T>, fossilized: &[Vec<bool>]) {
         let n_envs = bank.slots().next().map_or(0, |s| s.n_envs());
-        plan_env_configs(bank, fossilized, self.ablate_fossils, &mut self.configs);
+        plan_env_configs(n_envs, bank, fossilized, self.ablate_fossils, &mut self.configs);
         self.virtual_envs.clear();
         for (e, configs) in self.configs.iter().enumerate() {
             self.virtual_envs.extend(configs.masks.iter().map(|&m| (e, m)));
@@ -431,16 +431,17 @@ impl<T: Real> FusedValidator<T> {
     }
 }
 
-/// Every env's configurations from `bank`'s current states into `configs` (`[E]`): a slot is ablatable
+/// Every env's configurations from `bank`'s current states into `configs` (`[E]`, `n_envs`; an env with
+/// no slot has the main configuration alone): a slot is ablatable
 /// in env `e` when its seed blends (ADD / MULTIPLY / GATE) at alpha > 0 and `fossilized[slot][e]` is
 /// false (or `ablate_fossils`). Reuses the lists' memory.
 pub fn plan_env_configs<T: Real>(
+    n_envs: usize,
     bank: &SeedBank<T>,
     fossilized: &[Vec<bool>],
     ablate_fossils: bool,
     configs: &mut Vec<EnvConfigs>,
 ) {
-    let n_envs = bank.slots().next().map_or(0, |s| s.n_envs());
     configs.resize_with(n_envs, EnvConfigs::default);
     let mut ablatable = [0usize; MAX_ABLATABLE];
     for (e, configs) in configs.iter_mut().enumerate() {
