@@ -65,21 +65,22 @@ fn cuda_selftest(ordinal: usize) -> ExitCode {
         let how = if *outcome == CacheOutcome::Hit { "cache hit" } else { "compiled" };
         println!("  {:<16} {:>2} kernels  {how}", file.name, file.functions.len());
     }
-    let rows = match parity::run(ordinal, &cache) {
-        Ok(rows) => rows,
-        Err(e) => return failed(format!("no parity checks on cuda:{ordinal}: {e}")),
-    };
     println!(
         "\n{:<40} {:<48} {:>9} {:>11} {:>9}  result",
         "kernel", "CPU twin", "elements", "max diff", "tolerance"
     );
-    for row in &rows {
+    // Each row as soon as its group is done: a run cut short still shows how far it got.
+    let mut print_row = |row: &parity::ParityRow| {
         let result = if row.passed() { "ok" } else { "FAILED" };
         println!(
             "{:<40} {:<48} {:>9} {:>11.3e} {:>9.1e}  {result}",
             row.kernel, row.twin, row.elements, row.max_diff, row.tolerance
         );
-    }
+    };
+    let rows = match parity::run(ordinal, &cache, &mut print_row) {
+        Ok(rows) => rows,
+        Err(e) => return failed(format!("no parity checks on cuda:{ordinal}: {e}")),
+    };
     let failures = rows.iter().filter(|r| !r.passed()).count();
     if failures > 0 {
         return failed(format!("{failures} of {} parity checks failed", rows.len()));

@@ -47,7 +47,7 @@ use crate::seeds::{self, CnnBlueprint};
 #[derive(Clone, Debug)]
 pub struct ParityRow {
     pub kernel: Cow<'static, str>,
-    pub twin: &'static str,
+    pub twin: Cow<'static, str>,
     pub elements: usize,
     /// Largest |gpu − cpu| / max(1, |cpu|); NaN against NaN counts as equal, NaN against a number as ∞.
     pub max_diff: f64,
@@ -57,12 +57,12 @@ pub struct ParityRow {
 impl ParityRow {
     fn new(
         kernel: impl Into<Cow<'static, str>>,
-        twin: &'static str,
+        twin: impl Into<Cow<'static, str>>,
         elements: usize,
         max_diff: f64,
         tolerance: f64,
     ) -> Self {
-        Self { kernel: kernel.into(), twin, elements, max_diff, tolerance }
+        Self { kernel: kernel.into(), twin: twin.into(), elements, max_diff, tolerance }
     }
 
     pub fn passed(&self) -> bool {
@@ -136,16 +136,62 @@ pub(super) fn elementwise(n: usize) -> LaunchConfig {
     LaunchConfig::for_num_elems(n.min(1 << 24) as u32)
 }
 
-/// Runs every check on device `ordinal` and returns one row per check.
-pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, ParityError> {
+/// Runs every check on device `ordinal`, handing each row to `on_row` as soon as its group of checks is
+/// done, and returns them all. A group that fails with a device error or a panic becomes one failed row
+/// naming the error, and the next group runs (on a device whose context survived it); only a device
+/// that cannot be opened at all is an error.
+pub fn run(
+    ordinal: usize,
+    cache: &KernelCache,
+    on_row: &mut dyn FnMut(&ParityRow),
+) -> Result<Vec<ParityRow>, ParityError> {
     let device = Device::open(ordinal, cache)?;
-    let stream = &device.stream;
     let mut rows = Vec::new();
     let mut s = StreamKey::new(0, 0, 0, Purpose::Test).stream(0);
+    let mut group =
+        |name: &'static str,
+         rows: &mut Vec<ParityRow>,
+         check: &mut dyn FnMut(&mut Vec<ParityRow>) -> Result<(), ParityError>| {
+            let start = rows.len();
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(&mut *rows)));
+            let error = match outcome {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(panic) => Some(match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+                    (Some(message), _) => format!("panicked: {message}"),
+                    (_, Some(message)) => format!("panicked: {message}"),
+                    _ => "panicked".to_string(),
+                }),
+            };
+            if let Some(error) = error {
+                rows.push(ParityRow::new(name, format!("error: {error}"), 0, f64::INFINITY, 0.0));
+            }
+            for row in &rows[start..] {
+                on_row(row);
+            }
+        };
+    group("element-wise, pool, norm, head, optimizer", &mut rows, &mut |rows| {
+        elementwise_checks(&device, &mut s, rows)
+    });
+    group("convolutions", &mut rows, &mut |rows| conv_checks(&device, &mut s, rows));
+    group("seed ops", &mut rows, &mut |rows| seed_op_checks(&device, &mut s, rows));
+    group("host eval forward", &mut rows, &mut |rows| host_eval_check(&device, &mut s, rows));
+    group("host train step", &mut rows, &mut |rows| host_train_check(&device, &mut s, rows));
+    group("data", &mut rows, &mut |rows| data_checks(&device, &mut s, rows));
+    group("seed modules", &mut rows, &mut |rows| seed_module_checks(&device, &mut s, rows));
+    group("backend (seedless)", &mut rows, &mut |rows| backend_checks(Device::open(ordinal, cache)?, rows));
+    group("backend (seeded)", &mut rows, &mut |rows| {
+        backend_seed_checks(Device::open(ordinal, cache)?, rows)
+    });
+    Ok(rows)
+}
 
+/// The element-wise kernels, pooling, batch norm, the head and the optimizer against their twins.
+fn elementwise_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
+    let stream = &device.stream;
     // ReLU forward and backward, with NaNs and exact zeros among the inputs.
     let n = 100_003usize;
-    let mut x = values(&mut s, n, -2.0, 2.0);
+    let mut x = values(s, n, -2.0, 2.0);
     x[7] = f32::NAN;
     x[8] = 0.0;
     x[9] = -0.0;
@@ -167,7 +213,7 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
         if bits { 0.0 } else { f64::INFINITY },
         0.0,
     ));
-    let dy = values(&mut s, n, -1.0, 1.0);
+    let dy = values(s, n, -1.0, 1.0);
     let mut dx_cpu = vec![0.0f32; n];
     relu_backward(&y_cpu, &dy, &mut dx_cpu);
     let dy_dev = stream.clone_htod(&dy)?;
@@ -184,7 +230,7 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
         0.0,
     ));
 
-    let b = values(&mut s, n, -1.0, 1.0);
+    let b = values(s, n, -1.0, 1.0);
     let sum_cpu: Vec<f32> = dy.iter().zip(&b).map(|(a, b)| a + b).collect();
     let b_dev = stream.clone_htod(&b)?;
     let mut sum_dev = stream.alloc_zeros::<f32>(n)?;
@@ -198,7 +244,7 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
     let shape = PoolShape { envs: 3, batch: 5, channels: 4, h: 9, w: 10 };
     let planes = (shape.envs * shape.batch * shape.channels) as u64;
     let (h, w) = (shape.h as u32, shape.w as u32);
-    let mut x = values(&mut s, shape.input_len(), -1.0, 1.0);
+    let mut x = values(s, shape.input_len(), -1.0, 1.0);
     x[3] = x[2]; // a tie inside a window
     x[25] = f32::NAN;
     let (mut y_cpu, mut idx_cpu) =
@@ -214,12 +260,12 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
     let index_mismatch = idx_gpu.iter().zip(&idx_cpu).any(|(g, c)| g != c);
     rows.push(ParityRow {
         kernel: "max_pool2x2_forward_f32".into(),
-        twin: "ops::pool::max_pool2x2_forward",
+        twin: "ops::pool::max_pool2x2_forward".into(),
         elements: y_cpu.len(),
         max_diff: if index_mismatch { f64::INFINITY } else { max_diff(&y_gpu, &y_cpu) },
         tolerance: 0.0,
     });
-    let dy = values(&mut s, y_cpu.len(), -1.0, 1.0);
+    let dy = values(s, y_cpu.len(), -1.0, 1.0);
     let mut dx_cpu = vec![0.0f32; shape.input_len()];
     max_pool2x2_backward(shape, &dy, &idx_cpu, &mut dx_cpu);
     let dy_dev = stream.clone_htod(&dy)?;
@@ -254,8 +300,8 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
         1e-6,
     ));
     for accumulate in [0i32, 1] {
-        let dy = values(&mut s, gap_cpu.len(), -1.0, 1.0);
-        let start = values(&mut s, shape.input_len(), -1.0, 1.0);
+        let dy = values(s, gap_cpu.len(), -1.0, 1.0);
+        let start = values(s, shape.input_len(), -1.0, 1.0);
         let mut dx_cpu = start.clone();
         if accumulate == 1 {
             global_avg_pool_backward_accumulate(shape, &dy, &mut dx_cpu);
@@ -271,9 +317,9 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
         rows.push(ParityRow {
             kernel: "global_avg_pool_backward_f32".into(),
             twin: if accumulate == 1 {
-                "ops::pool::global_avg_pool_backward_accumulate"
+                "ops::pool::global_avg_pool_backward_accumulate".into()
             } else {
-                "ops::pool::global_avg_pool_backward"
+                "ops::pool::global_avg_pool_backward".into()
             },
             elements: dx_cpu.len(),
             max_diff: max_diff(&dx_gpu, &dx_cpu),
@@ -286,11 +332,10 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
     let bn = NormShape { envs: 3, batch: 4, channels: 5, h: 7, w: 7 };
     let (bn_batch, bn_channels, bn_plane, bn_envs) =
         (bn.batch as u32, bn.channels as u32, bn.plane() as u32, bn.envs as u32);
-    let x = values(&mut s, bn.len(), -2.0, 3.0);
-    let gamma = values(&mut s, bn.params_len(), 0.5, 1.5);
-    let beta = values(&mut s, bn.params_len(), -0.5, 0.5);
-    let (r_mean0, r_var0) =
-        (values(&mut s, bn.params_len(), -0.1, 0.1), values(&mut s, bn.params_len(), 0.5, 2.0));
+    let x = values(s, bn.len(), -2.0, 3.0);
+    let gamma = values(s, bn.params_len(), 0.5, 1.5);
+    let beta = values(s, bn.params_len(), -0.5, 0.5);
+    let (r_mean0, r_var0) = (values(s, bn.params_len(), -0.1, 0.1), values(s, bn.params_len(), 0.5, 2.0));
     let mut y_cpu = vec![0.0f32; bn.len()];
     let (mut mean_cpu, mut inv_cpu) = (vec![0.0f32; bn.params_len()], vec![0.0f32; bn.params_len()]);
     let (mut rm_cpu, mut rv_cpu) = (r_mean0.clone(), r_var0.clone());
@@ -353,13 +398,13 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
         let gpu = stream.clone_dtoh(&out_dev)?;
         rows.push(ParityRow {
             kernel: "batch_norm_apply_f32".into(),
-            twin,
+            twin: twin.into(),
             elements: bn.len(),
             max_diff: max_diff(&gpu, cpu),
             tolerance: 0.0,
         });
     }
-    let dy = values(&mut s, bn.len(), -1.0, 1.0);
+    let dy = values(s, bn.len(), -1.0, 1.0);
     let mut dx_cpu = vec![0.0f32; bn.len()];
     let (mut dgamma_cpu, mut dbeta_cpu) = (vec![0.0f32; bn.params_len()], vec![0.0f32; bn.params_len()]);
     batch_norm_backward(
@@ -409,9 +454,9 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
     let lin = LinearShape { envs: 3, batch: 7, in_features: 32, out_features: 10 };
     let (l_envs, l_batch, l_in, l_out, with_bias) =
         (lin.envs as u32, lin.batch as u32, lin.in_features as u32, lin.out_features as u32, 1i32);
-    let x = values(&mut s, lin.input_len(), -1.0, 1.0);
-    let weight = values(&mut s, lin.weight_len(), -0.3, 0.3);
-    let bias = values(&mut s, lin.bias_len(), -0.1, 0.1);
+    let x = values(s, lin.input_len(), -1.0, 1.0);
+    let weight = values(s, lin.weight_len(), -0.3, 0.3);
+    let bias = values(s, lin.bias_len(), -0.1, 0.1);
     let mut logits_cpu = vec![0.0f32; lin.output_len()];
     linear_forward(lin, &x, &weight, Some(&bias), &mut logits_cpu);
     let (x_dev, w_dev, b_dev) =
@@ -503,7 +548,7 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
     // Clipping and SGD over 6 envs × 50,001 parameters; env 4 has no gradient this step.
     let (envs, per_env) = (6usize, 50_001usize);
     let (envs32, per_env64) = (envs as u32, per_env as u64);
-    let grad = values(&mut s, envs * per_env, -0.05, 0.05);
+    let grad = values(s, envs * per_env, -0.05, 0.05);
     let mut sq_cpu = vec![0.25f64; envs]; // `+=` into what earlier groups left
     accumulate_sq_norms(&grad, &mut sq_cpu);
     let blocks_per_env = 16u32;
@@ -559,8 +604,8 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
     ));
     let active: Vec<bool> = (0..envs).map(|e| e != 4).collect();
     let active_u8: Vec<u8> = active.iter().map(|&a| u8::from(a)).collect();
-    let param = values(&mut s, grad.len(), -0.5, 0.5);
-    let momentum = values(&mut s, grad.len(), -0.01, 0.01);
+    let param = values(s, grad.len(), -0.5, 0.5);
+    let momentum = values(s, grad.len(), -0.01, 0.01);
     let (mut p_cpu, mut m_cpu) = (param.clone(), momentum.clone());
     let cfg = SgdConfig::HOST;
     sgd_step(&mut p_cpu, &grad_cpu, &mut m_cpu, &active, cfg);
@@ -578,7 +623,7 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
 
     // Masked row zeroing and copying: envs 1 and 4 marked (the loops below are the whole semantics).
     let mask: Vec<u8> = (0..envs).map(|e| u8::from(e == 1 || e == 4)).collect();
-    let source = values(&mut s, grad.len(), -1.0, 1.0);
+    let source = values(s, grad.len(), -1.0, 1.0);
     let (mut zeroed, mut copied) = (param.clone(), param.clone());
     for (e, &m) in mask.iter().enumerate() {
         if m != 0 {
@@ -603,21 +648,13 @@ pub fn run(ordinal: usize, cache: &KernelCache) -> Result<Vec<ParityRow>, Parity
         let gpu = stream.clone_dtoh(dev)?;
         rows.push(ParityRow {
             kernel: kernel.into(),
-            twin: "a row loop (germinate / prune / rollback rows)",
+            twin: "a row loop (germinate / prune / rollback rows)".into(),
             elements: gpu.len(),
             max_diff: max_diff(&gpu, cpu),
             tolerance: 0.0,
         });
     }
-    conv_checks(&device, &mut s, &mut rows)?;
-    seed_op_checks(&device, &mut s, &mut rows)?;
-    host_eval_check(&device, &mut s, &mut rows)?;
-    host_train_check(&device, &mut s, &mut rows)?;
-    data_checks(&device, &mut s, &mut rows)?;
-    seed_module_checks(&device, &mut s, &mut rows)?;
-    backend_checks(Device::open(ordinal, cache)?, &mut rows)?;
-    backend_seed_checks(Device::open(ordinal, cache)?, &mut rows)?;
-    Ok(rows)
+    Ok(())
 }
 
 /// The seedless host's evaluation forward on the device ([`DeviceHost`], the kernels above composed)
