@@ -8,21 +8,6 @@
 
 #define NORM_EPS 1e-5
 #define BN_MOMENTUM 0.1f
-#define REDUCE_THREADS 256
-
-// The tree reduction of one double per thread; every thread gets the block's total.
-__device__ double block_sum(double v, double* lanes) {
-    lanes[threadIdx.x] = v;
-    __syncthreads();
-    for (u32 half = REDUCE_THREADS / 2; half > 0; half /= 2) {
-        if (threadIdx.x < half) lanes[threadIdx.x] += lanes[threadIdx.x + half];
-        __syncthreads();
-    }
-    double total = lanes[0];
-    __syncthreads();
-    return total;
-}
-
 // Element j (0 .. B*P) of (env e, channel c): image j / P, position j % P.
 __device__ __forceinline__ u64 bn_index(u32 e, u32 c, u64 j, u32 batch, u32 channels, u32 plane) {
     u64 b = j / plane, k = j % plane;

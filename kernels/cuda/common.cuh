@@ -14,3 +14,19 @@ typedef unsigned long long u64;
 // A grid-stride loop over n elements.
 #define FOR_EACH(i, n) \
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (u64)(n); i += (u64)gridDim.x * blockDim.x)
+
+// Block reductions: blockDim.x == REDUCE_THREADS, each thread holding one double; a fixed shared-memory
+// tree, so the total depends only on the launch shape. Every thread gets the block's total.
+#define REDUCE_THREADS 256
+
+__device__ double block_sum(double v, double* lanes) {
+    lanes[threadIdx.x] = v;
+    __syncthreads();
+    for (u32 half = REDUCE_THREADS / 2; half > 0; half /= 2) {
+        if (threadIdx.x < half) lanes[threadIdx.x] += lanes[threadIdx.x + half];
+        __syncthreads();
+    }
+    double total = lanes[0];
+    __syncthreads();
+    return total;
+}

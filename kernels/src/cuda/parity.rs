@@ -1507,6 +1507,25 @@ fn seed_op_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) ->
             max_diff(&d_gamma_gpu, &d_gamma_cpu).max(max_diff(&d_beta_gpu, &d_beta_cpu)),
             0.0,
         ));
+        // The block-reduction form the seeds train with: f64 sums in another order, to 1e-5.
+        let mut launch = stream.launch_builder(device.function("group_norm_backward_params_fast_f32"));
+        launch.arg(&x_dev).arg(&mean_dev).arg(&inv_std_dev).arg(&dy_dev);
+        launch.arg(&mut d_gamma_dev).arg(&mut d_beta_dev);
+        push_dims(&mut launch, &dims);
+        let per_channel = LaunchConfig {
+            grid_dim: (shape.params_len() as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        unsafe { launch.launch(per_channel) }?;
+        let (d_gamma_gpu, d_beta_gpu) = (stream.clone_dtoh(&d_gamma_dev)?, stream.clone_dtoh(&d_beta_dev)?);
+        rows.push(ParityRow::new(
+            "group_norm_backward_params_fast_f32",
+            "ops::norm::group_norm_backward",
+            shape.params_len(),
+            max_diff(&d_gamma_gpu, &d_gamma_cpu).max(max_diff(&d_beta_gpu, &d_beta_cpu)),
+            1e-5,
+        ));
         let start = values(s, shape.len(), -1.0, 1.0);
         for accumulate in [0i32, 1] {
             let mut dx_cpu = start.clone();

@@ -68,6 +68,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         functions: &[
             "group_norm_forward_f32",
             "group_norm_backward_params_f32",
+            "group_norm_backward_params_fast_f32",
             "group_norm_backward_input_f32",
             "blend_add_forward_f32",
             "blend_add_backward_f32",
