@@ -7,7 +7,7 @@
 #   bash scripts/gpu-session.sh [BIN]        # BIN: a cuda build of esper-ecs (default gpu/esper-ecs)
 #
 # Build here first (docs/gpu.md): `bash ../shared/tools/cuda-build.sh`, then copy
-# target/release/esper-ecs into gpu/ (list gpu/ in .git/info/exclude) and carry it to the device.
+# target/release/esper-ecs into gpu/, strip it (list gpu/ in .git/info/exclude) and carry it to the device.
 set -u
 BIN=${1:-gpu/esper-ecs}
 OUT=${OUT:-gpu-out}
