@@ -61,6 +61,33 @@ pub struct RunSummary {
     pub vetoed_ops: u64,
     /// Rounds after which the learned policy saved a checkpoint (0 for the other policies).
     pub policy_updates: u64,
+    /// On a device (`--device cuda`): its own figures per step; absent on the CPU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<DeviceRunReport>,
+}
+
+/// A device backend's figures over a run's steps ([`esper_kernels::host::DeviceReport`] per step).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct DeviceRunReport {
+    pub steps: u64,
+    /// Copies back that waited for the device, per step: mean and most.
+    pub syncs_per_step: f64,
+    pub max_syncs_in_a_step: u64,
+    /// Device time (CUDA events) of the training epoch and the validation pass, mean per step, ms.
+    pub train_ms_per_step: f64,
+    pub validate_ms_per_step: f64,
+}
+
+impl DeviceRunReport {
+    fn add(&mut self, step: &esper_kernels::host::DeviceReport) {
+        let n = self.steps as f64;
+        let mean = |old: f64, new: f64| (old * n + new) / (n + 1.0);
+        self.syncs_per_step = mean(self.syncs_per_step, step.syncs as f64);
+        self.train_ms_per_step = mean(self.train_ms_per_step, step.train_ms);
+        self.validate_ms_per_step = mean(self.validate_ms_per_step, step.validate_ms);
+        self.max_syncs_in_a_step = self.max_syncs_in_a_step.max(step.syncs);
+        self.steps += 1;
+    }
 }
 
 /// A run that could not start or stopped on an error (I/O, data).
@@ -436,6 +463,9 @@ pub fn train_session(
                 tracing::info_span!(target: "esper", "step", round, epoch, step, envs = cfg.envs).entered();
             session.run_epoch(epoch);
             drop(step_span);
+            if let Some(report) = session.world.resource_mut::<Hosts>().0.take_device_report() {
+                summary.device.get_or_insert_with(DeviceRunReport::default).add(&report);
+            }
             if let Some(err) = session.world.resource::<MetricsSink>().error() {
                 return Err(RunError(err.to_string()));
             }
@@ -623,5 +653,12 @@ fn print_table(plan: &RunPlan, s: &RunSummary) {
         "  seeds  germinated {}  fossilized {}  pruned {}  failed ops {}  rollbacks {}",
         s.seeds_germinated, s.seeds_fossilized, s.seeds_pruned, s.failed_ops, s.rollbacks
     );
+    if let Some(d) = &s.device {
+        println!(
+            "  device  train {:.1} ms  validate {:.1} ms per step (CUDA events)  {:.1} copies back per step \
+             (most {})",
+            d.train_ms_per_step, d.validate_ms_per_step, d.syncs_per_step, d.max_syncs_in_a_step
+        );
+    }
     println!("  output {}", plan.out_dir.display());
 }
