@@ -168,3 +168,28 @@ extern "C" __global__ void swap_middle_axes_f32(const float* src, float* dst, u3
         dst[i] = src[((e * a + ia) * b + ib) * plane + p];
     }
 }
+
+// The depthwise (groups = channels) weight gradient at speed: one block of REDUCE_THREADS per (env,
+// channel, tap), each thread summing a strided share of the B·h_out·w_out products dy·x_padded in
+// double, then block_sum. The twin (conv2d_backward_weight_f32) walks every position in one thread per
+// weight; this one is checked against ops::conv to a tolerance.
+extern "C" __global__ void depthwise_backward_weight_fast_f32(
+    const float* x, const float* dy, float* grad_weight, u32 envs, u32 batch, u32 channels, u32 h, u32 w,
+    u32 k, u32 pad) {
+    __shared__ double lanes[REDUCE_THREADS];
+    u32 ho = h + 2 * pad + 1 - k, wo = w + 2 * pad + 1 - k, kk = k * k;
+    u32 t = blockIdx.x, tap = t % kk, c = t / kk % channels, e = t / (kk * channels);
+    u32 ky = tap / k, kx = tap % k;
+    u64 positions = (u64)ho * wo, count = (u64)batch * positions;
+    double sum = 0.0;
+    for (u64 j = threadIdx.x; j < count; j += REDUCE_THREADS) {
+        u64 b = j / positions, q = j % positions;
+        u32 yo = (u32)(q / wo), xo = (u32)(q % wo);
+        u64 image = (u64)e * batch + b;
+        const float* plane = x + (image * channels + c) * (u64)h * w;
+        float g = dy[(image * channels + c) * positions + q];
+        sum += (double)(g * padded_at(plane, h, w, pad, yo + ky, xo + kx));
+    }
+    double total = block_sum(sum, lanes);
+    if (threadIdx.x == 0) grad_weight[t] = (float)total;
+}

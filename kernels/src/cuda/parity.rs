@@ -1373,6 +1373,27 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
             0.0,
         ));
 
+        // The depthwise weight gradient the depthwise seed trains with: f64 block sums, to 1e-5.
+        if c.groups == c.c_in && c.c_in == c.c_out {
+            let mut dw_dev = stream.alloc_zeros::<f32>(dw_cpu.len())?;
+            let dw_dims = [c.envs, c.batch, c.c_in, c.h, c.w, c.k, c.pad].map(|d| d as u32);
+            let mut launch = stream.launch_builder(device.function("depthwise_backward_weight_fast_f32"));
+            launch.arg(&x_dev).arg(&dy_dev).arg(&mut dw_dev);
+            push_dims(&mut launch, &dw_dims);
+            let blocks = (c.envs * c.c_in * c.k * c.k) as u32;
+            let config =
+                LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            unsafe { launch.launch(config) }?;
+            let dw_fast = stream.clone_dtoh(&dw_dev)?;
+            rows.push(ParityRow::new(
+                "depthwise_backward_weight_fast_f32",
+                "ops::conv::conv2d_backward_weight (groups = C)",
+                dw_cpu.len(),
+                max_diff_of_tensor(&dw_fast, &dw_cpu),
+                1e-5,
+            ));
+        }
+
         // The GEMM form the host trains with (one group only): cuBLAS sums in its own order, so to 1e-5
         // of each result's largest value.
         if c.groups == 1 {

@@ -532,7 +532,7 @@ fn depthwise_forward(
     Ok(())
 }
 
-/// The depthwise conv's weight gradient (the twin kernel; `[E, C, 1, 3, 3]`).
+/// The depthwise conv's weight gradient (`[E, C, 1, 3, 3]`): one block per (env, channel, tap).
 fn depthwise_backward_weight(
     device: &Device,
     d: &SeedDims,
@@ -540,11 +540,14 @@ fn depthwise_backward_weight(
     dy: &CudaSlice<f32>,
     dw: &mut CudaSlice<f32>,
 ) -> R {
-    let dims = depthwise_dims(d);
-    let mut launch = device.stream.launch_builder(device.function("conv2d_backward_weight_f32"));
+    let dims = [d.envs, d.batch, d.channels, d.size, d.size, 3, 1].map(|v| v as u32);
+    let mut launch = device.stream.launch_builder(device.function("depthwise_backward_weight_fast_f32"));
     launch.arg(x).arg(dy).arg(dw);
     push_dims(&mut launch, &dims);
-    unsafe { launch.launch(elementwise(d.envs * d.channels * 9)) }?;
+    let blocks = (d.envs * d.channels * 9) as u32;
+    unsafe {
+        launch.launch(LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 })
+    }?;
     Ok(())
 }
 

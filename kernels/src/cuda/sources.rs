@@ -60,6 +60,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "im2col_f32",
             "col2im_f32",
             "swap_middle_axes_f32",
+            "depthwise_backward_weight_fast_f32",
         ],
     },
     KernelFile {
