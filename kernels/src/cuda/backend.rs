@@ -3,7 +3,8 @@
 //! image, computed on the CPU by [`Batcher::train_gather`]); [`DeviceHost`] trains and evaluates the
 //! hosts and their seeds ([`DeviceSlot`]: every mode, OFF, INCUBATOR, ADD, MULTIPLY and GATE);
 //! validation runs the counterfactual plan the CPU's validator makes, one evaluation pass per
-//! configuration index; the epoch's and the validation pass's per-env sums stay on the device until
+//! configuration index, each from the first slot it switches off (the main pass's activations before
+//! it are reused); the epoch's and the validation pass's per-env sums stay on the device until
 //! the stage ends, so each stage reads back once. Governor snapshots are device copies. Seeds are born on the host from the
 //! env's own stream, exactly as the CPU backend draws them, and their rows uploaded.
 
@@ -322,6 +323,27 @@ impl CudaHostBackend {
                 .collect();
             self.host.slot_mut(k).expect("every slot id has its slot").plan_eval(&self.device, &off)?;
         }
+        // Where each pass may start: at the first slot, in network order, that it switches off in any
+        // env (before it, every env is in its main configuration). The main pass runs whole, then the
+        // others from the latest start to the earliest, so each finds the main pass's activations
+        // before its start (a pass rewrites only what lies at or after its start).
+        let position = |k: usize| {
+            let (row, col) = self.slot_ids[k];
+            (col as usize, row)
+        };
+        let mut order: Vec<(usize, Option<(usize, u8)>)> = (0..passes)
+            .map(|j| {
+                let start = self
+                    .configs
+                    .iter()
+                    .filter_map(|c| c.masks.get(j).copied())
+                    .flat_map(|mask| (0..self.slot_ids.len()).filter(move |&k| mask & (1 << k) != 0))
+                    .map(position)
+                    .min();
+                (j, if j == 0 { None } else { start })
+            })
+            .collect();
+        order[1..].sort_by_key(|pass| std::cmp::Reverse(pass.1));
         // Sums: the epoch's two rows, then four per pass.
         let needed = (2 + 4 * passes) * envs;
         if self.sums.len() < needed {
@@ -349,8 +371,8 @@ impl CudaHostBackend {
             launch.arg(&mut self.counts).arg(&first).arg(&len).arg(&envs32).arg(&batch32).arg(&image_len);
             unsafe { launch.launch(elementwise(image_values)) }?;
 
-            for j in 0..passes {
-                self.host.forward_eval_pass(&self.device, &self.images, &self.labels, j)?;
+            for &(j, start) in &order {
+                self.host.forward_eval_from(&self.device, &self.images, &self.labels, j, start)?;
                 // The kernel adds into rows 2..6 of its view: pass j's rows are 2 + 4j .. 6 + 4j.
                 let mut sums = self.sums.slice_mut(4 * j * envs..needed);
                 let mut launch = stream.launch_builder(self.device.function("validation_accumulate_f32"));

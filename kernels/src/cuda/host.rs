@@ -216,8 +216,10 @@ impl DeviceHost {
         b: usize,
         images: &CudaSlice<f32>,
         pass: Pass,
+        from_row: Option<u8>,
     ) -> Result<(), ParityError> {
         let train = pass == Pass::Train;
+        assert!(!(train && from_row.is_some()), "a training forward runs whole blocks");
         let (arch, stream) = (self.arch, &device.stream);
         let (envs, batch) = (self.envs as u32, self.batch as u32);
         let (done, rest) = self.blocks.split_at_mut(b);
@@ -228,12 +230,15 @@ impl DeviceHost {
         let act_len = block.act.len();
         let (conv_w, gamma, beta) = (&self.params[3 * b], &self.params[3 * b + 1], &self.params[3 * b + 2]);
 
-        // The conv (padding k / 2, one group) as a GEMM; its twin is ops::conv::conv2d_forward.
-        let dims = conv_dims(arch, self.envs, self.batch, b);
-        self.conv.forward(device, &dims, input, conv_w, &mut block.conv_out)?;
-
+        // From slot r0 or r1 on (a validation pass that starts there), what lies before is the main
+        // pass's, still in the buffers.
         let plane = size * size;
-        if train {
+        if from_row.is_none() {
+            // The conv (padding k / 2, one group) as a GEMM; its twin is ops::conv::conv2d_forward.
+            let dims = conv_dims(arch, self.envs, self.batch, b);
+            self.conv.forward(device, &dims, input, conv_w, &mut block.conv_out)?;
+        }
+        if from_row.is_none() && train {
             let mut launch = stream.launch_builder(device.function("batch_norm_train_stats_f32"));
             launch.arg(&block.conv_out).arg(&mut block.save_mean).arg(&mut block.save_inv_std);
             launch.arg(&mut block.running_mean).arg(&mut block.running_var);
@@ -245,20 +250,25 @@ impl DeviceHost {
             false => (&block.running_mean, &block.running_var),
         };
         let (eval, relu) = (i32::from(!train), 1i32);
-        let mut launch = stream.launch_builder(device.function("batch_norm_apply_f32"));
-        launch.arg(&block.conv_out).arg(&mut block.act).arg(mean).arg(scale).arg(gamma).arg(beta);
-        launch.arg(&envs).arg(&batch).arg(&c_out).arg(&plane).arg(&eval).arg(&relu);
-        unsafe { launch.launch(elementwise(act_len)) }?;
+        if from_row.is_none() {
+            let mut launch = stream.launch_builder(device.function("batch_norm_apply_f32"));
+            launch.arg(&block.conv_out).arg(&mut block.act).arg(mean).arg(scale).arg(gamma).arg(beta);
+            launch.arg(&envs).arg(&batch).arg(&c_out).arg(&plane).arg(&eval).arg(&relu);
+            unsafe { launch.launch(elementwise(act_len)) }?;
+        }
 
         // The seeds: each slot runs when some env's seed takes part in this forward.
         let eval_pass = match pass {
             Pass::Train => None,
             Pass::Eval(k) => Some(k),
         };
-        block.r0_ran = false;
-        if let Some(slot) = block.r0.as_mut().filter(|slot| slot.runs(train)) {
-            slot.forward(device, &mut self.conv, &block.act, eval_pass)?;
-            block.r0_ran = true;
+        let from_r1 = from_row == Some(1);
+        if !from_r1 {
+            block.r0_ran = false;
+            if let Some(slot) = block.r0.as_mut().filter(|slot| slot.runs(train)) {
+                slot.forward(device, &mut self.conv, &block.act, eval_pass)?;
+                block.r0_ran = true;
+            }
         }
         block.r1_ran = false;
         if let Some((pooled, argmax)) = &mut block.pooled {
@@ -266,11 +276,13 @@ impl DeviceHost {
                 (Some(slot), true) => &slot.out,
                 _ => &block.act,
             };
-            let planes = (self.envs * self.batch * arch.block_channels(b)) as u64;
-            let mut launch = stream.launch_builder(device.function("max_pool2x2_forward_f32"));
-            let windows = pooled.len();
-            launch.arg(pool_in).arg(&mut *pooled).arg(argmax).arg(&planes).arg(&size).arg(&size);
-            unsafe { launch.launch(elementwise(windows)) }?;
+            if !from_r1 {
+                let planes = (self.envs * self.batch * arch.block_channels(b)) as u64;
+                let mut launch = stream.launch_builder(device.function("max_pool2x2_forward_f32"));
+                let windows = pooled.len();
+                launch.arg(pool_in).arg(&mut *pooled).arg(argmax).arg(&planes).arg(&size).arg(&size);
+                unsafe { launch.launch(elementwise(windows)) }?;
+            }
             if let Some(slot) = block.r1.as_mut().filter(|slot| slot.runs(train)) {
                 slot.forward(device, &mut self.conv, pooled, eval_pass)?;
                 block.r1_ran = true;
@@ -336,9 +348,26 @@ impl DeviceHost {
         labels: &CudaSlice<u8>,
         pass: usize,
     ) -> Result<(), ParityError> {
+        self.forward_eval_from(device, images, labels, pass, None)
+    }
+
+    /// [`Self::forward_eval_pass`] from slot `start` (`(block, row)`) on: everything before it is the
+    /// previous forward's, still in the buffers — the main pass's, when the passes run in order of
+    /// later starts first (a pass rewrites only what lies at or after its start). None: the whole
+    /// network.
+    pub fn forward_eval_from(
+        &mut self,
+        device: &Device,
+        images: &CudaSlice<f32>,
+        labels: &CudaSlice<u8>,
+        pass: usize,
+        start: Option<(usize, u8)>,
+    ) -> Result<(), ParityError> {
         self.check_batch(images, labels);
-        for b in 0..self.arch.n_blocks {
-            self.block_forward(device, b, images, Pass::Eval(pass))?;
+        let (first, row) = start.map_or((0, None), |(b, row)| (b, Some(row)));
+        for b in first..self.arch.n_blocks {
+            let from_row = if b == first { row } else { None };
+            self.block_forward(device, b, images, Pass::Eval(pass), from_row)?;
         }
         self.head_forward(device)
     }
@@ -369,7 +398,7 @@ impl DeviceHost {
     ) -> Result<(), ParityError> {
         self.check_batch(images, labels);
         for b in 0..self.arch.n_blocks {
-            self.block_forward(device, b, images, Pass::Train)?;
+            self.block_forward(device, b, images, Pass::Train, None)?;
         }
         self.head_forward(device)?;
         let (envs, batch, classes) = (self.envs as u32, self.batch as u32, self.arch.num_classes as u32);
