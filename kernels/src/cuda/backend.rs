@@ -117,7 +117,7 @@ impl CudaHostBackend {
         seed: u64,
         round: u64,
     ) -> Result<Self, ParityError> {
-        let params = init_params(arch, n_envs, seed, round);
+        let params = crate::host::backend::init_params(arch, n_envs, seed, round);
         let host = DeviceHost::upload(&device, &params, slot_ids, batch)?;
         let snapshots = host.snapshot(&device)?;
         let bank = SeedBank::new(&arch, n_envs, slot_ids);
@@ -269,13 +269,13 @@ impl CudaHostBackend {
                 continue;
             }
             let gate_sq = match (slot.gate_collected, slot.gate()) {
-                (true, Some(gate)) => Some((stream.clone_dtoh(&gate.stat_sq)?, *gate.layout())),
+                (true, Some(gate)) => Some((stream.clone_dtoh(&gate.rows.stat_sq)?, *gate.rows.layout())),
                 _ => None,
             };
             let mut sq_by_bp = Vec::new();
             for &bp in &slot.collected {
                 let module = slot.module(bp).expect("a collected blueprint has its module");
-                sq_by_bp.push((bp, stream.clone_dtoh(&module.stat_sq)?, *module.layout()));
+                sq_by_bp.push((bp, stream.clone_dtoh(&module.rows.stat_sq)?, *module.rows.layout()));
             }
             for e in 0..envs {
                 let st = slot.state(e);
@@ -410,11 +410,6 @@ fn timing_event(device: &Device) -> Result<CudaEvent, ParityError> {
     Ok(device.stream.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?)
 }
 
-fn init_params(arch: HostArch, n_envs: usize, seed: u64, round: u64) -> HostParams<f32> {
-    let ids: Vec<u64> = (0..n_envs as u64).collect();
-    HostParams::init(arch, seed, round, &ids)
-}
-
 impl HostBackend for CudaHostBackend {
     fn arch(&self) -> HostArch {
         self.arch
@@ -476,10 +471,10 @@ impl HostBackend for CudaHostBackend {
             if let Some(f) = fossil {
                 let slot = self.host.slot_mut(k).expect("the slot exists");
                 let module = slot.module_mut(f.blueprint).expect("a fossil's blueprint has its module");
-                on_device(module.save_env_row(&self.device, env));
+                on_device(module.rows.save_env_row(&self.device, env));
                 if f.gate {
                     let gate = slot.gate_mut().expect("a gated fossil has its gate");
-                    on_device(gate.save_env_row(&self.device, env));
+                    on_device(gate.rows.save_env_row(&self.device, env));
                 }
             }
         }
@@ -492,10 +487,10 @@ impl HostBackend for CudaHostBackend {
             let slot = self.host.slot_mut(k).expect("the slot exists");
             if let Some(f) = self.snapshot_fossils[env * n_slots + k] {
                 let module = slot.module_mut(f.blueprint).expect("a fossil's blueprint has its module");
-                on_device(module.restore_env_row(&self.device, env));
+                on_device(module.rows.restore_env_row(&self.device, env));
                 if f.gate {
                     let gate = slot.gate_mut().expect("a gated fossil has its gate");
-                    on_device(gate.restore_env_row(&self.device, env));
+                    on_device(gate.rows.restore_env_row(&self.device, env));
                 }
             }
             // The reference clears its optimizers after a rollback (tamiyo §6.5).
@@ -506,7 +501,7 @@ impl HostBackend for CudaHostBackend {
 
     fn reset_round(&mut self, seed: u64, round: u64) {
         let envs = self.n_envs();
-        let params = init_params(self.arch, envs, seed, round);
+        let params = crate::host::backend::init_params(self.arch, envs, seed, round);
         on_device(self.host.upload_params(&self.device, &params));
         self.snapshots = on_device(self.host.snapshot(&self.device));
         self.bank = SeedBank::new(&self.arch, envs, &self.slot_ids);
@@ -539,11 +534,11 @@ impl HostBackend for CudaHostBackend {
                 let state = slot.state(env);
                 let Some(bp) = state.blueprint else { continue };
                 let module = slot.module(bp).expect("a held blueprint has its module");
-                let row = on_device(module.download_env_row(&self.device, env));
+                let row = on_device(module.rows.download_env_row(&self.device, env));
                 hash = print.add_hashed(hash, &row);
                 if state.mode == SeedMode::Gate {
                     let gate = slot.gate().expect("a GATE seed has its gate");
-                    let row = on_device(gate.download_env_row(&self.device, env));
+                    let row = on_device(gate.rows.download_env_row(&self.device, env));
                     hash = print.add_hashed(hash, &row);
                 }
             }

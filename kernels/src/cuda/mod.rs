@@ -15,6 +15,7 @@ pub mod gemm_conv;
 pub mod host;
 pub mod ops;
 pub mod parity;
+pub mod rows;
 pub mod seed_module;
 pub mod slot;
 mod sources;

@@ -1035,14 +1035,14 @@ fn seed_module_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>
             seeds::backward(bp, shape, &x, &grad_y, &mut grads_cpu, None, &mut ws);
 
             let mut seed = DeviceSeed::new(device, bp, dims)?;
-            seed.upload_rows(device, &params)?;
+            seed.rows.upload_rows(device, &params)?;
             let mut conv = GemmConv::new(device, &dims.convs(bp))?;
             let (x_dev, grad_y_dev) = (stream.clone_htod(&x)?, stream.clone_htod(&grad_y)?);
             let mut y_dev = stream.alloc_zeros::<f32>(shape.len())?;
             seed.forward(device, &mut conv, &x_dev, &mut y_dev)?;
             seed.backward(device, &mut conv, &x_dev, &grad_y_dev)?;
-            let (y_gpu, grads_gpu) = (stream.clone_dtoh(&y_dev)?, seed.download_grad_rows(device)?);
-            let round_trip = seed.download_rows(device)? == params;
+            let (y_gpu, grads_gpu) = (stream.clone_dtoh(&y_dev)?, seed.rows.download_grad_rows(device)?);
+            let round_trip = seed.rows.download_rows(device)? == params;
             rows.push(ParityRow::new(
                 seed_label(bp, "forward"),
                 "seeds::forward",

@@ -1,9 +1,7 @@
 //! Every CNN seed blueprint on the device: the CUDA twin of [`crate::seeds::forward`] and of the
 //! parameter half of [`crate::seeds::backward`] (the seed's input is detached in the RL loop, so no
 //! input gradient) over all `E` envs of a batch, composed from the parity-checked kernels and the GEMM
-//! convolutions. Parameters are kept tensor-major (`[E, len]` per tensor, in the blueprint's layout
-//! order: what [`ParamLayout::rows_to_tensors`] gives), so every op reads its tensor as the host's ops
-//! read theirs; rows go in and out through [`DeviceSeed::upload_rows`] and [`DeviceSeed::download_rows`].
+//! convolutions. Parameters are kept tensor-major ([`TensorRows`]).
 //!
 //! The selftest checks each blueprint's output and parameter gradients against the CPU's on the same
 //! rows and input.
@@ -13,12 +11,10 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use super::gemm_conv::{ConvDims, GemmConv};
 use super::ops::{self, GroupNormDims, LinearDims};
 use super::parity::{Device, ParityError, elementwise, push_dims};
-use crate::seeds::{self, CnnBlueprint, ParamLayout, group_norm_groups};
+use super::rows::TensorRows;
+use crate::seeds::{self, CnnBlueprint, group_norm_groups};
 
 type R = Result<(), ParityError>;
-
-/// Blocks per env of the first stage of the per-tensor squared norms.
-const STAT_BLOCKS_PER_ENV: u32 = 8;
 
 /// A seed batch: activations `[E, B, C, size, size]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,18 +101,8 @@ impl SeedDims {
 pub struct DeviceSeed {
     pub bp: CnnBlueprint,
     dims: SeedDims,
-    layout: ParamLayout,
-    /// Tensor-major parameters and their gradients, one `[E, len]` buffer per layout tensor.
-    pub params: Vec<CudaSlice<f32>>,
-    pub grads: Vec<CudaSlice<f32>>,
-    /// The seed optimizer's momentum, tensor-major like the parameters.
-    pub momentum: Vec<CudaSlice<f32>>,
-    /// Governor snapshots of fossil rows, tensor-major; made at the first snapshot.
-    snapshot: Option<Vec<CudaSlice<f32>>>,
-    /// `[T, E]`: each tensor's squared gradient norm per env at the last collection batch (f64), and
-    /// the first stage of those sums.
-    pub stat_sq: CudaSlice<f64>,
-    stat_partial: CudaSlice<f64>,
+    /// Parameters, gradients, momentum (tensor-major), snapshots and gradient statistics.
+    pub rows: TensorRows,
     /// What the backward reads, written by the forward (per blueprint; see each forward).
     saved: Vec<CudaSlice<f32>>,
     /// Group-norm statistics `[E, B, G]`: mean, inv_std (and a second norm's).
@@ -128,7 +114,6 @@ pub struct DeviceSeed {
 impl DeviceSeed {
     /// Zero parameters and the buffers of `bp` at `dims`.
     pub fn new(device: &Device, bp: CnnBlueprint, dims: SeedDims) -> Result<Self, ParityError> {
-        let layout = seeds::layout(bp, dims.channels);
         let stream = &device.stream;
         let (a, samples, c) = (dims.len(), dims.samples(), dims.channels);
         let n_stats = samples * group_norm_groups(c);
@@ -149,143 +134,14 @@ impl DeviceSeed {
         let alloc = |lens: &[usize]| -> Result<Vec<CudaSlice<f32>>, ParityError> {
             lens.iter().map(|&n| Ok(stream.alloc_zeros::<f32>(n.max(1))?)).collect()
         };
-        let tensor_lens: Vec<usize> = layout.tensors().iter().map(|t| dims.envs * t.len).collect();
         Ok(Self {
             bp,
             dims,
-            params: alloc(&tensor_lens)?,
-            grads: alloc(&tensor_lens)?,
-            momentum: alloc(&tensor_lens)?,
-            snapshot: None,
-            stat_sq: stream.alloc_zeros::<f64>(tensor_lens.len() * dims.envs)?,
-            stat_partial: stream.alloc_zeros::<f64>(dims.envs * STAT_BLOCKS_PER_ENV as usize)?,
+            rows: TensorRows::new(device, seeds::layout(bp, dims.channels), dims.envs)?,
             saved: alloc(&saved)?,
             stats: alloc(&stats)?,
             temp: alloc(&temp)?,
-            layout,
         })
-    }
-
-    /// Every env's row (`[E, P]`, packed as the blueprint's layout) into the tensor-major parameters.
-    pub fn upload_rows(&mut self, device: &Device, rows: &[f32]) -> R {
-        let mut tensor_major = vec![0.0f32; rows.len()];
-        self.layout.rows_to_tensors(self.dims.envs, rows, &mut tensor_major);
-        let mut start = 0;
-        for t in &mut self.params {
-            let len = t.len();
-            device.stream.memcpy_htod(&tensor_major[start..start + len], t)?;
-            start += len;
-        }
-        Ok(())
-    }
-
-    fn download(
-        device: &Device,
-        layout: &ParamLayout,
-        envs: usize,
-        tensors: &[CudaSlice<f32>],
-    ) -> Result<Vec<f32>, ParityError> {
-        let mut tensor_major = Vec::new();
-        for t in tensors {
-            tensor_major.extend(device.stream.clone_dtoh(t)?);
-        }
-        let mut rows = vec![0.0f32; tensor_major.len()];
-        layout.tensors_to_rows(envs, &tensor_major, &mut rows);
-        Ok(rows)
-    }
-
-    /// Env `env`'s row (`P` values, packed as the layout) into the parameters, and its momentum zeroed:
-    /// a germination drawn on the host.
-    pub fn upload_env_row(&mut self, device: &Device, env: usize, row: &[f32]) -> R {
-        assert_eq!(row.len(), self.layout.param_count(), "one row of the blueprint");
-        for ((spec, t), m) in self.layout.tensors().iter().zip(&mut self.params).zip(&mut self.momentum) {
-            let at = env * spec.len..(env + 1) * spec.len;
-            device.stream.memcpy_htod(&row[spec.range()], &mut t.slice_mut(at.clone()))?;
-            device.stream.memset_zeros(&mut m.slice_mut(at))?;
-        }
-        Ok(())
-    }
-
-    /// Env `env`'s row as the layout packs it (for checksums and snapshots).
-    pub fn download_env_row(&self, device: &Device, env: usize) -> Result<Vec<f32>, ParityError> {
-        let mut row = vec![0.0f32; self.layout.param_count()];
-        for (spec, t) in self.layout.tensors().iter().zip(&self.params) {
-            let at = env * spec.len..(env + 1) * spec.len;
-            device.stream.memcpy_dtoh(&t.slice(at), &mut row[spec.range()])?;
-        }
-        Ok(row)
-    }
-
-    /// Zeroes env `env`'s momentum (the seed optimizer rebuilt at fossilization or rollback).
-    pub fn zero_momentum(&mut self, device: &Device, env: usize) -> R {
-        for (spec, m) in self.layout.tensors().iter().zip(&mut self.momentum) {
-            device.stream.memset_zeros(&mut m.slice_mut(env * spec.len..(env + 1) * spec.len))?;
-        }
-        Ok(())
-    }
-
-    /// Env `env`'s row into the snapshot store (a fossil in a governor snapshot), on the device.
-    pub fn save_env_row(&mut self, device: &Device, env: usize) -> R {
-        if self.snapshot.is_none() {
-            let copies: Result<Vec<_>, ParityError> =
-                self.params.iter().map(|t| Ok(device.stream.alloc_zeros::<f32>(t.len())?)).collect();
-            self.snapshot = Some(copies?);
-        }
-        let store = self.snapshot.as_mut().expect("made above");
-        for ((spec, t), s) in self.layout.tensors().iter().zip(&self.params).zip(store) {
-            let at = env * spec.len..(env + 1) * spec.len;
-            device.stream.memcpy_dtod(&t.slice(at.clone()), &mut s.slice_mut(at))?;
-        }
-        Ok(())
-    }
-
-    /// Env `env`'s row back from the snapshot store (rollback); its momentum is the caller's to clear.
-    pub fn restore_env_row(&mut self, device: &Device, env: usize) -> R {
-        let store = self.snapshot.as_ref().expect("a row is restored only after it was saved");
-        for ((spec, t), s) in self.layout.tensors().iter().zip(&mut self.params).zip(store) {
-            let at = env * spec.len..(env + 1) * spec.len;
-            device.stream.memcpy_dtod(&s.slice(at.clone()), &mut t.slice_mut(at))?;
-        }
-        Ok(())
-    }
-
-    /// Every tensor's squared gradient norm per env into [`Self::stat_sq`] (the gradient-health
-    /// statistics of a collection batch, before clipping): f64 sums in two fixed-order stages.
-    pub fn collect_sq_norms(&mut self, device: &Device) -> R {
-        let envs = self.dims.envs;
-        let envs32 = envs as u32;
-        let config = LaunchConfig {
-            grid_dim: (STAT_BLOCKS_PER_ENV, envs32, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        device.stream.memset_zeros(&mut self.stat_sq)?;
-        for (t, g) in self.grads.iter().enumerate() {
-            let per_env = (g.len() / envs) as u64;
-            let mut launch = device.stream.launch_builder(device.function("sq_norms_partial_f32"));
-            launch.arg(g).arg(&mut self.stat_partial).arg(&per_env).arg(&STAT_BLOCKS_PER_ENV);
-            unsafe { launch.launch(config) }?;
-            let mut sq = self.stat_sq.slice_mut(t * envs..(t + 1) * envs);
-            let mut launch = device.stream.launch_builder(device.function("sq_norms_finish"));
-            launch.arg(&self.stat_partial).arg(&mut sq).arg(&envs32).arg(&STAT_BLOCKS_PER_ENV);
-            unsafe { launch.launch(elementwise(envs)) }?;
-        }
-        Ok(())
-    }
-
-    /// The layout's tensors (names, lengths per env), in the order of [`Self::stat_sq`]'s rows.
-    pub fn layout(&self) -> &ParamLayout {
-        &self.layout
-    }
-
-    /// The parameters as rows `[E, P]`.
-    pub fn download_rows(&self, device: &Device) -> Result<Vec<f32>, ParityError> {
-        Self::download(device, &self.layout, self.dims.envs, &self.params)
-    }
-
-    /// The last backward's parameter gradients as rows `[E, P]`.
-    pub fn download_grad_rows(&self, device: &Device) -> Result<Vec<f32>, ParityError> {
-        Self::download(device, &self.layout, self.dims.envs, &self.grads)
     }
 
     /// `y = bp(x)` for every env (`x`, `y`: `[E, B, C, H, W]`), keeping what [`Self::backward`] needs.
@@ -298,7 +154,7 @@ impl DeviceSeed {
     ) -> R {
         let d = self.dims;
         let (a, c) = (d.len(), d.channels);
-        let (p, s, st, t) = (&self.params, &mut self.saved, &mut self.stats, &mut self.temp);
+        let (p, s, st, t) = (&self.rows.params, &mut self.saved, &mut self.stats, &mut self.temp);
         match self.bp {
             // y = x + relu(GN(conv(x))): saved conv out, GN out.
             CnnBlueprint::ConvSmall | CnnBlueprint::ConvLight => {
@@ -410,7 +266,8 @@ impl DeviceSeed {
     ) -> R {
         let d = self.dims;
         let (a, c) = (d.len(), d.channels);
-        let (p, g, s, st, t) = (&self.params, &mut self.grads, &self.saved, &self.stats, &mut self.temp);
+        let (p, g, s, st, t) =
+            (&self.rows.params, &mut self.rows.grads, &self.saved, &self.stats, &mut self.temp);
         match self.bp {
             CnnBlueprint::ConvSmall | CnnBlueprint::ConvLight => {
                 let k = if self.bp == CnnBlueprint::ConvSmall { 1 } else { 3 };

@@ -8,11 +8,12 @@
 //! The seed optimizer is the CPU's `Trainer::step_seeds`: each env's gradient over all of the slot's
 //! blueprints clipped to norm 1, then SGD (no weight decay) for the envs that train each blueprint.
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 
 use super::gate::DeviceGate;
 use super::gemm_conv::GemmConv;
 use super::parity::{Device, ParityError, elementwise};
+use super::rows::TensorRows;
 use super::seed_module::{DeviceSeed, SeedDims};
 use crate::host::{SeedEnvState, SeedMode};
 use crate::optim::{MAX_GRAD_NORM, SgdConfig};
@@ -133,7 +134,7 @@ impl DeviceSlot {
         if slot.is_none() {
             *slot = Some(DeviceSeed::new(device, bp, self.dims)?);
         }
-        slot.as_mut().expect("made above").upload_env_row(device, env, row)
+        slot.as_mut().expect("made above").rows.upload_env_row(device, env, row)
     }
 
     /// A new gate for env `env` (drawn on the host, packed as the gate's layout), momentum zeroed.
@@ -141,7 +142,7 @@ impl DeviceSlot {
         if self.gate.is_none() {
             self.gate = Some(DeviceGate::new(device, self.dims)?);
         }
-        self.gate.as_mut().expect("made above").upload_env_row(device, env, row)
+        self.gate.as_mut().expect("made above").rows.upload_env_row(device, env, row)
     }
 
     /// The gates, if any env ever had one.
@@ -156,10 +157,10 @@ impl DeviceSlot {
     /// Zeroes env `env`'s momentum in every blueprint and its gate (fossilization, rollback).
     pub fn reset_momentum(&mut self, device: &Device, env: usize) -> R {
         for m in self.modules.iter_mut().flatten() {
-            m.zero_momentum(device, env)?;
+            m.rows.zero_momentum(device, env)?;
         }
         if let Some(gate) = &mut self.gate {
-            gate.zero_momentum(device, env)?;
+            gate.rows.zero_momentum(device, env)?;
         }
         Ok(())
     }
@@ -325,7 +326,7 @@ impl DeviceSlot {
             let gate = self.gate.as_mut().expect("a gate with a gradient exists");
             gate.backward(device, &self.dg)?;
             let envs32 = d.envs as u32;
-            for g in &mut gate.grads {
+            for g in &mut gate.rows.grads {
                 let (n, per_env) = (g.len(), (g.len() / d.envs) as u64);
                 let mut launch = device.stream.launch_builder(device.function("zero_masked_rows_f32"));
                 launch.arg(g).arg(&self.gate_no_grad).arg(&per_env).arg(&envs32);
@@ -341,7 +342,7 @@ impl DeviceSlot {
             let module = self.modules[bp as usize - 1].as_mut().expect("a held blueprint has its module");
             module.backward(device, conv, h, &self.ds)?;
             let mask = self.not_trains.slice((bp as usize - 1) * d.envs..(bp as usize) * d.envs);
-            for g in &mut module.grads {
+            for g in &mut module.rows.grads {
                 let per_env = (g.len() / d.envs) as u64;
                 let n = g.len();
                 let mut launch = device.stream.launch_builder(device.function("zero_masked_rows_f32"));
@@ -364,13 +365,13 @@ impl DeviceSlot {
             .collect();
         for &bp in &collected {
             let module = self.modules[bp as usize - 1].as_mut().expect("a held blueprint has its module");
-            module.collect_sq_norms(device)?;
+            module.rows.collect_sq_norms(device)?;
         }
         self.collected = collected;
         self.gate_collected =
             self.state.iter().any(|s| s.blueprint.is_some() && s.collect_stats && s.gate_grad);
         if self.gate_collected {
-            self.gate.as_mut().expect("a gate with a gradient exists").collect_sq_norms(device)?;
+            self.gate.as_mut().expect("a gate with a gradient exists").rows.collect_sq_norms(device)?;
         }
         Ok(())
     }
@@ -398,11 +399,16 @@ impl DeviceSlot {
         // Blueprints nobody trains, and gates nobody's gradient reaches, have zero gradients on the CPU
         // and add nothing to the norm.
         let gate_tensors = match (gate_grads, &self.gate) {
-            (true, Some(gate)) => gate.grads.iter().collect::<Vec<_>>(),
+            (true, Some(gate)) => gate.rows.grads.iter().collect::<Vec<_>>(),
             _ => Vec::new(),
         };
         let seed_tensors = trained.iter().flat_map(|&bp| {
-            self.modules[bp as usize - 1].as_ref().expect("a trained blueprint has its module").grads.iter()
+            self.modules[bp as usize - 1]
+                .as_ref()
+                .expect("a trained blueprint has its module")
+                .rows
+                .grads
+                .iter()
         });
         for g in seed_tensors.chain(gate_tensors) {
             let per_env = (g.len() / d.envs) as u64;
@@ -417,36 +423,41 @@ impl DeviceSlot {
         let mut launch = stream.launch_builder(device.function("clip_coefficients"));
         launch.arg(&self.sq_norms).arg(&mut self.clip).arg(&envs32).arg(&max_norm);
         unsafe { launch.launch(elementwise(d.envs)) }?;
-        let (lr, mu, wd) = (self.sgd.lr as f32, self.sgd.momentum as f32, self.sgd.weight_decay as f32);
-        let decay = i32::from(self.sgd.weight_decay != 0.0);
         if let (true, Some(gate)) = (self.state.iter().any(|s| s.gate_step && s.gate_grad), &mut self.gate) {
-            let tensors = gate.params.iter_mut().zip(&mut gate.grads).zip(&mut gate.momentum);
-            for ((p, g), m) in tensors {
-                let (n, per_env) = (g.len(), (g.len() / d.envs) as u64);
-                let mut launch = stream.launch_builder(device.function("scale_per_env_f32"));
-                launch.arg(&mut *g).arg(&self.clip).arg(&per_env).arg(&envs32);
-                unsafe { launch.launch(elementwise(n)) }?;
-                let mut launch = stream.launch_builder(device.function("sgd_step_f32"));
-                launch.arg(p).arg(&*g).arg(m).arg(&self.gate_steps).arg(&per_env).arg(&envs32);
-                launch.arg(&lr).arg(&mu).arg(&wd).arg(&decay);
-                unsafe { launch.launch(elementwise(n)) }?;
-            }
+            scale_and_step(device, &mut gate.rows, &self.clip, &self.gate_steps.slice(..), self.sgd)?;
         }
         for bp in trained {
             let active = self.trains.slice((bp as usize - 1) * d.envs..(bp as usize) * d.envs);
             let module = self.modules[bp as usize - 1].as_mut().expect("a trained blueprint has its module");
-            let tensors = module.params.iter_mut().zip(&mut module.grads).zip(&mut module.momentum);
-            for ((p, g), m) in tensors {
-                let (n, per_env) = (g.len(), (g.len() / d.envs) as u64);
-                let mut launch = stream.launch_builder(device.function("scale_per_env_f32"));
-                launch.arg(&mut *g).arg(&self.clip).arg(&per_env).arg(&envs32);
-                unsafe { launch.launch(elementwise(n)) }?;
-                let mut launch = stream.launch_builder(device.function("sgd_step_f32"));
-                launch.arg(p).arg(&*g).arg(m).arg(&active).arg(&per_env).arg(&envs32);
-                launch.arg(&lr).arg(&mu).arg(&wd).arg(&decay);
-                unsafe { launch.launch(elementwise(n)) }?;
-            }
+            scale_and_step(device, &mut module.rows, &self.clip, &active, self.sgd)?;
         }
         Ok(())
     }
+}
+
+/// Every tensor of `rows`: the gradient scaled by each env's clip factor, then one SGD step for the envs
+/// marked in `active` (`Trainer::step_seeds`'s `scale_per_env` and `sgd_step`).
+fn scale_and_step(
+    device: &Device,
+    rows: &mut TensorRows,
+    clip: &CudaSlice<f64>,
+    active: &CudaView<'_, u8>,
+    sgd: SgdConfig,
+) -> R {
+    let envs = active.len();
+    let envs32 = envs as u32;
+    let (lr, mu, wd) = (sgd.lr as f32, sgd.momentum as f32, sgd.weight_decay as f32);
+    let decay = i32::from(sgd.weight_decay != 0.0);
+    let tensors = rows.params.iter_mut().zip(&mut rows.grads).zip(&mut rows.momentum);
+    for ((p, g), m) in tensors {
+        let (n, per_env) = (g.len(), (g.len() / envs) as u64);
+        let mut launch = device.stream.launch_builder(device.function("scale_per_env_f32"));
+        launch.arg(&mut *g).arg(clip).arg(&per_env).arg(&envs32);
+        unsafe { launch.launch(elementwise(n)) }?;
+        let mut launch = device.stream.launch_builder(device.function("sgd_step_f32"));
+        launch.arg(p).arg(&*g).arg(m).arg(active).arg(&per_env).arg(&envs32);
+        launch.arg(&lr).arg(&mu).arg(&wd).arg(&decay);
+        unsafe { launch.launch(elementwise(n)) }?;
+    }
+    Ok(())
 }

@@ -268,7 +268,8 @@ impl CpuHostBackend {
     }
 }
 
-fn init_params(arch: HostArch, n_envs: usize, seed: u64, round: u64) -> HostParams<f32> {
+/// Round `round`'s fresh hosts for `n_envs` envs of run `seed` (env `e` from its own stream).
+pub(crate) fn init_params(arch: HostArch, n_envs: usize, seed: u64, round: u64) -> HostParams<f32> {
     let ids: Vec<u64> = (0..n_envs as u64).collect();
     HostParams::init(arch, seed, round, &ids)
 }
