@@ -491,6 +491,13 @@ pub struct TrainArgs {
     #[arg(long, help = "No progress bar and no summary table")]
     pub quiet: bool,
 
+    #[arg(
+        long,
+        help = "Print, after every step, how many copies back from the device it waited for (and the \
+                device's training and validation ms); on --device cpu there is no device: 0"
+    )]
+    pub count_syncs: bool,
+
     #[arg(long, value_name = "MODE", value_parser = parse_profile_mode, help = with_default(
         "Profile the run: `table` prints a per-system timing table at the end (trace in <out>/trace.json); \
          `chrome=FILE.json` writes a Chrome/Perfetto trace (open it in ui.perfetto.dev). Give both to get both",

@@ -257,6 +257,8 @@ pub struct RunPlan {
     pub resume: Option<PathBuf>,
     /// Where the hosts train and validate (`config.device`, parsed).
     pub device: crate::run::HostDevice,
+    /// Print each step's device copies back (`--count-syncs`).
+    pub count_syncs: bool,
 }
 
 impl RunPlan {
@@ -586,7 +588,15 @@ impl RunConfig {
             memory,
             resume: None,
             device,
+            count_syncs: false,
         })
+    }
+}
+
+impl RunConfig {
+    /// Where the hosts train and validate, from `device` (also checked when the run is planned).
+    pub fn host_device(&self) -> Result<crate::run::HostDevice, ConfigError> {
+        parse_device(&self.device)
     }
 }
 

@@ -147,26 +147,36 @@ fn train(args: &TrainArgs) -> ExitCode {
     {
         return bad_input(format!("--profile chrome={}: {e}", path.display()));
     }
-    let plan = match args.to_config().and_then(|config| config.resolve(args.force, args.quiet)) {
-        Ok(mut plan) => {
-            plan.resume = args.resume.clone();
-            plan
-        }
-        Err(e) => {
-            if let Some(path) = chromes.first() {
-                let _ = std::fs::remove_file(path);
-            }
-            return bad_input(e);
-        }
-    };
-    // A GPU that cannot be used fails before any work, and leaves no empty run folder behind.
-    if let Err(e) = run::probe_device(plan.device) {
-        let _ = std::fs::remove_dir(&plan.out_dir);
+    let remove_chrome = || {
         if let Some(path) = chromes.first() {
             let _ = std::fs::remove_file(path);
         }
+    };
+    let config = match args.to_config() {
+        Ok(config) => config,
+        Err(e) => {
+            remove_chrome();
+            return bad_input(e);
+        }
+    };
+    // A GPU that cannot be used fails before any work, before the run's folder is made.
+    if let Ok(device) = config.host_device()
+        && let Err(e) = run::probe_device(device)
+    {
+        remove_chrome();
         return failed(e);
     }
+    let plan = match config.resolve(args.force, args.quiet) {
+        Ok(mut plan) => {
+            plan.resume = args.resume.clone();
+            plan.count_syncs = args.count_syncs;
+            plan
+        }
+        Err(e) => {
+            remove_chrome();
+            return bad_input(e);
+        }
+    };
     // The trace goes to the chrome=FILE given, else (for `table`) into the run's folder.
     let table = args.profile.contains(&ProfileMode::Table);
     let trace_path =

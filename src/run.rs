@@ -463,8 +463,22 @@ pub fn train_session(
                 tracing::info_span!(target: "esper", "step", round, epoch, step, envs = cfg.envs).entered();
             session.run_epoch(epoch);
             drop(step_span);
-            if let Some(report) = session.world.resource_mut::<Hosts>().0.take_device_report() {
-                summary.device.get_or_insert_with(DeviceRunReport::default).add(&report);
+            let report = session.world.resource_mut::<Hosts>().0.take_device_report();
+            if let Some(report) = &report {
+                summary.device.get_or_insert_with(DeviceRunReport::default).add(report);
+            }
+            if plan.count_syncs {
+                let line = match &report {
+                    Some(r) => format!(
+                        "step {step}: {} copies back from the device (train {:.2} ms, validate {:.2} ms on it)",
+                        r.syncs, r.train_ms, r.validate_ms
+                    ),
+                    None => format!("step {step}: 0 copies back (no device: the hosts run on the CPU)"),
+                };
+                match &progress {
+                    Some(bar) => bar.println(line),
+                    None => println!("{line}"),
+                }
             }
             if let Some(err) = session.world.resource::<MetricsSink>().error() {
                 return Err(RunError(err.to_string()));

@@ -302,3 +302,33 @@ fn bench_without_seeds_runs_the_bare_host() {
     assert!(stderr(&out).contains("unknown --seeds 'some' (known: blending, none)"), "{}", stderr(&out));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `--count-syncs` prints one line per step; on the CPU there is no device to wait for, and the
+/// summary has no device figures.
+#[test]
+fn count_syncs_prints_a_line_per_step() {
+    let dir = scratch("count-syncs");
+    let config = dir.join("tiny.toml");
+    std::fs::write(
+        &config,
+        "synthetic_train_per_env = 32\nsynthetic_test_per_env = 16\nbatch_per_env = 16\n",
+    )
+    .unwrap();
+    let run = dir.join("run");
+    let epochs = EPOCHS.to_string();
+    let args =
+        ["train", "--envs", "2", "--epochs", &epochs, "--policy", "static", "--count-syncs", "--quiet"];
+    let out =
+        esper(&[&args[..], &["--config", config.to_str().unwrap(), "--out", run.to_str().unwrap()]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains("copies back")).collect();
+    assert_eq!(lines.len() as u64, EPOCHS, "{text}");
+    for (step, line) in lines.iter().enumerate() {
+        assert_eq!(*line, format!("step {step}: 0 copies back (no device: the hosts run on the CPU)"));
+    }
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert!(summary.get("device").is_none(), "{summary}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

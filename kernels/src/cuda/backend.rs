@@ -186,7 +186,7 @@ impl CudaHostBackend {
         stream.memset_zeros(&mut self.sums.slice_mut(..2 * envs))?;
         // Statistics are kept only for slots with a collection batch this epoch (Trainer::clear_stats).
         for k in 0..self.slot_ids.len() {
-            self.host.slot_mut(k).expect("every slot id has its slot").collected.clear();
+            self.host.slot_mut(k).expect("every slot id has its slot").clear_stats();
         }
         let sharding = batcher.sharding();
         assert_eq!(
@@ -256,7 +256,7 @@ impl CudaHostBackend {
         }
         let envs = self.n_envs();
         let slots: Vec<&DeviceSlot> = self.host.slots().collect();
-        if slots.iter().all(|s| s.collected.is_empty() && !s.gate_collected) {
+        if slots.iter().all(|s| !s.took_stats) {
             return Ok(());
         }
         let stream = &self.device.stream;
@@ -265,7 +265,7 @@ impl CudaHostBackend {
             *norm = sq.sqrt();
         }
         for (k, slot) in slots.iter().enumerate() {
-            if slot.collected.is_empty() && !slot.gate_collected {
+            if !slot.took_stats {
                 continue;
             }
             let gate_sq = match (slot.gate_collected, slot.gate()) {
@@ -506,6 +506,10 @@ impl HostBackend for CudaHostBackend {
         self.snapshots = on_device(self.host.snapshot(&self.device));
         self.bank = SeedBank::new(&self.arch, envs, &self.slot_ids);
         self.snapshot_fossils.fill(None);
+        for slot in &mut self.telemetry {
+            slot.fill(None);
+        }
+        self.host_norm_at_collection.fill(0.0);
         for k in 0..self.slot_ids.len() {
             let slot = self.host.slot_mut(k).expect("the slot exists");
             for env in 0..envs {

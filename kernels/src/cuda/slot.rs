@@ -71,8 +71,10 @@ pub struct DeviceSlot {
     sq_norms: CudaSlice<f64>,
     clip: CudaSlice<f64>,
     sgd: SgdConfig,
-    /// The blueprints whose statistics the last collection batch took (see [`Self::collect`]), and
-    /// whether it took the gates'.
+    /// Whether the last collection batch took statistics at this slot (some env holds a seed that
+    /// collects, trained or not: a frozen one reports empty norms), the blueprints whose norms it took
+    /// (see [`Self::collect`]), and whether it took the gates'.
+    pub took_stats: bool,
     pub collected: Vec<CnnBlueprint>,
     pub gate_collected: bool,
 }
@@ -107,6 +109,7 @@ impl DeviceSlot {
             sq_norms: stream.alloc_zeros::<f64>(envs)?,
             clip: stream.alloc_zeros::<f64>(envs)?,
             sgd: SgdConfig::SEED,
+            took_stats: false,
             collected: Vec::new(),
             gate_collected: false,
         })
@@ -189,6 +192,13 @@ impl DeviceSlot {
         CnnBlueprint::ALL
             .into_iter()
             .filter(move |&bp| self.state.iter().any(|s| s.blueprint == Some(bp) && s.mode.runs_in(train)))
+    }
+
+    /// Forget the statistics of an earlier epoch (`Trainer::clear_stats`).
+    pub fn clear_stats(&mut self) {
+        self.took_stats = false;
+        self.collected.clear();
+        self.gate_collected = false;
     }
 
     /// Uploads the per-env controls when the states changed.
@@ -368,6 +378,7 @@ impl DeviceSlot {
             module.rows.collect_sq_norms(device)?;
         }
         self.collected = collected;
+        self.took_stats = self.state.iter().any(|s| s.blueprint.is_some() && s.collect_stats);
         self.gate_collected =
             self.state.iter().any(|s| s.blueprint.is_some() && s.collect_stats && s.gate_grad);
         if self.gate_collected {
