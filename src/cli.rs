@@ -392,7 +392,7 @@ pub struct TrainArgs {
 
     #[arg(long, value_name = "FILE", conflicts_with_all = ["config", "policy_checkpoint"], help = with_default(
         "Continue the run a checkpoint.safetensors was saved from, at its next round, with its config \
-         (only --rounds, --out, --force, --trace, --quiet and --profile may be given with it)", "none"))]
+         (only --rounds, --out, --force, --trace, --device, --quiet and --profile may be given with it)", "none"))]
     pub resume: Option<PathBuf>,
 
     #[arg(long, value_name = "S", allow_negative_numbers = true,
@@ -528,12 +528,18 @@ impl TrainArgs {
         let header = crate::checkpoint::read_header(path).map_err(invalid)?;
         let saved = RunConfig { out: None, trace: None, ..header.config };
         let given = self.apply(saved.clone());
-        let allowed =
-            RunConfig { rounds: given.rounds, out: given.out.clone(), trace: given.trace.clone(), ..saved };
+        // Where the hosts run may change (a run begun on the CPU may go on on a GPU, or back).
+        let allowed = RunConfig {
+            rounds: given.rounds,
+            out: given.out.clone(),
+            trace: given.trace.clone(),
+            device: given.device.clone(),
+            ..saved
+        };
         if given != allowed {
             return Err(invalid(
                 "continues the checkpoint's run with its config; only --rounds, --out, --force, --trace, \
-                 --quiet and --profile may be given with it"
+                 --device, --quiet and --profile may be given with it"
                     .into(),
             ));
         }

@@ -199,5 +199,14 @@ fn the_binary_resumes_and_refuses_what_it_cannot_continue() {
     assert_eq!(junk.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&junk.stderr).contains("not an esper-ecs checkpoint"));
     assert!(!dir.join("c").exists(), "nothing is created for a refused resume");
+    // The device may change on a resume (it is checked like any --device); the config may not.
+    let args = ["train", "--resume", "a/checkpoint.safetensors", "--rounds", "2", "--out", "c", "--quiet"];
+    let device = run(&[&args[..], &["--device", "tpu"]].concat());
+    assert_eq!(device.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&device.stderr).contains("unknown device 'tpu'"));
+    let seed = run(&[&args[..], &["--seed", "5"]].concat());
+    assert_eq!(seed.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&seed.stderr).contains("--trace, --device, --quiet and --profile"));
+    assert!(!dir.join("c").exists(), "nothing is created for a refused resume");
     std::fs::remove_dir_all(dir).unwrap();
 }
