@@ -48,15 +48,36 @@ pub fn relu(device: &Device, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, n: usiz
     Ok(())
 }
 
-/// `x = max(x, 0)` over the first `n` values (the kernel reads and writes each element in one thread).
-pub fn relu_in_place(device: &Device, x: &mut CudaSlice<f32>, n: usize) -> R {
+/// An element-wise kernel `(x, y, n)` over the first `n` values of `x` in place (the kernels read and
+/// write each element in one thread, so the same pointer twice is safe).
+fn in_place(device: &Device, kernel: &str, x: &mut CudaSlice<f32>, n: usize) -> R {
     let n64 = n as u64;
-    // The kernel takes x and y; the same pointer twice is safe element-wise.
     let view = x.slice(..n);
-    let mut launch = device.stream.launch_builder(device.function("relu_forward_f32"));
+    let mut launch = device.stream.launch_builder(device.function(kernel));
     launch.arg(&view).arg(&view).arg(&n64);
     unsafe { launch.launch(elementwise(n)) }?;
     Ok(())
+}
+
+/// An activation's backward `(y, dy, dx, n)` from its output `y`.
+fn activation_backward(
+    device: &Device,
+    kernel: &str,
+    y: &CudaSlice<f32>,
+    dy: &CudaSlice<f32>,
+    dx: &mut CudaSlice<f32>,
+    n: usize,
+) -> R {
+    let n64 = n as u64;
+    let mut launch = device.stream.launch_builder(device.function(kernel));
+    launch.arg(y).arg(dy).arg(dx).arg(&n64);
+    unsafe { launch.launch(elementwise(n)) }?;
+    Ok(())
+}
+
+/// `x = max(x, 0)` over the first `n` values.
+pub fn relu_in_place(device: &Device, x: &mut CudaSlice<f32>, n: usize) -> R {
+    in_place(device, "relu_forward_f32", x, n)
 }
 
 /// `dx = dy·[y > 0]` with `y` the ReLU's output (or its input: the same mask but for NaN).
@@ -67,11 +88,7 @@ pub fn relu_backward(
     dx: &mut CudaSlice<f32>,
     n: usize,
 ) -> R {
-    let n64 = n as u64;
-    let mut launch = device.stream.launch_builder(device.function("relu_backward_f32"));
-    launch.arg(y).arg(dy).arg(dx).arg(&n64);
-    unsafe { launch.launch(elementwise(n)) }?;
-    Ok(())
+    activation_backward(device, "relu_backward_f32", y, dy, dx, n)
 }
 
 /// `out = a + b` over `n` values.
@@ -246,14 +263,9 @@ pub fn linear_backward_input(
     Ok(())
 }
 
-/// `y = σ(x)` over `n` values (`x` and `y` may share a buffer through [`sigmoid_in_place`]).
+/// `x = σ(x)` over the first `n` values.
 pub fn sigmoid_in_place(device: &Device, x: &mut CudaSlice<f32>, n: usize) -> R {
-    let n64 = n as u64;
-    let view = x.slice(..n);
-    let mut launch = device.stream.launch_builder(device.function("sigmoid_forward_f32"));
-    launch.arg(&view).arg(&view).arg(&n64);
-    unsafe { launch.launch(elementwise(n)) }?;
-    Ok(())
+    in_place(device, "sigmoid_forward_f32", x, n)
 }
 
 /// `dx = dy·y·(1 − y)` from the sigmoid's output `y`.
@@ -264,11 +276,7 @@ pub fn sigmoid_backward(
     dx: &mut CudaSlice<f32>,
     n: usize,
 ) -> R {
-    let n64 = n as u64;
-    let mut launch = device.stream.launch_builder(device.function("sigmoid_backward_f32"));
-    launch.arg(y).arg(dy).arg(dx).arg(&n64);
-    unsafe { launch.launch(elementwise(n)) }?;
-    Ok(())
+    activation_backward(device, "sigmoid_backward_f32", y, dy, dx, n)
 }
 
 /// `y[p, :] = x[p, :]·scale[p]` over `planes` planes of `plane` values.
