@@ -152,6 +152,8 @@ pub fn parse_trace(text: &str) -> Result<Vec<SpanRecord>, String> {
                     let mut span = stack.remove(i);
                     stack.truncate(i);
                     span.end_us = ts;
+                    // Fields recorded while the span was open (a device's `device_us`) come with its end.
+                    span.args.extend(args);
                     spans.push(span);
                 }
             }
@@ -435,6 +437,33 @@ mod tests {
         assert!(table.contains("Observe::build_masks") && table.contains("25.81 % of the run"), "{table}");
         let widths: Vec<usize> = table.lines().skip(1).take(3).map(|l| l.chars().count()).collect();
         assert!(widths.iter().all(|&w| w == widths[0]), "header and rows align: {widths:?}\n{table}");
+    }
+
+    /// A device's time is recorded into the span while it is open, so tracing-chrome writes it with the
+    /// span's end: the table's device column reads it from there.
+    #[test]
+    fn device_time_recorded_at_the_span_end_fills_the_device_column() {
+        let with_device = |ts: f64, us: f64| {
+            format!(
+                r#"{{"ph":"E","pid":1,"name":"Validate::validate","tid":1,"ts":{ts},"args":{{"envs":"4","device_us":{us}}}}}"#
+            )
+        };
+        let events = [
+            ev("B", "step", 1, 0.0),
+            ev("B", "Validate::validate", 1, 10.0),
+            with_device(60.0, 40.0),
+            ev("E", "step", 1, 100.0),
+            ev("B", "step", 1, 100.0),
+            ev("B", "Validate::validate", 1, 110.0),
+            with_device(190.0, 70.0),
+            ev("E", "step", 1, 200.0),
+        ];
+        let p = analyze(&parse_trace(&format!("[\n{}\n]", events.join(",\n"))).unwrap()).unwrap();
+        let validate = p.systems.iter().find(|r| r.name == "Validate::validate").unwrap();
+        assert_eq!(validate.calls, 2);
+        assert!((validate.device_mean_ms.unwrap() - 0.055).abs() < 1e-12, "{validate:?}");
+        assert!((validate.device_total_ms.unwrap() - 0.11).abs() < 1e-12, "{validate:?}");
+        assert!((validate.total_ms - 0.13).abs() < 1e-12, "host time stays the span's own: {validate:?}");
     }
 
     #[test]

@@ -30,7 +30,14 @@ impl StepInfo<'_> {
 #[macro_export]
 macro_rules! system_span {
     ($info:expr, $name:literal) => {
-        ::tracing::info_span!(target: "esper", $name, envs = $info.envs(), step = $info.step()).entered()
+        ::tracing::info_span!(
+            target: "esper",
+            $name,
+            envs = $info.envs(),
+            step = $info.step(),
+            device_us = ::tracing::field::Empty
+        )
+        .entered()
     };
 }
 

@@ -57,6 +57,10 @@ pub fn train_hosts(
     results.clear();
     results.resize(hosts.n_envs(), EpochTrain::default());
     hosts.train_epoch(&data.dataset, &data.batcher, &mut results);
+    // On a device, the epoch's device time goes into the span (the profile's device column).
+    if let Some(report) = hosts.peek_device_report() {
+        _span.record("device_us", report.train_ms * 1e3);
+    }
     for (env, mut metrics) in &mut envs {
         let r = results[env.0 as usize];
         metrics.train_loss = r.loss;

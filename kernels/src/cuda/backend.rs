@@ -550,6 +550,11 @@ impl HostBackend for CudaHostBackend {
         }
     }
 
+    fn peek_device_report(&self) -> Option<DeviceReport> {
+        let syncs = self.report.syncs + self.fingerprint_syncs.load(Ordering::Relaxed);
+        Some(DeviceReport { syncs, ..self.report })
+    }
+
     fn take_device_report(&mut self) -> Option<DeviceReport> {
         let mut report = std::mem::take(&mut self.report);
         report.syncs += self.fingerprint_syncs.swap(0, Ordering::Relaxed);

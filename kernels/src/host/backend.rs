@@ -168,6 +168,10 @@ pub trait HostBackend: Send + Sync + 'static {
     fn take_device_report(&mut self) -> Option<DeviceReport> {
         None
     }
+    /// The counters so far, without resetting them (a stage's system reads its device time).
+    fn peek_device_report(&self) -> Option<DeviceReport> {
+        None
+    }
     /// The implementation, for tests and tools that inspect it.
     fn as_any(&self) -> &dyn Any;
     fn as_any_mut(&mut self) -> &mut dyn Any;
