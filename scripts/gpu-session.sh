@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device session's checks, in the order that teaches the most if the time runs out: the selftest
-# (every kernel and composed piece against its CPU twin), then the W16 bench without and with seeds,
-# then the env sweep. Each step has its own time limit and writes its output under $OUT (the device
+# (every kernel and composed piece against its CPU twin), then the W16 bench without and with seeds, a
+# short heuristic train run (the whole step's systems on the device, copies back per step, the profile's
+# device column), then the env sweep. Each step has its own time limit and writes its output under $OUT (the device
 # tool brings $OUT back), so a step that hangs or fails costs only its own limit.
 #
 #   bash scripts/gpu-session.sh [BIN]        # BIN: a cuda build of esper-ecs (default gpu/esper-ecs)
@@ -34,5 +35,7 @@ nvidia-smi >"$OUT/nvidia-smi.log" 2>&1 && head -n 15 "$OUT/nvidia-smi.log"
 step selftest 240 "$BIN" selftest --device cuda
 step bench-w16-none 150 "$BIN" bench --device cuda --seeds none --envs 16 "${W16[@]}" --json "$OUT/bench-w16-none.json"
 step bench-w16-seeded 180 "$BIN" bench --device cuda --envs 16 "${W16[@]}" --json "$OUT/bench-w16-seeded.json"
+step train-heuristic 180 "$BIN" train --device cuda --envs 16 --epochs 4 --policy heuristic --count-syncs \
+    --profile table --out "$OUT/train-heuristic" --force --quiet
 step bench-sweep-none 240 "$BIN" bench --device cuda --seeds none --envs 1,4,16,64,256 --reps 2 \
     --json "$OUT/bench-sweep-none.json"
