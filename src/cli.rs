@@ -392,7 +392,7 @@ pub struct TrainArgs {
 
     #[arg(long, value_name = "FILE", conflicts_with_all = ["config", "policy_checkpoint"], help = with_default(
         "Continue the run a checkpoint.safetensors was saved from, at its next round, with its config \
-         (only --rounds, --out, --force, --trace, --device, --quiet and --profile may be given with it)", "none"))]
+         (only --rounds, --out, --force, --trace, --device, --quiet, --count-syncs and --profile may be given with it)", "none"))]
     pub resume: Option<PathBuf>,
 
     #[arg(long, value_name = "S", allow_negative_numbers = true,
@@ -539,7 +539,7 @@ impl TrainArgs {
         if given != allowed {
             return Err(invalid(
                 "continues the checkpoint's run with its config; only --rounds, --out, --force, --trace, \
-                 --device, --quiet and --profile may be given with it"
+                 --device, --quiet, --count-syncs and --profile may be given with it"
                     .into(),
             ));
         }

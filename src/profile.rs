@@ -440,12 +440,12 @@ mod tests {
     }
 
     /// A device's time is recorded into the span while it is open, so tracing-chrome writes it with the
-    /// span's end: the table's device column reads it from there.
+    /// span's end (as a string, as it writes every field): the table's device column reads it there.
     #[test]
     fn device_time_recorded_at_the_span_end_fills_the_device_column() {
         let with_device = |ts: f64, us: f64| {
             format!(
-                r#"{{"ph":"E","pid":1,"name":"Validate::validate","tid":1,"ts":{ts},"args":{{"envs":"4","device_us":{us}}}}}"#
+                r#"{{"ph":"E","pid":1,"name":"Validate::validate","tid":1,"ts":{ts},"args":{{"envs":"4","device_us":"{us}"}}}}"#
             )
         };
         let events = [

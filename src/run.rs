@@ -475,8 +475,10 @@ pub fn train_session(
                     ),
                     None => format!("step {step}: 0 copies back (no device: the hosts run on the CPU)"),
                 };
+                // On stdout in every case (a hidden bar's println would drop the line): the bar steps
+                // aside while it prints.
                 match &progress {
-                    Some(bar) => bar.println(line),
+                    Some(bar) => bar.suspend(|| println!("{line}")),
                     None => println!("{line}"),
                 }
             }

@@ -206,7 +206,10 @@ fn the_binary_resumes_and_refuses_what_it_cannot_continue() {
     assert!(String::from_utf8_lossy(&device.stderr).contains("unknown device 'tpu'"));
     let seed = run(&[&args[..], &["--seed", "5"]].concat());
     assert_eq!(seed.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&seed.stderr).contains("--trace, --device, --quiet and --profile"));
+    assert!(
+        String::from_utf8_lossy(&seed.stderr)
+            .contains("--trace, --device, --quiet, --count-syncs and --profile")
+    );
     assert!(!dir.join("c").exists(), "nothing is created for a refused resume");
     std::fs::remove_dir_all(dir).unwrap();
 }

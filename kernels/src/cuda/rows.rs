@@ -55,6 +55,11 @@ impl TensorRows {
         &self.layout
     }
 
+    /// The env count every buffer is sized for.
+    pub fn envs(&self) -> usize {
+        self.envs
+    }
+
     /// Every env's row (`[E, P]`) into the parameters.
     pub fn upload_rows(&mut self, device: &Device, rows: &[f32]) -> R {
         let mut tensor_major = vec![0.0f32; rows.len()];

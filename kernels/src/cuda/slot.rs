@@ -455,7 +455,8 @@ fn scale_and_step(
     active: &CudaView<'_, u8>,
     sgd: SgdConfig,
 ) -> R {
-    let envs = active.len();
+    let envs = rows.envs();
+    assert_eq!(active.len(), envs, "one SGD mask entry per env");
     let envs32 = envs as u32;
     let (lr, mu, wd) = (sgd.lr as f32, sgd.momentum as f32, sgd.weight_decay as f32);
     let decay = i32::from(sgd.weight_decay != 0.0);
