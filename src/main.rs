@@ -226,6 +226,12 @@ fn compare_command(args: &CompareArgs) -> ExitCode {
     if let Err(e) = esper_ecs::compare::check(&base, &args.policies, &args.seeds) {
         return bad_input(e);
     }
+    // A GPU (config key `device`) that cannot be used fails before the folder is made.
+    if let Ok(device) = base.host_device()
+        && let Err(e) = run::probe_device(device)
+    {
+        return failed(e);
+    }
     let out_dir = match esper_ecs::config::prepare_compare_out(args.train.out.as_deref(), args.train.force) {
         Ok(dir) => dir,
         Err(e) => return bad_input(e),

@@ -149,6 +149,11 @@ fn compare_refuses_single_run_flags_and_repeats() {
     bad_input(&["compare", "--seed", "3"], "--seed: compare takes --seeds LIST");
     bad_input(&["compare", "--policies", "static,static"], "--policies: static is listed twice");
     bad_input(&["compare", "--seeds", "1,2,1"], "--seeds: a seed is listed twice");
+    // compare runs where --device says, checked before any folder is made.
+    bad_input(&["compare", "--device", "tpu"], "--device (device): unknown device 'tpu'");
+    if !cfg!(feature = "cuda") {
+        bad_input(&["compare", "--device", "cuda"], "--device (device): this binary was built without CUDA");
+    }
     bad_input(
         &["compare", "--policies", "dqn"],
         "invalid value 'dqn' for '--policies <LIST>': unknown policy",
