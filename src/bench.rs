@@ -452,11 +452,7 @@ fn bench_envs(
             }
         }
         if tier != Tier::Train {
-            // The CUDA backend runs seedless hosts only: the main configuration.
-            configs = match world.resource::<Hosts>().as_cpu() {
-                Some(cpu) => cpu.validator.configs.first().map_or(0, |c| c.masks.len()),
-                None => 1,
-            };
+            configs = world.resource::<Hosts>().validation_configs(0);
         }
         let step = Timing::of(&totals);
         let result = TierResult {

@@ -96,6 +96,9 @@ impl HostBackend for Double {
             .collect();
         &self.results
     }
+    fn validation_configs(&self, env: usize) -> usize {
+        self.results.get(env).map_or(0, |r| r.config_acc.len())
+    }
     fn seed_telemetry(&self, slot: usize, env: usize) -> Option<SeedTelemetry> {
         (slot == 0 && env == 1).then_some(SeedTelemetry {
             stats: SeedGradStats { norm: 0.25, health: 0.75, elements: 100, ..SeedGradStats::default() },

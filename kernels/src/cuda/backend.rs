@@ -25,6 +25,7 @@ use crate::host::{
     ParamPrint, SeedBank, SeedEnvState, SeedTelemetry, SlotSync, TELEMETRY_STRIDE, ValidationPlan,
     counterfactuals_into, host_fingerprint, plan_env_configs,
 };
+use crate::seeds::CnnBlueprint;
 
 /// The dataset resident on the device, and what it was uploaded from.
 struct DeviceData {
@@ -457,6 +458,10 @@ impl HostBackend for CudaHostBackend {
         &self.results
     }
 
+    fn validation_configs(&self, env: usize) -> usize {
+        self.configs.get(env).map_or(0, |c| c.masks.len())
+    }
+
     fn seed_telemetry(&self, slot: usize, env: usize) -> Option<SeedTelemetry> {
         let stats = self.telemetry[slot][env]?;
         Some(SeedTelemetry { stats, host_norm: self.host_norm_at_collection[env] })
@@ -529,21 +534,38 @@ impl HostBackend for CudaHostBackend {
         on_device(self.host.download(&self.device, &mut params));
         // Copies of every state buffer; the first waits for the device, the rest find it idle.
         self.fingerprint_syncs.fetch_add(1, Ordering::Relaxed);
-        let slots: Vec<&DeviceSlot> = self.host.slots().collect();
+        // Every held blueprint's and gate's rows of every env in one download each (not a copy per
+        // env and slot), then each env's rows as the CPU backend hashes them.
+        let envs = self.n_envs();
+        let rows_of = |rows: &crate::cuda::rows::TensorRows| on_device(rows.download_rows(&self.device));
+        let slots = self
+            .host
+            .slots()
+            .map(|slot| {
+                let held = |bp: CnnBlueprint| (0..envs).any(|e| slot.state(e).blueprint == Some(bp));
+                let seeds = CnnBlueprint::ALL
+                    .into_iter()
+                    .map(|bp| held(bp).then(|| rows_of(&slot.module(bp).expect("a held blueprint").rows)))
+                    .collect();
+                let gated = (0..envs).any(|e| slot.state(e).mode == SeedMode::Gate);
+                let gate = gated.then(|| rows_of(&slot.gate().expect("a GATE seed has its gate").rows));
+                (slot, seeds, gate)
+            })
+            .collect::<Vec<(_, Vec<_>, _)>>();
         for (env, (checksum, prints)) in checksums.iter_mut().zip(prints.chunks_mut(groups)).enumerate() {
             prints.fill(ParamPrint::default());
             let mut hash = host_fingerprint(&params, env, &mut prints[0]);
             // Then each slot's seed row and, in GATE mode, its gate row, as the CPU backend continues it.
-            for (slot, print) in slots.iter().zip(&mut prints[1..]) {
+            for ((slot, seeds, gate), print) in slots.iter().zip(&mut prints[1..]) {
                 let state = slot.state(env);
                 let Some(bp) = state.blueprint else { continue };
-                let module = slot.module(bp).expect("a held blueprint has its module");
-                let row = on_device(module.rows.download_env_row(&self.device, env));
-                hash = print.add_hashed(hash, &row);
+                let rows = seeds[bp as usize - 1].as_ref().expect("downloaded above");
+                let p = rows.len() / envs;
+                hash = print.add_hashed(hash, &rows[env * p..(env + 1) * p]);
                 if state.mode == SeedMode::Gate {
-                    let gate = slot.gate().expect("a GATE seed has its gate");
-                    let row = on_device(gate.rows.download_env_row(&self.device, env));
-                    hash = print.add_hashed(hash, &row);
+                    let rows = gate.as_ref().expect("downloaded above");
+                    let p = rows.len() / envs;
+                    hash = print.add_hashed(hash, &rows[env * p..(env + 1) * p]);
                 }
             }
             *checksum = hash;

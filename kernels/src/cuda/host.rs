@@ -293,8 +293,11 @@ impl DeviceHost {
 
     /// The slot with canonical index `k` (every enabled r0 in block order, then every r1).
     pub fn slot_mut(&mut self, k: usize) -> Option<&mut DeviceSlot> {
-        let (r0, r1): (Vec<_>, Vec<_>) = self.blocks.iter_mut().map(|b| (&mut b.r0, &mut b.r1)).unzip();
-        r0.into_iter().chain(r1).flatten().nth(k)
+        let r0 = self.blocks.iter().filter(|b| b.r0.is_some()).count();
+        match k < r0 {
+            true => self.blocks.iter_mut().filter_map(|b| b.r0.as_mut()).nth(k),
+            false => self.blocks.iter_mut().filter_map(|b| b.r1.as_mut()).nth(k - r0),
+        }
     }
 
     /// Every enabled slot in canonical order.
@@ -336,22 +339,11 @@ impl DeviceHost {
         labels: &CudaSlice<u8>,
     ) -> Result<(), ParityError> {
         self.check_batch(images, labels);
-        self.forward_eval_pass(device, images, labels, 0)
+        self.forward_eval_from(device, images, labels, 0, None)
     }
 
-    /// [`Self::forward_eval`] with validation pass `pass`'s seed selection (see
-    /// [`DeviceSlot::plan_eval`]; pass 0 is the main configuration when planned so).
-    pub fn forward_eval_pass(
-        &mut self,
-        device: &Device,
-        images: &CudaSlice<f32>,
-        labels: &CudaSlice<u8>,
-        pass: usize,
-    ) -> Result<(), ParityError> {
-        self.forward_eval_from(device, images, labels, pass, None)
-    }
-
-    /// [`Self::forward_eval_pass`] from slot `start` (`(block, row)`) on: everything before it is the
+    /// The evaluation forward with validation pass `pass`'s seed selection (see [`DeviceSlot::plan_eval`];
+    /// pass 0 is the main configuration), from slot `start` (`(block, row)`) on: everything before it is the
     /// previous forward's, still in the buffers — the main pass's, when the passes run in order of
     /// later starts first (a pass rewrites only what lies at or after its start). None: the whole
     /// network.

@@ -4,7 +4,7 @@
 //! keeps each layout tensor as its own `[E, len]` buffer (tensor-major, what
 //! [`ParamLayout::rows_to_tensors`] gives), so every op reads its tensor as the host's ops read theirs.
 //! Rows go in and out here: at germination (one env), for snapshots (a device copy of one env's rows),
-//! and for checksums and checks.
+//! and for checksums and checks (every env's at once).
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
@@ -103,16 +103,6 @@ impl TensorRows {
             device.stream.memset_zeros(&mut m.slice_mut(at))?;
         }
         Ok(())
-    }
-
-    /// Env `env`'s row as the layout packs it (for checksums).
-    pub fn download_env_row(&self, device: &Device, env: usize) -> Result<Vec<f32>, ParityError> {
-        let mut row = vec![0.0f32; self.layout.param_count()];
-        for (spec, t) in self.layout.tensors().iter().zip(&self.params) {
-            let at = env * spec.len..(env + 1) * spec.len;
-            device.stream.memcpy_dtoh(&t.slice(at), &mut row[spec.range()])?;
-        }
-        Ok(row)
     }
 
     /// Zeroes env `env`'s momentum (the optimizer rebuilt at fossilization or rollback).

@@ -145,6 +145,9 @@ pub trait HostBackend: Send + Sync + 'static {
         batcher: &Batcher,
         plan: ValidationPlan<'_>,
     ) -> &[EnvCounterfactuals];
+    /// How many configurations (main included) env `env` was validated in by the last [`Self::validate`]
+    /// (0 before the first).
+    fn validation_configs(&self, env: usize) -> usize;
     /// Env `env`'s telemetry at slot `slot` from this epoch's collection batches (None: not collected).
     fn seed_telemetry(&self, slot: usize, env: usize) -> Option<SeedTelemetry>;
     /// Env `env`'s governor snapshot: its host as it is now and the rows of the fossils in `fossils`
@@ -367,6 +370,10 @@ impl HostBackend for CpuHostBackend {
         }
         self.validator.results_into(&mut self.results);
         &self.results
+    }
+
+    fn validation_configs(&self, env: usize) -> usize {
+        self.validator.configs.get(env).map_or(0, |c| c.masks.len())
     }
 
     fn seed_telemetry(&self, slot: usize, env: usize) -> Option<SeedTelemetry> {
