@@ -45,45 +45,6 @@ pub const FORCED_BLUEPRINTS: [BlueprintAction; 3] =
 /// The forced seeds' alpha.
 pub const FORCED_ALPHA: f64 = 0.5;
 
-/// Where the bench runs: the CPU, or (a `cuda` build) GPU `N` with the CUDA host backend (seeds in the
-/// OFF, INCUBATOR and ADD modes, which is what the bench's forced states and the heuristic use).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Device {
-    Cpu,
-    Cuda(usize),
-}
-
-impl Device {
-    pub fn name(self) -> String {
-        match self {
-            Device::Cpu => "cpu".to_string(),
-            Device::Cuda(i) => format!("cuda:{i}"),
-        }
-    }
-
-    /// Parses `--device`: `cpu`, or `cuda` / `cuda:N`, which a build without CUDA refuses — the error
-    /// says why and what to do instead.
-    pub fn parse(name: &str) -> Result<Self, String> {
-        match name {
-            "cpu" => Ok(Device::Cpu),
-            cuda => match cuda_ordinal(cuda) {
-                Some(i) if cfg!(feature = "cuda") => Ok(Device::Cuda(i)),
-                Some(_) => Err(format!("--device {cuda}: {}", cuda_unavailable())),
-                None => Err(format!("unknown device '{cuda}' (known: cpu, cuda, cuda:N)")),
-            },
-        }
-    }
-
-    /// Where the run's hosts go.
-    fn hosts(self) -> HostDevice {
-        match self {
-            Device::Cpu => HostDevice::Cpu,
-            Device::Cuda(i) => HostDevice::Cuda(i),
-        }
-    }
-}
-
 /// The GPU a `--device` name picks: `cuda` is 0, `cuda:N` is N; anything else is none.
 pub fn cuda_ordinal(name: &str) -> Option<usize> {
     match name {
@@ -158,7 +119,7 @@ impl BenchSeeds {
 pub struct BenchConfig {
     pub envs: Vec<usize>,
     pub task: TaskPreset,
-    pub device: Device,
+    pub device: HostDevice,
     pub seeds: BenchSeeds,
     pub batch_per_env: usize,
     /// Training batches per env per step.
@@ -175,7 +136,7 @@ impl Default for BenchConfig {
         Self {
             envs: vec![1, 4, 16, 64, 256],
             task: TaskPreset::CifarBaseline,
-            device: Device::Cpu,
+            device: HostDevice::Cpu,
             seeds: BenchSeeds::Blending,
             batch_per_env: 64,
             train_batches: 2,
@@ -400,7 +361,7 @@ fn bench_envs(
     mut on_line: impl FnMut(&str),
 ) -> Result<(Vec<TierResult>, BoundaryResult, usize, Option<u64>), RunError> {
     let plan = plan_for(config, envs)?;
-    let mut world = build_world_on(&plan, config.device.hosts())?;
+    let mut world = build_world_on(&plan, config.device)?;
     world.resource_mut::<StepClock>().epoch = 1;
     let train_images = (envs * config.batch_per_env * config.train_batches) as f64;
     let mut tiers = Vec::new();
@@ -519,7 +480,7 @@ pub fn run(config: &BenchConfig, mut on_line: impl FnMut(&str)) -> Result<BenchR
     if config.reps == 0 {
         return Err(RunError("--reps must be at least 1".into()));
     }
-    probe_device(config.device.hosts())?;
+    probe_device(config.device)?;
     let forced_state = config.seeds.describe();
     let threads = rayon::current_num_threads();
     on_line(&format!(

@@ -602,16 +602,8 @@ impl RunConfig {
 
 /// `cpu`, or `cuda` / `cuda:N` in a build with the `cuda` feature.
 fn parse_device(name: &str) -> Result<crate::run::HostDevice, ConfigError> {
-    use crate::run::HostDevice;
-    let invalid = |reason: String| ConfigError::Invalid { name: "--device (device)", reason };
-    match name {
-        "cpu" => Ok(HostDevice::Cpu),
-        other => match crate::bench::cuda_ordinal(other) {
-            Some(i) if cfg!(feature = "cuda") => Ok(HostDevice::Cuda(i)),
-            Some(_) => Err(invalid(crate::bench::cuda_unavailable().to_string())),
-            None => Err(invalid(format!("unknown device '{other}' (known: cpu, cuda, cuda:N)"))),
-        },
-    }
+    crate::run::HostDevice::parse(name)
+        .map_err(|e| ConfigError::Invalid { name: "--device (device)", reason: e.to_string() })
 }
 
 /// The 1-based line of byte `offset` in `text` and the key set on that line (`key = …`), if any.

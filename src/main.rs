@@ -3,7 +3,7 @@
 
 use clap::Parser;
 use esper_components::TaskPreset;
-use esper_ecs::bench::{self, BenchConfig, BenchSeeds, Device};
+use esper_ecs::bench::{self, BenchConfig, BenchSeeds};
 use esper_ecs::cli::{
     BenchArgs, Cli, Command, CompareArgs, EXIT_BAD_INPUT, EXIT_RUN_FAILED, ProfileArgs, ProfileMode,
     ReplayArgs, SelftestArgs, TrainArgs,
@@ -284,9 +284,10 @@ fn bench_command(args: &BenchArgs) -> ExitCode {
         let known: Vec<&str> = TaskPreset::ALL.iter().map(|t| t.name()).collect();
         return bad_input(format!("unknown task '{}' (known: {})", args.task, known.join(", ")));
     };
-    let device = match Device::parse(&args.device) {
+    let device = match run::HostDevice::parse(&args.device) {
         Ok(device) => device,
-        Err(message) => return bad_input(message),
+        Err(e @ run::DeviceError::NotBuilt) => return bad_input(format!("--device {}: {e}", args.device)),
+        Err(e) => return bad_input(e),
     };
     let seeds = match BenchSeeds::parse(&args.seeds) {
         Ok(seeds) => seeds,

@@ -120,13 +120,66 @@ pub fn host_arch(plan: &RunPlan) -> HostArch {
     }
 }
 
-/// Where the hosts train and validate.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Where the hosts train and validate (`--device` of `train`, `compare` and `bench`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum HostDevice {
     /// The batched CPU kernels ([`CpuHostBackend`]).
     Cpu,
-    /// GPU `N` with the CUDA backend (a `cuda` build; seedless hosts only so far).
+    /// GPU `N` with the CUDA backend (a `cuda` build).
     Cuda(usize),
+}
+
+/// Why a `--device` name cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeviceError {
+    Unknown(String),
+    /// `cuda` / `cuda:N` in a build without CUDA.
+    NotBuilt,
+}
+
+impl fmt::Display for DeviceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceError::Unknown(name) => write!(f, "unknown device '{name}' (known: cpu, cuda, cuda:N)"),
+            DeviceError::NotBuilt => f.write_str(crate::bench::cuda_unavailable()),
+        }
+    }
+}
+
+impl HostDevice {
+    pub fn name(self) -> String {
+        match self {
+            HostDevice::Cpu => "cpu".to_string(),
+            HostDevice::Cuda(i) => format!("cuda:{i}"),
+        }
+    }
+
+    /// Parses `cpu`, or `cuda` / `cuda:N`, which a build without CUDA refuses.
+    pub fn parse(name: &str) -> Result<Self, DeviceError> {
+        match name {
+            "cpu" => Ok(HostDevice::Cpu),
+            other => match crate::bench::cuda_ordinal(other) {
+                Some(i) if cfg!(feature = "cuda") => Ok(HostDevice::Cuda(i)),
+                Some(_) => Err(DeviceError::NotBuilt),
+                None => Err(DeviceError::Unknown(other.to_string())),
+            },
+        }
+    }
+}
+
+/// GPU `ordinal` opened with the kernels loaded, or why it cannot be used.
+#[cfg(feature = "cuda")]
+fn open_gpu(ordinal: usize) -> Result<esper_kernels::cuda::parity::Device, RunError> {
+    use esper_kernels::cuda::{KernelCache, parity::Device};
+    Device::open(ordinal, &KernelCache::default_location())
+        .map_err(|e| RunError(format!("cuda:{ordinal} cannot be used: {e}")))
+}
+
+/// A GPU asked of a build without CUDA (parsing refuses it first; a plan built by hand may not).
+#[cfg(not(feature = "cuda"))]
+fn open_gpu(ordinal: usize) -> Result<std::convert::Infallible, RunError> {
+    Err(RunError(format!("--device cuda:{ordinal}: {}", crate::bench::cuda_unavailable())))
 }
 
 /// Build the world: resources, one entity per env and per (env, slot), the hosts on the CPU.
@@ -143,18 +196,21 @@ fn host_backend(plan: &RunPlan, device: HostDevice, slot_ids: &[(u8, u8)]) -> Re
         }
         #[cfg(feature = "cuda")]
         HostDevice::Cuda(ordinal) => {
-            use esper_kernels::cuda::{CudaHostBackend, KernelCache, parity::Device};
-            let on = |e: Box<dyn std::error::Error>| RunError(format!("cuda:{ordinal} cannot be used: {e}"));
-            let device = Device::open(ordinal, &KernelCache::default_location()).map_err(on)?;
-            let backend =
-                CudaHostBackend::new(device, arch, slot_ids, cfg.envs, cfg.batch_per_env, cfg.seed, 0)
-                    .map_err(on)?;
-            Ok(Hosts::from(backend))
+            let device = open_gpu(ordinal)?;
+            esper_kernels::cuda::CudaHostBackend::new(
+                device,
+                arch,
+                slot_ids,
+                cfg.envs,
+                cfg.batch_per_env,
+                cfg.seed,
+                0,
+            )
+            .map(Hosts::from)
+            .map_err(|e| RunError(format!("cuda:{ordinal} cannot be used: {e}")))
         }
         #[cfg(not(feature = "cuda"))]
-        HostDevice::Cuda(ordinal) => {
-            Err(RunError(format!("--device cuda:{ordinal}: {}", crate::bench::cuda_unavailable())))
-        }
+        HostDevice::Cuda(ordinal) => match open_gpu(ordinal)? {},
     }
 }
 
@@ -162,17 +218,7 @@ fn host_backend(plan: &RunPlan, device: HostDevice, slot_ids: &[(u8, u8)]) -> Re
 pub fn probe_device(device: HostDevice) -> Result<(), RunError> {
     match device {
         HostDevice::Cpu => Ok(()),
-        #[cfg(feature = "cuda")]
-        HostDevice::Cuda(ordinal) => {
-            use esper_kernels::cuda::{KernelCache, parity::Device};
-            Device::open(ordinal, &KernelCache::default_location())
-                .map(drop)
-                .map_err(|e| RunError(format!("cuda:{ordinal} cannot be used: {e}")))
-        }
-        #[cfg(not(feature = "cuda"))]
-        HostDevice::Cuda(ordinal) => {
-            Err(RunError(format!("--device cuda:{ordinal}: {}", crate::bench::cuda_unavailable())))
-        }
+        HostDevice::Cuda(ordinal) => open_gpu(ordinal).map(drop),
     }
 }
 
