@@ -13,11 +13,12 @@
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::gemm_conv::{ConvDims, GemmConv};
+use super::ops;
 use super::parity::{Device, ParityError, elementwise};
 use super::seed_module::SeedDims;
 use super::slot::DeviceSlot;
 use crate::host::{HostArch, HostParams};
-use crate::optim::{MAX_GRAD_NORM, SgdConfig};
+use crate::optim::SgdConfig;
 use crate::seeds::CnnBlueprint;
 
 /// Blocks per env of the first stage of the per-env squared norms (`sq_norms_partial_f32`).
@@ -513,43 +514,21 @@ impl DeviceHost {
     /// Per-env norms over every host gradient (two fixed-order stages), clip factors, the scaling, and
     /// SGD for every tensor: the twin of the host half of `Trainer::step`.
     fn clip_and_step(&mut self, device: &Device) -> Result<(), ParityError> {
-        let stream = &device.stream;
-        let envs = self.envs as u32;
-        stream.memset_zeros(&mut self.sq_norms)?;
-        let partial_config = LaunchConfig {
-            grid_dim: (NORM_BLOCKS_PER_ENV, envs, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        device.stream.memset_zeros(&mut self.sq_norms)?;
         for g in &self.grads {
-            let per_env = (g.len() / self.envs) as u64;
-            let mut launch = stream.launch_builder(device.function("sq_norms_partial_f32"));
-            launch.arg(g).arg(&mut self.norm_partial).arg(&per_env).arg(&NORM_BLOCKS_PER_ENV);
-            unsafe { launch.launch(partial_config) }?;
-            let mut launch = stream.launch_builder(device.function("sq_norms_finish"));
-            launch.arg(&self.norm_partial).arg(&mut self.sq_norms).arg(&envs).arg(&NORM_BLOCKS_PER_ENV);
-            unsafe { launch.launch(elementwise(self.envs)) }?;
+            ops::add_sq_norms(device, g, &mut self.norm_partial, &mut self.sq_norms.slice_mut(..))?;
         }
-        let max_norm = MAX_GRAD_NORM;
-        let mut launch = stream.launch_builder(device.function("clip_coefficients"));
-        launch.arg(&self.sq_norms).arg(&mut self.clip).arg(&envs).arg(&max_norm);
-        unsafe { launch.launch(elementwise(self.envs)) }?;
-
-        // The CPU twin rounds the hyperparameters to f32 (T::from_f64) and decays when wd ≠ 0.
-        let (lr, mu, wd) = (self.sgd.lr as f32, self.sgd.momentum as f32, self.sgd.weight_decay as f32);
-        let decay = i32::from(self.sgd.weight_decay != 0.0);
-        let tensors = self.params.iter_mut().zip(&mut self.grads).zip(&mut self.momentum);
-        for ((p, g), m) in tensors {
-            let (len, per_env) = (g.len(), (g.len() / self.envs) as u64);
-            let mut launch = stream.launch_builder(device.function("scale_per_env_f32"));
-            launch.arg(&mut *g).arg(&self.clip).arg(&per_env).arg(&envs);
-            unsafe { launch.launch(elementwise(len)) }?;
-            let mut launch = stream.launch_builder(device.function("sgd_step_f32"));
-            launch.arg(p).arg(&*g).arg(m).arg(&self.all_envs).arg(&per_env).arg(&envs);
-            launch.arg(&lr).arg(&mu).arg(&wd).arg(&decay);
-            unsafe { launch.launch(elementwise(len)) }?;
-        }
-        Ok(())
+        ops::clip_factors(device, &self.sq_norms, &mut self.clip)?;
+        let all_envs = self.all_envs.slice(..);
+        ops::scale_and_step(
+            device,
+            &mut self.params,
+            &mut self.grads,
+            &mut self.momentum,
+            &self.clip,
+            &all_envs,
+            self.sgd,
+        )
     }
 
     /// The env count and the images per env of a batch.

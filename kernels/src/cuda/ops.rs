@@ -2,7 +2,9 @@
 //! kernel's arguments in the kernel's order, so a composition reads as the CPU code it mirrors and an
 //! argument list is written once.
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+
+use crate::optim::{MAX_GRAD_NORM, SgdConfig};
 
 use super::parity::{Device, ParityError, elementwise};
 
@@ -308,5 +310,66 @@ pub fn scale_planes_backward_scale(
     let mut launch = device.stream.launch_builder(device.function("scale_planes_backward_scale_f32"));
     launch.arg(x).arg(dy).arg(grad_scale).arg(&planes64).arg(&plane32);
     unsafe { launch.launch(elementwise(planes)) }?;
+    Ok(())
+}
+
+/// Adds each env's sum of squares of `grad` (`[E, n]`) into `sq` (`[E]`), the twin of
+/// `optim::accumulate_sq_norms`: `sq_norms_partial_f32` into `partial` (`[E, blocks]`, its length
+/// picks the blocks per env), then `sq_norms_finish` adding the partials in block order.
+pub fn add_sq_norms(
+    device: &Device,
+    grad: &CudaSlice<f32>,
+    partial: &mut CudaSlice<f64>,
+    sq: &mut CudaViewMut<'_, f64>,
+) -> R {
+    let envs = sq.len();
+    let (envs32, blocks) = (envs as u32, (partial.len() / envs) as u32);
+    let per_env = (grad.len() / envs) as u64;
+    let config = LaunchConfig { grid_dim: (blocks, envs32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let mut launch = device.stream.launch_builder(device.function("sq_norms_partial_f32"));
+    launch.arg(grad).arg(&mut *partial).arg(&per_env).arg(&blocks);
+    unsafe { launch.launch(config) }?;
+    let mut launch = device.stream.launch_builder(device.function("sq_norms_finish"));
+    launch.arg(&*partial).arg(sq).arg(&envs32).arg(&blocks);
+    unsafe { launch.launch(elementwise(envs)) }?;
+    Ok(())
+}
+
+/// Each env's clip factor from its squared norm (`clip_grad_norm_` at [`MAX_GRAD_NORM`]).
+pub fn clip_factors(device: &Device, sq: &CudaSlice<f64>, clip: &mut CudaSlice<f64>) -> R {
+    let (envs32, max_norm) = (sq.len() as u32, MAX_GRAD_NORM);
+    let mut launch = device.stream.launch_builder(device.function("clip_coefficients"));
+    launch.arg(sq).arg(clip).arg(&envs32).arg(&max_norm);
+    unsafe { launch.launch(elementwise(sq.len())) }?;
+    Ok(())
+}
+
+/// Every tensor: the gradient scaled by each env's clip factor, then one SGD step for the envs marked in
+/// `active` (`[E]`): `optim::scale_per_env` then `optim::sgd_step`, hyperparameters rounded to f32 as
+/// the CPU twin's `T::from_f64`, weight decay when it is not 0.
+pub fn scale_and_step(
+    device: &Device,
+    params: &mut [CudaSlice<f32>],
+    grads: &mut [CudaSlice<f32>],
+    momentum: &mut [CudaSlice<f32>],
+    clip: &CudaSlice<f64>,
+    active: &CudaView<'_, u8>,
+    sgd: SgdConfig,
+) -> R {
+    let envs = active.len();
+    assert_eq!(clip.len(), envs, "one clip factor per env");
+    let envs32 = envs as u32;
+    let (lr, mu, wd) = (sgd.lr as f32, sgd.momentum as f32, sgd.weight_decay as f32);
+    let decay = i32::from(sgd.weight_decay != 0.0);
+    for ((p, g), m) in params.iter_mut().zip(grads.iter_mut()).zip(momentum.iter_mut()) {
+        let (n, per_env) = (g.len(), (g.len() / envs) as u64);
+        let mut launch = device.stream.launch_builder(device.function("scale_per_env_f32"));
+        launch.arg(&mut *g).arg(clip).arg(&per_env).arg(&envs32);
+        unsafe { launch.launch(elementwise(n)) }?;
+        let mut launch = device.stream.launch_builder(device.function("sgd_step_f32"));
+        launch.arg(p).arg(&*g).arg(m).arg(active).arg(&per_env).arg(&envs32);
+        launch.arg(&lr).arg(&mu).arg(&wd).arg(&decay);
+        unsafe { launch.launch(elementwise(n)) }?;
+    }
     Ok(())
 }

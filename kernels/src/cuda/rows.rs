@@ -6,9 +6,10 @@
 //! Rows go in and out here: at germination (one env), for snapshots (a device copy of one env's rows),
 //! and for checksums and checks (every env's at once).
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::CudaSlice;
 
-use super::parity::{Device, ParityError, elementwise};
+use super::ops;
+use super::parity::{Device, ParityError};
 use crate::seeds::ParamLayout;
 
 type R = Result<(), ParityError>;
@@ -141,22 +142,10 @@ impl TensorRows {
     /// Every tensor's squared gradient norm per env into [`Self::stat_sq`] (the gradient-health
     /// statistics of a collection batch, before clipping): f64 sums in two fixed-order stages.
     pub fn collect_sq_norms(&mut self, device: &Device) -> R {
-        let envs32 = self.envs as u32;
-        let config = LaunchConfig {
-            grid_dim: (STAT_BLOCKS_PER_ENV, envs32, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
         device.stream.memset_zeros(&mut self.stat_sq)?;
         for (t, g) in self.grads.iter().enumerate() {
-            let per_env = (g.len() / self.envs) as u64;
-            let mut launch = device.stream.launch_builder(device.function("sq_norms_partial_f32"));
-            launch.arg(g).arg(&mut self.stat_partial).arg(&per_env).arg(&STAT_BLOCKS_PER_ENV);
-            unsafe { launch.launch(config) }?;
             let mut sq = self.stat_sq.slice_mut(t * self.envs..(t + 1) * self.envs);
-            let mut launch = device.stream.launch_builder(device.function("sq_norms_finish"));
-            launch.arg(&self.stat_partial).arg(&mut sq).arg(&envs32).arg(&STAT_BLOCKS_PER_ENV);
-            unsafe { launch.launch(elementwise(self.envs)) }?;
+            ops::add_sq_norms(device, g, &mut self.stat_partial, &mut sq)?;
         }
         Ok(())
     }

@@ -8,15 +8,15 @@
 //! The seed optimizer is the CPU's `Trainer::step_seeds`: each env's gradient over all of the slot's
 //! blueprints clipped to norm 1, then SGD (no weight decay) for the envs that train each blueprint.
 
-use cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, PushKernelArg};
 
 use super::gate::DeviceGate;
 use super::gemm_conv::GemmConv;
+use super::ops;
 use super::parity::{Device, ParityError, elementwise};
-use super::rows::TensorRows;
 use super::seed_module::{DeviceSeed, SeedDims};
 use crate::host::{SeedEnvState, SeedMode};
-use crate::optim::{MAX_GRAD_NORM, SgdConfig};
+use crate::optim::SgdConfig;
 use crate::seeds::CnnBlueprint;
 
 type R = Result<(), ParityError>;
@@ -392,7 +392,6 @@ impl DeviceSlot {
     pub fn step(&mut self, device: &Device) -> R {
         let d = self.dims;
         let stream = &device.stream;
-        let envs32 = d.envs as u32;
         let trained: Vec<CnnBlueprint> = CnnBlueprint::ALL
             .into_iter()
             .filter(|&bp| self.state.iter().any(|s| s.blueprint == Some(bp) && s.train_seed))
@@ -402,11 +401,6 @@ impl DeviceSlot {
             return Ok(());
         }
         stream.memset_zeros(&mut self.sq_norms)?;
-        let partial_config = LaunchConfig {
-            grid_dim: (NORM_BLOCKS_PER_ENV, envs32, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
         // Blueprints nobody trains, and gates nobody's gradient reaches, have zero gradients on the CPU
         // and add nothing to the norm.
         let gate_tensors = match (gate_grads, &self.gate) {
@@ -422,54 +416,36 @@ impl DeviceSlot {
                 .iter()
         });
         for g in seed_tensors.chain(gate_tensors) {
-            let per_env = (g.len() / d.envs) as u64;
-            let mut launch = stream.launch_builder(device.function("sq_norms_partial_f32"));
-            launch.arg(g).arg(&mut self.norm_partial).arg(&per_env).arg(&NORM_BLOCKS_PER_ENV);
-            unsafe { launch.launch(partial_config) }?;
-            let mut launch = stream.launch_builder(device.function("sq_norms_finish"));
-            launch.arg(&self.norm_partial).arg(&mut self.sq_norms).arg(&envs32).arg(&NORM_BLOCKS_PER_ENV);
-            unsafe { launch.launch(elementwise(d.envs)) }?;
+            ops::add_sq_norms(device, g, &mut self.norm_partial, &mut self.sq_norms.slice_mut(..))?;
         }
-        let max_norm = MAX_GRAD_NORM;
-        let mut launch = stream.launch_builder(device.function("clip_coefficients"));
-        launch.arg(&self.sq_norms).arg(&mut self.clip).arg(&envs32).arg(&max_norm);
-        unsafe { launch.launch(elementwise(d.envs)) }?;
+        ops::clip_factors(device, &self.sq_norms, &mut self.clip)?;
         if let (true, Some(gate)) = (self.state.iter().any(|s| s.gate_step && s.gate_grad), &mut self.gate) {
-            scale_and_step(device, &mut gate.rows, &self.clip, &self.gate_steps.slice(..), self.sgd)?;
+            let rows = &mut gate.rows;
+            let active = self.gate_steps.slice(..);
+            ops::scale_and_step(
+                device,
+                &mut rows.params,
+                &mut rows.grads,
+                &mut rows.momentum,
+                &self.clip,
+                &active,
+                self.sgd,
+            )?;
         }
         for bp in trained {
             let active = self.trains.slice((bp as usize - 1) * d.envs..(bp as usize) * d.envs);
             let module = self.modules[bp as usize - 1].as_mut().expect("a trained blueprint has its module");
-            scale_and_step(device, &mut module.rows, &self.clip, &active, self.sgd)?;
+            let rows = &mut module.rows;
+            ops::scale_and_step(
+                device,
+                &mut rows.params,
+                &mut rows.grads,
+                &mut rows.momentum,
+                &self.clip,
+                &active,
+                self.sgd,
+            )?;
         }
         Ok(())
     }
-}
-
-/// Every tensor of `rows`: the gradient scaled by each env's clip factor, then one SGD step for the envs
-/// marked in `active` (`Trainer::step_seeds`'s `scale_per_env` and `sgd_step`).
-fn scale_and_step(
-    device: &Device,
-    rows: &mut TensorRows,
-    clip: &CudaSlice<f64>,
-    active: &CudaView<'_, u8>,
-    sgd: SgdConfig,
-) -> R {
-    let envs = rows.envs();
-    assert_eq!(active.len(), envs, "one SGD mask entry per env");
-    let envs32 = envs as u32;
-    let (lr, mu, wd) = (sgd.lr as f32, sgd.momentum as f32, sgd.weight_decay as f32);
-    let decay = i32::from(sgd.weight_decay != 0.0);
-    let tensors = rows.params.iter_mut().zip(&mut rows.grads).zip(&mut rows.momentum);
-    for ((p, g), m) in tensors {
-        let (n, per_env) = (g.len(), (g.len() / envs) as u64);
-        let mut launch = device.stream.launch_builder(device.function("scale_per_env_f32"));
-        launch.arg(&mut *g).arg(clip).arg(&per_env).arg(&envs32);
-        unsafe { launch.launch(elementwise(n)) }?;
-        let mut launch = device.stream.launch_builder(device.function("sgd_step_f32"));
-        launch.arg(p).arg(&*g).arg(m).arg(active).arg(&per_env).arg(&envs32);
-        launch.arg(&lr).arg(&mu).arg(&wd).arg(&decay);
-        unsafe { launch.launch(elementwise(n)) }?;
-    }
-    Ok(())
 }
