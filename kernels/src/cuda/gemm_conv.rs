@@ -14,48 +14,31 @@ use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
 use super::parity::{Device, ParityError, elementwise};
+use crate::ops::Conv2dShape;
 
-/// One convolution's shape: `[E, B, c_in, h, w]` → `[E, B, c_out, h_out, w_out]`, k×k, zero padding.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ConvDims {
-    pub envs: usize,
-    pub batch: usize,
-    pub c_in: usize,
-    pub c_out: usize,
-    pub h: usize,
-    pub w: usize,
-    pub k: usize,
-    pub pad: usize,
+/// Rows of a convolution's column matrix, `c_in·k·k` (one group).
+fn col_rows(c: &Conv2dShape) -> usize {
+    c.c_in * c.k * c.k
 }
 
-impl ConvDims {
-    fn out_positions(&self) -> usize {
-        (self.h + 2 * self.pad + 1 - self.k) * (self.w + 2 * self.pad + 1 - self.k)
-    }
+/// Output positions of one image, `h_out·w_out`.
+fn out_positions(c: &Conv2dShape) -> usize {
+    c.h_out() * c.w_out()
+}
 
-    /// Rows of the column matrix, `c_in·k·k`.
-    fn rows(&self) -> usize {
-        self.c_in * self.k * self.k
-    }
+/// Columns of the column matrix, `B·P`.
+fn col_columns(c: &Conv2dShape) -> usize {
+    c.batch * out_positions(c)
+}
 
-    /// Columns of the column matrix, `B·P`.
-    fn columns(&self) -> usize {
-        self.batch * self.out_positions()
-    }
+/// Values of every env's column matrix.
+fn col_len(c: &Conv2dShape) -> usize {
+    c.envs * col_rows(c) * col_columns(c)
+}
 
-    /// Values of every env's column matrix.
-    pub fn col_len(&self) -> usize {
-        self.envs * self.rows() * self.columns()
-    }
-
-    /// Values of the output `[E, B, c_out, P]`.
-    pub fn output_len(&self) -> usize {
-        self.envs * self.c_out * self.columns()
-    }
-
-    fn im2col_args(&self) -> [u32; 7] {
-        [self.envs, self.batch, self.c_in, self.h, self.w, self.k, self.pad].map(|d| d as u32)
-    }
+/// `im2col_f32` / `col2im_f32`'s shape arguments.
+fn im2col_args(c: &Conv2dShape) -> [u32; 7] {
+    [c.envs, c.batch, c.c_in, c.h, c.w, c.k, c.pad].map(|d| d as u32)
 }
 
 /// cuBLAS on the device's stream and the scratch of the largest convolution it has run.
@@ -69,10 +52,10 @@ pub struct GemmConv {
 
 impl GemmConv {
     /// cuBLAS on `device`'s stream, with scratch for convolutions up to `largest` (their
-    /// [`ConvDims::col_len`] and [`ConvDims::output_len`]).
-    pub fn new(device: &Device, largest: &[ConvDims]) -> Result<Self, ParityError> {
-        let col = largest.iter().map(ConvDims::col_len).max().unwrap_or(1).max(1);
-        let rows = largest.iter().map(ConvDims::output_len).max().unwrap_or(1).max(1);
+    /// column matrices and [`Conv2dShape::output_len`]).
+    pub fn new(device: &Device, largest: &[Conv2dShape]) -> Result<Self, ParityError> {
+        let col = largest.iter().map(col_len).max().unwrap_or(1).max(1);
+        let rows = largest.iter().map(Conv2dShape::output_len).max().unwrap_or(1).max(1);
         Ok(Self {
             blas: CudaBlas::new(device.stream.clone())?,
             col: device.stream.alloc_zeros::<f32>(col)?,
@@ -80,25 +63,26 @@ impl GemmConv {
         })
     }
 
-    fn check(&self, d: &ConvDims) {
+    fn check(&self, d: &Conv2dShape) {
         assert!(
-            d.col_len() <= self.col.len() && d.output_len() <= self.rows.len(),
+            col_len(d) <= self.col.len() && d.output_len() <= self.rows.len(),
             "GemmConv scratch was sized for smaller convolutions than {d:?}"
         );
+        assert_eq!(d.groups, 1, "the GEMM form takes one group");
         assert!(
-            d.columns() <= i32::MAX as usize && d.rows() <= i32::MAX as usize,
+            col_columns(d) <= i32::MAX as usize && col_rows(d) <= i32::MAX as usize,
             "GEMM dimensions exceed i32"
         );
     }
 
-    fn im2col(&mut self, device: &Device, d: &ConvDims, x: &CudaSlice<f32>) -> Result<(), ParityError> {
-        let args = d.im2col_args();
+    fn im2col(&mut self, device: &Device, d: &Conv2dShape, x: &CudaSlice<f32>) -> Result<(), ParityError> {
+        let args = im2col_args(d);
         let mut launch = device.stream.launch_builder(device.function("im2col_f32"));
         launch.arg(x).arg(&mut self.col);
         for a in &args {
             launch.arg(a);
         }
-        unsafe { launch.launch(elementwise(d.col_len())) }?;
+        unsafe { launch.launch(elementwise(col_len(d))) }?;
         Ok(())
     }
 
@@ -121,14 +105,14 @@ impl GemmConv {
     pub fn forward(
         &mut self,
         device: &Device,
-        d: &ConvDims,
+        d: &Conv2dShape,
         x: &CudaSlice<f32>,
         weight: &CudaSlice<f32>,
         y: &mut CudaSlice<f32>,
     ) -> Result<(), ParityError> {
         self.check(d);
         self.im2col(device, d, x)?;
-        let (k, n, c_out) = (d.rows(), d.columns(), d.c_out);
+        let (k, n, c_out) = (col_rows(d), col_columns(d), d.c_out);
         // Column-major Y'ᵀ (n × c_out) = colᵀ (n × k) · Wᵀ (k × c_out).
         let cfg = StridedBatchedConfig {
             gemm: GemmConfig {
@@ -149,7 +133,7 @@ impl GemmConv {
             stride_c: (c_out * n) as i64,
         };
         unsafe { self.blas.gemm_strided_batched(cfg, &self.col, weight, &mut self.rows) }?;
-        Self::swap(device, &self.rows, y, [d.envs, c_out, d.batch, d.out_positions()])
+        Self::swap(device, &self.rows, y, [d.envs, c_out, d.batch, out_positions(d)])
     }
 
     /// The weight gradient: per env `dW (c_out × K) = dY' (c_out × B·P) · colᵀ (B·P × K)`, with `dY'` the
@@ -157,15 +141,15 @@ impl GemmConv {
     pub fn backward_weight(
         &mut self,
         device: &Device,
-        d: &ConvDims,
+        d: &Conv2dShape,
         x: &CudaSlice<f32>,
         dy: &CudaSlice<f32>,
         grad_weight: &mut CudaSlice<f32>,
     ) -> Result<(), ParityError> {
         self.check(d);
-        Self::swap(device, dy, &mut self.rows, [d.envs, d.batch, d.c_out, d.out_positions()])?;
+        Self::swap(device, dy, &mut self.rows, [d.envs, d.batch, d.c_out, out_positions(d)])?;
         self.im2col(device, d, x)?;
-        let (k, n, c_out) = (d.rows(), d.columns(), d.c_out);
+        let (k, n, c_out) = (col_rows(d), col_columns(d), d.c_out);
         // Column-major dWᵀ (k × c_out) = (colᵀ)ᵀ · dY'ᵀ, colᵀ stored n × k, dY'ᵀ stored n × c_out.
         let cfg = StridedBatchedConfig {
             gemm: GemmConfig {
@@ -195,14 +179,14 @@ impl GemmConv {
     pub fn backward_input(
         &mut self,
         device: &Device,
-        d: &ConvDims,
+        d: &Conv2dShape,
         dy: &CudaSlice<f32>,
         weight: &CudaSlice<f32>,
         dx: &mut CudaSlice<f32>,
     ) -> Result<(), ParityError> {
         self.check(d);
-        Self::swap(device, dy, &mut self.rows, [d.envs, d.batch, d.c_out, d.out_positions()])?;
-        let (k, n, c_out) = (d.rows(), d.columns(), d.c_out);
+        Self::swap(device, dy, &mut self.rows, [d.envs, d.batch, d.c_out, out_positions(d)])?;
+        let (k, n, c_out) = (col_rows(d), col_columns(d), d.c_out);
         // Column-major dcolᵀ (n × k) = dY'ᵀ (n × c_out) · W (c_out × k), W stored as Wᵀ (k × c_out).
         let cfg = StridedBatchedConfig {
             gemm: GemmConfig {
@@ -223,7 +207,7 @@ impl GemmConv {
             stride_c: (k * n) as i64,
         };
         unsafe { self.blas.gemm_strided_batched(cfg, &self.rows, weight, &mut self.col) }?;
-        let args = d.im2col_args();
+        let args = im2col_args(d);
         let overwrite = 0i32;
         let mut launch = device.stream.launch_builder(device.function("col2im_f32"));
         launch.arg(&self.col).arg(dx);

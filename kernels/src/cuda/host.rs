@@ -12,12 +12,13 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use super::gemm_conv::{ConvDims, GemmConv};
+use super::gemm_conv::GemmConv;
 use super::ops;
 use super::parity::{Device, ParityError, elementwise};
 use super::seed_module::SeedDims;
 use super::slot::DeviceSlot;
 use crate::host::{HostArch, HostParams};
+use crate::ops::Conv2dShape;
 use crate::optim::SgdConfig;
 use crate::seeds::CnnBlueprint;
 
@@ -123,7 +124,7 @@ impl DeviceHost {
         let (arch, envs) = (params.arch, params.n_envs());
         let mut blocks = Vec::with_capacity(arch.n_blocks);
         let mut largest = 0;
-        let mut conv_dims_all: Vec<ConvDims> = Vec::new();
+        let mut conv_dims_all: Vec<Conv2dShape> = Vec::new();
         for b in 0..arch.n_blocks {
             let size = arch.block_size(b);
             let act = envs * batch * arch.block_channels(b) * size * size;
@@ -667,9 +668,9 @@ impl DeviceHost {
 }
 
 /// Block `b`'s convolution: k×k, padding k / 2, one group, the block's size in and out.
-fn conv_dims(arch: HostArch, envs: usize, batch: usize, b: usize) -> ConvDims {
+fn conv_dims(arch: HostArch, envs: usize, batch: usize, b: usize) -> Conv2dShape {
     let size = arch.block_size(b);
-    ConvDims {
+    Conv2dShape {
         envs,
         batch,
         c_in: arch.block_in_channels(b),
@@ -678,6 +679,7 @@ fn conv_dims(arch: HostArch, envs: usize, batch: usize, b: usize) -> ConvDims {
         w: size,
         k: arch.kernel_size,
         pad: arch.kernel_size / 2,
+        groups: 1,
     }
 }
 

@@ -10,7 +10,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchArgs, LaunchCo
 use cudarc::nvrtc::Ptx;
 
 use super::backend::CudaHostBackend;
-use super::gemm_conv::{ConvDims, GemmConv};
+use super::gemm_conv::GemmConv;
 use super::host::DeviceHost;
 use super::seed_module::{DeviceSeed, SeedDims};
 use super::{DEFAULT_ARCH, KERNEL_FILES, KernelCache};
@@ -1414,19 +1414,9 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
         // The GEMM form the host trains with (one group only): cuBLAS sums in its own order, so to 1e-5
         // of each result's largest value.
         if c.groups == 1 {
-            let d = ConvDims {
-                envs: c.envs,
-                batch: c.batch,
-                c_in: c.c_in,
-                c_out: c.c_out,
-                h: c.h,
-                w: c.w,
-                k: c.k,
-                pad: c.pad,
-            };
-            let mut gemm = GemmConv::new(device, &[d])?;
+            let mut gemm = GemmConv::new(device, &[c])?;
             let mut y_dev = stream.alloc_zeros::<f32>(y_cpu.len())?;
-            gemm.forward(device, &d, &x_dev, &w_dev, &mut y_dev)?;
+            gemm.forward(device, &c, &x_dev, &w_dev, &mut y_dev)?;
             let y_gemm = stream.clone_dtoh(&y_dev)?;
             rows.push(ParityRow::new(
                 "GemmConv::forward (im2col, SGEMM)",
@@ -1436,7 +1426,7 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
                 1e-5,
             ));
             let mut dw_dev = stream.alloc_zeros::<f32>(dw_cpu.len())?;
-            gemm.backward_weight(device, &d, &x_dev, &dy_dev, &mut dw_dev)?;
+            gemm.backward_weight(device, &c, &x_dev, &dy_dev, &mut dw_dev)?;
             let dw_gemm = stream.clone_dtoh(&dw_dev)?;
             rows.push(ParityRow::new(
                 "GemmConv::backward_weight",
@@ -1449,7 +1439,7 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
             conv2d_backward_input(c, &dy, &w, &mut dx_cpu);
             // Start from junk: the GEMM form overwrites.
             let mut dx_dev = stream.clone_htod(&values(s, c.input_len(), -1.0, 1.0))?;
-            gemm.backward_input(device, &d, &dy_dev, &w_dev, &mut dx_dev)?;
+            gemm.backward_input(device, &c, &dy_dev, &w_dev, &mut dx_dev)?;
             let dx_gemm = stream.clone_dtoh(&dx_dev)?;
             rows.push(ParityRow::new(
                 "GemmConv::backward_input (col2im)",

@@ -8,10 +8,11 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use super::gemm_conv::{ConvDims, GemmConv};
+use super::gemm_conv::GemmConv;
 use super::ops::{self, GroupNormDims, LinearDims};
 use super::parity::{Device, ParityError, elementwise, push_dims};
 use super::rows::TensorRows;
+use crate::ops::Conv2dShape;
 use crate::seeds::{self, CnnBlueprint, group_norm_groups};
 
 type R = Result<(), ParityError>;
@@ -44,8 +45,8 @@ impl SeedDims {
     }
 
     /// A stride-1 convolution at this size, `c_in → c_out`, k × k, padding k / 2.
-    fn conv(&self, c_in: usize, c_out: usize, k: usize) -> ConvDims {
-        ConvDims {
+    fn conv(&self, c_in: usize, c_out: usize, k: usize) -> Conv2dShape {
+        Conv2dShape {
             envs: self.envs,
             batch: self.batch,
             c_in,
@@ -54,6 +55,7 @@ impl SeedDims {
             w: self.size,
             k,
             pad: k / 2,
+            groups: 1,
         }
     }
 
@@ -82,7 +84,7 @@ impl SeedDims {
     }
 
     /// Every GEMM convolution `bp` runs at these dims (to size a [`GemmConv`]'s scratch).
-    pub fn convs(&self, bp: CnnBlueprint) -> Vec<ConvDims> {
+    pub fn convs(&self, bp: CnnBlueprint) -> Vec<Conv2dShape> {
         let c = self.channels;
         match bp {
             CnnBlueprint::ConvSmall => vec![self.conv(c, c, 1)],
