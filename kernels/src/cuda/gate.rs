@@ -5,10 +5,11 @@
 
 use cudarc::driver::CudaSlice;
 
-use super::ops::{self, LinearDims};
+use super::ops;
 use super::parity::{Device, ParityError};
 use super::rows::TensorRows;
 use super::seed_module::SeedDims;
+use crate::ops::LinearShape;
 use crate::seeds::{gate_hidden, gate_layout};
 
 type R = Result<(), ParityError>;
@@ -47,12 +48,12 @@ impl DeviceGate {
         })
     }
 
-    fn linears(&self) -> (LinearDims, LinearDims) {
+    fn linears(&self) -> (LinearShape, LinearShape) {
         let d = self.dims;
         let hidden = gate_hidden(d.channels);
         (
-            LinearDims { envs: d.envs, batch: d.batch, n_in: d.channels, n_out: hidden },
-            LinearDims { envs: d.envs, batch: d.batch, n_in: hidden, n_out: 1 },
+            LinearShape { envs: d.envs, batch: d.batch, in_features: d.channels, out_features: hidden },
+            LinearShape { envs: d.envs, batch: d.batch, in_features: hidden, out_features: 1 },
         )
     }
 
@@ -70,7 +71,7 @@ impl DeviceGate {
             Some(&self.rows.params[1]),
             &mut self.hidden,
         )?;
-        ops::relu_in_place(device, &mut self.hidden, samples * fc1.n_out)?;
+        ops::relu_in_place(device, &mut self.hidden, samples * fc1.out_features)?;
         ops::linear(
             device,
             &fc2,
@@ -95,7 +96,7 @@ impl DeviceGate {
             &self.hidden,
             &self.d_hidden,
             &mut self.d_hidden_pre,
-            samples * fc1.n_out,
+            samples * fc1.out_features,
         )?;
         ops::linear_backward_params(device, &fc1, &self.pooled, &self.d_hidden_pre, d_w1, Some(d_b1))
     }

@@ -4,6 +4,7 @@
 
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
+use crate::ops::LinearShape;
 use crate::optim::{MAX_GRAD_NORM, SgdConfig};
 
 use super::parity::{Device, ParityError, elementwise};
@@ -26,19 +27,9 @@ impl GroupNormDims {
     }
 }
 
-/// A per-env linear layer: `x [E, B, n_in]`, weight `[E, n_out, n_in]`, bias `[E, n_out]`.
-#[derive(Clone, Copy, Debug)]
-pub struct LinearDims {
-    pub envs: usize,
-    pub batch: usize,
-    pub n_in: usize,
-    pub n_out: usize,
-}
-
-impl LinearDims {
-    fn args(&self) -> [u32; 4] {
-        [self.envs, self.batch, self.n_in, self.n_out].map(|d| d as u32)
-    }
+/// `LinearShape`'s fields as the linear kernels take them: envs, batch, n_in, n_out.
+fn linear_args(d: &LinearShape) -> [u32; 4] {
+    [d.envs, d.batch, d.in_features, d.out_features].map(|v| v as u32)
 }
 
 /// `y = max(x, 0)` over `n` values (`x` may be `y`'s own buffer only through [`relu_in_place`]).
@@ -196,13 +187,13 @@ pub fn global_avg_pool(
 /// `y = x·Wᵀ (+ bias)` per env.
 pub fn linear(
     device: &Device,
-    d: &LinearDims,
+    d: &LinearShape,
     x: &CudaSlice<f32>,
     weight: &CudaSlice<f32>,
     bias: Option<&CudaSlice<f32>>,
     y: &mut CudaSlice<f32>,
 ) -> R {
-    let args = d.args();
+    let args = linear_args(d);
     let has_bias = i32::from(bias.is_some());
     let mut launch = device.stream.launch_builder(device.function("linear_forward_f32"));
     // Without a bias the kernel never reads its bias pointer: the weight stands in.
@@ -211,20 +202,20 @@ pub fn linear(
         launch.arg(a);
     }
     launch.arg(&has_bias);
-    unsafe { launch.launch(elementwise(d.envs * d.batch * d.n_out)) }?;
+    unsafe { launch.launch(elementwise(d.envs * d.batch * d.out_features)) }?;
     Ok(())
 }
 
 /// The linear layer's weight (and bias) gradients, overwritten.
 pub fn linear_backward_params(
     device: &Device,
-    d: &LinearDims,
+    d: &LinearShape,
     x: &CudaSlice<f32>,
     dy: &CudaSlice<f32>,
     grad_weight: &mut CudaSlice<f32>,
     grad_bias: Option<&mut CudaSlice<f32>>,
 ) -> R {
-    let args = d.args();
+    let args = linear_args(d);
     let has_bias = i32::from(grad_bias.is_some());
     let view;
     let mut launch = device.stream.launch_builder(device.function("linear_backward_params_f32"));
@@ -243,25 +234,25 @@ pub fn linear_backward_params(
         launch.arg(a);
     }
     launch.arg(&has_bias);
-    unsafe { launch.launch(elementwise(d.envs * d.n_out * d.n_in)) }?;
+    unsafe { launch.launch(elementwise(d.envs * d.out_features * d.in_features)) }?;
     Ok(())
 }
 
 /// The linear layer's input gradient, overwritten.
 pub fn linear_backward_input(
     device: &Device,
-    d: &LinearDims,
+    d: &LinearShape,
     dy: &CudaSlice<f32>,
     weight: &CudaSlice<f32>,
     dx: &mut CudaSlice<f32>,
 ) -> R {
-    let args = d.args();
+    let args = linear_args(d);
     let mut launch = device.stream.launch_builder(device.function("linear_backward_input_f32"));
     launch.arg(dy).arg(weight).arg(dx);
     for a in &args {
         launch.arg(a);
     }
-    unsafe { launch.launch(elementwise(d.envs * d.batch * d.n_in)) }?;
+    unsafe { launch.launch(elementwise(d.envs * d.batch * d.in_features)) }?;
     Ok(())
 }
 

@@ -9,10 +9,10 @@
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::gemm_conv::GemmConv;
-use super::ops::{self, GroupNormDims, LinearDims};
+use super::ops::{self, GroupNormDims};
 use super::parity::{Device, ParityError, elementwise, push_dims};
 use super::rows::TensorRows;
-use crate::ops::Conv2dShape;
+use crate::ops::{Conv2dShape, LinearShape};
 use crate::seeds::{self, CnnBlueprint, group_norm_groups};
 
 type R = Result<(), ParityError>;
@@ -69,8 +69,8 @@ impl SeedDims {
         }
     }
 
-    fn linear(&self, n_in: usize, n_out: usize) -> LinearDims {
-        LinearDims { envs: self.envs, batch: self.batch, n_in, n_out }
+    fn linear(&self, in_features: usize, out_features: usize) -> LinearShape {
+        LinearShape { envs: self.envs, batch: self.batch, in_features, out_features }
     }
 
     /// The attention seed's squeeze width (`seeds::attention::reduced`).
