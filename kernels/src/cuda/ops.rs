@@ -4,26 +4,26 @@
 
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
-use crate::ops::LinearShape;
+use crate::ops::{LinearShape, NormShape};
 use crate::optim::{MAX_GRAD_NORM, SgdConfig};
 
 use super::parity::{Device, ParityError, elementwise};
 
 type R = Result<(), ParityError>;
 
-/// `[E, B, C, H·W]` activations with statistics over `groups` channel groups per image.
+/// A group norm: the CPU's `(NormShape, groups)` pair, statistics over `groups` channel groups per
+/// image.
 #[derive(Clone, Copy, Debug)]
-pub struct GroupNormDims {
-    pub envs: usize,
-    pub batch: usize,
-    pub channels: usize,
-    pub plane: usize,
+pub struct GroupNorm {
+    pub shape: NormShape,
     pub groups: usize,
 }
 
-impl GroupNormDims {
+impl GroupNorm {
+    /// The group-norm kernels' shape arguments: envs, batch, channels, plane, groups.
     fn args(&self) -> [u32; 5] {
-        [self.envs, self.batch, self.channels, self.plane, self.groups].map(|d| d as u32)
+        let s = &self.shape;
+        [s.envs, s.batch, s.channels, s.h * s.w, self.groups].map(|d| d as u32)
     }
 }
 
@@ -97,7 +97,7 @@ pub fn add(device: &Device, a: &CudaSlice<f32>, b: &CudaSlice<f32>, out: &mut Cu
 #[allow(clippy::too_many_arguments)]
 pub fn group_norm_forward(
     device: &Device,
-    d: &GroupNormDims,
+    d: &GroupNorm,
     x: &CudaSlice<f32>,
     gamma: &CudaSlice<f32>,
     beta: &CudaSlice<f32>,
@@ -111,7 +111,7 @@ pub fn group_norm_forward(
     for a in &args {
         launch.arg(a);
     }
-    unsafe { launch.launch(elementwise(d.envs * d.batch * d.groups)) }?;
+    unsafe { launch.launch(elementwise(d.shape.envs * d.shape.batch * d.groups)) }?;
     Ok(())
 }
 
@@ -120,7 +120,7 @@ pub fn group_norm_forward(
 #[allow(clippy::too_many_arguments)]
 pub fn group_norm_backward_params(
     device: &Device,
-    d: &GroupNormDims,
+    d: &GroupNorm,
     x: &CudaSlice<f32>,
     mean: &CudaSlice<f32>,
     inv_std: &CudaSlice<f32>,
@@ -136,7 +136,7 @@ pub fn group_norm_backward_params(
         launch.arg(a);
     }
     let per_channel = LaunchConfig {
-        grid_dim: ((d.envs * d.channels) as u32, 1, 1),
+        grid_dim: ((d.shape.envs * d.shape.channels) as u32, 1, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
@@ -148,7 +148,7 @@ pub fn group_norm_backward_params(
 #[allow(clippy::too_many_arguments)]
 pub fn group_norm_backward_input(
     device: &Device,
-    d: &GroupNormDims,
+    d: &GroupNorm,
     x: &CudaSlice<f32>,
     gamma: &CudaSlice<f32>,
     mean: &CudaSlice<f32>,
@@ -165,7 +165,7 @@ pub fn group_norm_backward_input(
         launch.arg(a);
     }
     launch.arg(&accumulate);
-    unsafe { launch.launch(elementwise(d.envs * d.batch * d.groups)) }?;
+    unsafe { launch.launch(elementwise(d.shape.envs * d.shape.batch * d.groups)) }?;
     Ok(())
 }
 

@@ -9,10 +9,10 @@
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::gemm_conv::GemmConv;
-use super::ops::{self, GroupNormDims};
+use super::ops::{self, GroupNorm};
 use super::parity::{Device, ParityError, elementwise, push_dims};
 use super::rows::TensorRows;
-use crate::ops::{Conv2dShape, LinearShape};
+use crate::ops::{Conv2dShape, LinearShape, NormShape};
 use crate::seeds::{self, CnnBlueprint, group_norm_groups};
 
 type R = Result<(), ParityError>;
@@ -59,14 +59,9 @@ impl SeedDims {
         }
     }
 
-    fn group_norm(&self, channels: usize) -> GroupNormDims {
-        GroupNormDims {
-            envs: self.envs,
-            batch: self.batch,
-            channels,
-            plane: self.plane(),
-            groups: group_norm_groups(channels),
-        }
+    fn group_norm(&self, channels: usize) -> GroupNorm {
+        let (envs, batch, h, w) = (self.envs, self.batch, self.size, self.size);
+        GroupNorm { shape: NormShape { envs, batch, channels, h, w }, groups: group_norm_groups(channels) }
     }
 
     fn linear(&self, in_features: usize, out_features: usize) -> LinearShape {
