@@ -49,13 +49,18 @@ struct DataKey {
 }
 
 impl DataKey {
-    fn of(data: &Dataset) -> Self {
+    fn splits(data: &Dataset) -> [(usize, usize); 2] {
         let at = |s: &crate::data::Split| (s.images.len(), s.images.as_ptr() as usize);
-        Self {
-            splits: [at(&data.train), at(&data.test)],
-            fill: data.augment.fill.clone(),
-            pad: data.augment.pad,
-        }
+        [at(&data.train), at(&data.test)]
+    }
+
+    fn of(data: &Dataset) -> Self {
+        Self { splits: Self::splits(data), fill: data.augment.fill.clone(), pad: data.augment.pad }
+    }
+
+    /// `data` is what was uploaded (compared without building a key: this runs at every stage).
+    fn matches(&self, data: &Dataset) -> bool {
+        self.splits == Self::splits(data) && self.fill == data.augment.fill && self.pad == data.augment.pad
     }
 }
 
@@ -152,10 +157,10 @@ impl CudaHostBackend {
 
     /// Uploads `data` unless it is what the device holds.
     fn ensure_data(&mut self, data: &Dataset) -> Result<(), ParityError> {
-        let source = DataKey::of(data);
-        if self.data.as_ref().is_some_and(|d| d.source == source) {
+        if self.data.as_ref().is_some_and(|d| d.source.matches(data)) {
             return Ok(());
         }
+        let source = DataKey::of(data);
         assert_eq!(data.image_len(), self.arch.image_len(), "the dataset's images are not the host's");
         // A label is an index into a row of logits on the device.
         assert!(data.num_classes <= self.arch.num_classes, "the dataset has more classes than the head");
@@ -347,10 +352,9 @@ impl CudaHostBackend {
         order[1..].sort_by_key(|pass| std::cmp::Reverse(pass.1));
         // Sums: the epoch's two rows, then four per pass.
         let needed = (2 + 4 * passes) * envs;
+        // The epoch's rows were read back when it ended: a larger buffer need not keep them.
         if self.sums.len() < needed {
-            let mut grown = stream.alloc_zeros::<f64>(needed)?;
-            stream.memcpy_dtod(&self.sums.slice(..2 * envs), &mut grown.slice_mut(..2 * envs))?;
-            self.sums = grown;
+            self.sums = stream.alloc_zeros::<f64>(needed)?;
         }
         stream.memset_zeros(&mut self.sums.slice_mut(2 * envs..needed))?;
         let d = self.data.as_ref().expect("uploaded above");
