@@ -349,8 +349,13 @@ fn schedule_with(add: &[fn(&mut Schedule)]) -> Schedule {
     schedule
 }
 
+/// Training alone: the epoch and its metrics (on a device, the metrics' read-back is what waits for the
+/// epoch to finish, so the tier's time is the epoch's).
 fn add_train_only(schedule: &mut Schedule) {
-    schedule.add_systems(esper_systems::train_hosts::train_hosts.in_set(StepSet::TrainHosts));
+    schedule.add_systems((
+        esper_systems::train_hosts::train_hosts.in_set(StepSet::TrainHosts),
+        esper_systems::record_train_metrics::record_train_metrics.in_set(StepSet::Validate),
+    ));
 }
 
 /// One env count, all three tiers (and the boundary). Returns the tiers, the boundary, the number of

@@ -8,7 +8,8 @@
 //!
 //! The table is built from the trace file alone, so a saved trace can be read again later and two
 //! runs can be compared. Device time (CUDA events, recorded as a span's `device_us` argument) has its
-//! own columns; on CPU they show `–`.
+//! own columns; on CPU they show `–`. The training epoch's device time is recorded after validation,
+//! when its results come back, as `train_device_us`, and shown on TrainHosts' row.
 
 use serde_json::Value;
 use std::collections::HashMap;
@@ -247,6 +248,11 @@ pub fn analyze(spans: &[SpanRecord]) -> Result<Profile, String> {
         if let Some(d) = arg_f64(&span.args, "device_us") {
             device.push(d / 1e3);
         }
+        // The training epoch's device time is known only when its results come back, after validation:
+        // the system that reads them records it as `train_device_us`, and it belongs to TrainHosts.
+        if let Some(d) = arg_f64(&span.args, "train_device_us") {
+            by_name.entry(TRAIN_SPAN).or_default().1.push(d / 1e3);
+        }
     }
     let mut systems: Vec<SystemRow> = by_name
         .into_iter()
@@ -464,6 +470,32 @@ mod tests {
         assert!((validate.device_mean_ms.unwrap() - 0.055).abs() < 1e-12, "{validate:?}");
         assert!((validate.device_total_ms.unwrap() - 0.11).abs() < 1e-12, "{validate:?}");
         assert!((validate.total_ms - 0.13).abs() < 1e-12, "host time stays the span's own: {validate:?}");
+    }
+
+    /// The epoch's device time comes back after validation: the span that reads it records it as
+    /// `train_device_us`, and the table shows it on TrainHosts' row, not on the reader's.
+    #[test]
+    fn the_epochs_device_time_read_after_validation_goes_to_train_hosts() {
+        let reader_end = |ts: f64, us: f64| {
+            format!(
+                r#"{{"ph":"E","pid":1,"name":"Validate::record_train_metrics","tid":1,"ts":{ts},"args":{{"train_device_us":"{us}"}}}}"#
+            )
+        };
+        let events = [
+            ev("B", "step", 1, 0.0),
+            ev("B", "TrainHosts::train_hosts", 1, 0.0),
+            ev("E", "TrainHosts::train_hosts", 1, 5.0),
+            ev("B", "Validate::record_train_metrics", 1, 60.0),
+            reader_end(61.0, 3000.0),
+            ev("E", "step", 1, 100.0),
+        ];
+        let p = analyze(&parse_trace(&format!("[\n{}\n]", events.join(",\n"))).unwrap()).unwrap();
+        let row = |name: &str| p.systems.iter().find(|r| r.name == name).unwrap().clone();
+        let (train, reader) = (row("TrainHosts::train_hosts"), row("Validate::record_train_metrics"));
+        assert_eq!((train.calls, reader.calls), (1, 1));
+        assert!((train.device_mean_ms.unwrap() - 3.0).abs() < 1e-12, "{train:?}");
+        assert!((train.total_ms - 0.005).abs() < 1e-12, "host time stays the span's own: {train:?}");
+        assert_eq!(reader.device_mean_ms, None, "{reader:?}");
     }
 
     #[test]

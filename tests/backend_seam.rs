@@ -31,6 +31,10 @@ struct Double {
     results: Vec<EnvCounterfactuals>,
     syncs: Vec<(u64, usize, usize, SlotSync)>,
     train_calls: usize,
+    /// The last epoch's scripted results.
+    trained: Vec<EpochTrain>,
+    /// Train, validate and the reads of the epoch's results and telemetry, in call order.
+    calls: Vec<&'static str>,
     /// `[slot][env]` fossil flags of the last validation plan.
     last_plan: Vec<Vec<bool>>,
     snapshots: Vec<(u64, usize, Vec<Option<FossilRow>>)>,
@@ -47,6 +51,8 @@ impl Double {
             results: vec![],
             syncs: vec![],
             train_calls: 0,
+            trained: vec![],
+            calls: vec![],
             last_plan: vec![],
             snapshots: vec![],
             restored: vec![],
@@ -72,12 +78,17 @@ impl HostBackend for Double {
     fn sync_slot(&mut self, env: usize, slot: usize, sync: &SlotSync) {
         self.syncs.push((self.epoch + 1, env, slot, *sync));
     }
-    fn train_epoch(&mut self, _data: &Dataset, _batcher: &Batcher, out: &mut [EpochTrain]) {
+    fn train_epoch(&mut self, _data: &Dataset, _batcher: &Batcher) {
         self.epoch += 1;
         self.train_calls += 1;
-        for (e, o) in out.iter_mut().enumerate() {
-            *o = EpochTrain { loss: 2.0 + e as f64, accuracy: 20.0 + self.epoch as f64 };
-        }
+        self.calls.push("train");
+        self.trained = (0..ENVS)
+            .map(|e| EpochTrain { loss: 2.0 + e as f64, accuracy: 20.0 + self.epoch as f64 })
+            .collect();
+    }
+    fn epoch_train(&mut self) -> &[EpochTrain] {
+        self.calls.push("results");
+        &self.trained
     }
     fn validate(
         &mut self,
@@ -85,6 +96,7 @@ impl HostBackend for Double {
         _batcher: &Batcher,
         plan: ValidationPlan<'_>,
     ) -> &[EnvCounterfactuals] {
+        self.calls.push("validate");
         self.last_plan = plan.fossilized.to_vec();
         self.results = (0..ENVS)
             .map(|e| EnvCounterfactuals {
@@ -99,7 +111,10 @@ impl HostBackend for Double {
     fn validation_configs(&self, env: usize) -> usize {
         self.results.get(env).map_or(0, |r| r.config_acc.len())
     }
-    fn seed_telemetry(&self, slot: usize, env: usize) -> Option<SeedTelemetry> {
+    fn seed_telemetry(&mut self, slot: usize, env: usize) -> Option<SeedTelemetry> {
+        if self.calls.last() != Some(&"telemetry") {
+            self.calls.push("telemetry");
+        }
         (slot == 0 && env == 1).then_some(SeedTelemetry {
             stats: SeedGradStats { norm: 0.25, health: 0.75, elements: 100, ..SeedGradStats::default() },
             host_norm: 0.5,
@@ -176,6 +191,13 @@ fn a_test_double_backend_runs_the_step_schedule_unchanged() {
     assert_eq!(slot_component::<GradientTelemetry>(w, 0, 0).gradient_norm, None, "no telemetry, none copied");
     let double = w.resource::<Hosts>().as_any().downcast_ref::<Double>().unwrap();
     assert_eq!(double.train_calls, NAN_EPOCH as usize);
+    // Each epoch's results and telemetry are read after validation, once (what lets a device return
+    // them with the validation pass's sums, in one copy).
+    let per_epoch = ["train", "validate", "results", "telemetry"];
+    assert_eq!(double.calls.len(), per_epoch.len() * NAN_EPOCH as usize, "{:?}", double.calls);
+    for (i, epoch) in double.calls.chunks(per_epoch.len()).enumerate() {
+        assert_eq!(epoch, per_epoch, "epoch {}", i + 1);
+    }
     // Every slot of every env synced once per epoch; the forced seed arrives as a germination with its
     // blueprint, then runs ADD at 0.5; every other slot is off.
     assert_eq!(double.syncs.len(), NAN_EPOCH as usize * ENVS * n_slots);

@@ -11,7 +11,7 @@ use esper_components::{EnvIndex, GradientTelemetry, SeedMetrics, SlotIndex};
 use esper_kernels::host::SeedTelemetry;
 
 pub fn sync_gradient_telemetry(
-    hosts: Res<Hosts>,
+    mut hosts: ResMut<Hosts>,
     param_counts: Res<ParamCounts>,
     mut slots: Query<(&EnvIndex, &SlotIndex, &mut GradientTelemetry, &mut SeedMetrics)>,
     info: StepInfo,

@@ -18,6 +18,7 @@ pub mod policy;
 pub mod ppo_update;
 pub mod record_accuracy;
 pub mod record_rollout;
+pub mod record_train_metrics;
 pub mod resolve_actions;
 pub mod resources;
 pub mod schedule;

@@ -8,6 +8,7 @@ use crate::decide::decide;
 use crate::normalize_observations::normalize_observations;
 use crate::note_fossilizations::note_fossilizations;
 use crate::record_rollout::record_rollout;
+use crate::record_train_metrics::record_train_metrics;
 use crate::write_trace::write_trace;
 use crate::{apply_ops::apply_ops, build_masks::build_masks, record_accuracy::record_accuracy};
 use crate::{governor_check::governor_check, governor_rollback::governor_rollback};
@@ -94,9 +95,13 @@ pub fn add_lifecycle_systems(schedule: &mut Schedule) {
     ));
 }
 
-/// The host part of a step: train every host (TrainHosts) and the fused validation (Validate).
+/// The host part of a step: train every host (TrainHosts), then the fused validation and the epoch's
+/// training metrics, which a device returns with the validation's sums (Validate).
 pub fn add_host_systems(schedule: &mut Schedule) {
-    schedule.add_systems((train_hosts.in_set(StepSet::TrainHosts), validate.in_set(StepSet::Validate)));
+    schedule.add_systems((
+        train_hosts.in_set(StepSet::TrainHosts),
+        (validate, record_train_metrics).chain().in_set(StepSet::Validate),
+    ));
 }
 
 /// Observe: the governor check, record accuracy, gradient telemetry, signals, the observation (built,

@@ -43,9 +43,10 @@ macro_rules! system_span {
 
 /// Every span the step schedule of [`add_training_systems`](crate::add_training_systems) opens, in
 /// schedule order; a test checks it against the schedule's systems.
-pub const TRAINING_SYSTEM_SPANS: [&str; 21] = [
+pub const TRAINING_SYSTEM_SPANS: [&str; 22] = [
     "TrainHosts::train_hosts",
     "Validate::validate",
+    "Validate::record_train_metrics",
     "Observe::governor_check",
     "Observe::record_accuracy",
     "Observe::sync_gradient_telemetry",

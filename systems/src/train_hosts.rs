@@ -1,17 +1,18 @@
 //! TrainHosts: bring the hosts' seeds in line with the lifecycle (re-initialise germinated rows, new
 //! gates, momentum resets at fossilization; every slot's forward mode), then one epoch of training for
-//! every env at once through the backend: each batch is one forward/backward/SGD over all envs, and the
-//! epoch comes back reduced per env.
+//! every env at once through the backend: each batch is one forward/backward/SGD over all envs. The
+//! epoch's per-env results are read after validation (`record_train_metrics`), so that a device backend
+//! returns them with the validation pass's sums: one copy back per step.
 
 use crate::host_resources::{Hosts, StepClock, TrainData};
 use crate::seed_sync::seed_env_state_of;
 use crate::step_span::StepInfo;
 use bevy_ecs::prelude::*;
 use esper_components::{
-    AlphaAlgorithm, BlendStyle, Blueprint, EnvIndex, HostMetrics, SeedAlpha, SlotEvents, SlotFlags,
+    AlphaAlgorithm, BlendStyle, Blueprint, EnvIndex, SeedAlpha, SlotEvents, SlotFlags,
     SlotIndex, Stage,
 };
-use esper_kernels::host::{EpochTrain, SlotSync};
+use esper_kernels::host::SlotSync;
 use esper_kernels::rng::{Purpose, StreamKey};
 use esper_kernels::seeds::CnnBlueprint;
 
@@ -31,8 +32,6 @@ pub fn train_hosts(
     mut data: ResMut<TrainData>,
     clock: Res<StepClock>,
     slots: Query<SlotView>,
-    mut envs: Query<(&EnvIndex, &mut HostMetrics)>,
-    mut results: Local<Vec<EpochTrain>>,
     info: StepInfo,
 ) {
     let _span = crate::system_span!(info, "TrainHosts::train_hosts");
@@ -54,16 +53,9 @@ pub fn train_hosts(
     }
     let data = &mut *data;
     data.batcher.begin_epoch(clock.round, clock.epoch);
-    results.clear();
-    results.resize(hosts.n_envs(), EpochTrain::default());
-    hosts.train_epoch(&data.dataset, &data.batcher, &mut results);
+    hosts.train_epoch(&data.dataset, &data.batcher);
     // On a device, the epoch's device time goes into the span (the profile's device column).
     if let Some(report) = hosts.peek_device_report() {
         _span.record("device_us", report.train_ms * 1e3);
-    }
-    for (env, mut metrics) in &mut envs {
-        let r = results[env.0 as usize];
-        metrics.train_loss = r.loss;
-        metrics.train_accuracy = r.accuracy;
     }
 }

@@ -4,8 +4,9 @@
 //! hosts and their seeds ([`DeviceSlot`]: every mode, OFF, INCUBATOR, ADD, MULTIPLY and GATE);
 //! validation runs the counterfactual plan the CPU's validator makes, one evaluation pass per
 //! configuration index, each from the first slot it switches off (the main pass's activations before
-//! it are reused); the epoch's and the validation pass's per-env sums stay on the device until
-//! the stage ends, so each stage reads back once. Governor snapshots are device copies. Seeds are born on the host from the
+//! it are reused). The epoch's per-env sums and gradient statistics stay on the device until the
+//! validation pass's sums are ready, and come back with them: one copy back per step. Governor snapshots
+//! are device copies. Seeds are born on the host from the
 //! env's own stream, exactly as the CPU backend draws them, and their rows uploaded.
 
 use std::any::Any;
@@ -25,7 +26,7 @@ use crate::host::{
     ParamPrint, SeedBank, SeedEnvState, SeedTelemetry, SlotSync, TELEMETRY_STRIDE, ValidationPlan,
     counterfactuals_into, host_fingerprint, plan_env_configs,
 };
-use crate::seeds::CnnBlueprint;
+use crate::seeds::{CnnBlueprint, ParamLayout};
 
 /// The dataset resident on the device, and what it was uploaded from.
 struct DeviceData {
@@ -92,9 +93,14 @@ pub struct CudaHostBackend {
     images: CudaSlice<f32>,
     labels: CudaSlice<u8>,
     counts: CudaSlice<u32>,
-    /// `[6, E]`: per env over the epoch Σ batch losses and Σ correct, over the validation pass correct,
-    /// total, Σ batch-mean losses and batches (the layout `data.cu` describes); one read-back per stage.
+    /// The step's read-back, `[2 + 4·P, E]` then the epoch's gradient statistics: per env over the
+    /// epoch Σ batch losses and Σ correct, then over each validation pass `P` correct, total, Σ
+    /// batch-mean losses and batches (the layout `data.cu` describes), then [`PendingEpoch::stats`].
     sums: CudaSlice<f64>,
+    /// The epoch trained but not yet read back (its results arrive with the validation pass's).
+    pending: Option<PendingEpoch>,
+    /// The last epoch's per-env results, once read back.
+    epoch: Vec<EpochTrain>,
     results: Vec<EnvCounterfactuals>,
     /// Timing events around the last training epoch and validation pass.
     train_events: (CudaEvent, CudaEvent),
@@ -104,6 +110,46 @@ pub struct CudaHostBackend {
     report: DeviceReport,
     /// The read-backs of [`HostBackend::param_fingerprints`] (which only borrows the backend).
     fingerprint_syncs: AtomicU64,
+}
+
+/// An epoch whose results are still on the device: what to read back and how to form it.
+struct PendingEpoch {
+    batches: usize,
+    /// The gradient statistics of the epoch's last collection batch, in the order they are appended
+    /// to the read-back: the host's per-env squared norm first, then each collected gate and seed.
+    stats: Vec<StatBlock>,
+    /// Every (slot, env) that collected statistics, and which of `stats` its telemetry is formed from.
+    collectors: Vec<Collector>,
+}
+
+/// One buffer of squared gradient norms on the device (`[T, E]`, a layout's tensors; `[E]` for the
+/// host's total) and its place in the read-back's statistics.
+struct StatBlock {
+    source: StatSource,
+    offset: usize,
+    len: usize,
+}
+
+#[derive(Clone, Copy)]
+enum StatSource {
+    Host,
+    Gate { slot: usize, layout: ParamLayout },
+    Seed { slot: usize, blueprint: CnnBlueprint, layout: ParamLayout },
+}
+
+/// An env collecting at a slot: its seed's statistics when it trains the seed, then its gate's when
+/// the gate's gradient counts (indices into [`PendingEpoch::stats`]), as the CPU's `collect_seed_stats`.
+struct Collector {
+    slot: usize,
+    env: usize,
+    seed: Option<usize>,
+    gate: Option<usize>,
+}
+
+impl PendingEpoch {
+    fn stats_len(&self) -> usize {
+        self.stats.last().map_or(0, |b| b.offset + b.len)
+    }
 }
 
 /// A device failure inside a stage: the seam's operations cannot return one, and a step cannot go on.
@@ -145,6 +191,8 @@ impl CudaHostBackend {
             labels: stream.alloc_zeros::<u8>(slots)?,
             counts: stream.alloc_zeros::<u32>(n_envs)?,
             sums: stream.alloc_zeros::<f64>(6 * n_envs)?,
+            pending: None,
+            epoch: vec![EpochTrain::default(); n_envs],
             results: Vec::new(),
             train_events: (timing_event(&device)?, timing_event(&device)?),
             validate_events: (timing_event(&device)?, timing_event(&device)?),
@@ -178,15 +226,9 @@ impl CudaHostBackend {
         Ok(())
     }
 
-    fn train_epoch_on_device(
-        &mut self,
-        data: &Dataset,
-        batcher: &Batcher,
-        out: &mut [EpochTrain],
-    ) -> Result<(), ParityError> {
+    fn train_epoch_on_device(&mut self, data: &Dataset, batcher: &Batcher) -> Result<(), ParityError> {
         self.ensure_data(data)?;
         let (envs, batch) = self.host.shape();
-        assert_eq!(out.len(), envs, "one result per env");
         let stream = self.device.stream.clone();
         self.train_events.0.record(&stream)?;
         stream.memset_zeros(&mut self.sums.slice_mut(..2 * envs))?;
@@ -236,74 +278,143 @@ impl CudaHostBackend {
             launch.arg(&mut self.sums).arg(&envs32);
             unsafe { launch.launch(elementwise(envs)) }?;
         }
-        // The epoch's one read-back.
+        // Nothing is read back here: the sums and statistics come back with the validation pass's.
         self.train_events.1.record(&stream)?;
-        let sums = stream.clone_dtoh(&self.sums.slice(..2 * envs))?;
-        self.report.syncs += 1;
-        self.report.train_ms += self.train_events.0.elapsed_ms(&self.train_events.1)? as f64;
-        let (loss_sum, right) = sums.split_at(envs);
-        for ((o, &loss_sum), &right) in out.iter_mut().zip(loss_sum).zip(right) {
-            *o = EpochTrain {
-                loss: loss_sum / n_batches as f64,
-                accuracy: 100.0 * right / (n_batches * batch) as f64,
-            };
-        }
-        self.read_telemetry()
+        self.pending = Some(self.pending_epoch(n_batches));
+        Ok(())
     }
 
-    /// The seeds' gradient health from the epoch's last collection batch, as the CPU's
-    /// `collect_seed_stats` forms it: for each env collecting at a slot, its blueprint's per-tensor
-    /// norms when it trains the seed (none otherwise). Reads back only when some slot collected, right
-    /// after the epoch's sums: the device is idle by then, so these copies do not wait for it (the
-    /// report counts the epoch's read-back once).
-    fn read_telemetry(&mut self) -> Result<(), ParityError> {
-        for slot in &mut self.telemetry {
-            slot.fill(None);
-        }
+    /// What the epoch that just ended leaves to read back: the slots' statistics of its last
+    /// collection batch, as the CPU's `collect_seed_stats` forms them — for each env collecting at a
+    /// slot, its blueprint's per-tensor norms when it trains the seed, then its gate's.
+    fn pending_epoch(&self, batches: usize) -> PendingEpoch {
         let envs = self.n_envs();
+        let mut stats = Vec::new();
+        let mut collectors = Vec::new();
+        let push = |stats: &mut Vec<StatBlock>, source: StatSource, len: usize| {
+            let offset = stats.last().map_or(0, |b: &StatBlock| b.offset + b.len);
+            stats.push(StatBlock { source, offset, len });
+            stats.len() - 1
+        };
         let slots: Vec<&DeviceSlot> = self.host.slots().collect();
-        if slots.iter().all(|s| !s.took_stats) {
-            return Ok(());
-        }
-        let stream = &self.device.stream;
-        let host_sq = stream.clone_dtoh(self.host.sq_norms_collected())?;
-        for (norm, sq) in self.host_norm_at_collection.iter_mut().zip(host_sq) {
-            *norm = sq.sqrt();
+        if slots.iter().any(|s| s.took_stats) {
+            push(&mut stats, StatSource::Host, envs);
         }
         for (k, slot) in slots.iter().enumerate() {
             if !slot.took_stats {
                 continue;
             }
-            let gate_sq = match (slot.gate_collected, slot.gate()) {
-                (true, Some(gate)) => Some((stream.clone_dtoh(&gate.rows.stat_sq)?, *gate.rows.layout())),
+            let gate = match (slot.gate_collected, slot.gate()) {
+                (true, Some(gate)) => {
+                    let layout = *gate.rows.layout();
+                    Some(push(&mut stats, StatSource::Gate { slot: k, layout }, layout.tensors().len() * envs))
+                }
                 _ => None,
             };
-            let mut sq_by_bp = Vec::new();
-            for &bp in &slot.collected {
-                let module = slot.module(bp).expect("a collected blueprint has its module");
-                sq_by_bp.push((bp, stream.clone_dtoh(&module.rows.stat_sq)?, *module.rows.layout()));
-            }
-            for e in 0..envs {
-                let st = slot.state(e);
+            let seeds: Vec<(CnnBlueprint, usize)> = slot
+                .collected
+                .iter()
+                .map(|&blueprint| {
+                    let module = slot.module(blueprint).expect("a collected blueprint has its module");
+                    let layout = *module.rows.layout();
+                    let source = StatSource::Seed { slot: k, blueprint, layout };
+                    (blueprint, push(&mut stats, source, layout.tensors().len() * envs))
+                })
+                .collect();
+            for env in 0..envs {
+                let st = slot.state(env);
                 let Some(bp) = st.blueprint.filter(|_| st.collect_stats) else { continue };
-                let mut norms = Vec::new();
-                if st.train_seed {
-                    let (_, sq, layout) =
-                        sq_by_bp.iter().find(|(b, ..)| *b == bp).expect("a training collector was collected");
-                    for (t, spec) in layout.tensors().iter().enumerate() {
-                        norms.push((sq[t * envs + e].sqrt(), spec.len));
-                    }
-                }
-                if st.gate_grad {
-                    let (sq, layout) = gate_sq.as_ref().expect("a collecting gate was collected");
-                    for (t, spec) in layout.tensors().iter().enumerate() {
-                        norms.push((sq[t * envs + e].sqrt(), spec.len));
-                    }
-                }
-                self.telemetry[k][e] = Some(SeedGradStats::from_tensor_norms(&norms));
+                let seed = st.train_seed.then(|| {
+                    seeds.iter().find(|(b, _)| *b == bp).expect("a training collector was collected").1
+                });
+                let gate = st.gate_grad.then(|| gate.expect("a collecting gate was collected"));
+                collectors.push(Collector { slot: k, env, seed, gate });
             }
         }
+        PendingEpoch { batches, stats, collectors }
+    }
+
+    /// Grows the read-back to `len` values, keeping its first `keep` (sums the device is still adding
+    /// into: the copy is ordered after them on the stream).
+    fn ensure_sums(&mut self, len: usize, keep: usize) -> Result<(), ParityError> {
+        if self.sums.len() >= len {
+            return Ok(());
+        }
+        let stream = &self.device.stream;
+        let mut grown = stream.alloc_zeros::<f64>(len)?;
+        stream.memcpy_dtod(&self.sums.slice(..keep), &mut grown.slice_mut(..keep))?;
+        self.sums = grown;
         Ok(())
+    }
+
+    /// The step's one copy back: the epoch's sums (`[2, E]`), `validation` more values after them, and
+    /// the pending epoch's gradient statistics, gathered after those on the device first. Forms the
+    /// epoch's results and telemetry when an epoch is pending; returns the validation's values.
+    fn read_back(&mut self, validation: usize) -> Result<Vec<f64>, ParityError> {
+        let envs = self.n_envs();
+        let stats_at = (2 * envs) + validation;
+        let pending = self.pending.take();
+        let stats_len = pending.as_ref().map_or(0, PendingEpoch::stats_len);
+        self.ensure_sums(stats_at + stats_len, stats_at)?;
+        let stream = self.device.stream.clone();
+        for block in pending.iter().flat_map(|p| &p.stats) {
+            let mut to = self.sums.slice_mut(stats_at + block.offset..stats_at + block.offset + block.len);
+            match block.source {
+                StatSource::Host => stream.memcpy_dtod(self.host.sq_norms_collected(), &mut to)?,
+                StatSource::Gate { slot, .. } => {
+                    let slot = self.host.slots().nth(slot).expect("the slot exists");
+                    stream.memcpy_dtod(&slot.gate().expect("a collected gate").rows.stat_sq, &mut to)?
+                }
+                StatSource::Seed { slot, blueprint, .. } => {
+                    let slot = self.host.slots().nth(slot).expect("the slot exists");
+                    let module = slot.module(blueprint).expect("a collected blueprint has its module");
+                    stream.memcpy_dtod(&module.rows.stat_sq, &mut to)?
+                }
+            }
+        }
+        let mut values = stream.clone_dtoh(&self.sums.slice(..stats_at + stats_len))?;
+        self.report.syncs += 1;
+        if let Some(pending) = pending {
+            self.report.train_ms += self.train_events.0.elapsed_ms(&self.train_events.1)? as f64;
+            self.form_epoch(&pending, &values[..2 * envs], &values[stats_at..]);
+        }
+        values.truncate(stats_at);
+        values.drain(..2 * envs);
+        Ok(values)
+    }
+
+    /// The epoch's per-env results from its sums, and the seeds' telemetry from its statistics.
+    fn form_epoch(&mut self, pending: &PendingEpoch, sums: &[f64], stats: &[f64]) {
+        let envs = self.n_envs();
+        let (_, batch) = self.host.shape();
+        let (loss_sum, right) = sums.split_at(envs);
+        for ((o, &loss_sum), &right) in self.epoch.iter_mut().zip(loss_sum).zip(right) {
+            *o = EpochTrain {
+                loss: loss_sum / pending.batches as f64,
+                accuracy: 100.0 * right / (pending.batches * batch) as f64,
+            };
+        }
+        for slot in &mut self.telemetry {
+            slot.fill(None);
+        }
+        // The host's norm is kept from the last epoch that collected (as the CPU's trainer keeps it).
+        if let Some(host) = pending.stats.iter().find(|b| matches!(b.source, StatSource::Host)) {
+            for (norm, sq) in self.host_norm_at_collection.iter_mut().zip(&stats[host.offset..]) {
+                *norm = sq.sqrt();
+            }
+        }
+        for c in &pending.collectors {
+            let mut norms = Vec::new();
+            for block in [c.seed, c.gate].into_iter().flatten().map(|i| &pending.stats[i]) {
+                let (StatSource::Gate { layout, .. } | StatSource::Seed { layout, .. }) = block.source else {
+                    unreachable!("a collector reads a gate's or a seed's statistics")
+                };
+                for (t, spec) in layout.tensors().iter().enumerate() {
+                    norms.push((stats[block.offset + t * envs + c.env].sqrt(), spec.len));
+                }
+            }
+            self.telemetry[c.slot][c.env] = Some(SeedGradStats::from_tensor_norms(&norms));
+        }
     }
 
     fn validate_on_device(
@@ -350,12 +461,11 @@ impl CudaHostBackend {
             })
             .collect();
         order[1..].sort_by_key(|pass| std::cmp::Reverse(pass.1));
-        // Sums: the epoch's two rows, then four per pass.
+        // Sums: the epoch's two rows (still being added to if the epoch is pending), then four per
+        // pass, then the pending epoch's statistics.
         let needed = (2 + 4 * passes) * envs;
-        // The epoch's rows were read back when it ended: a larger buffer need not keep them.
-        if self.sums.len() < needed {
-            self.sums = stream.alloc_zeros::<f64>(needed)?;
-        }
+        let stats_len = self.pending.as_ref().map_or(0, PendingEpoch::stats_len);
+        self.ensure_sums(needed + stats_len, 2 * envs)?;
         stream.memset_zeros(&mut self.sums.slice_mut(2 * envs..needed))?;
         let d = self.data.as_ref().expect("uploaded above");
         let sharding = batcher.sharding();
@@ -386,10 +496,9 @@ impl CudaHostBackend {
                 unsafe { launch.launch(elementwise(envs)) }?;
             }
         }
-        // The pass's one read-back.
+        // The step's one read-back: the pass's sums, with the epoch's.
         self.validate_events.1.record(&stream)?;
-        let sums = stream.clone_dtoh(&self.sums.slice(2 * envs..needed))?;
-        self.report.syncs += 1;
+        let sums = self.read_back(needed - 2 * envs)?;
         self.report.validate_ms += self.validate_events.0.elapsed_ms(&self.validate_events.1)? as f64;
         // Every env's configurations in order, as the CPU's validator counts its virtual envs.
         let virtual_envs: usize = self.configs.iter().map(|c| c.masks.len()).sum();
@@ -448,8 +557,16 @@ impl HostBackend for CudaHostBackend {
         device_slot.set_state(env, sync.state);
     }
 
-    fn train_epoch(&mut self, data: &Dataset, batcher: &Batcher, out: &mut [EpochTrain]) {
-        on_device(self.train_epoch_on_device(data, batcher, out));
+    fn train_epoch(&mut self, data: &Dataset, batcher: &Batcher) {
+        on_device(self.train_epoch_on_device(data, batcher));
+    }
+
+    fn epoch_train(&mut self) -> &[EpochTrain] {
+        if self.pending.is_some() {
+            // No validation pass since the epoch: its results come back alone.
+            on_device(self.read_back(0));
+        }
+        &self.epoch
     }
 
     fn validate(
@@ -466,7 +583,10 @@ impl HostBackend for CudaHostBackend {
         self.configs.get(env).map_or(0, |c| c.masks.len())
     }
 
-    fn seed_telemetry(&self, slot: usize, env: usize) -> Option<SeedTelemetry> {
+    fn seed_telemetry(&mut self, slot: usize, env: usize) -> Option<SeedTelemetry> {
+        if self.pending.is_some() {
+            on_device(self.read_back(0));
+        }
         let stats = self.telemetry[slot][env]?;
         Some(SeedTelemetry { stats, host_norm: self.host_norm_at_collection[env] })
     }
@@ -509,6 +629,10 @@ impl HostBackend for CudaHostBackend {
     }
 
     fn reset_round(&mut self, seed: u64, round: u64) {
+        // An epoch not yet read back is the old round's last: its results are read before they go.
+        if self.pending.is_some() {
+            on_device(self.read_back(0));
+        }
         let envs = self.n_envs();
         let params = crate::host::backend::init_params(self.arch, envs, seed, round);
         on_device(self.host.upload_params(&self.device, &params));

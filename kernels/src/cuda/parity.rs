@@ -17,7 +17,7 @@ use super::{DEFAULT_ARCH, KERNEL_FILES, KernelCache};
 use crate::data::{Batcher, SyntheticSpec, synthetic};
 use crate::host::train::{Trainer, ValTotals, accumulate_validation};
 use crate::host::{
-    CpuHostBackend, EpochTrain, FossilRow, HostArch, HostBackend, HostParams, HostWorkspace, ParamPrint,
+    CpuHostBackend, FossilRow, HostArch, HostBackend, HostParams, HostWorkspace, ParamPrint,
     SeedBank, SeedEnvState, SeedMode, SlotSync, ValidationPlan,
 };
 use crate::ops::activation::{
@@ -895,6 +895,20 @@ fn data_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
     Ok(())
 }
 
+/// The largest differences of the last epoch's losses and of its accuracies, device against CPU.
+fn epoch_diffs(cpu: &mut CpuHostBackend, gpu: &mut CudaHostBackend) -> (f64, f64) {
+    let c = cpu.epoch_train().to_vec();
+    gpu.epoch_train().iter().zip(&c).fold((0.0f64, 0.0f64), |(loss, acc), (g, c)| {
+        (loss.max(max_diff(&[g.loss], &[c.loss])), acc.max(max_diff(&[g.accuracy], &[c.accuracy])))
+    })
+}
+
+/// How far the copies back since the device's last report are from the step's one.
+fn copies_back_beyond_one(gpu: &mut CudaHostBackend) -> f64 {
+    let syncs = gpu.take_device_report().expect("a device backend reports").syncs;
+    (syncs as f64 - 1.0).abs()
+}
+
 /// One seedless run on [`CudaHostBackend`] against [`CpuHostBackend`] through the seam the systems use:
 /// two epochs of training (4 batches of 3 envs × 8 synthetic images, augmented) and a validation pass
 /// after each, then the parameter prints; then a governor snapshot of env 1, a third epoch, and the
@@ -913,16 +927,14 @@ fn backend_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), Parit
     let mut gpu = CudaHostBackend::new(device, arch, &slot_ids, envs, batch, seed, 0)?;
     let fossilized = vec![vec![false; envs]; slot_ids.len()];
     let plan = ValidationPlan { fossilized: &fossilized, ablate_fossils: false };
-    let (mut loss_diff, mut acc_diff) = (0.0f64, 0.0f64);
-    let (mut out_cpu, mut out_gpu) = (vec![EpochTrain::default(); envs], vec![EpochTrain::default(); envs]);
+    let (mut loss_diff, mut acc_diff, mut syncs_diff) = (0.0f64, 0.0f64, 0.0f64);
     for epoch in 1..=2 {
         batcher.begin_epoch(0, epoch);
-        cpu.train_epoch(&data, &batcher, &mut out_cpu);
-        gpu.train_epoch(&data, &batcher, &mut out_gpu);
-        for (g, c) in out_gpu.iter().zip(&out_cpu) {
-            loss_diff = loss_diff.max(max_diff(&[g.loss], &[c.loss]));
-            acc_diff = acc_diff.max(max_diff(&[g.accuracy], &[c.accuracy]));
-        }
+        // As a step does it: the epoch, the validation, then the epoch's results (on the device they
+        // come back with the validation's sums, in the step's one copy).
+        gpu.take_device_report();
+        cpu.train_epoch(&data, &batcher);
+        gpu.train_epoch(&data, &batcher);
         let val_cpu = cpu.validate(&data, &batcher, plan).to_vec();
         let val_gpu = gpu.validate(&data, &batcher, plan);
         assert_eq!((val_gpu.len(), val_cpu.len()), (envs, envs), "one validation result per env");
@@ -930,6 +942,9 @@ fn backend_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), Parit
             loss_diff = loss_diff.max(max_diff(&[g.val_loss], &[c.val_loss]));
             acc_diff = acc_diff.max(max_diff(&[g.val_acc], &[c.val_acc]));
         }
+        let (loss, acc) = epoch_diffs(&mut cpu, &mut gpu);
+        (loss_diff, acc_diff) = (loss_diff.max(loss), acc_diff.max(acc));
+        syncs_diff = syncs_diff.max(copies_back_beyond_one(&mut gpu));
     }
     rows.push(ParityRow::new(
         "backend epochs: losses (CudaHostBackend)",
@@ -943,6 +958,13 @@ fn backend_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), Parit
         "host::CpuHostBackend::train_epoch, validate",
         4 * envs,
         acc_diff,
+        0.0,
+    ));
+    rows.push(ParityRow::new(
+        "backend step: copies back beyond one",
+        "one read-back per epoch + validation",
+        2,
+        syncs_diff,
         0.0,
     ));
     let fingerprints = |b: &dyn HostBackend| {
@@ -963,8 +985,8 @@ fn backend_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), Parit
     cpu.take_snapshot(1, &[None; 3]);
     gpu.take_snapshot(1, &[None; 3]);
     batcher.begin_epoch(0, 3);
-    cpu.train_epoch(&data, &batcher, &mut out_cpu);
-    gpu.train_epoch(&data, &batcher, &mut out_gpu);
+    cpu.train_epoch(&data, &batcher);
+    gpu.train_epoch(&data, &batcher);
     cpu.restore_snapshot(1);
     gpu.restore_snapshot(1);
     let (sums_after, _) = fingerprints(&gpu);
@@ -977,11 +999,12 @@ fn backend_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), Parit
         0.0,
     ));
     // The epoch after the rollback starts env 1 from zero momentum on both sides; then a new round.
+    // Without a validation pass, the device reads the epoch's results back on their own.
     let mut after = |cpu: &mut CpuHostBackend, gpu: &mut CudaHostBackend, epoch: u64| {
         batcher.begin_epoch(0, epoch);
-        cpu.train_epoch(&data, &batcher, &mut out_cpu);
-        gpu.train_epoch(&data, &batcher, &mut out_gpu);
-        out_gpu.iter().zip(&out_cpu).map(|(g, c)| max_diff(&[g.loss], &[c.loss])).fold(0.0, f64::max)
+        cpu.train_epoch(&data, &batcher);
+        gpu.train_epoch(&data, &batcher);
+        epoch_diffs(cpu, gpu).0
     };
     let rollback_diff = after(&mut cpu, &mut gpu, 4);
     rows.push(ParityRow::new(
@@ -1166,16 +1189,12 @@ fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), 
     }
     let fossilized = vec![vec![false; envs]; slot_ids.len()];
     let validation = ValidationPlan { fossilized: &fossilized, ablate_fossils: false };
-    let (mut loss_diff, mut acc_diff, mut configs) = (0.0f64, 0.0f64, 0usize);
-    let (mut out_cpu, mut out_gpu) = (vec![EpochTrain::default(); envs], vec![EpochTrain::default(); envs]);
+    let (mut loss_diff, mut acc_diff, mut configs, mut syncs_diff) = (0.0f64, 0.0f64, 0usize, 0.0f64);
     for epoch in 1..=2 {
         batcher.begin_epoch(0, epoch);
-        cpu.train_epoch(&data, &batcher, &mut out_cpu);
-        gpu.train_epoch(&data, &batcher, &mut out_gpu);
-        for (g, c) in out_gpu.iter().zip(&out_cpu) {
-            loss_diff = loss_diff.max(max_diff(&[g.loss], &[c.loss]));
-            acc_diff = acc_diff.max(max_diff(&[g.accuracy], &[c.accuracy]));
-        }
+        gpu.take_device_report();
+        cpu.train_epoch(&data, &batcher);
+        gpu.train_epoch(&data, &batcher);
         let val_cpu = cpu.validate(&data, &batcher, validation).to_vec();
         let val_gpu = gpu.validate(&data, &batcher, validation);
         for (g, c) in val_gpu.iter().zip(&val_cpu) {
@@ -1186,6 +1205,15 @@ fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), 
             });
             configs += c.config_acc.len();
         }
+        let (loss, acc) = epoch_diffs(&mut cpu, &mut gpu);
+        (loss_diff, acc_diff) = (loss_diff.max(loss), acc_diff.max(acc));
+        // The seeds' telemetry came back in the same copy: reading it waits for nothing.
+        for k in 0..slot_ids.len() {
+            for e in 0..envs {
+                gpu.seed_telemetry(k, e);
+            }
+        }
+        syncs_diff = syncs_diff.max(copies_back_beyond_one(&mut gpu));
     }
     rows.push(ParityRow::new(
         "seeded backend epochs: losses",
@@ -1199,6 +1227,13 @@ fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), 
         "host::CpuHostBackend::validate (counterfactuals)",
         configs,
         acc_diff,
+        0.0,
+    ));
+    rows.push(ParityRow::new(
+        "seeded backend step: copies back beyond one",
+        "one read-back per epoch + validation + telemetry",
+        2,
+        syncs_diff,
         0.0,
     ));
     // The seeds' gradient health of the last epoch's collection batch: the same envs collected, the
@@ -1265,9 +1300,9 @@ fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), 
     gpu.take_snapshot(1, &gated_fossil);
     let mut epoch_diff = |cpu: &mut CpuHostBackend, gpu: &mut CudaHostBackend, round: u64, epoch: u64| {
         batcher.begin_epoch(round, epoch);
-        cpu.train_epoch(&data, &batcher, &mut out_cpu);
-        gpu.train_epoch(&data, &batcher, &mut out_gpu);
-        out_gpu.iter().zip(&out_cpu).map(|(g, c)| max_diff(&[g.loss], &[c.loss])).fold(0.0, f64::max)
+        cpu.train_epoch(&data, &batcher);
+        gpu.train_epoch(&data, &batcher);
+        epoch_diffs(cpu, gpu).0
     };
     let mut after = epoch_diff(&mut cpu, &mut gpu, 0, 3);
     for env in [0, 1] {

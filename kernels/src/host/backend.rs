@@ -134,9 +134,15 @@ pub trait HostBackend: Send + Sync + 'static {
     fn slot_ids(&self) -> &[(u8, u8)];
     /// Bring env `env`'s seed at slot `slot` in line with the lifecycle (see [`SlotSync`]).
     fn sync_slot(&mut self, env: usize, slot: usize, sync: &SlotSync);
-    /// One epoch of training for every env over `batcher`'s current epoch (`begin_epoch` already called):
-    /// per-env results into `out` (`[E]`); seed gradient telemetry refreshed on the collection batches.
-    fn train_epoch(&mut self, data: &Dataset, batcher: &Batcher, out: &mut [EpochTrain]);
+    /// One epoch of training for every env over `batcher`'s current epoch (`begin_epoch` already
+    /// called); seed gradient telemetry refreshed on the collection batches. The per-env results are
+    /// read with [`Self::epoch_train`] and [`Self::seed_telemetry`]: a device backend returns them with
+    /// the validation pass's sums, so that a step waits for the device once.
+    fn train_epoch(&mut self, data: &Dataset, batcher: &Batcher);
+    /// The last epoch's per-env loss and accuracy (`[E]`; zeros before the first epoch). A device
+    /// backend has them once [`Self::validate`] ran after the epoch; asked before that, it reads them
+    /// back (and the epoch's telemetry) in one copy of their own.
+    fn epoch_train(&mut self) -> &[EpochTrain];
     /// The fused validation pass over every env's test slice with the counterfactual configurations of
     /// `plan`: one result per env.
     fn validate(
@@ -149,7 +155,8 @@ pub trait HostBackend: Send + Sync + 'static {
     /// (0 before the first).
     fn validation_configs(&self, env: usize) -> usize;
     /// Env `env`'s telemetry at slot `slot` from this epoch's collection batches (None: not collected).
-    fn seed_telemetry(&self, slot: usize, env: usize) -> Option<SeedTelemetry>;
+    /// It arrives with the epoch's results (see [`Self::epoch_train`]), so it may read them back.
+    fn seed_telemetry(&mut self, slot: usize, env: usize) -> Option<SeedTelemetry>;
     /// Env `env`'s governor snapshot: its host as it is now and the rows of the fossils in `fossils`
     /// (`[S]`, None for a slot without a fossil). Live seeds are left out.
     fn take_snapshot(&mut self, env: usize, fossils: &[Option<FossilRow>]);
@@ -237,6 +244,8 @@ pub struct CpuHostBackend {
     correct: Vec<u32>,
     /// Per env over the epoch: Σ batch losses, Σ correct.
     totals: Vec<(f64, u64)>,
+    /// The last epoch's per-env results.
+    epoch: Vec<EpochTrain>,
     results: Vec<EnvCounterfactuals>,
 }
 
@@ -270,6 +279,7 @@ impl CpuHostBackend {
             counts: vec![0; n_envs],
             correct: vec![0; n_envs],
             totals: vec![(0.0, 0); n_envs],
+            epoch: vec![EpochTrain::default(); n_envs],
             results: Vec::new(),
         }
     }
@@ -325,9 +335,8 @@ impl HostBackend for CpuHostBackend {
         s.state[env] = sync.state;
     }
 
-    fn train_epoch(&mut self, data: &Dataset, batcher: &Batcher, out: &mut [EpochTrain]) {
+    fn train_epoch(&mut self, data: &Dataset, batcher: &Batcher) {
         let n_envs = self.n_envs();
-        assert_eq!(out.len(), n_envs, "one result per env");
         let batch = self.workspace.batch;
         self.trainer.clear_stats();
         self.totals.fill((0.0, 0));
@@ -345,7 +354,7 @@ impl HostBackend for CpuHostBackend {
                 *right += c as u64;
             }
         }
-        for (o, &(loss_sum, right)) in out.iter_mut().zip(&self.totals) {
+        for (o, &(loss_sum, right)) in self.epoch.iter_mut().zip(&self.totals) {
             *o = EpochTrain {
                 loss: loss_sum / n_batches as f64,
                 accuracy: 100.0 * right as f64 / (n_batches * batch) as f64,
@@ -376,7 +385,11 @@ impl HostBackend for CpuHostBackend {
         self.validator.configs.get(env).map_or(0, |c| c.masks.len())
     }
 
-    fn seed_telemetry(&self, slot: usize, env: usize) -> Option<SeedTelemetry> {
+    fn epoch_train(&mut self) -> &[EpochTrain] {
+        &self.epoch
+    }
+
+    fn seed_telemetry(&mut self, slot: usize, env: usize) -> Option<SeedTelemetry> {
         let stats = self.trainer.seed_stats[slot][env]?;
         Some(SeedTelemetry { stats, host_norm: self.trainer.host_norm_at_collection[env] })
     }
