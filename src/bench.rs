@@ -30,6 +30,7 @@ use esper_components::{
     SlotEvents, SlotIndex, SlotState, TaskPreset,
 };
 use esper_kernels::host::DeviceReport;
+use esper_kernels::ops::precision::Precision;
 use esper_systems::host_resources::{Hosts, StepClock};
 use esper_systems::slot_query::SlotLifecycle;
 use esper_systems::{
@@ -120,6 +121,8 @@ pub struct BenchConfig {
     pub envs: Vec<usize>,
     pub task: TaskPreset,
     pub device: HostDevice,
+    /// How the GPU multiplies the convolutions (f32 on the CPU).
+    pub precision: Precision,
     pub seeds: BenchSeeds,
     pub batch_per_env: usize,
     /// Training batches per env per step.
@@ -137,6 +140,7 @@ impl Default for BenchConfig {
             envs: vec![1, 4, 16, 64, 256],
             task: TaskPreset::CifarBaseline,
             device: HostDevice::Cpu,
+            precision: Precision::F32,
             seeds: BenchSeeds::Blending,
             batch_per_env: 64,
             train_batches: 2,
@@ -294,6 +298,8 @@ fn plan_for(config: &BenchConfig, envs: usize) -> Result<RunPlan, RunError> {
         slots: slots.join(","),
         policy: config.seeds.policy(),
         seed: config.seed,
+        device: config.device.name(),
+        precision: config.precision,
         batch_per_env: config.batch_per_env,
         synthetic_train_per_env: config.batch_per_env * config.train_batches,
         synthetic_test_per_env: config.test_per_env,
@@ -489,10 +495,14 @@ pub fn run(config: &BenchConfig, mut on_line: impl FnMut(&str)) -> Result<BenchR
     let forced_state = config.seeds.describe();
     let threads = rayon::current_num_threads();
     on_line(&format!(
-        "esper-ecs bench — {} host on {}, {threads} threads; per env per step: {} × {} training images, {} \
+        "esper-ecs bench — {} host on {}{}, {threads} threads; per env per step: {} × {} training images, {} \
          validation images",
         config.task.name(),
         config.device.name(),
+        match config.precision {
+            Precision::F32 => String::new(),
+            p => format!(" ({} convolutions)", p.name()),
+        },
         config.train_batches,
         config.batch_per_env,
         config.test_per_env

@@ -8,6 +8,7 @@
 use crate::config::{ConfigError, DataKind, PolicyKind, RunConfig};
 use clap::{Args, Parser, Subcommand};
 use esper_components::{RewardFamily, RewardMode, TaskPreset};
+use esper_kernels::ops::precision::Precision;
 use std::fmt::Display;
 use std::path::PathBuf;
 
@@ -240,9 +241,19 @@ pub struct BenchArgs {
         long,
         value_name = "DEVICE",
         default_value = "cpu",
-        help = "Device: cpu; cuda or cuda:N needs a build with --features cuda (bash ../shared/tools/cuda-build.sh) and its host backend, which is not built yet (docs/gpu.md)"
+        help = "Device: cpu; cuda or cuda:N needs a build with --features cuda (bash ../shared/tools/cuda-build.sh; docs/gpu.md)"
     )]
     pub device: String,
+
+    #[arg(
+        long,
+        value_name = "P",
+        default_value = "f32",
+        value_parser = Precision::parse,
+        help = "How a GPU multiplies the convolutions: f32, tf32 (tensor cores on f32 data) or bf16 (bf16 \
+                inputs summed in f32); the CPU computes in f32"
+    )]
+    pub precision: Precision,
 
     #[arg(
         long,
@@ -392,7 +403,7 @@ pub struct TrainArgs {
 
     #[arg(long, value_name = "FILE", conflicts_with_all = ["config", "policy_checkpoint"], help = with_default(
         "Continue the run a checkpoint.safetensors was saved from, at its next round, with its config \
-         (only --rounds, --out, --force, --trace, --device, --quiet, --count-syncs and --profile may be given with it)", "none"))]
+         (only --rounds, --out, --force, --trace, --device, --precision, --quiet, --count-syncs and --profile may be given with it)", "none"))]
     pub resume: Option<PathBuf>,
 
     #[arg(long, value_name = "S", allow_negative_numbers = true,
@@ -403,6 +414,11 @@ pub struct TrainArgs {
         "Where the hosts train and validate: cpu, or cuda / cuda:N (a build with --features cuda: bash \
          ../shared/tools/cuda-build.sh; docs/gpu.md)", "cpu"))]
     pub device: Option<String>,
+
+    #[arg(long, value_name = "P", value_parser = Precision::parse, help = with_default(
+        "How a GPU multiplies the convolutions: f32, tf32 (tensor cores on f32 data) or bf16 (bf16 \
+         inputs summed in f32; weights, gradients and optimizer stay f32). The CPU computes in f32", "f32"))]
+    pub precision: Option<Precision>,
 
     #[arg(long, value_name = "B", allow_negative_numbers = true,
           help = with_default("Training images per env per step", d().batch_per_env))]
@@ -534,12 +550,13 @@ impl TrainArgs {
             out: given.out.clone(),
             trace: given.trace.clone(),
             device: given.device.clone(),
+            precision: given.precision,
             ..saved
         };
         if given != allowed {
             return Err(invalid(
                 "continues the checkpoint's run with its config; only --rounds, --out, --force, --trace, \
-                 --device, --quiet, --count-syncs and --profile may be given with it"
+                 --device, --precision, --quiet, --count-syncs and --profile may be given with it"
                     .into(),
             ));
         }
@@ -569,6 +586,7 @@ impl TrainArgs {
         set(&mut c.policy, self.policy);
         set(&mut c.seed, self.seed);
         set(&mut c.device, self.device.clone());
+        set(&mut c.precision, self.precision);
         set(&mut c.batch_per_env, self.batch_per_env);
         set(&mut c.reward_mode, self.reward_mode);
         set(&mut c.reward_family, self.reward_family);

@@ -6,6 +6,7 @@ use esper_components::{
     RewardConfig, RewardConfigError, RewardFamily, RewardMode, SlotConfig, SlotIdError, TaskPreset,
 };
 use esper_kernels::data::{DataError, DataSource, Sharding, SyntheticSpec, cifar};
+use esper_kernels::ops::precision::Precision;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -89,6 +90,9 @@ pub struct RunConfig {
     /// Where the hosts train and validate: `cpu`, or `cuda` / `cuda:N` (a build with the `cuda`
     /// feature; see docs/gpu.md).
     pub device: String,
+    /// How a GPU multiplies the convolutions' matrices: `f32`, `tf32` (tensor cores, f32 data) or
+    /// `bf16` (bf16 inputs, f32 sums; weights and gradients stay f32). Only f32 on the CPU.
+    pub precision: Precision,
     /// Rounds (batches of episodes); every round starts fresh hosts.
     pub rounds: usize,
     /// Host epochs per episode (policy decisions per env per round).
@@ -164,6 +168,7 @@ impl Default for RunConfig {
         Self {
             envs: 16,
             device: "cpu".into(),
+            precision: Precision::F32,
             rounds: 1,
             // The README configuration on the built-in task (README, "The default task"): short epochs
             // of 512 images at batch 32 (16 SGD steps each), 80 of them, so the heuristic's epoch-counted
@@ -577,6 +582,7 @@ impl RunConfig {
         let memory =
             MemoryEstimate::new(&task.host(), &slots, self.batch_per_env, self.envs, n_train + n_test);
         let device = parse_device(&self.device)?;
+        check_precision(device, self.precision)?;
         Ok(RunPlan {
             config: self,
             task,
@@ -597,6 +603,20 @@ impl RunConfig {
     /// Where the hosts train and validate, from `device` (also checked when the run is planned).
     pub fn host_device(&self) -> Result<crate::run::HostDevice, ConfigError> {
         parse_device(&self.device)
+    }
+}
+
+/// A precision other than f32 is a GPU's multiply: the CPU computes in f32.
+pub fn check_precision(device: crate::run::HostDevice, precision: Precision) -> Result<(), ConfigError> {
+    match (device, precision) {
+        (crate::run::HostDevice::Cpu, p) if p != Precision::F32 => Err(ConfigError::Invalid {
+            name: "--precision (precision)",
+            reason: format!(
+                "{} is how a GPU multiplies the convolutions (give --device cuda); the CPU computes in f32",
+                p.name()
+            ),
+        }),
+        _ => Ok(()),
     }
 }
 

@@ -289,6 +289,9 @@ fn bench_command(args: &BenchArgs) -> ExitCode {
         Err(e @ run::DeviceError::NotBuilt) => return bad_input(format!("--device {}: {e}", args.device)),
         Err(e) => return bad_input(e),
     };
+    if let Err(e) = esper_ecs::config::check_precision(device, args.precision) {
+        return bad_input(e);
+    }
     let seeds = match BenchSeeds::parse(&args.seeds) {
         Ok(seeds) => seeds,
         Err(message) => return bad_input(message),
@@ -315,6 +318,7 @@ fn bench_command(args: &BenchArgs) -> ExitCode {
         envs: args.envs.0.clone(),
         task,
         device,
+        precision: args.precision,
         seeds,
         batch_per_env: args.batch_per_env as usize,
         train_batches: args.train_batches as usize,

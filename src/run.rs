@@ -196,7 +196,7 @@ fn host_backend(plan: &RunPlan, device: HostDevice, slot_ids: &[(u8, u8)]) -> Re
         }
         #[cfg(feature = "cuda")]
         HostDevice::Cuda(ordinal) => {
-            let device = open_gpu(ordinal)?;
+            let device = open_gpu(ordinal)?.with_precision(cfg.precision);
             esper_kernels::cuda::CudaHostBackend::new(
                 device,
                 arch,
@@ -717,9 +717,13 @@ fn print_table(plan: &RunPlan, s: &RunSummary) {
     );
     if let Some(d) = &s.device {
         println!(
-            "  device  train {:.1} ms  validate {:.1} ms per step (CUDA events)  {:.1} copies back per step \
-             (most {})",
-            d.train_ms_per_step, d.validate_ms_per_step, d.syncs_per_step, d.max_syncs_in_a_step
+            "  device  {} convolutions  train {:.1} ms  validate {:.1} ms per step (CUDA events)  {:.1} copies \
+             back per step (most {})",
+            plan.config.precision.name(),
+            d.train_ms_per_step,
+            d.validate_ms_per_step,
+            d.syncs_per_step,
+            d.max_syncs_in_a_step
         );
     }
     println!("  output {}", plan.out_dir.display());

@@ -176,6 +176,37 @@ fn train_device_is_cpu_or_a_cuda_build() {
     }
 }
 
+/// `--precision` is how a GPU multiplies: tf32 and bf16 on the CPU are refused in one line that says
+/// so, before any folder is made; an unknown name lists the known ones; a config file sets it too.
+#[test]
+fn precision_other_than_f32_needs_a_gpu() {
+    for p in ["tf32", "bf16"] {
+        let line = config_error(&["train", "--precision", p], "--precision (precision): ");
+        assert!(
+            line.contains(&format!("{p} is how a GPU multiplies")) && line.contains("--device cuda"),
+            "{line}"
+        );
+        let line = bad_input(&["bench", "--precision", p], "--precision (precision): ");
+        assert!(line.contains("the CPU computes in f32"), "{line}");
+    }
+    bad_input(
+        &["train", "--precision", "fp16"],
+        "invalid value 'fp16' for '--precision <P>': unknown precision 'fp16' (known: f32, tf32, bf16)",
+    );
+    bad_input(&["bench", "--precision", "half"], "invalid value 'half' for '--precision <P>'");
+    let dir = std::env::temp_dir().join(format!("esper-precision-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("bf16.toml");
+    std::fs::write(&config, "precision = \"bf16\"\n").unwrap();
+    config_error(&["train", "--config", config.to_str().unwrap()], "--precision (precision): bf16 is how");
+    std::fs::write(&config, "precision = \"f16\"\n").unwrap();
+    let (out, _) = esper(&["train", "--config", config.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("precision") && err.contains("f16"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn bad_reward_settings() {
     bad_input(

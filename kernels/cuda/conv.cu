@@ -119,17 +119,57 @@ extern "C" __global__ void conv2d_backward_weight_f32(
 // col[e][j][b·P + q], j = (s·k + ky)·k + kx over the input channels s and taps, q = yo·w_out + xo over
 // the output positions: x_padded[e, b, s, yo + ky, xo + kx] (0 in the padding). Row-major per env, a
 // (c_in·k·k) × (B·P) matrix.
+__device__ __forceinline__ float im2col_value(
+    const float* x, u64 i, u32 batch, u32 c_in, u32 h, u32 w, u32 k, u32 pad, u32 wo, u64 positions, u64 n,
+    u64 rows) {
+    u64 e = i / (rows * n), r = i / n % rows, c = i % n;
+    u64 b = c / positions, q = c % positions;
+    u32 yo = (u32)(q / wo), xo = (u32)(q % wo);
+    u32 kx = (u32)(r % k), ky = (u32)(r / k % k), s = (u32)(r / ((u64)k * k));
+    const float* plane = x + ((e * batch + b) * c_in + s) * (u64)h * w;
+    return padded_at(plane, h, w, pad, yo + ky, xo + kx);
+}
+
 extern "C" __global__ void im2col_f32(
     const float* x, float* col, u32 envs, u32 batch, u32 c_in, u32 h, u32 w, u32 k, u32 pad) {
     u32 ho = h + 2 * pad + 1 - k, wo = w + 2 * pad + 1 - k;
     u64 positions = (u64)ho * wo, n = (u64)batch * positions, rows = (u64)c_in * k * k;
     FOR_EACH(i, (u64)envs * rows * n) {
-        u64 e = i / (rows * n), r = i / n % rows, c = i % n;
-        u64 b = c / positions, q = c % positions;
-        u32 yo = (u32)(q / wo), xo = (u32)(q % wo);
-        u32 kx = (u32)(r % k), ky = (u32)(r / k % k), s = (u32)(r / ((u64)k * k));
-        const float* plane = x + ((e * batch + b) * c_in + s) * (u64)h * w;
-        col[i] = padded_at(plane, h, w, pad, yo + ky, xo + kx);
+        col[i] = im2col_value(x, i, batch, c_in, h, w, k, pad, wo, positions, n, rows);
+    }
+}
+
+// ---- bf16 (`--precision bf16`): the GEMM's inputs stored as bfloat16 bit patterns (u16), rounded to
+// nearest, ties to even; cuBLAS sums their products in f32. CPU twin: ops::precision::bf16_bits.
+typedef unsigned short u16;
+
+__device__ __forceinline__ u16 bf16_bits(float x) {
+    u32 u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x0040u);  // NaN stays NaN (quiet)
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (u16)(u >> 16);
+}
+
+// im2col_f32 with the column matrix in bf16.
+extern "C" __global__ void im2col_bf16(
+    const float* x, u16* col, u32 envs, u32 batch, u32 c_in, u32 h, u32 w, u32 k, u32 pad) {
+    u32 ho = h + 2 * pad + 1 - k, wo = w + 2 * pad + 1 - k;
+    u64 positions = (u64)ho * wo, n = (u64)batch * positions, rows = (u64)c_in * k * k;
+    FOR_EACH(i, (u64)envs * rows * n) {
+        col[i] = bf16_bits(im2col_value(x, i, batch, c_in, h, w, k, pad, wo, positions, n, rows));
+    }
+}
+
+// dst[i] = bf16(src[i]): the weights, each time a GEMM reads them (the optimizer keeps them in f32).
+extern "C" __global__ void round_to_bf16(const float* src, u16* dst, u64 n) {
+    FOR_EACH(i, n) { dst[i] = bf16_bits(src[i]); }
+}
+
+// swap_middle_axes_f32 into bf16: the output gradient into the GEMM's channel-major rows.
+extern "C" __global__ void swap_middle_axes_to_bf16(const float* src, u16* dst, u32 envs, u32 a, u32 b, u32 plane) {
+    FOR_EACH(i, (u64)envs * a * b * plane) {
+        u64 p = i % plane, ia = i / plane % a, ib = i / ((u64)plane * a) % b, e = i / ((u64)plane * a * b);
+        dst[i] = bf16_bits(src[((e * a + ia) * b + ib) * plane + p]);
     }
 }
 

@@ -9,8 +9,7 @@ use crate::seed_sync::seed_env_state_of;
 use crate::step_span::StepInfo;
 use bevy_ecs::prelude::*;
 use esper_components::{
-    AlphaAlgorithm, BlendStyle, Blueprint, EnvIndex, SeedAlpha, SlotEvents, SlotFlags,
-    SlotIndex, Stage,
+    AlphaAlgorithm, BlendStyle, Blueprint, EnvIndex, SeedAlpha, SlotEvents, SlotFlags, SlotIndex, Stage,
 };
 use esper_kernels::host::SlotSync;
 use esper_kernels::rng::{Purpose, StreamKey};

@@ -307,7 +307,11 @@ impl CudaHostBackend {
             let gate = match (slot.gate_collected, slot.gate()) {
                 (true, Some(gate)) => {
                     let layout = *gate.rows.layout();
-                    Some(push(&mut stats, StatSource::Gate { slot: k, layout }, layout.tensors().len() * envs))
+                    Some(push(
+                        &mut stats,
+                        StatSource::Gate { slot: k, layout },
+                        layout.tensors().len() * envs,
+                    ))
                 }
                 _ => None,
             };

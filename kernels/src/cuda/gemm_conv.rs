@@ -8,13 +8,21 @@
 //!
 //! Row-major `C = A·B` is column-major `Cᵀ = Bᵀ·Aᵀ`: each call below passes cuBLAS the row-major
 //! buffers as the column-major transposes they are.
+//!
+//! The multiply's precision is the device's ([`Precision`], `--precision`): f32 SGEMM; TF32 (the same
+//! SGEMM in cuBLAS's tensor-core math mode); or bf16, where the column matrix, the output gradient's
+//! rows and the weights are written as bfloat16 (`im2col_bf16`, `swap_middle_axes_to_bf16`,
+//! `round_to_bf16`) and one `cublasGemmStridedBatchedEx` sums their products into f32. The results,
+//! the gradients and the weights the optimizer keeps stay f32.
 
 use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
+use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasMath_t, cudaDataType_t};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
-use cudarc::driver::{CudaSlice, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 
 use super::parity::{Device, ParityError, elementwise};
 use crate::ops::Conv2dShape;
+use crate::ops::precision::Precision;
 
 /// Rows of a convolution's column matrix, `c_in·k·k` (one group).
 fn col_rows(c: &Conv2dShape) -> usize {
@@ -48,19 +56,40 @@ pub struct GemmConv {
     col: CudaSlice<f32>,
     /// The GEMM's channel-major output, or the output gradient moved into that layout.
     rows: CudaSlice<f32>,
+    /// With bf16 multiplies: the GEMMs' inputs as bfloat16 bits.
+    bf16: Option<Bf16Scratch>,
+}
+
+/// The bf16 GEMM's inputs: the column matrix, the output gradient's channel-major rows and the weights.
+struct Bf16Scratch {
+    col: CudaSlice<u16>,
+    rows: CudaSlice<u16>,
+    weight: CudaSlice<u16>,
 }
 
 impl GemmConv {
-    /// cuBLAS on `device`'s stream, with scratch for convolutions up to `largest` (their
-    /// column matrices and [`Conv2dShape::output_len`]).
+    /// cuBLAS on `device`'s stream at the device's [`Precision`], with scratch for convolutions up to
+    /// `largest` (their column matrices, [`Conv2dShape::output_len`] and, in bf16, their weights).
     pub fn new(device: &Device, largest: &[Conv2dShape]) -> Result<Self, ParityError> {
-        let col = largest.iter().map(col_len).max().unwrap_or(1).max(1);
-        let rows = largest.iter().map(Conv2dShape::output_len).max().unwrap_or(1).max(1);
-        Ok(Self {
-            blas: CudaBlas::new(device.stream.clone())?,
-            col: device.stream.alloc_zeros::<f32>(col)?,
-            rows: device.stream.alloc_zeros::<f32>(rows)?,
-        })
+        let most = |len: fn(&Conv2dShape) -> usize| largest.iter().map(len).max().unwrap_or(1).max(1);
+        let (col, rows) = (most(col_len), most(Conv2dShape::output_len));
+        let stream = &device.stream;
+        let blas = CudaBlas::new(stream.clone())?;
+        let bf16 = match device.precision() {
+            Precision::F32 => None,
+            Precision::Tf32 => {
+                // f32 data, multiplied on the tensor cores with TF32 inputs.
+                let mode = cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH;
+                unsafe { cudarc::cublas::sys::cublasSetMathMode(*blas.handle(), mode) }.result()?;
+                None
+            }
+            Precision::Bf16 => Some(Bf16Scratch {
+                col: stream.alloc_zeros::<u16>(col)?,
+                rows: stream.alloc_zeros::<u16>(rows)?,
+                weight: stream.alloc_zeros::<u16>(most(Conv2dShape::weight_len))?,
+            }),
+        };
+        Ok(Self { blas, col: stream.alloc_zeros::<f32>(col)?, rows: stream.alloc_zeros::<f32>(rows)?, bf16 })
     }
 
     fn check(&self, d: &Conv2dShape) {
@@ -68,6 +97,12 @@ impl GemmConv {
             col_len(d) <= self.col.len() && d.output_len() <= self.rows.len(),
             "GemmConv scratch was sized for smaller convolutions than {d:?}"
         );
+        if let Some(h) = &self.bf16 {
+            assert!(
+                d.weight_len() <= h.weight.len(),
+                "GemmConv scratch was sized for smaller weights than {d:?}"
+            );
+        }
         assert_eq!(d.groups, 1, "the GEMM form takes one group");
         assert!(
             col_columns(d) <= i32::MAX as usize && col_rows(d) <= i32::MAX as usize,
@@ -75,14 +110,45 @@ impl GemmConv {
         );
     }
 
+    /// The column matrix of `x`, in f32 or (bf16 multiplies) in bf16.
     fn im2col(&mut self, device: &Device, d: &Conv2dShape, x: &CudaSlice<f32>) -> Result<(), ParityError> {
         let args = im2col_args(d);
-        let mut launch = device.stream.launch_builder(device.function("im2col_f32"));
-        launch.arg(x).arg(&mut self.col);
+        let mut launch;
+        match &mut self.bf16 {
+            None => {
+                launch = device.stream.launch_builder(device.function("im2col_f32"));
+                launch.arg(x).arg(&mut self.col);
+            }
+            Some(h) => {
+                launch = device.stream.launch_builder(device.function("im2col_bf16"));
+                launch.arg(x).arg(&mut h.col);
+            }
+        }
         for a in &args {
             launch.arg(a);
         }
         unsafe { launch.launch(elementwise(col_len(d))) }?;
+        Ok(())
+    }
+
+    /// The output gradient `dy` (`[E, B, c_out, P]`) into channel-major rows `[E, c_out, B·P]`: f32
+    /// in [`Self::rows`], or bf16 for bf16 multiplies.
+    fn dy_rows(&mut self, device: &Device, d: &Conv2dShape, dy: &CudaSlice<f32>) -> Result<(), ParityError> {
+        let dims = [d.envs, d.batch, d.c_out, out_positions(d)];
+        let Some(h) = &mut self.bf16 else { return Self::swap(device, dy, &mut self.rows, dims) };
+        let [envs, a, b, plane] = dims.map(|v| v as u32);
+        let mut launch = device.stream.launch_builder(device.function("swap_middle_axes_to_bf16"));
+        launch.arg(dy).arg(&mut h.rows).arg(&envs).arg(&a).arg(&b).arg(&plane);
+        unsafe { launch.launch(elementwise(dims.iter().product())) }?;
+        Ok(())
+    }
+
+    /// bf16 multiplies: the weights (`[E, c_out, K]`) rounded into the scratch.
+    fn weight_bf16(device: &Device, d: &Conv2dShape, weight: &CudaSlice<f32>, h: &mut Bf16Scratch) -> R {
+        let n = d.weight_len() as u64;
+        let mut launch = device.stream.launch_builder(device.function("round_to_bf16"));
+        launch.arg(weight).arg(&mut h.weight).arg(&n);
+        unsafe { launch.launch(elementwise(d.weight_len())) }?;
         Ok(())
     }
 
@@ -132,7 +198,13 @@ impl GemmConv {
             stride_b: (c_out * k) as i64,
             stride_c: (c_out * n) as i64,
         };
-        unsafe { self.blas.gemm_strided_batched(cfg, &self.col, weight, &mut self.rows) }?;
+        match &mut self.bf16 {
+            None => unsafe { self.blas.gemm_strided_batched(cfg, &self.col, weight, &mut self.rows) }?,
+            Some(h) => {
+                Self::weight_bf16(device, d, weight, h)?;
+                gemm_bf16(&self.blas, device, &cfg, &h.col, &h.weight, &mut self.rows)?;
+            }
+        }
         Self::swap(device, &self.rows, y, [d.envs, c_out, d.batch, out_positions(d)])
     }
 
@@ -147,7 +219,7 @@ impl GemmConv {
         grad_weight: &mut CudaSlice<f32>,
     ) -> Result<(), ParityError> {
         self.check(d);
-        Self::swap(device, dy, &mut self.rows, [d.envs, d.batch, d.c_out, out_positions(d)])?;
+        self.dy_rows(device, d, dy)?;
         self.im2col(device, d, x)?;
         let (k, n, c_out) = (col_rows(d), col_columns(d), d.c_out);
         // Column-major dWᵀ (k × c_out) = (colᵀ)ᵀ · dY'ᵀ, colᵀ stored n × k, dY'ᵀ stored n × c_out.
@@ -169,7 +241,10 @@ impl GemmConv {
             stride_b: (c_out * n) as i64,
             stride_c: (c_out * k) as i64,
         };
-        unsafe { self.blas.gemm_strided_batched(cfg, &self.col, &self.rows, grad_weight) }?;
+        match &self.bf16 {
+            None => unsafe { self.blas.gemm_strided_batched(cfg, &self.col, &self.rows, grad_weight) }?,
+            Some(h) => gemm_bf16(&self.blas, device, &cfg, &h.col, &h.rows, grad_weight)?,
+        }
         Ok(())
     }
 
@@ -185,7 +260,7 @@ impl GemmConv {
         dx: &mut CudaSlice<f32>,
     ) -> Result<(), ParityError> {
         self.check(d);
-        Self::swap(device, dy, &mut self.rows, [d.envs, d.batch, d.c_out, out_positions(d)])?;
+        self.dy_rows(device, d, dy)?;
         let (k, n, c_out) = (col_rows(d), col_columns(d), d.c_out);
         // Column-major dcolᵀ (n × k) = dY'ᵀ (n × c_out) · W (c_out × k), W stored as Wᵀ (k × c_out).
         let cfg = StridedBatchedConfig {
@@ -206,7 +281,13 @@ impl GemmConv {
             stride_b: (c_out * k) as i64,
             stride_c: (k * n) as i64,
         };
-        unsafe { self.blas.gemm_strided_batched(cfg, &self.rows, weight, &mut self.col) }?;
+        match &mut self.bf16 {
+            None => unsafe { self.blas.gemm_strided_batched(cfg, &self.rows, weight, &mut self.col) }?,
+            Some(h) => {
+                Self::weight_bf16(device, d, weight, h)?;
+                gemm_bf16(&self.blas, device, &cfg, &h.rows, &h.weight, &mut self.col)?;
+            }
+        }
         let args = im2col_args(d);
         let overwrite = 0i32;
         let mut launch = device.stream.launch_builder(device.function("col2im_f32"));
@@ -218,4 +299,54 @@ impl GemmConv {
         unsafe { launch.launch(elementwise(d.envs * d.batch * d.c_in * d.h * d.w)) }?;
         Ok(())
     }
+}
+
+type R = Result<(), ParityError>;
+
+/// `cfg`'s strided-batched GEMM with `a` and `b` as bfloat16 bits and `c` in f32, the products summed
+/// in f32 (`cublasGemmStridedBatchedEx`, compute type 32F): what [`Gemm::gemm_strided_batched`] does for
+/// f32 operands.
+fn gemm_bf16(
+    blas: &CudaBlas,
+    device: &Device,
+    cfg: &StridedBatchedConfig<f32>,
+    a: &CudaSlice<u16>,
+    b: &CudaSlice<u16>,
+    c: &mut CudaSlice<f32>,
+) -> R {
+    let stream = &device.stream;
+    let g = &cfg.gemm;
+    let (a, _read_a) = a.device_ptr(stream);
+    let (b, _read_b) = b.device_ptr(stream);
+    let (c, _write_c) = c.device_ptr_mut(stream);
+    // Safety: the operands hold the matrices `cfg` describes (sized by `GemmConv::check`), on the
+    // stream cuBLAS was given; alpha and beta are host values read before the call returns.
+    unsafe {
+        cudarc::cublas::result::gemm_strided_batched_ex(
+            *blas.handle(),
+            g.transa,
+            g.transb,
+            g.m,
+            g.n,
+            g.k,
+            (&g.alpha) as *const f32 as *const _,
+            a as *const _,
+            cudaDataType_t::CUDA_R_16BF,
+            g.lda,
+            cfg.stride_a,
+            b as *const _,
+            cudaDataType_t::CUDA_R_16BF,
+            g.ldb,
+            cfg.stride_b,
+            (&g.beta) as *const f32 as *const _,
+            c as *mut _,
+            cudaDataType_t::CUDA_R_32F,
+            g.ldc,
+            cfg.stride_c,
+            cfg.batch_size,
+            cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+    }?;
+    Ok(())
 }

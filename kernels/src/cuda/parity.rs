@@ -6,7 +6,9 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchArgs, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchArgs, LaunchConfig, PushKernelArg,
+};
 use cudarc::nvrtc::Ptx;
 
 use super::backend::CudaHostBackend;
@@ -17,8 +19,8 @@ use super::{DEFAULT_ARCH, KERNEL_FILES, KernelCache};
 use crate::data::{Batcher, SyntheticSpec, synthetic};
 use crate::host::train::{Trainer, ValTotals, accumulate_validation};
 use crate::host::{
-    CpuHostBackend, FossilRow, HostArch, HostBackend, HostParams, HostWorkspace, ParamPrint,
-    SeedBank, SeedEnvState, SeedMode, SlotSync, ValidationPlan,
+    CpuHostBackend, FossilRow, HostArch, HostBackend, HostParams, HostWorkspace, ParamPrint, SeedBank,
+    SeedEnvState, SeedMode, SlotSync, ValidationPlan,
 };
 use crate::ops::activation::{
     relu_backward, relu_forward, relu_forward_in_place, sigmoid_backward, sigmoid_forward,
@@ -38,6 +40,7 @@ use crate::ops::pool::{
     PoolShape, global_avg_pool_backward, global_avg_pool_backward_accumulate, global_avg_pool_forward,
     max_pool2x2_backward, max_pool2x2_forward,
 };
+use crate::ops::precision::{Precision, round_to_bf16};
 use crate::optim::{SgdConfig, accumulate_sq_norms, clip_coefficient, scale_per_env, sgd_step};
 use crate::rng::{Purpose, Stream, StreamKey};
 use crate::seeds::common::{scale_planes, scale_planes_backward_scale};
@@ -74,9 +77,12 @@ impl ParityRow {
 pub type ParityError = Box<dyn std::error::Error>;
 
 /// The kernels loaded on one device.
+#[derive(Clone)]
 pub struct Device {
     pub(crate) stream: Arc<CudaStream>,
     functions: HashMap<&'static str, CudaFunction>,
+    /// How the GEMM convolutions multiply (f32 unless [`Self::with_precision`] says otherwise).
+    precision: Precision,
 }
 
 impl Device {
@@ -92,7 +98,16 @@ impl Device {
                 functions.insert(name, module.load_function(name)?);
             }
         }
-        Ok(Self { stream, functions })
+        Ok(Self { stream, functions, precision: Precision::F32 })
+    }
+
+    /// This device with its convolutions' GEMMs at `precision` (`--precision`).
+    pub fn with_precision(self, precision: Precision) -> Self {
+        Self { precision, ..self }
+    }
+
+    pub fn precision(&self) -> Precision {
+        self.precision
     }
 
     pub(crate) fn function(&self, name: &str) -> &CudaFunction {
@@ -1483,7 +1498,58 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
                 max_diff_of_tensor(&dx_gemm, &dx_cpu),
                 1e-5,
             ));
+            gemm_precision_checks(device, c, [&x, &w, &dy], [&x_dev, &w_dev, &dy_dev], rows)?;
         }
+    }
+    Ok(())
+}
+
+/// The GEMM convolutions at `--precision` tf32 and bf16 on shape `c`, from the f32 inputs `x`, `w`,
+/// `dy` (on the device: `dev`). bf16: the CPU twin multiplies the same inputs rounded as the device
+/// rounds them (`ops::precision::round_to_bf16`, the twin of `round_to_bf16` / `im2col_bf16` /
+/// `swap_middle_axes_to_bf16`), in f32 — products of two bf16 values are exact in f32, so only the
+/// summation order differs: 1e-5 of the largest value, as for f32. TF32: cuBLAS rounds the inputs to a
+/// 10-bit mantissa inside the multiply, against the CPU's f32 result: 4e-3 of the largest value (two
+/// roundings of 2⁻¹¹ per product, in sums of up to a few hundred terms of either sign).
+fn gemm_precision_checks(
+    device: &Device,
+    c: Conv2dShape,
+    [x, w, dy]: [&[f32]; 3],
+    [x_dev, w_dev, dy_dev]: [&CudaSlice<f32>; 3],
+    rows: &mut Vec<ParityRow>,
+) -> Result<(), ParityError> {
+    let stream = &device.stream;
+    for precision in [Precision::Tf32, Precision::Bf16] {
+        let on = device.clone().with_precision(precision);
+        let mut gemm = GemmConv::new(&on, &[c])?;
+        let (round, tolerance): (fn(f32) -> f32, f64) = match precision {
+            Precision::Bf16 => (round_to_bf16, 1e-5),
+            _ => (|v| v, 4e-3),
+        };
+        let rounded = |v: &[f32]| v.iter().map(|&v| round(v)).collect::<Vec<f32>>();
+        let (x, w, dy) = (rounded(x), rounded(w), rounded(dy));
+        let twin = |name: &str| format!("ops::conv::{name} on {} inputs", precision.name());
+        let mut y_cpu = vec![0.0f32; c.output_len()];
+        conv2d_forward(c, &x, &w, &mut y_cpu);
+        let mut y_dev = stream.alloc_zeros::<f32>(y_cpu.len())?;
+        gemm.forward(&on, &c, x_dev, w_dev, &mut y_dev)?;
+        let diff = max_diff_of_tensor(&stream.clone_dtoh(&y_dev)?, &y_cpu);
+        let kernel = format!("GemmConv::forward ({})", precision.name());
+        rows.push(ParityRow::new(kernel, twin("conv2d_forward"), y_cpu.len(), diff, tolerance));
+        let mut dw_cpu = vec![0.0f32; c.weight_len()];
+        conv2d_backward_weight(c, &x, &dy, &mut dw_cpu);
+        let mut dw_dev = stream.alloc_zeros::<f32>(dw_cpu.len())?;
+        gemm.backward_weight(&on, &c, x_dev, dy_dev, &mut dw_dev)?;
+        let diff = max_diff_of_tensor(&stream.clone_dtoh(&dw_dev)?, &dw_cpu);
+        let kernel = format!("GemmConv::backward_weight ({})", precision.name());
+        rows.push(ParityRow::new(kernel, twin("conv2d_backward_weight"), dw_cpu.len(), diff, tolerance));
+        let mut dx_cpu = vec![0.0f32; c.input_len()];
+        conv2d_backward_input(c, &dy, &w, &mut dx_cpu);
+        let mut dx_dev = stream.alloc_zeros::<f32>(dx_cpu.len())?;
+        gemm.backward_input(&on, &c, dy_dev, w_dev, &mut dx_dev)?;
+        let diff = max_diff_of_tensor(&stream.clone_dtoh(&dx_dev)?, &dx_cpu);
+        let kernel = format!("GemmConv::backward_input ({})", precision.name());
+        rows.push(ParityRow::new(kernel, twin("conv2d_backward_input"), dx_cpu.len(), diff, tolerance));
     }
     Ok(())
 }

@@ -21,6 +21,7 @@ pub mod linear;
 pub mod loss;
 pub mod norm;
 pub mod pool;
+pub mod precision;
 pub mod real;
 
 #[cfg(test)]
