@@ -123,6 +123,8 @@ pub struct BenchConfig {
     pub device: HostDevice,
     /// How the GPU multiplies the convolutions (f32 on the CPU).
     pub precision: Precision,
+    /// Training epochs from CUDA graphs where their launches repeat (GPU only).
+    pub cuda_graphs: bool,
     pub seeds: BenchSeeds,
     pub batch_per_env: usize,
     /// Training batches per env per step.
@@ -141,6 +143,7 @@ impl Default for BenchConfig {
             task: TaskPreset::CifarBaseline,
             device: HostDevice::Cpu,
             precision: Precision::F32,
+            cuda_graphs: true,
             seeds: BenchSeeds::Blending,
             batch_per_env: 64,
             train_batches: 2,
@@ -231,6 +234,9 @@ pub struct DeviceStep {
     pub train_ms: f64,
     pub validate_ms: f64,
     pub syncs_per_step: f64,
+    /// Timed steps whose training epoch was replayed from a CUDA graph, or captured into one.
+    pub graph_replays: u64,
+    pub graph_captures: u64,
 }
 
 impl DeviceStep {
@@ -244,6 +250,8 @@ impl DeviceStep {
             train_ms: median(|r| r.train_ms),
             validate_ms: median(|r| r.validate_ms),
             syncs_per_step: reports.iter().map(|r| r.syncs as f64).sum::<f64>() / reports.len() as f64,
+            graph_replays: reports.iter().map(|r| r.graph_replays).sum(),
+            graph_captures: reports.iter().map(|r| r.graph_captures).sum(),
         })
     }
 }
@@ -300,6 +308,7 @@ fn plan_for(config: &BenchConfig, envs: usize) -> Result<RunPlan, RunError> {
         seed: config.seed,
         device: config.device.name(),
         precision: config.precision,
+        cuda_graphs: config.cuda_graphs,
         batch_per_env: config.batch_per_env,
         synthetic_train_per_env: config.batch_per_env * config.train_batches,
         synthetic_test_per_env: config.test_per_env,
@@ -441,11 +450,14 @@ fn bench_envs(
         if let Some(d) = result.device {
             on_line(&format!(
                 "        device (CUDA events): train {:.2} ms, validate {:.2} ms per step ({:.0} % of the step); \
-                 {:.1} copies back per step",
+                 {:.1} copies back per step; training epochs from a CUDA graph {} of {} ({} captured)",
                 d.train_ms,
                 d.validate_ms,
                 100.0 * (d.train_ms + d.validate_ms) / step.median_ms,
-                d.syncs_per_step
+                d.syncs_per_step,
+                d.graph_replays,
+                config.reps,
+                d.graph_captures
             ));
         }
         tiers.push(result);
@@ -499,9 +511,13 @@ pub fn run(config: &BenchConfig, mut on_line: impl FnMut(&str)) -> Result<BenchR
          validation images",
         config.task.name(),
         config.device.name(),
-        match config.precision {
-            Precision::F32 => String::new(),
-            p => format!(" ({} convolutions)", p.name()),
+        match (config.precision, config.device, config.cuda_graphs) {
+            (_, HostDevice::Cpu, _) => String::new(),
+            (p, _, graphs) => format!(
+                " ({} convolutions, {})",
+                p.name(),
+                if graphs { "CUDA graphs" } else { "no CUDA graphs" }
+            ),
         },
         config.train_batches,
         config.batch_per_env,

@@ -257,6 +257,17 @@ pub struct BenchArgs {
 
     #[arg(
         long,
+        value_name = "on|off",
+        default_value = "on",
+        action = clap::ArgAction::Set,
+        value_parser = parse_on_off,
+        help = "On a GPU, replay each training epoch whose launches repeat the last one's from a CUDA graph \
+                (one launch per epoch); off: launch by launch"
+    )]
+    pub cuda_graphs: bool,
+
+    #[arg(
+        long,
         value_name = "STATE",
         default_value = "blending",
         help = "The lifecycle state every step starts from: blending (three BLENDING seeds per env, \
@@ -403,7 +414,7 @@ pub struct TrainArgs {
 
     #[arg(long, value_name = "FILE", conflicts_with_all = ["config", "policy_checkpoint"], help = with_default(
         "Continue the run a checkpoint.safetensors was saved from, at its next round, with its config \
-         (only --rounds, --out, --force, --trace, --device, --precision, --quiet, --count-syncs and --profile may be given with it)", "none"))]
+         (only --rounds, --out, --force, --trace, --device, --precision, --cuda-graphs, --quiet, --count-syncs and --profile may be given with it)", "none"))]
     pub resume: Option<PathBuf>,
 
     #[arg(long, value_name = "S", allow_negative_numbers = true,
@@ -419,6 +430,11 @@ pub struct TrainArgs {
         "How a GPU multiplies the convolutions: f32, tf32 (tensor cores on f32 data) or bf16 (bf16 \
          inputs summed in f32; weights, gradients and optimizer stay f32). The CPU computes in f32", "f32"))]
     pub precision: Option<Precision>,
+
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off, help = with_default(
+        "On a GPU, replay each training epoch whose launches repeat the last one's from a CUDA graph \
+         (one launch per epoch); off: launch by launch", "on"))]
+    pub cuda_graphs: Option<bool>,
 
     #[arg(long, value_name = "B", allow_negative_numbers = true,
           help = with_default("Training images per env per step", d().batch_per_env))]
@@ -551,12 +567,13 @@ impl TrainArgs {
             trace: given.trace.clone(),
             device: given.device.clone(),
             precision: given.precision,
+            cuda_graphs: given.cuda_graphs,
             ..saved
         };
         if given != allowed {
             return Err(invalid(
                 "continues the checkpoint's run with its config; only --rounds, --out, --force, --trace, \
-                 --device, --precision, --quiet, --count-syncs and --profile may be given with it"
+                 --device, --precision, --cuda-graphs, --quiet, --count-syncs and --profile may be given with it"
                     .into(),
             ));
         }
@@ -587,6 +604,7 @@ impl TrainArgs {
         set(&mut c.seed, self.seed);
         set(&mut c.device, self.device.clone());
         set(&mut c.precision, self.precision);
+        set(&mut c.cuda_graphs, self.cuda_graphs);
         set(&mut c.batch_per_env, self.batch_per_env);
         set(&mut c.reward_mode, self.reward_mode);
         set(&mut c.reward_family, self.reward_family);
@@ -617,6 +635,15 @@ impl TrainArgs {
         c.eval |= self.eval;
         c.deterministic |= self.deterministic;
         c
+    }
+}
+
+/// `on` or `off`.
+fn parse_on_off(value: &str) -> Result<bool, String> {
+    match value {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("expected on or off, got '{other}'")),
     }
 }
 

@@ -93,6 +93,9 @@ pub struct RunConfig {
     /// How a GPU multiplies the convolutions' matrices: `f32`, `tf32` (tensor cores, f32 data) or
     /// `bf16` (bf16 inputs, f32 sums; weights and gradients stay f32). Only f32 on the CPU.
     pub precision: Precision,
+    /// On a GPU, run each training epoch whose launches repeat the last one's from a CUDA graph
+    /// (captured once, then replayed: one launch per epoch). Off: launch by launch.
+    pub cuda_graphs: bool,
     /// Rounds (batches of episodes); every round starts fresh hosts.
     pub rounds: usize,
     /// Host epochs per episode (policy decisions per env per round).
@@ -169,6 +172,7 @@ impl Default for RunConfig {
             envs: 16,
             device: "cpu".into(),
             precision: Precision::F32,
+            cuda_graphs: true,
             rounds: 1,
             // The README configuration on the built-in task (README, "The default task"): short epochs
             // of 512 images at batch 32 (16 SGD steps each), 80 of them, so the heuristic's epoch-counted

@@ -319,6 +319,7 @@ fn bench_command(args: &BenchArgs) -> ExitCode {
         task,
         device,
         precision: args.precision,
+        cuda_graphs: args.cuda_graphs,
         seeds,
         batch_per_env: args.batch_per_env as usize,
         train_batches: args.train_batches as usize,

@@ -76,6 +76,11 @@ pub struct DeviceRunReport {
     /// Device time (CUDA events) of the training epoch and the validation pass, mean per step, ms.
     pub train_ms_per_step: f64,
     pub validate_ms_per_step: f64,
+    /// Training epochs replayed from a CUDA graph, captured into one, and failed captures (after one,
+    /// the run goes on without graphs).
+    pub graph_replays: u64,
+    pub graph_captures: u64,
+    pub graph_failures: u64,
 }
 
 impl DeviceRunReport {
@@ -86,6 +91,9 @@ impl DeviceRunReport {
         self.train_ms_per_step = mean(self.train_ms_per_step, step.train_ms);
         self.validate_ms_per_step = mean(self.validate_ms_per_step, step.validate_ms);
         self.max_syncs_in_a_step = self.max_syncs_in_a_step.max(step.syncs);
+        self.graph_replays += step.graph_replays;
+        self.graph_captures += step.graph_captures;
+        self.graph_failures += step.graph_failures;
         self.steps += 1;
     }
 }
@@ -206,7 +214,10 @@ fn host_backend(plan: &RunPlan, device: HostDevice, slot_ids: &[(u8, u8)]) -> Re
                 cfg.seed,
                 0,
             )
-            .map(Hosts::from)
+            .map(|mut backend| {
+                backend.set_graphs(cfg.cuda_graphs);
+                Hosts::from(backend)
+            })
             .map_err(|e| RunError(format!("cuda:{ordinal} cannot be used: {e}")))
         }
         #[cfg(not(feature = "cuda"))]
@@ -516,8 +527,12 @@ pub fn train_session(
             if plan.count_syncs {
                 let line = match &report {
                     Some(r) => format!(
-                        "step {step}: {} copies back from the device (train {:.2} ms, validate {:.2} ms on it)",
-                        r.syncs, r.train_ms, r.validate_ms
+                        "step {step}: {} copies back from the device (train {:.2} ms, validate {:.2} ms on it; \
+                         {})",
+                        r.syncs,
+                        r.train_ms,
+                        r.validate_ms,
+                        r.epochs_ran()
                     ),
                     None => format!("step {step}: 0 copies back (no device: the hosts run on the CPU)"),
                 };
@@ -724,6 +739,14 @@ fn print_table(plan: &RunPlan, s: &RunSummary) {
             d.validate_ms_per_step,
             d.syncs_per_step,
             d.max_syncs_in_a_step
+        );
+        let failed = match d.graph_failures {
+            0 => String::new(),
+            _ => " (a capture failed: graphs off after it)".to_string(),
+        };
+        println!(
+            "  device  training epochs from a CUDA graph {} of {} ({} captured){failed}",
+            d.graph_replays, d.steps, d.graph_captures
         );
     }
     println!("  output {}", plan.out_dir.display());

@@ -194,6 +194,12 @@ fn precision_other_than_f32_needs_a_gpu() {
         "invalid value 'fp16' for '--precision <P>': unknown precision 'fp16' (known: f32, tf32, bf16)",
     );
     bad_input(&["bench", "--precision", "half"], "invalid value 'half' for '--precision <P>'");
+    for command in ["train", "bench"] {
+        bad_input(
+            &[command, "--cuda-graphs", "maybe"],
+            "invalid value 'maybe' for '--cuda-graphs <on|off>': expected on or off, got 'maybe'",
+        );
+    }
     let dir = std::env::temp_dir().join(format!("esper-precision-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("bf16.toml");

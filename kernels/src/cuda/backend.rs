@@ -12,9 +12,10 @@
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaSlice, PushKernelArg};
 
+use super::epoch_graph::{CapturedEpoch, EpochGraphs, EpochRun, EpochShape};
 use super::host::DeviceHost;
 use super::parity::{Device, ParityError, elementwise};
 use super::slot::DeviceSlot;
@@ -85,6 +86,10 @@ pub struct CudaHostBackend {
     telemetry: Vec<Vec<Option<SeedGradStats>>>,
     host_norm_at_collection: Vec<f64>,
     data: Option<DeviceData>,
+    /// How many times a dataset was uploaded.
+    data_uploads: u64,
+    /// The training epoch's CUDA graph (see [`super::epoch_graph`]).
+    graphs: EpochGraphs,
     /// The epoch's gather plan, on the host and the device: every batch's `[E·B]` image indices, then
     /// every batch's packed augmentation draws; uploaded in one copy when the epoch starts.
     plan: Vec<u32>,
@@ -93,9 +98,12 @@ pub struct CudaHostBackend {
     images: CudaSlice<f32>,
     labels: CudaSlice<u8>,
     counts: CudaSlice<u32>,
-    /// The step's read-back, `[2 + 4·P, E]` then the epoch's gradient statistics: per env over the
-    /// epoch Σ batch losses and Σ correct, then over each validation pass `P` correct, total, Σ
-    /// batch-mean losses and batches (the layout `data.cu` describes), then [`PendingEpoch::stats`].
+    /// `[2, E]`: per env over the epoch Σ batch losses and Σ correct (a buffer of its own, never
+    /// reallocated, so that a captured epoch may add into it).
+    epoch_sums: CudaSlice<f64>,
+    /// The step's read-back, `[2 + 4·P, E]` then the epoch's gradient statistics: the epoch's sums,
+    /// then over each validation pass `P` correct, total, Σ batch-mean losses and batches (the layout
+    /// `data.cu` describes), then [`PendingEpoch::stats`].
     sums: CudaSlice<f64>,
     /// The epoch trained but not yet read back (its results arrive with the validation pass's).
     pending: Option<PendingEpoch>,
@@ -185,11 +193,14 @@ impl CudaHostBackend {
             telemetry: vec![vec![None; n_envs]; slot_ids.len()],
             host_norm_at_collection: vec![0.0; n_envs],
             data: None,
+            data_uploads: 0,
+            graphs: EpochGraphs::new(true),
             plan: Vec::new(),
             plan_dev: stream.alloc_zeros::<u32>(1)?,
             images: stream.alloc_zeros::<f32>(slots * arch.image_len())?,
             labels: stream.alloc_zeros::<u8>(slots)?,
             counts: stream.alloc_zeros::<u32>(n_envs)?,
+            epoch_sums: stream.alloc_zeros::<f64>(2 * n_envs)?,
             sums: stream.alloc_zeros::<f64>(6 * n_envs)?,
             pending: None,
             epoch: vec![EpochTrain::default(); n_envs],
@@ -214,6 +225,7 @@ impl CudaHostBackend {
         assert!(data.num_classes <= self.arch.num_classes, "the dataset has more classes than the head");
         assert!(data.augment.pad < 128, "crop padding {} does not fit the packed draw", data.augment.pad);
         let stream = &self.device.stream;
+        self.data_uploads += 1;
         self.data = Some(DeviceData {
             source,
             train_images: stream.clone_htod(&data.train.images)?,
@@ -231,7 +243,7 @@ impl CudaHostBackend {
         let (envs, batch) = self.host.shape();
         let stream = self.device.stream.clone();
         self.train_events.0.record(&stream)?;
-        stream.memset_zeros(&mut self.sums.slice_mut(..2 * envs))?;
+        stream.memset_zeros(&mut self.epoch_sums)?;
         // Statistics are kept only for slots with a collection batch this epoch (Trainer::clear_stats).
         for k in 0..self.slot_ids.len() {
             self.host.slot_mut(k).expect("every slot id has its slot").clear_stats();
@@ -256,7 +268,55 @@ impl CudaHostBackend {
             self.plan_dev = stream.alloc_zeros::<u32>(self.plan.len())?;
         }
         stream.memcpy_htod(self.plan.as_slice(), &mut self.plan_dev.slice_mut(..2 * per_epoch))?;
-        let d = self.data.as_ref().expect("uploaded above");
+        // The slots' per-env controls go up now, outside any capture.
+        self.host.prepare_slots(&self.device)?;
+        let shape = EpochShape {
+            batches: n_batches,
+            plan_len: self.plan_dev.len(),
+            data_uploads: self.data_uploads,
+            states: self.host.slots().flat_map(DeviceSlot::launch_states).collect(),
+        };
+        match self.graphs.plan(&shape) {
+            EpochRun::Eager => self.epoch_batches(data, n_batches)?,
+            EpochRun::Replay => {
+                let stats = self.graphs.launch()?;
+                // What the epoch's host code would have noted (the replay ran none of it).
+                for (k, taken) in stats.iter().enumerate() {
+                    self.host.slot_mut(k).expect("every slot id has its slot").restore_stats_taken(taken);
+                }
+                self.report.graph_replays += 1;
+            }
+            EpochRun::Capture => match self.capture_epoch(data, n_batches, shape) {
+                Ok(()) => self.report.graph_captures += 1,
+                Err(why) => {
+                    // Nothing captured ran: the epoch runs launch by launch, and so do the next ones.
+                    eprintln!(
+                        "esper-ecs: capturing the training epoch into a CUDA graph failed ({why}); epochs \
+                         run launch by launch from now on"
+                    );
+                    self.graphs.fail(why.to_string());
+                    self.report.graph_failures += 1;
+                    for k in 0..self.slot_ids.len() {
+                        self.host.slot_mut(k).expect("every slot id has its slot").clear_stats();
+                    }
+                    self.epoch_batches(data, n_batches)?;
+                }
+            },
+        }
+        // Nothing is read back here: the sums and statistics come back with the validation pass's.
+        self.train_events.1.record(&stream)?;
+        self.pending = Some(self.pending_epoch(n_batches));
+        Ok(())
+    }
+
+    /// The epoch's batches, launch by launch: each gathered from the uploaded plan, trained, counted
+    /// and added into the epoch's sums. Copies nothing from the host, so it can be captured.
+    fn epoch_batches(&mut self, data: &Dataset, n_batches: usize) -> Result<(), ParityError> {
+        let (envs, batch) = self.host.shape();
+        let slots = envs * batch;
+        let per_epoch = n_batches * slots;
+        let stream = self.device.stream.clone();
+        let d = self.data.as_ref().expect("uploaded before the epoch");
         let slots32 = slots as u32;
         let (channels, height, width) = (data.channels as u32, data.height as u32, data.width as u32);
         let image_values = self.images.len();
@@ -275,13 +335,40 @@ impl CudaHostBackend {
             let envs32 = envs as u32;
             let mut launch = stream.launch_builder(self.device.function("train_epoch_accumulate"));
             launch.arg(self.host.losses_on_device()).arg(self.host.correct_counts());
-            launch.arg(&mut self.sums).arg(&envs32);
+            launch.arg(&mut self.epoch_sums).arg(&envs32);
             unsafe { launch.launch(elementwise(envs)) }?;
         }
-        // Nothing is read back here: the sums and statistics come back with the validation pass's.
-        self.train_events.1.record(&stream)?;
-        self.pending = Some(self.pending_epoch(n_batches));
         Ok(())
+    }
+
+    /// Captures the epoch's batches into a graph, then launches it (a capture runs nothing). The
+    /// capture is ended whatever happens inside it.
+    fn capture_epoch(
+        &mut self,
+        data: &Dataset,
+        n_batches: usize,
+        shape: EpochShape,
+    ) -> Result<(), ParityError> {
+        let stream = self.device.stream.clone();
+        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        let captured = self.epoch_batches(data, n_batches);
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+        captured?;
+        let graph = graph?.ok_or("the capture recorded no work")?;
+        graph.launch()?;
+        let stats = self.host.slots().map(DeviceSlot::stats_taken).collect();
+        self.graphs.store(CapturedEpoch::new(shape, graph, stats));
+        Ok(())
+    }
+
+    /// Whether training epochs may run from a CUDA graph (on by default; the selftest compares both).
+    pub fn set_graphs(&mut self, enabled: bool) {
+        self.graphs.set_enabled(enabled);
+    }
+
+    /// Why graphs were turned off, if a capture failed.
+    pub fn graph_failure(&self) -> Option<&str> {
+        self.graphs.failure()
     }
 
     /// What the epoch that just ended leaves to read back: the slots' statistics of its last
@@ -338,29 +425,34 @@ impl CudaHostBackend {
         PendingEpoch { batches, stats, collectors }
     }
 
-    /// Grows the read-back to `len` values, keeping its first `keep` (sums the device is still adding
-    /// into: the copy is ordered after them on the stream).
-    fn ensure_sums(&mut self, len: usize, keep: usize) -> Result<(), ParityError> {
-        if self.sums.len() >= len {
-            return Ok(());
+    /// Grows the read-back to `len` values (before anything of this step is written into it).
+    fn ensure_sums(&mut self, len: usize) -> Result<(), ParityError> {
+        if self.sums.len() < len {
+            self.sums = self.device.stream.alloc_zeros::<f64>(len)?;
         }
-        let stream = &self.device.stream;
-        let mut grown = stream.alloc_zeros::<f64>(len)?;
-        stream.memcpy_dtod(&self.sums.slice(..keep), &mut grown.slice_mut(..keep))?;
-        self.sums = grown;
         Ok(())
     }
 
-    /// The step's one copy back: the epoch's sums (`[2, E]`), `validation` more values after them, and
-    /// the pending epoch's gradient statistics, gathered after those on the device first. Forms the
+    /// The step's one copy back: the epoch's sums (`[2, E]`), `validation` more values after them (the
+    /// validation pass's, already in place), and the pending epoch's gradient statistics; the epoch's
+    /// sums and statistics are gathered into the read-back on the device first. Forms the
     /// epoch's results and telemetry when an epoch is pending; returns the validation's values.
     fn read_back(&mut self, validation: usize) -> Result<Vec<f64>, ParityError> {
         let envs = self.n_envs();
         let stats_at = (2 * envs) + validation;
         let pending = self.pending.take();
         let stats_len = pending.as_ref().map_or(0, PendingEpoch::stats_len);
-        self.ensure_sums(stats_at + stats_len, stats_at)?;
+        if validation == 0 {
+            self.ensure_sums(stats_at + stats_len)?;
+        }
+        assert!(
+            self.sums.len() >= stats_at + stats_len,
+            "the validation sized the read-back for the epoch's"
+        );
         let stream = self.device.stream.clone();
+        if pending.is_some() {
+            stream.memcpy_dtod(&self.epoch_sums, &mut self.sums.slice_mut(..2 * envs))?;
+        }
         for block in pending.iter().flat_map(|p| &p.stats) {
             let mut to = self.sums.slice_mut(stats_at + block.offset..stats_at + block.offset + block.len);
             match block.source {
@@ -465,11 +557,11 @@ impl CudaHostBackend {
             })
             .collect();
         order[1..].sort_by_key(|pass| std::cmp::Reverse(pass.1));
-        // Sums: the epoch's two rows (still being added to if the epoch is pending), then four per
-        // pass, then the pending epoch's statistics.
+        // The read-back: the epoch's two rows (copied in at the end), then four per pass, then the
+        // pending epoch's statistics.
         let needed = (2 + 4 * passes) * envs;
         let stats_len = self.pending.as_ref().map_or(0, PendingEpoch::stats_len);
-        self.ensure_sums(needed + stats_len, 2 * envs)?;
+        self.ensure_sums(needed + stats_len)?;
         stream.memset_zeros(&mut self.sums.slice_mut(2 * envs..needed))?;
         let d = self.data.as_ref().expect("uploaded above");
         let sharding = batcher.sharding();

@@ -49,9 +49,15 @@ fn im2col_args(c: &Conv2dShape) -> [u32; 7] {
     [c.envs, c.batch, c.c_in, c.h, c.w, c.k, c.pad].map(|d| d as u32)
 }
 
+/// cuBLAS's workspace: NVIDIA's recommendation for Hopper. Given explicitly, so that cuBLAS never
+/// allocates one inside a CUDA graph capture.
+const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
+
 /// cuBLAS on the device's stream and the scratch of the largest convolution it has run.
 pub struct GemmConv {
     blas: CudaBlas,
+    /// cuBLAS's workspace (kept alive while the handle may use it).
+    _workspace: CudaSlice<u8>,
     /// The column matrix (forward, weight gradient) or its gradient (input gradient).
     col: CudaSlice<f32>,
     /// The GEMM's channel-major output, or the output gradient moved into that layout.
@@ -75,6 +81,20 @@ impl GemmConv {
         let (col, rows) = (most(col_len), most(Conv2dShape::output_len));
         let stream = &device.stream;
         let blas = CudaBlas::new(stream.clone())?;
+        let mut workspace = stream.alloc_zeros::<u8>(CUBLAS_WORKSPACE_BYTES)?;
+        {
+            let (ptr, _write) = workspace.device_ptr_mut(stream);
+            // Safety: the workspace lives as long as the handle (both fields of this struct) and is
+            // used only on the stream the handle was given.
+            unsafe {
+                cudarc::cublas::sys::cublasSetWorkspace_v2(
+                    *blas.handle(),
+                    ptr as *mut _,
+                    CUBLAS_WORKSPACE_BYTES,
+                )
+            }
+            .result()?;
+        }
         let bf16 = match device.precision() {
             Precision::F32 => None,
             Precision::Tf32 => {
@@ -89,7 +109,8 @@ impl GemmConv {
                 weight: stream.alloc_zeros::<u16>(most(Conv2dShape::weight_len))?,
             }),
         };
-        Ok(Self { blas, col: stream.alloc_zeros::<f32>(col)?, rows: stream.alloc_zeros::<f32>(rows)?, bf16 })
+        let (col, rows) = (stream.alloc_zeros::<f32>(col)?, stream.alloc_zeros::<f32>(rows)?);
+        Ok(Self { blas, _workspace: workspace, col, rows, bf16 })
     }
 
     fn check(&self, d: &Conv2dShape) {

@@ -302,6 +302,16 @@ impl DeviceHost {
         }
     }
 
+    /// Uploads every slot's per-env controls where its states changed (see [`DeviceSlot::prepare`]).
+    pub fn prepare_slots(&mut self, device: &Device) -> Result<(), ParityError> {
+        for block in &mut self.blocks {
+            for slot in [&mut block.r0, &mut block.r1].into_iter().flatten() {
+                slot.prepare(device)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Every enabled slot in canonical order.
     pub fn slots(&self) -> impl Iterator<Item = &DeviceSlot> {
         let r0 = self.blocks.iter().filter_map(|b| b.r0.as_ref());

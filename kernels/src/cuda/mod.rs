@@ -10,6 +10,7 @@
 
 pub mod backend;
 mod cache;
+pub mod epoch_graph;
 pub mod gate;
 pub mod gemm_conv;
 pub mod host;

@@ -19,8 +19,8 @@ use super::{DEFAULT_ARCH, KERNEL_FILES, KernelCache};
 use crate::data::{Batcher, SyntheticSpec, synthetic};
 use crate::host::train::{Trainer, ValTotals, accumulate_validation};
 use crate::host::{
-    CpuHostBackend, FossilRow, HostArch, HostBackend, HostParams, HostWorkspace, ParamPrint, SeedBank,
-    SeedEnvState, SeedMode, SlotSync, ValidationPlan,
+    CpuHostBackend, DeviceReport, FossilRow, HostArch, HostBackend, HostParams, HostWorkspace, ParamPrint,
+    SeedBank, SeedEnvState, SeedMode, SlotSync, ValidationPlan,
 };
 use crate::ops::activation::{
     relu_backward, relu_forward, relu_forward_in_place, sigmoid_backward, sigmoid_forward,
@@ -87,9 +87,16 @@ pub struct Device {
 
 impl Device {
     /// Opens device `ordinal` and loads every kernel file (compiled through `cache`).
+    ///
+    /// Everything runs on one stream of its own: a created stream, because the legacy default stream
+    /// cannot be captured into a CUDA graph, and without cudarc's event tracking, which records an
+    /// event per buffer per launch to order work across streams (one stream needs none, and a
+    /// capture must not record them). No buffer is shared between two `Device`s' streams.
     pub fn open(ordinal: usize, cache: &KernelCache) -> Result<Self, ParityError> {
         let ctx = CudaContext::new(ordinal)?;
-        let stream = ctx.default_stream();
+        // Safety: every buffer of this device is made, used and freed on its one stream (above).
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream()?;
         let mut functions = HashMap::new();
         for file in KERNEL_FILES {
             let (ptx, _) = cache.ptx(file, DEFAULT_ARCH)?;
@@ -197,6 +204,9 @@ pub fn run(
     group("backend (seedless)", &mut rows, &mut |rows| backend_checks(Device::open(ordinal, cache)?, rows));
     group("backend (seeded)", &mut rows, &mut |rows| {
         backend_seed_checks(Device::open(ordinal, cache)?, rows)
+    });
+    group("CUDA graphs", &mut rows, &mut |rows| {
+        graph_checks([Device::open(ordinal, cache)?, Device::open(ordinal, cache)?], rows)
     });
     Ok(rows)
 }
@@ -1113,31 +1123,129 @@ fn seed_label(bp: CnnBlueprint, what: &str) -> String {
     format!("DeviceSeed {}: {what}", bp.name())
 }
 
-/// The seeded run on [`CudaHostBackend`] against [`CpuHostBackend`]: the bench's three slots (r0c0,
-/// r0c1, r0c2), r1c0 and r1c1, with every blueprint somewhere — env 0 the bench's BLENDING conv_light,
-/// attention, conv_heavy (ADD); env 1 norm (GATE at 0.7, its gate born with it and trained), depthwise
-/// and bottleneck (ADD at 0.3, 1); env 2 conv_small (ADD), attention (MULTIPLY, born so) and conv_light
-/// incubating; at r1c0 depthwise by ADD and by MULTIPLY and a frozen conv_light; at r1c1 a frozen
-/// conv_small alone — germinated through `sync_slot` on both, then two epochs of training with a
-/// validation pass and its counterfactual configurations after each, the seeds' gradient telemetry of
-/// the last epoch (all thirteen seeds collect; the frozen ones report empty norms, the lone one too),
-/// and the parameter prints of the host and every seed; then governor snapshots of env 0 (two fossils)
-/// and env 1 (a gated fossil), an epoch, the rollbacks, the prints right after them and another
-/// epoch; and a new round's first epoch. Losses and prints to 1e-4 (the GEMM convolutions, the
-/// statistics' sums and the seeds' own reductions part from the CPU's by a few ulps, through the SGD
-/// steps of host and seeds), telemetry to 1e-4 of each value; every configuration's accuracy exactly
-/// (a near-tie that the device's tanh or exp tips the other way would show here).
-fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
-    use CnnBlueprint::*;
+/// The training epoch from a CUDA graph against the same epochs launch by launch: two
+/// [`CudaHostBackend`]s over the seeds of [`seeded_plan`], graphs on and off, seven epochs with a
+/// validation pass after each. The alphas move every epoch (they are in a device buffer, not in the
+/// graph); after epoch 4 env 2's incubating conv_light starts blending (a new shape). So the graph
+/// backend runs epoch 1 launch by launch, captures epoch 2, replays 3 and 4, runs 5 launch by launch,
+/// captures 6 and replays 7 — which the report's counts must say. The same kernels in the same order
+/// on the same GPU: every epoch's losses and accuracies, every configuration's validation accuracy and
+/// loss, the seeds' telemetry and the parameter checksums must be the same bits.
+fn graph_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
     let arch = HostArch::CIFAR_BASELINE;
-    let (envs, batch, seed) = (3usize, 8usize, 6u64);
-    // The bench's three slots, r1c0 after block 0's pool, and r1c1 where a frozen seed collects alone.
+    let (envs, batch, seed) = (3usize, 8usize, 7u64);
     let slot_ids = [(0u8, 0u8), (0, 1), (0, 2), (1, 0), (1, 1)];
     let data =
         synthetic::generate(&SyntheticSpec { n_train: 96, n_test: 50, ..SyntheticSpec::with_seed(seed) })?;
     let mut batcher = Batcher::new(&data, seed, envs, batch)?;
-    let mut cpu = CpuHostBackend::new(arch, &slot_ids, envs, batch, seed, 0);
-    let mut gpu = CudaHostBackend::new(device, arch, &slot_ids, envs, batch, seed, 0)?;
+    let [on, off] = devices;
+    let mut graphed = CudaHostBackend::new(on, arch, &slot_ids, envs, batch, seed, 0)?;
+    let mut eager = CudaHostBackend::new(off, arch, &slot_ids, envs, batch, seed, 0)?;
+    graphed.set_graphs(true);
+    eager.set_graphs(false);
+    let mut plan = seeded_plan();
+    let fossilized = vec![vec![false; envs]; slot_ids.len()];
+    let validation = ValidationPlan { fossilized: &fossilized, ablate_fossils: false };
+    let (mut differing, mut compared) = (0usize, 0usize);
+    let mut same = |a: f64, b: f64| {
+        compared += 1;
+        differing += usize::from(a.to_bits() != b.to_bits());
+    };
+    let mut report = DeviceReport::default();
+    for epoch in 1..=7u64 {
+        if epoch == 5 {
+            let (bp, state) = plan[2][2].expect("env 2 incubates at r0c2");
+            plan[2][2] = Some((bp, SeedEnvState { mode: SeedMode::Add, alpha: 0.2, ..state }));
+        }
+        for (e, env_plan) in plan.iter().enumerate() {
+            for (k, slot) in env_plan.iter().enumerate() {
+                let Some((bp, state)) = *slot else { continue };
+                // Born at epoch 1; then each epoch the alpha moves a little.
+                let alpha = (state.alpha * (0.9 + 0.02 * epoch as f32)).min(1.0);
+                let sync = SlotSync {
+                    germinate: (epoch == 1).then_some((bp, state.mode == SeedMode::Multiply)),
+                    create_gate: epoch == 1 && state.mode == SeedMode::Gate,
+                    reset_momentum: false,
+                    state: SeedEnvState { blueprint: Some(bp), alpha, ..state },
+                    draws: StreamKey::new(seed, 0, e as u64, Purpose::SeedInit),
+                    counter: (k as u64) << 40 | 2,
+                };
+                graphed.sync_slot(e, k, &sync);
+                eager.sync_slot(e, k, &sync);
+            }
+        }
+        batcher.begin_epoch(0, epoch);
+        graphed.take_device_report();
+        graphed.train_epoch(&data, &batcher);
+        eager.train_epoch(&data, &batcher);
+        let val_eager = eager.validate(&data, &batcher, validation).to_vec();
+        let val_graphed = graphed.validate(&data, &batcher, validation);
+        for (g, c) in val_graphed.iter().zip(&val_eager) {
+            same(g.val_loss, c.val_loss);
+            for (&g, &c) in g.config_acc.iter().zip(&c.config_acc) {
+                same(g, c);
+            }
+        }
+        let train_eager = eager.epoch_train().to_vec();
+        for (g, c) in graphed.epoch_train().iter().zip(&train_eager) {
+            same(g.loss, c.loss);
+            same(g.accuracy, c.accuracy);
+        }
+        for k in 0..slot_ids.len() {
+            for e in 0..envs {
+                match (graphed.seed_telemetry(k, e), eager.seed_telemetry(k, e)) {
+                    (Some(g), Some(c)) => {
+                        same(g.stats.norm, c.stats.norm);
+                        same(g.stats.health, c.stats.health);
+                        same(g.host_norm, c.host_norm);
+                    }
+                    (None, None) => {}
+                    _ => same(0.0, 1.0),
+                }
+            }
+        }
+        let step = graphed.take_device_report().expect("a device backend reports");
+        report.graph_captures += step.graph_captures;
+        report.graph_replays += step.graph_replays;
+        report.graph_failures += step.graph_failures;
+    }
+    let checksums = |b: &dyn HostBackend| {
+        let (mut sums, mut prints) =
+            (vec![0u64; envs], vec![ParamPrint::default(); envs * (1 + slot_ids.len())]);
+        b.param_fingerprints(&mut sums, &mut prints);
+        sums
+    };
+    let (sums_graphed, sums_eager) = (checksums(&graphed), checksums(&eager));
+    rows.push(ParityRow::new(
+        "training epochs from a CUDA graph",
+        "the same epochs launch by launch (same bits)",
+        compared,
+        if compared > 0 && differing == 0 { 0.0 } else { f64::INFINITY },
+        0.0,
+    ));
+    rows.push(ParityRow::new(
+        "parameters after graph epochs (checksums)",
+        "the same epochs launch by launch (same bits)",
+        envs,
+        if sums_graphed == sums_eager { 0.0 } else { f64::INFINITY },
+        0.0,
+    ));
+    let counts = (report.graph_captures, report.graph_replays, report.graph_failures);
+    let why = graphed.graph_failure().map_or(String::new(), |w| format!(": {w}"));
+    rows.push(ParityRow::new(
+        "graph epochs: 2 captured, 3 replayed",
+        format!("the epoch shapes' plan (got {counts:?}{why})"),
+        7,
+        if counts == (2, 3, 0) { 0.0 } else { f64::INFINITY },
+        0.0,
+    ));
+    Ok(())
+}
+
+/// The seeds of [`backend_seed_checks`], `[env][slot]`: what each env holds at each of the five slots
+/// and in which state.
+fn seeded_plan() -> [[Option<(CnnBlueprint, SeedEnvState)>; 5]; 3] {
+    use CnnBlueprint::*;
     let blending = |alpha: f32| SeedEnvState {
         mode: SeedMode::Add,
         alpha,
@@ -1164,7 +1272,7 @@ fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), 
         ..SeedEnvState::default()
     };
     // At r1c0 one blueprint in two modes (depthwise ADD and MULTIPLY) beside a frozen conv_light.
-    let plan: [[Option<(CnnBlueprint, SeedEnvState)>; 5]; 3] = [
+    [
         [
             Some((ConvLight, blending(0.5))),
             Some((Attention, blending(0.5))),
@@ -1186,7 +1294,35 @@ fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), 
             Some((ConvLight, frozen)),
             Some((ConvSmall, frozen)),
         ],
-    ];
+    ]
+}
+
+/// The seeded run on [`CudaHostBackend`] against [`CpuHostBackend`]: the bench's three slots (r0c0,
+/// r0c1, r0c2), r1c0 and r1c1, with every blueprint somewhere — env 0 the bench's BLENDING conv_light,
+/// attention, conv_heavy (ADD); env 1 norm (GATE at 0.7, its gate born with it and trained), depthwise
+/// and bottleneck (ADD at 0.3, 1); env 2 conv_small (ADD), attention (MULTIPLY, born so) and conv_light
+/// incubating; at r1c0 depthwise by ADD and by MULTIPLY and a frozen conv_light; at r1c1 a frozen
+/// conv_small alone — germinated through `sync_slot` on both, then two epochs of training with a
+/// validation pass and its counterfactual configurations after each, the seeds' gradient telemetry of
+/// the last epoch (all thirteen seeds collect; the frozen ones report empty norms, the lone one too),
+/// and the parameter prints of the host and every seed; then governor snapshots of env 0 (two fossils)
+/// and env 1 (a gated fossil), an epoch, the rollbacks, the prints right after them and another
+/// epoch; and a new round's first epoch. Losses and prints to 1e-4 (the GEMM convolutions, the
+/// statistics' sums and the seeds' own reductions part from the CPU's by a few ulps, through the SGD
+/// steps of host and seeds), telemetry to 1e-4 of each value; every configuration's accuracy exactly
+/// (a near-tie that the device's tanh or exp tips the other way would show here).
+fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
+    use CnnBlueprint::*;
+    let arch = HostArch::CIFAR_BASELINE;
+    let (envs, batch, seed) = (3usize, 8usize, 6u64);
+    // The bench's three slots, r1c0 after block 0's pool, and r1c1 where a frozen seed collects alone.
+    let slot_ids = [(0u8, 0u8), (0, 1), (0, 2), (1, 0), (1, 1)];
+    let data =
+        synthetic::generate(&SyntheticSpec { n_train: 96, n_test: 50, ..SyntheticSpec::with_seed(seed) })?;
+    let mut batcher = Batcher::new(&data, seed, envs, batch)?;
+    let mut cpu = CpuHostBackend::new(arch, &slot_ids, envs, batch, seed, 0);
+    let mut gpu = CudaHostBackend::new(device, arch, &slot_ids, envs, batch, seed, 0)?;
+    let plan = seeded_plan();
     for (e, env_plan) in plan.iter().enumerate() {
         for (k, slot) in env_plan.iter().enumerate() {
             let Some((bp, state)) = *slot else { continue };

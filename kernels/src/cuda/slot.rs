@@ -79,6 +79,14 @@ pub struct DeviceSlot {
     pub gate_collected: bool,
 }
 
+/// What a collection batch notes on the host side of a slot (see [`DeviceSlot::stats_taken`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StatsTaken {
+    pub took_stats: bool,
+    pub collected: Vec<CnnBlueprint>,
+    pub gate_collected: bool,
+}
+
 impl DeviceSlot {
     /// A slot whose activations are `dims`, every env's seed off.
     pub fn new(device: &Device, dims: SeedDims) -> Result<Self, ParityError> {
@@ -194,6 +202,30 @@ impl DeviceSlot {
             .filter(move |&bp| self.state.iter().any(|s| s.blueprint == Some(bp) && s.mode.runs_in(train)))
     }
 
+    /// What the last collection batch noted on the host ([`Self::took_stats`], [`Self::collected`],
+    /// [`Self::gate_collected`]).
+    pub fn stats_taken(&self) -> StatsTaken {
+        StatsTaken {
+            took_stats: self.took_stats,
+            collected: self.collected.clone(),
+            gate_collected: self.gate_collected,
+        }
+    }
+
+    /// Puts back what a collection batch notes on the host: after an epoch replayed from a CUDA graph,
+    /// which runs the kernels but none of the code that notes it.
+    pub fn restore_stats_taken(&mut self, taken: &StatsTaken) {
+        self.took_stats = taken.took_stats;
+        self.collected.clone_from(&taken.collected);
+        self.gate_collected = taken.gate_collected;
+    }
+
+    /// Every env's state as it decides the slot's launches: without alpha, which the kernels read
+    /// from a device buffer.
+    pub fn launch_states(&self) -> impl Iterator<Item = SeedEnvState> + '_ {
+        self.state.iter().map(|s| SeedEnvState { alpha: 0.0, ..*s })
+    }
+
     /// Forget the statistics of an earlier epoch (`Trainer::clear_stats`).
     pub fn clear_stats(&mut self) {
         self.took_stats = false;
@@ -201,8 +233,10 @@ impl DeviceSlot {
         self.gate_collected = false;
     }
 
-    /// Uploads the per-env controls when the states changed.
-    fn prepare(&mut self, device: &Device) -> R {
+    /// Uploads the per-env controls when the states changed (a forward does it first; a training
+    /// epoch captured into a CUDA graph does it before the capture, which must copy nothing from the
+    /// host).
+    pub(crate) fn prepare(&mut self, device: &Device) -> R {
         if !self.dirty {
             return Ok(());
         }

@@ -114,6 +114,27 @@ pub struct DeviceReport {
     pub train_ms: f64,
     /// Device time of the validation passes, ms.
     pub validate_ms: f64,
+    /// Training epochs replayed from a CUDA graph, captured into one (then launched), and captures
+    /// that failed (graphs are off after one; the epoch ran launch by launch).
+    pub graph_replays: u64,
+    pub graph_captures: u64,
+    pub graph_failures: u64,
+}
+
+impl DeviceReport {
+    /// How the training epochs ran, for a line of text: `graph replayed`, `graph captured`,
+    /// `launch by launch`, or the counts when several epochs are in the report.
+    pub fn epochs_ran(&self) -> String {
+        match (self.graph_replays, self.graph_captures, self.graph_failures) {
+            (1, 0, 0) => "epoch from its CUDA graph".into(),
+            (0, 1, 0) => "epoch captured into a CUDA graph".into(),
+            (0, 0, 0) => "epoch launch by launch".into(),
+            (r, c, 0) => format!("{r} epochs from a CUDA graph, {c} captured"),
+            (r, c, f) => {
+                format!("{r} epochs from a CUDA graph, {c} captured, {f} failed captures (graphs off)")
+            }
+        }
+    }
 }
 
 /// Which seeds validation ablates.
