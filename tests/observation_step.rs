@@ -11,7 +11,7 @@ use esper_ecs::run::{self, Session};
 use esper_systems::build_observations::ObsBatch;
 use esper_systems::normalize_observations::ObsNormalization;
 use esper_systems::policy::{ActivePolicy, Observations, Policy, RandomPolicy};
-use esper_systems::validate::validate;
+use esper_systems::record_train_metrics::record_train_metrics;
 use esper_systems::{ActionBatch, StepSet};
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
@@ -232,7 +232,7 @@ fn the_policy_reads_frozen_normalised_observations_and_the_round_end_updates_the
 fn a_rolled_back_envs_observation_counts_and_its_nan_stays_out_of_the_statistics() {
     let plan = plan("rollback", 1, 3);
     let mut session = Session::with_systems(&plan, |schedule| {
-        schedule.add_systems(inject_validation_fault.after(validate).in_set(StepSet::Validate));
+        schedule.add_systems(inject_validation_fault.after(record_train_metrics).in_set(StepSet::Validate));
     })
     .unwrap();
     session.world.insert_resource(ValidationFault {

@@ -204,11 +204,17 @@ fn the_binary_resumes_and_refuses_what_it_cannot_continue() {
     let device = run(&[&args[..], &["--device", "tpu"]].concat());
     assert_eq!(device.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&device.stderr).contains("unknown device 'tpu'"));
+    // So may the GPU's precision (checked like any: on the CPU only f32).
+    let precision = run(&[&args[..], &["--precision", "bf16"]].concat());
+    assert_eq!(precision.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&precision.stderr).contains("--precision (precision): bf16 is how a GPU")
+    );
     let seed = run(&[&args[..], &["--seed", "5"]].concat());
     assert_eq!(seed.status.code(), Some(2));
     assert!(
         String::from_utf8_lossy(&seed.stderr)
-            .contains("--trace, --device, --quiet, --count-syncs and --profile")
+            .contains("--trace, --device, --precision, --cuda-graphs, --quiet, --count-syncs and --profile")
     );
     assert!(!dir.join("c").exists(), "nothing is created for a refused resume");
     std::fs::remove_dir_all(dir).unwrap();

@@ -15,7 +15,7 @@ use esper_kernels::reward::Term;
 use esper_systems::compute_rewards::{RewardBatch, SharedRewardNormalizer};
 use esper_systems::host_resources::{Hosts, StepClock};
 use esper_systems::policy::ActivePolicy;
-use esper_systems::validate::validate;
+use esper_systems::record_train_metrics::record_train_metrics;
 use esper_systems::{OpOutcomes, ParamCounts, StepSet};
 use std::sync::atomic::AtomicBool;
 
@@ -76,7 +76,10 @@ fn inject_measurement(
 fn session(plan: &RunPlan, script: Script) -> Session {
     let mut session = Session::with_systems(plan, |schedule| {
         schedule.add_systems(
-            (inject_validation_fault, inject_measurement).chain().after(validate).in_set(StepSet::Validate),
+            (inject_validation_fault, inject_measurement)
+                .chain()
+                .after(record_train_metrics)
+                .in_set(StepSet::Validate),
         );
     })
     .unwrap();

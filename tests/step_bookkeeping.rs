@@ -17,7 +17,7 @@ use esper_kernels::host::SeedBank;
 use esper_kernels::seeds::CnnBlueprint;
 use esper_systems::host_resources::Hosts;
 use esper_systems::policy::ActivePolicy;
-use esper_systems::validate::validate;
+use esper_systems::record_train_metrics::record_train_metrics;
 use esper_systems::{ActionBatch, EffectiveOps, OpOutcomes, StepSet};
 use std::sync::atomic::AtomicBool;
 
@@ -67,7 +67,7 @@ fn capture_before_act(
 fn session(plan: &RunPlan, script: Script) -> Session {
     let mut session = Session::with_systems(plan, |schedule| {
         schedule.add_systems((
-            inject_validation_fault.after(validate).in_set(StepSet::Validate),
+            inject_validation_fault.after(record_train_metrics).in_set(StepSet::Validate),
             capture_before_act.in_set(StepSet::Reward),
         ));
     })
