@@ -50,13 +50,14 @@ extern "C" __global__ void gather_test_f32(
     }
 }
 
-// The per-env sums of a step live in one f64 buffer, so a stage reads them back in one copy:
-// [0, E) Σ batch losses and [E, 2E) Σ correct of the training epoch; [2E, 3E) correct, [3E, 4E) total,
-// [4E, 5E) Σ batch-mean losses and [5E, 6E) batches of the validation pass. Counts are whole numbers
-// far below 2^53, so f64 holds them exactly.
+// The per-env sums of a step, f64: the training epoch's [0, E) Σ batch losses and [E, 2E) Σ correct
+// (a buffer of their own, copied into the step's read-back at its end); each validation pass's
+// [2E, 3E) correct, [3E, 4E) total, [4E, 5E) Σ batch-mean losses and [5E, 6E) batches, in a view of the
+// read-back that starts 4E further per pass. Counts are whole numbers far below 2^53, so f64 holds
+// them exactly.
 
-// One training batch into the epoch's sums: Σ loss += loss[e] (f64, batches in order), Σ correct +=
-// correct[e].
+// One training batch into the epoch's sums ([2, E]): Σ loss += loss[e] (f64, batches in order),
+// Σ correct += correct[e].
 extern "C" __global__ void train_epoch_accumulate(const float* loss, const u32* correct, double* sums, u32 envs) {
     FOR_EACH(e, envs) {
         sums[e] += (double)loss[e];

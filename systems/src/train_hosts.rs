@@ -52,9 +52,7 @@ pub fn train_hosts(
     }
     let data = &mut *data;
     data.batcher.begin_epoch(clock.round, clock.epoch);
+    // On a device this only launches: the epoch's device time is known once its results are back,
+    // after validation, and `record_train_metrics` records it (the profile puts it on this row).
     hosts.train_epoch(&data.dataset, &data.batcher);
-    // On a device, the epoch's device time goes into the span (the profile's device column).
-    if let Some(report) = hosts.peek_device_report() {
-        _span.record("device_us", report.train_ms * 1e3);
-    }
 }

@@ -274,7 +274,7 @@ impl CudaHostBackend {
             batches: n_batches,
             plan_len: self.plan_dev.len(),
             data_uploads: self.data_uploads,
-            states: self.host.slots().flat_map(DeviceSlot::launch_states).collect(),
+            slots: self.host.slots().map(DeviceSlot::launch_key).collect(),
         };
         match self.graphs.plan(&shape) {
             EpochRun::Eager => self.epoch_batches(data, n_batches)?,
@@ -353,6 +353,19 @@ impl CudaHostBackend {
         stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
         let captured = self.epoch_batches(data, n_batches);
         let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+        if captured.is_err() || graph.is_err() {
+            // cudarc's end_capture first returns any error it stored earlier (from code that cannot
+            // return one), without ending the capture: end it here, so that the epoch can run without
+            // one. On a stream no longer capturing this fails, harmlessly.
+            // Safety: the stream is this device's, alive; a graph it returns is ours to destroy.
+            unsafe {
+                if let Ok(raw) = cudarc::driver::result::stream::end_capture(stream.cu_stream())
+                    && !raw.is_null()
+                {
+                    let _ = cudarc::driver::result::graph::destroy(raw);
+                }
+            }
+        }
         captured?;
         let graph = graph?.ok_or("the capture recorded no work")?;
         graph.launch()?;

@@ -1,10 +1,12 @@
 //! CUDA graphs of the training epoch. Within an epoch every batch makes the same launches, and from
 //! one epoch to the next they change only when what decides them changes — the batch count, the
-//! dataset's upload, the plan's buffer, and each slot's per-env states (which blueprints run, train,
-//! collect, gate) — not with alpha, which the kernels read from a device buffer. So an epoch whose
-//! [`EpochShape`] was seen the epoch before is captured into a graph (its kernels, cuBLAS calls and
-//! device copies; the per-env controls and the plan are uploaded before the capture), and later epochs
-//! of that shape replay it: one launch for the whole epoch instead of one per kernel.
+//! dataset's upload, the plan's buffer, and at each slot which blueprints run, train and collect and
+//! what its gate does ([`SlotLaunchKey`]) — not with which env does what, nor with alpha: the kernels
+//! read those from per-env device buffers. So an epoch whose [`EpochShape`] was seen the epoch before
+//! is captured into a graph (its kernels, cuBLAS calls and device copies; the per-env controls and the
+//! plan are uploaded before the capture), and later epochs of that shape replay it: one launch for the
+//! whole epoch instead of one per kernel. The last [`GRAPHS_KEPT`] shapes' graphs are kept, so a run
+//! that returns to a shape (a seed pruned, another germinated) replays it again.
 //!
 //! A replay runs the kernels but none of the host code around them: what that code notes on the host
 //! during an epoch (the slots' [`StatsTaken`]) is kept with the graph and put back. A capture that
@@ -13,8 +15,10 @@
 
 use cudarc::driver::{CudaGraph, DriverError};
 
-use super::slot::StatsTaken;
-use crate::host::SeedEnvState;
+use super::slot::{SlotLaunchKey, StatsTaken};
+
+/// How many captured epochs (the most recent shapes) are kept for replay.
+pub const GRAPHS_KEPT: usize = 4;
 
 /// What decides a training epoch's launches (their kernels, arguments and buffers).
 #[derive(Clone, Debug, PartialEq)]
@@ -24,8 +28,8 @@ pub struct EpochShape {
     pub plan_len: usize,
     /// How many times the dataset was uploaded (each upload is new buffers).
     pub data_uploads: u64,
-    /// Every slot's every env's state without alpha ([`super::slot::DeviceSlot::launch_states`]).
-    pub states: Vec<SeedEnvState>,
+    /// Every slot's launch key ([`super::slot::DeviceSlot::launch_key`]).
+    pub slots: Vec<SlotLaunchKey>,
 }
 
 /// How the coming epoch runs.
@@ -35,14 +39,14 @@ pub enum EpochRun {
     Eager,
     /// Capture it into a graph, then launch the graph.
     Capture,
-    /// Launch the graph captured for this shape.
+    /// Launch the graph kept for this shape.
     Replay,
 }
 
 /// A captured epoch: its shape, its graph, and what its host code noted at each slot.
-pub struct CapturedEpoch {
+pub struct CapturedEpoch<G = ExclusiveGraph> {
     shape: EpochShape,
-    graph: ExclusiveGraph,
+    graph: G,
     stats: Vec<StatsTaken>,
 }
 
@@ -52,30 +56,42 @@ impl CapturedEpoch {
     }
 }
 
+/// What a kept graph does: launch.
+pub trait Replay {
+    fn replay(&mut self) -> Result<(), DriverError>;
+}
+
 /// cudarc's graph is neither `Send` nor `Sync`: the driver requires calls on one graph to be
 /// serialized. This one is launched only through `&mut EpochGraphs` ([`EpochGraphs::launch`]) and has
 /// no method reachable through `&`, so Rust's borrows serialize every call; the backend that holds it
 /// (`Send + Sync`, as every `HostBackend`) may move between threads.
-struct ExclusiveGraph(CudaGraph);
+pub struct ExclusiveGraph(CudaGraph);
 
 // Safety: see above — every use of the graph goes through `&mut`, so no two threads call into it at
 // once, and `&ExclusiveGraph` gives access to nothing.
 unsafe impl Send for ExclusiveGraph {}
 unsafe impl Sync for ExclusiveGraph {}
 
-/// The backend's graph policy and its one captured epoch.
-pub struct EpochGraphs {
+impl Replay for ExclusiveGraph {
+    fn replay(&mut self) -> Result<(), DriverError> {
+        self.0.launch()
+    }
+}
+
+/// The backend's graph policy and its captured epochs.
+pub struct EpochGraphs<G = ExclusiveGraph> {
     enabled: bool,
     /// Why graphs were turned off (a capture failed).
     failure: Option<String>,
     /// The last epoch that ran launch by launch, to capture it when it repeats.
     last_eager: Option<EpochShape>,
-    captured: Option<CapturedEpoch>,
+    /// The most recently captured or replayed first, at most [`GRAPHS_KEPT`].
+    captured: Vec<CapturedEpoch<G>>,
 }
 
-impl EpochGraphs {
+impl<G: Replay> EpochGraphs<G> {
     pub fn new(enabled: bool) -> Self {
-        Self { enabled, failure: None, last_eager: None, captured: None }
+        Self { enabled, failure: None, last_eager: None, captured: Vec::new() }
     }
 
     pub fn enabled(&self) -> bool {
@@ -91,13 +107,16 @@ impl EpochGraphs {
         self.failure.as_deref()
     }
 
-    /// How an epoch of `shape` runs: replayed when it is the captured shape, captured when it is the
-    /// shape of the epoch before, else launch by launch (and remembered).
+    /// How an epoch of `shape` runs: replayed when a kept graph has its shape (which then goes to the
+    /// front), captured when it is the shape of the epoch before, else launch by launch (and
+    /// remembered).
     pub fn plan(&mut self, shape: &EpochShape) -> EpochRun {
         if !self.enabled() {
             return EpochRun::Eager;
         }
-        if self.captured.as_ref().is_some_and(|c| &c.shape == shape) {
+        if let Some(i) = self.captured.iter().position(|c| &c.shape == shape) {
+            let kept = self.captured.remove(i);
+            self.captured.insert(0, kept);
             return EpochRun::Replay;
         }
         if self.last_eager.as_ref() == Some(shape) {
@@ -107,55 +126,82 @@ impl EpochGraphs {
         EpochRun::Eager
     }
 
-    /// Launches the captured epoch ([`EpochRun::Replay`] said it is this shape's) and returns what its
+    /// Launches the graph [`Self::plan`] chose to replay (now the first kept) and returns what its
     /// host code noted at each slot.
     pub fn launch(&mut self) -> Result<&[StatsTaken], DriverError> {
-        let captured = self.captured.as_mut().expect("a replay has its graph");
-        captured.graph.0.launch()?;
+        let captured = self.captured.first_mut().expect("a replay has its graph");
+        captured.graph.replay()?;
         Ok(&captured.stats)
     }
 
-    pub fn store(&mut self, captured: CapturedEpoch) {
-        self.captured = Some(captured);
+    pub fn store(&mut self, captured: CapturedEpoch<G>) {
+        self.captured.insert(0, captured);
+        self.captured.truncate(GRAPHS_KEPT);
     }
 
     /// A capture failed: no graphs from now on.
     pub fn fail(&mut self, why: String) {
         self.failure = Some(why);
-        self.captured = None;
+        self.captured.clear();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::SeedMode;
-    use crate::seeds::CnnBlueprint;
 
-    fn shape(mode: SeedMode) -> EpochShape {
-        let state =
-            SeedEnvState { mode, blueprint: Some(CnnBlueprint::ConvLight), ..SeedEnvState::default() };
-        EpochShape { batches: 6, plan_len: 100, data_uploads: 1, states: vec![state; 3] }
+    /// A stand-in graph that counts its launches.
+    struct Counted(usize);
+
+    impl Replay for Counted {
+        fn replay(&mut self) -> Result<(), DriverError> {
+            self.0 += 1;
+            Ok(())
+        }
     }
 
-    /// A new shape runs launch by launch; the same shape again is captured; then replayed; another shape
-    /// starts over; off, everything runs launch by launch.
+    fn shape(batches: usize) -> EpochShape {
+        EpochShape { batches, plan_len: 100, data_uploads: 1, slots: Vec::new() }
+    }
+
+    fn captured(shape: EpochShape) -> CapturedEpoch<Counted> {
+        let stats = vec![StatsTaken { took_stats: true, ..StatsTaken::default() }; shape.batches];
+        CapturedEpoch { shape, graph: Counted(0), stats }
+    }
+
+    /// A new shape runs launch by launch; the same shape again is captured, then replayed; another
+    /// shape starts over, and a shape seen before replays its kept graph; the oldest of more than
+    /// GRAPHS_KEPT goes; off, or after a failed capture, everything runs launch by launch.
     #[test]
     fn an_epoch_shape_is_captured_when_it_repeats_and_replayed_after() {
-        let mut graphs = EpochGraphs::new(true);
-        let (add, off) = (shape(SeedMode::Add), shape(SeedMode::Off));
-        assert_eq!(graphs.plan(&add), EpochRun::Eager);
-        assert_eq!(graphs.plan(&off), EpochRun::Eager, "another shape");
-        assert_eq!(graphs.plan(&off), EpochRun::Capture, "the same shape twice");
-        assert_eq!(graphs.plan(&add), EpochRun::Eager);
-        let mut longer = add.clone();
-        longer.batches = 7;
-        assert_eq!(graphs.plan(&longer), EpochRun::Eager, "the batch count is part of the shape");
+        let mut graphs = EpochGraphs::<Counted>::new(true);
+        let (a, b) = (shape(1), shape(2));
+        assert_eq!(graphs.plan(&a), EpochRun::Eager);
+        assert_eq!(graphs.plan(&b), EpochRun::Eager, "another shape");
+        assert_eq!(graphs.plan(&b), EpochRun::Capture, "the same shape twice");
+        graphs.store(captured(b.clone()));
+        assert_eq!(graphs.plan(&b), EpochRun::Replay);
+        assert_eq!(graphs.launch().unwrap().len(), 2, "what b noted");
+        assert_eq!(graphs.plan(&a), EpochRun::Eager);
+        assert_eq!(graphs.plan(&a), EpochRun::Capture);
+        graphs.store(captured(a.clone()));
+        // Back to b: its graph is still kept.
+        assert_eq!(graphs.plan(&b), EpochRun::Replay);
+        assert_eq!(graphs.launch().unwrap().len(), 2);
+        assert_eq!(graphs.captured[0].graph.0, 2, "b's graph replayed twice");
+        assert_eq!(graphs.captured[1].graph.0, 0, "a's never");
+        // Four more shapes: the least recently used (a) goes, b (used last) stays.
+        for n in 3..=5 {
+            graphs.store(captured(shape(n)));
+        }
+        assert_eq!(graphs.captured.len(), GRAPHS_KEPT);
+        assert_eq!(graphs.plan(&b), EpochRun::Replay);
+        assert_ne!(graphs.plan(&a), EpochRun::Replay, "a's graph was the oldest");
         graphs.set_enabled(false);
-        assert_eq!(graphs.plan(&longer), EpochRun::Eager);
+        assert_eq!(graphs.plan(&b), EpochRun::Eager);
         graphs.fail("test".into());
         graphs.set_enabled(true);
         assert!(!graphs.enabled() && graphs.failure() == Some("test"));
-        assert_eq!(graphs.plan(&longer), EpochRun::Eager, "a failed capture turns graphs off");
+        assert_eq!(graphs.plan(&b), EpochRun::Eager, "a failed capture turns graphs off");
     }
 }

@@ -77,6 +77,7 @@ impl ParityRow {
 pub type ParityError = Box<dyn std::error::Error>;
 
 /// The kernels loaded on one device.
+/// A clone shares the stream (and so a capture in progress on it): use one on one thread at a time.
 #[derive(Clone)]
 pub struct Device {
     pub(crate) stream: Arc<CudaStream>,
@@ -1124,13 +1125,16 @@ fn seed_label(bp: CnnBlueprint, what: &str) -> String {
 }
 
 /// The training epoch from a CUDA graph against the same epochs launch by launch: two
-/// [`CudaHostBackend`]s over the seeds of [`seeded_plan`], graphs on and off, seven epochs with a
-/// validation pass after each. The alphas move every epoch (they are in a device buffer, not in the
-/// graph); after epoch 4 env 2's incubating conv_light starts blending (a new shape). So the graph
-/// backend runs epoch 1 launch by launch, captures epoch 2, replays 3 and 4, runs 5 launch by launch,
-/// captures 6 and replays 7 — which the report's counts must say. The same kernels in the same order
-/// on the same GPU: every epoch's losses and accuracies, every configuration's validation accuracy and
-/// loss, the seeds' telemetry and the parameter checksums must be the same bits.
+/// [`CudaHostBackend`]s over the seeds of [`seeded_plan`], graphs on and off, eight epochs with a
+/// validation pass after each. The alphas move every epoch (a device buffer, not the graph). At epoch
+/// 4 env 2's incubating conv_light at r0c2 starts blending: which env does what changes, not which
+/// blueprints run and train there, so the same graph must replay it. At epochs 5, 6 and 8 env 2's
+/// frozen conv_small at r1c1 trains (a new launch key there: its backward and SGD run), at 7 it is
+/// frozen again. So the graph backend runs epoch 1 launch by launch, captures 2, replays 3 and 4, runs 5
+/// launch by launch, captures 6, replays 7 (the first shape's graph, kept) and 8 — which the report's
+/// counts must say. The same kernels in the same order on the same GPU: every epoch's losses and
+/// accuracies, every configuration's validation accuracy and loss, the seeds' telemetry and the
+/// parameter checksums must be the same bits.
 fn graph_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
     let arch = HostArch::CIFAR_BASELINE;
     let (envs, batch, seed) = (3usize, 8usize, 7u64);
@@ -1152,11 +1156,13 @@ fn graph_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), P
         differing += usize::from(a.to_bits() != b.to_bits());
     };
     let mut report = DeviceReport::default();
-    for epoch in 1..=7u64 {
-        if epoch == 5 {
+    for epoch in 1..=8u64 {
+        if epoch == 4 {
             let (bp, state) = plan[2][2].expect("env 2 incubates at r0c2");
             plan[2][2] = Some((bp, SeedEnvState { mode: SeedMode::Add, alpha: 0.2, ..state }));
         }
+        let (bp, state) = plan[2][4].expect("env 2 holds a frozen seed at r1c1");
+        plan[2][4] = Some((bp, SeedEnvState { train_seed: matches!(epoch, 5 | 6 | 8), ..state }));
         for (e, env_plan) in plan.iter().enumerate() {
             for (k, slot) in env_plan.iter().enumerate() {
                 let Some((bp, state)) = *slot else { continue };
@@ -1233,10 +1239,10 @@ fn graph_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), P
     let counts = (report.graph_captures, report.graph_replays, report.graph_failures);
     let why = graphed.graph_failure().map_or(String::new(), |w| format!(": {w}"));
     rows.push(ParityRow::new(
-        "graph epochs: 2 captured, 3 replayed",
+        "graph epochs: 2 captured, 4 replayed",
         format!("the epoch shapes' plan (got {counts:?}{why})"),
-        7,
-        if counts == (2, 3, 0) { 0.0 } else { f64::INFINITY },
+        8,
+        if counts == (2, 4, 0) { 0.0 } else { f64::INFINITY },
         0.0,
     ));
     Ok(())
@@ -1644,7 +1650,8 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
 /// `dy` (on the device: `dev`). bf16: the CPU twin multiplies the same inputs rounded as the device
 /// rounds them (`ops::precision::round_to_bf16`, the twin of `round_to_bf16` / `im2col_bf16` /
 /// `swap_middle_axes_to_bf16`), in f32 — products of two bf16 values are exact in f32, so only the
-/// summation order differs: 1e-5 of the largest value, as for f32. TF32: cuBLAS rounds the inputs to a
+/// sums differ, and the tensor cores' accumulation may truncate rather than round: 1e-4 of the largest
+/// value (sums of up to a few thousand terms). TF32: cuBLAS rounds the inputs to a
 /// 10-bit mantissa inside the multiply, against the CPU's f32 result: 4e-3 of the largest value (two
 /// roundings of 2⁻¹¹ per product, in sums of up to a few hundred terms of either sign).
 fn gemm_precision_checks(
@@ -1659,7 +1666,7 @@ fn gemm_precision_checks(
         let on = device.clone().with_precision(precision);
         let mut gemm = GemmConv::new(&on, &[c])?;
         let (round, tolerance): (fn(f32) -> f32, f64) = match precision {
-            Precision::Bf16 => (round_to_bf16, 1e-5),
+            Precision::Bf16 => (round_to_bf16, 1e-4),
             _ => (|v| v, 4e-3),
         };
         let rounded = |v: &[f32]| v.iter().map(|&v| round(v)).collect::<Vec<f32>>();

@@ -79,6 +79,27 @@ pub struct DeviceSlot {
     pub gate_collected: bool,
 }
 
+/// What decides a slot's launches in a training step — whether it runs, which blueprints run, train
+/// and collect, whether a gate exists, runs, gets a gradient or steps, what a collection batch notes —
+/// as opposed to which env does what, which the kernels read from the per-env buffers
+/// [`DeviceSlot::prepare`] uploads (alpha, mode, which env holds and trains which blueprint, the gate
+/// masks). Two epochs with the same keys make the same launches with the same arguments, whatever
+/// their envs' states: what lets a CUDA graph of one replay the other (`super::epoch_graph`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotLaunchKey {
+    runs: bool,
+    gated: bool,
+    has_gate: bool,
+    /// Bit `bp − 1` for each blueprint.
+    running: u8,
+    trained: u8,
+    gate_grad: bool,
+    gate_step: bool,
+    collected: u8,
+    took_stats: bool,
+    gate_collected: bool,
+}
+
 /// What a collection batch notes on the host side of a slot (see [`DeviceSlot::stats_taken`]).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StatsTaken {
@@ -130,8 +151,10 @@ impl DeviceSlot {
     /// Env `env`'s seed state this epoch (its mode decides what the forward and backward do).
     pub fn set_state(&mut self, env: usize, state: SeedEnvState) {
         mode_code(state.mode);
-        self.state[env] = state;
-        self.dirty = true;
+        if self.state[env] != state {
+            self.state[env] = state;
+            self.dirty = true;
+        }
     }
 
     pub fn state(&self, env: usize) -> SeedEnvState {
@@ -220,10 +243,57 @@ impl DeviceSlot {
         self.gate_collected = taken.gate_collected;
     }
 
-    /// Every env's state as it decides the slot's launches: without alpha, which the kernels read
-    /// from a device buffer.
-    pub fn launch_states(&self) -> impl Iterator<Item = SeedEnvState> + '_ {
-        self.state.iter().map(|s| SeedEnvState { alpha: 0.0, ..*s })
+    /// What decides this slot's launches in a training step (see [`SlotLaunchKey`]), from the same
+    /// predicates the forward, backward, collection and optimizer use.
+    pub fn launch_key(&self) -> SlotLaunchKey {
+        let mask =
+            |bps: &mut dyn Iterator<Item = CnnBlueprint>| bps.fold(0u8, |m, bp| m | 1 << (bp as u8 - 1));
+        SlotLaunchKey {
+            runs: self.runs(true),
+            gated: self.gated(),
+            has_gate: self.gate.is_some(),
+            running: mask(&mut self.running(true)),
+            trained: mask(&mut self.trained()),
+            gate_grad: self.gate_grads(),
+            gate_step: self.gates_step(),
+            collected: mask(&mut self.collecting()),
+            took_stats: self.takes_stats(),
+            gate_collected: self.gate_collects(),
+        }
+    }
+
+    /// The blueprints some env trains: their backward, norms and SGD run.
+    fn trained(&self) -> impl Iterator<Item = CnnBlueprint> + '_ {
+        CnnBlueprint::ALL
+            .into_iter()
+            .filter(|&bp| self.state.iter().any(|s| s.blueprint == Some(bp) && s.train_seed))
+    }
+
+    /// Some env's gate gets a gradient.
+    fn gate_grads(&self) -> bool {
+        self.state.iter().any(|s| s.gate_grad)
+    }
+
+    /// Some env's gate takes SGD steps.
+    fn gates_step(&self) -> bool {
+        self.state.iter().any(|s| s.gate_step && s.gate_grad)
+    }
+
+    /// The blueprints whose norms a collection batch takes: some env collects for and trains it.
+    fn collecting(&self) -> impl Iterator<Item = CnnBlueprint> + '_ {
+        CnnBlueprint::ALL.into_iter().filter(|&bp| {
+            self.state.iter().any(|s| s.blueprint == Some(bp) && s.collect_stats && s.train_seed)
+        })
+    }
+
+    /// A collection batch takes statistics here: some env holds a seed that collects.
+    fn takes_stats(&self) -> bool {
+        self.state.iter().any(|s| s.blueprint.is_some() && s.collect_stats)
+    }
+
+    /// A collection batch takes the gate's norms: some env collects with a gate gradient.
+    fn gate_collects(&self) -> bool {
+        self.state.iter().any(|s| s.blueprint.is_some() && s.collect_stats && s.gate_grad)
     }
 
     /// Forget the statistics of an earlier epoch (`Trainer::clear_stats`).
@@ -366,7 +436,7 @@ impl DeviceSlot {
             launch.arg(&mut self.dg).arg(&dims[0]).arg(&dims[1]).arg(&dims[2]);
             unsafe { launch.launch(elementwise(d.envs * d.batch)) }?;
         }
-        if self.state.iter().any(|s| s.gate_grad) {
+        if self.gate_grads() {
             let gate = self.gate.as_mut().expect("a gate with a gradient exists");
             gate.backward(device, &self.dg)?;
             let envs32 = d.envs as u32;
@@ -377,10 +447,7 @@ impl DeviceSlot {
                 unsafe { launch.launch(elementwise(n)) }?;
             }
         }
-        let trained: Vec<CnnBlueprint> = CnnBlueprint::ALL
-            .into_iter()
-            .filter(|&bp| self.state.iter().any(|s| s.blueprint == Some(bp) && s.train_seed))
-            .collect();
+        let trained: Vec<CnnBlueprint> = self.trained().collect();
         let envs32 = d.envs as u32;
         for bp in trained {
             let module = self.modules[bp as usize - 1].as_mut().expect("a held blueprint has its module");
@@ -401,20 +468,14 @@ impl DeviceSlot {
     /// optimizer clips): each blueprint that an env collects for and trains gets its per-tensor squared
     /// norms ([`DeviceSeed::stat_sq`]), listed in [`Self::collected`].
     pub fn collect(&mut self, device: &Device) -> R {
-        let collected: Vec<CnnBlueprint> = CnnBlueprint::ALL
-            .into_iter()
-            .filter(|&bp| {
-                self.state.iter().any(|s| s.blueprint == Some(bp) && s.collect_stats && s.train_seed)
-            })
-            .collect();
+        let collected: Vec<CnnBlueprint> = self.collecting().collect();
         for &bp in &collected {
             let module = self.modules[bp as usize - 1].as_mut().expect("a held blueprint has its module");
             module.rows.collect_sq_norms(device)?;
         }
         self.collected = collected;
-        self.took_stats = self.state.iter().any(|s| s.blueprint.is_some() && s.collect_stats);
-        self.gate_collected =
-            self.state.iter().any(|s| s.blueprint.is_some() && s.collect_stats && s.gate_grad);
+        self.took_stats = self.takes_stats();
+        self.gate_collected = self.gate_collects();
         if self.gate_collected {
             self.gate.as_mut().expect("a gate with a gradient exists").rows.collect_sq_norms(device)?;
         }
@@ -426,11 +487,8 @@ impl DeviceSlot {
     pub fn step(&mut self, device: &Device) -> R {
         let d = self.dims;
         let stream = &device.stream;
-        let trained: Vec<CnnBlueprint> = CnnBlueprint::ALL
-            .into_iter()
-            .filter(|&bp| self.state.iter().any(|s| s.blueprint == Some(bp) && s.train_seed))
-            .collect();
-        let gate_grads = self.state.iter().any(|s| s.gate_grad);
+        let trained: Vec<CnnBlueprint> = self.trained().collect();
+        let gate_grads = self.gate_grads();
         if trained.is_empty() && !gate_grads {
             return Ok(());
         }
@@ -453,7 +511,7 @@ impl DeviceSlot {
             ops::add_sq_norms(device, g, &mut self.norm_partial, &mut self.sq_norms.slice_mut(..))?;
         }
         ops::clip_factors(device, &self.sq_norms, &mut self.clip)?;
-        if let (true, Some(gate)) = (self.state.iter().any(|s| s.gate_step && s.gate_grad), &mut self.gate) {
+        if let (true, Some(gate)) = (self.gates_step(), &mut self.gate) {
             let rows = &mut gate.rows;
             let active = self.gate_steps.slice(..);
             ops::scale_and_step(
