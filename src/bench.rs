@@ -234,9 +234,12 @@ pub struct DeviceStep {
     pub train_ms: f64,
     pub validate_ms: f64,
     pub syncs_per_step: f64,
-    /// Timed steps whose training epoch was replayed from a CUDA graph, or captured into one.
+    /// Timed steps whose training epoch was replayed from a CUDA graph, or captured into one; the same
+    /// for the validation pass.
     pub graph_replays: u64,
     pub graph_captures: u64,
+    pub validation_graph_replays: u64,
+    pub validation_graph_captures: u64,
 }
 
 impl DeviceStep {
@@ -252,6 +255,8 @@ impl DeviceStep {
             syncs_per_step: reports.iter().map(|r| r.syncs as f64).sum::<f64>() / reports.len() as f64,
             graph_replays: reports.iter().map(|r| r.graph_replays).sum(),
             graph_captures: reports.iter().map(|r| r.graph_captures).sum(),
+            validation_graph_replays: reports.iter().map(|r| r.validation_graph_replays).sum(),
+            validation_graph_captures: reports.iter().map(|r| r.validation_graph_captures).sum(),
         })
     }
 }
@@ -450,14 +455,17 @@ fn bench_envs(
         if let Some(d) = result.device {
             on_line(&format!(
                 "        device (CUDA events): train {:.2} ms, validate {:.2} ms per step ({:.0} % of the step); \
-                 {:.1} copies back per step; training epochs from a CUDA graph {} of {} ({} captured)",
+                 {:.1} copies back per step; from a CUDA graph of {} steps: {} epochs ({} captured), {} \
+                 validation passes ({} captured)",
                 d.train_ms,
                 d.validate_ms,
                 100.0 * (d.train_ms + d.validate_ms) / step.median_ms,
                 d.syncs_per_step,
-                d.graph_replays,
                 config.reps,
-                d.graph_captures
+                d.graph_replays,
+                d.graph_captures,
+                d.validation_graph_replays,
+                d.validation_graph_captures
             ));
         }
         tiers.push(result);

@@ -80,6 +80,9 @@ pub struct DeviceRunReport {
     /// the run goes on without graphs).
     pub graph_replays: u64,
     pub graph_captures: u64,
+    /// The same for the validation passes.
+    pub validation_graph_replays: u64,
+    pub validation_graph_captures: u64,
     pub graph_failures: u64,
 }
 
@@ -93,6 +96,8 @@ impl DeviceRunReport {
         self.max_syncs_in_a_step = self.max_syncs_in_a_step.max(step.syncs);
         self.graph_replays += step.graph_replays;
         self.graph_captures += step.graph_captures;
+        self.validation_graph_replays += step.validation_graph_replays;
+        self.validation_graph_captures += step.validation_graph_captures;
         self.graph_failures += step.graph_failures;
         self.steps += 1;
     }
@@ -745,8 +750,13 @@ fn print_table(plan: &RunPlan, s: &RunSummary) {
             _ => " (a capture failed: graphs off after it)".to_string(),
         };
         println!(
-            "  device  training epochs from a CUDA graph {} of {} ({} captured){failed}",
-            d.graph_replays, d.steps, d.graph_captures
+            "  device  from a CUDA graph: training epochs {} of {} ({} captured), validation passes {} ({} \
+             captured){failed}",
+            d.graph_replays,
+            d.steps,
+            d.graph_captures,
+            d.validation_graph_replays,
+            d.validation_graph_captures
         );
     }
     println!("  output {}", plan.out_dir.display());

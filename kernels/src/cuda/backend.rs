@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaSlice, PushKernelArg};
 
-use super::epoch_graph::{CapturedEpoch, EpochGraphs, EpochRun, EpochShape};
+use super::epoch_graph::{CapturedEpoch, EpochGraphs, EpochRun, EpochShape, ValidationShape};
 use super::host::DeviceHost;
 use super::parity::{Device, ParityError, elementwise};
 use super::slot::DeviceSlot;
@@ -88,8 +88,9 @@ pub struct CudaHostBackend {
     data: Option<DeviceData>,
     /// How many times a dataset was uploaded.
     data_uploads: u64,
-    /// The training epoch's CUDA graph (see [`super::epoch_graph`]).
-    graphs: EpochGraphs,
+    /// The training epoch's and the validation pass's CUDA graphs (see [`super::epoch_graph`]).
+    graphs: EpochGraphs<EpochShape>,
+    validation_graphs: EpochGraphs<ValidationShape>,
     /// The epoch's gather plan, on the host and the device: every batch's `[E·B]` image indices, then
     /// every batch's packed augmentation draws; uploaded in one copy when the epoch starts.
     plan: Vec<u32>,
@@ -101,9 +102,12 @@ pub struct CudaHostBackend {
     /// `[2, E]`: per env over the epoch Σ batch losses and Σ correct (a buffer of its own, never
     /// reallocated, so that a captured epoch may add into it).
     epoch_sums: CudaSlice<f64>,
-    /// The step's read-back, `[2 + 4·P, E]` then the epoch's gradient statistics: the epoch's sums,
-    /// then over each validation pass `P` correct, total, Σ batch-mean losses and batches (the layout
-    /// `data.cu` describes), then [`PendingEpoch::stats`].
+    /// `[2 + 4·P, E]`: the validation's sums — rows `2 + 4j .. 6 + 4j` pass `j`'s correct, total, Σ
+    /// batch-mean losses and batches (the layout `data.cu` describes; rows 0, 1 unused). A buffer of its
+    /// own, reallocated only to grow with the passes, so that a captured validation may add into it.
+    val_sums: CudaSlice<f64>,
+    /// The step's read-back, assembled on the device from the buffers above: `[2 + 4·P, E]` (the
+    /// epoch's sums in rows 0, 1, then the validation's) and then [`PendingEpoch::stats`].
     sums: CudaSlice<f64>,
     /// The epoch trained but not yet read back (its results arrive with the validation pass's).
     pending: Option<PendingEpoch>,
@@ -195,12 +199,14 @@ impl CudaHostBackend {
             data: None,
             data_uploads: 0,
             graphs: EpochGraphs::new(true),
+            validation_graphs: EpochGraphs::new(true),
             plan: Vec::new(),
             plan_dev: stream.alloc_zeros::<u32>(1)?,
             images: stream.alloc_zeros::<f32>(slots * arch.image_len())?,
             labels: stream.alloc_zeros::<u8>(slots)?,
             counts: stream.alloc_zeros::<u32>(n_envs)?,
             epoch_sums: stream.alloc_zeros::<f64>(2 * n_envs)?,
+            val_sums: stream.alloc_zeros::<f64>(6 * n_envs)?,
             sums: stream.alloc_zeros::<f64>(6 * n_envs)?,
             pending: None,
             epoch: vec![EpochTrain::default(); n_envs],
@@ -286,8 +292,13 @@ impl CudaHostBackend {
                 }
                 self.report.graph_replays += 1;
             }
-            EpochRun::Capture => match self.capture_epoch(data, n_batches, shape) {
-                Ok(()) => self.report.graph_captures += 1,
+            EpochRun::Capture => match self.capture(|b| b.epoch_batches(data, n_batches)) {
+                Ok(graph) => {
+                    graph.launch()?;
+                    let stats = self.host.slots().map(DeviceSlot::stats_taken).collect();
+                    self.graphs.store(CapturedEpoch::new(shape, graph, stats));
+                    self.report.graph_captures += 1;
+                }
                 Err(why) => {
                     // Nothing captured ran: the epoch runs launch by launch, and so do the next ones.
                     eprintln!(
@@ -341,21 +352,52 @@ impl CudaHostBackend {
         Ok(())
     }
 
-    /// Captures the epoch's batches into a graph, then launches it (a capture runs nothing). The
+    /// The validation pass's batches, launch by launch: each test batch gathered and split over the
+    /// envs, then every configuration pass in `shape.order` from its start, each added into its rows
+    /// of the read-back. Copies nothing from the host, so it can be captured.
+    fn validation_batches(&mut self, shape: &ValidationShape) -> Result<(), ParityError> {
+        let (envs, batch) = self.host.shape();
+        let stream = self.device.stream.clone();
+        let d = self.data.as_ref().expect("uploaded before the pass");
+        let combined = envs * batch;
+        let (envs32, batch32) = (envs as u32, batch as u32);
+        let (image_len, classes) = (self.arch.image_len() as u32, self.arch.num_classes as u32);
+        debug_assert_eq!(PAD_LABEL, 255, "gather_test_f32 pads with label 255");
+        let image_values = self.images.len();
+        for b in 0..shape.test_batches {
+            let first = (b * combined) as u64;
+            let len = combined.min(shape.n_test - first as usize) as u32;
+            let mut launch = stream.launch_builder(self.device.function("gather_test_f32"));
+            launch.arg(&d.test_images).arg(&d.test_labels).arg(&mut self.images).arg(&mut self.labels);
+            launch.arg(&mut self.counts).arg(&first).arg(&len).arg(&envs32).arg(&batch32).arg(&image_len);
+            unsafe { launch.launch(elementwise(image_values)) }?;
+
+            for &(j, start) in &shape.order {
+                self.host.forward_eval_from(&self.device, &self.images, &self.labels, j, start)?;
+                // The kernel adds into rows 2..6 of its view: pass j's rows are 2 + 4j .. 6 + 4j.
+                let mut sums = self.val_sums.slice_mut(4 * j * envs..);
+                let mut launch = stream.launch_builder(self.device.function("validation_accumulate_f32"));
+                launch.arg(self.host.logits_on_device()).arg(&self.labels).arg(&self.counts);
+                launch.arg(&mut sums).arg(&envs32).arg(&batch32).arg(&classes);
+                unsafe { launch.launch(elementwise(envs)) }?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Captures what `run` launches into a graph (nothing runs: the caller launches the graph). The
     /// capture is ended whatever happens inside it.
-    fn capture_epoch(
+    fn capture(
         &mut self,
-        data: &Dataset,
-        n_batches: usize,
-        shape: EpochShape,
-    ) -> Result<(), ParityError> {
+        run: impl FnOnce(&mut Self) -> Result<(), ParityError>,
+    ) -> Result<cudarc::driver::CudaGraph, ParityError> {
         let stream = self.device.stream.clone();
         stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-        let captured = self.epoch_batches(data, n_batches);
+        let captured = run(self);
         let graph = stream.end_capture(CUgraphInstantiate_flags(0));
         if captured.is_err() || graph.is_err() {
             // cudarc's end_capture first returns any error it stored earlier (from code that cannot
-            // return one), without ending the capture: end it here, so that the epoch can run without
+            // return one), without ending the capture: end it here, so that the work can run without
             // one. On a stream no longer capturing this fails, harmlessly.
             // Safety: the stream is this device's, alive; a graph it returns is ours to destroy.
             unsafe {
@@ -367,21 +409,19 @@ impl CudaHostBackend {
             }
         }
         captured?;
-        let graph = graph?.ok_or("the capture recorded no work")?;
-        graph.launch()?;
-        let stats = self.host.slots().map(DeviceSlot::stats_taken).collect();
-        self.graphs.store(CapturedEpoch::new(shape, graph, stats));
-        Ok(())
+        Ok(graph?.ok_or("the capture recorded no work")?)
     }
 
-    /// Whether training epochs may run from a CUDA graph (on by default; the selftest compares both).
+    /// Whether training epochs and validation passes may run from CUDA graphs (on by default; the
+    /// selftest compares both).
     pub fn set_graphs(&mut self, enabled: bool) {
         self.graphs.set_enabled(enabled);
+        self.validation_graphs.set_enabled(enabled);
     }
 
     /// Why graphs were turned off, if a capture failed.
     pub fn graph_failure(&self) -> Option<&str> {
-        self.graphs.failure()
+        self.graphs.failure().or(self.validation_graphs.failure())
     }
 
     /// What the epoch that just ended leaves to read back: the slots' statistics of its last
@@ -438,33 +478,27 @@ impl CudaHostBackend {
         PendingEpoch { batches, stats, collectors }
     }
 
-    /// Grows the read-back to `len` values (before anything of this step is written into it).
-    fn ensure_sums(&mut self, len: usize) -> Result<(), ParityError> {
-        if self.sums.len() < len {
-            self.sums = self.device.stream.alloc_zeros::<f64>(len)?;
-        }
-        Ok(())
-    }
-
     /// The step's one copy back: the epoch's sums (`[2, E]`), `validation` more values after them (the
-    /// validation pass's, already in place), and the pending epoch's gradient statistics; the epoch's
-    /// sums and statistics are gathered into the read-back on the device first. Forms the
-    /// epoch's results and telemetry when an epoch is pending; returns the validation's values.
+    /// validation pass's, from [`Self::val_sums`]), and the pending epoch's gradient statistics, all
+    /// gathered into the read-back on the device first. Forms the epoch's results and telemetry when
+    /// an epoch is pending; returns the validation's values.
     fn read_back(&mut self, validation: usize) -> Result<Vec<f64>, ParityError> {
         let envs = self.n_envs();
         let stats_at = (2 * envs) + validation;
         let pending = self.pending.take();
         let stats_len = pending.as_ref().map_or(0, PendingEpoch::stats_len);
-        if validation == 0 {
-            self.ensure_sums(stats_at + stats_len)?;
-        }
-        assert!(
-            self.sums.len() >= stats_at + stats_len,
-            "the validation sized the read-back for the epoch's"
-        );
         let stream = self.device.stream.clone();
+        if self.sums.len() < stats_at + stats_len {
+            self.sums = stream.alloc_zeros::<f64>(stats_at + stats_len)?;
+        }
         if pending.is_some() {
             stream.memcpy_dtod(&self.epoch_sums, &mut self.sums.slice_mut(..2 * envs))?;
+        }
+        if validation > 0 {
+            stream.memcpy_dtod(
+                &self.val_sums.slice(2 * envs..stats_at),
+                &mut self.sums.slice_mut(2 * envs..stats_at),
+            )?;
         }
         for block in pending.iter().flat_map(|p| &p.stats) {
             let mut to = self.sums.slice_mut(stats_at + block.offset..stats_at + block.offset + block.len);
@@ -570,40 +604,48 @@ impl CudaHostBackend {
             })
             .collect();
         order[1..].sort_by_key(|pass| std::cmp::Reverse(pass.1));
-        // The read-back: the epoch's two rows (copied in at the end), then four per pass, then the
-        // pending epoch's statistics.
+        // Four rows per pass, after two unused (where the read-back has the epoch's).
         let needed = (2 + 4 * passes) * envs;
-        let stats_len = self.pending.as_ref().map_or(0, PendingEpoch::stats_len);
-        self.ensure_sums(needed + stats_len)?;
-        stream.memset_zeros(&mut self.sums.slice_mut(2 * envs..needed))?;
-        let d = self.data.as_ref().expect("uploaded above");
+        if self.val_sums.len() < needed {
+            self.val_sums = stream.alloc_zeros::<f64>(needed)?;
+        }
+        stream.memset_zeros(&mut self.val_sums.slice_mut(2 * envs..needed))?;
         let sharding = batcher.sharding();
         assert_eq!(
             (sharding.n_envs, sharding.batch_per_env),
             (envs, batch),
             "the batcher's envs and batch are the backend's"
         );
-        let (envs32, batch32) = (envs as u32, batch as u32);
-        let (image_len, classes) = (self.arch.image_len() as u32, self.arch.num_classes as u32);
-        debug_assert_eq!(PAD_LABEL, 255, "gather_test_f32 pads with label 255");
-        let image_values = self.images.len();
-        for b in 0..sharding.num_test_batches() {
-            let first = (b * sharding.combined_batch()) as u64;
-            let len = sharding.combined_batch().min(sharding.n_test - first as usize) as u32;
-            let mut launch = stream.launch_builder(self.device.function("gather_test_f32"));
-            launch.arg(&d.test_images).arg(&d.test_labels).arg(&mut self.images).arg(&mut self.labels);
-            launch.arg(&mut self.counts).arg(&first).arg(&len).arg(&envs32).arg(&batch32).arg(&image_len);
-            unsafe { launch.launch(elementwise(image_values)) }?;
-
-            for &(j, start) in &order {
-                self.host.forward_eval_from(&self.device, &self.images, &self.labels, j, start)?;
-                // The kernel adds into rows 2..6 of its view: pass j's rows are 2 + 4j .. 6 + 4j.
-                let mut sums = self.sums.slice_mut(4 * j * envs..needed);
-                let mut launch = stream.launch_builder(self.device.function("validation_accumulate_f32"));
-                launch.arg(self.host.logits_on_device()).arg(&self.labels).arg(&self.counts);
-                launch.arg(&mut sums).arg(&envs32).arg(&batch32).arg(&classes);
-                unsafe { launch.launch(elementwise(envs)) }?;
+        let shape = ValidationShape {
+            test_batches: sharding.num_test_batches(),
+            n_test: sharding.n_test,
+            order,
+            sums_len: self.val_sums.len(),
+            data_uploads: self.data_uploads,
+            slots: self.host.slots().map(DeviceSlot::eval_launch_key).collect(),
+        };
+        match self.validation_graphs.plan(&shape) {
+            EpochRun::Eager => self.validation_batches(&shape)?,
+            EpochRun::Replay => {
+                self.validation_graphs.launch()?;
+                self.report.validation_graph_replays += 1;
             }
+            EpochRun::Capture => match self.capture(|b| b.validation_batches(&shape)) {
+                Ok(graph) => {
+                    graph.launch()?;
+                    self.validation_graphs.store(CapturedEpoch::new(shape, graph, Vec::new()));
+                    self.report.validation_graph_captures += 1;
+                }
+                Err(why) => {
+                    eprintln!(
+                        "esper-ecs: capturing the validation pass into a CUDA graph failed ({why}); passes \
+                         run launch by launch from now on"
+                    );
+                    self.validation_graphs.fail(why.to_string());
+                    self.report.graph_failures += 1;
+                    self.validation_batches(&shape)?;
+                }
+            },
         }
         // The step's one read-back: the pass's sums, with the epoch's.
         self.validate_events.1.record(&stream)?;

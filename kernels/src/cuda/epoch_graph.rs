@@ -1,4 +1,4 @@
-//! CUDA graphs of the training epoch. Within an epoch every batch makes the same launches, and from
+//! CUDA graphs of the training epoch and of the validation pass. Within an epoch every batch makes the same launches, and from
 //! one epoch to the next they change only when what decides them changes — the batch count, the
 //! dataset's upload, the plan's buffer, and at each slot which blueprints run, train and collect and
 //! what its gate does ([`SlotLaunchKey`]) — not with which env does what, nor with alpha: the kernels
@@ -8,6 +8,11 @@
 //! whole epoch instead of one per kernel. The last [`GRAPHS_KEPT`] shapes' graphs are kept, so a run
 //! that returns to a shape (a seed pruned, another germinated) replays it again.
 //!
+//! The validation pass is the same: its launches are decided by the test batches, the order and
+//! starts of its configuration passes, and at each slot which blueprints run in evaluation and how
+//! many passes its selections hold ([`ValidationShape`]); the selections themselves are device
+//! buffers uploaded before it.
+//!
 //! A replay runs the kernels but none of the host code around them: what that code notes on the host
 //! during an epoch (the slots' [`StatsTaken`]) is kept with the graph and put back. A capture that
 //! fails turns graphs off for the backend's life (the epoch then runs without one, and the report
@@ -15,7 +20,7 @@
 
 use cudarc::driver::{CudaGraph, DriverError};
 
-use super::slot::{SlotLaunchKey, StatsTaken};
+use super::slot::{EvalLaunchKey, SlotLaunchKey, StatsTaken};
 
 /// How many captured epochs (the most recent shapes) are kept for replay.
 pub const GRAPHS_KEPT: usize = 4;
@@ -32,7 +37,21 @@ pub struct EpochShape {
     pub slots: Vec<SlotLaunchKey>,
 }
 
-/// How the coming epoch runs.
+/// What decides a validation pass's launches (their kernels, arguments and buffers).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidationShape {
+    pub test_batches: usize,
+    pub n_test: usize,
+    /// The configuration passes in the order they run, each with the slot it starts from.
+    pub order: Vec<(usize, Option<(usize, u8)>)>,
+    /// The validation sums' length (reallocated only to grow).
+    pub sums_len: usize,
+    pub data_uploads: u64,
+    /// Every slot's evaluation launch key ([`super::slot::DeviceSlot::eval_launch_key`]).
+    pub slots: Vec<EvalLaunchKey>,
+}
+
+/// How the coming epoch (or validation pass) runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EpochRun {
     /// Launch by launch (graphs off, or a shape not seen the epoch before).
@@ -43,15 +62,16 @@ pub enum EpochRun {
     Replay,
 }
 
-/// A captured epoch: its shape, its graph, and what its host code noted at each slot.
-pub struct CapturedEpoch<G = ExclusiveGraph> {
-    shape: EpochShape,
+/// A captured epoch (or validation pass): its shape, its graph, and what its host code noted at each
+/// slot (nothing, for a validation pass).
+pub struct CapturedEpoch<S, G = ExclusiveGraph> {
+    shape: S,
     graph: G,
     stats: Vec<StatsTaken>,
 }
 
-impl CapturedEpoch {
-    pub fn new(shape: EpochShape, graph: CudaGraph, stats: Vec<StatsTaken>) -> Self {
+impl<S> CapturedEpoch<S> {
+    pub fn new(shape: S, graph: CudaGraph, stats: Vec<StatsTaken>) -> Self {
         Self { shape, graph: ExclusiveGraph(graph), stats }
     }
 }
@@ -78,18 +98,19 @@ impl Replay for ExclusiveGraph {
     }
 }
 
-/// The backend's graph policy and its captured epochs.
-pub struct EpochGraphs<G = ExclusiveGraph> {
+/// The backend's graph policy for one stage (the training epoch, shapes `S` = [`EpochShape`], or the
+/// validation pass, [`ValidationShape`]) and its captured graphs.
+pub struct EpochGraphs<S, G = ExclusiveGraph> {
     enabled: bool,
     /// Why graphs were turned off (a capture failed).
     failure: Option<String>,
-    /// The last epoch that ran launch by launch, to capture it when it repeats.
-    last_eager: Option<EpochShape>,
+    /// The last one that ran launch by launch, to capture it when it repeats.
+    last_eager: Option<S>,
     /// The most recently captured or replayed first, at most [`GRAPHS_KEPT`].
-    captured: Vec<CapturedEpoch<G>>,
+    captured: Vec<CapturedEpoch<S, G>>,
 }
 
-impl<G: Replay> EpochGraphs<G> {
+impl<S: Clone + PartialEq, G: Replay> EpochGraphs<S, G> {
     pub fn new(enabled: bool) -> Self {
         Self { enabled, failure: None, last_eager: None, captured: Vec::new() }
     }
@@ -110,7 +131,7 @@ impl<G: Replay> EpochGraphs<G> {
     /// How an epoch of `shape` runs: replayed when a kept graph has its shape (which then goes to the
     /// front), captured when it is the shape of the epoch before, else launch by launch (and
     /// remembered).
-    pub fn plan(&mut self, shape: &EpochShape) -> EpochRun {
+    pub fn plan(&mut self, shape: &S) -> EpochRun {
         if !self.enabled() {
             return EpochRun::Eager;
         }
@@ -134,7 +155,7 @@ impl<G: Replay> EpochGraphs<G> {
         Ok(&captured.stats)
     }
 
-    pub fn store(&mut self, captured: CapturedEpoch<G>) {
+    pub fn store(&mut self, captured: CapturedEpoch<S, G>) {
         self.captured.insert(0, captured);
         self.captured.truncate(GRAPHS_KEPT);
     }
@@ -164,7 +185,7 @@ mod tests {
         EpochShape { batches, plan_len: 100, data_uploads: 1, slots: Vec::new() }
     }
 
-    fn captured(shape: EpochShape) -> CapturedEpoch<Counted> {
+    fn captured(shape: EpochShape) -> CapturedEpoch<EpochShape, Counted> {
         let stats = vec![StatsTaken { took_stats: true, ..StatsTaken::default() }; shape.batches];
         CapturedEpoch { shape, graph: Counted(0), stats }
     }
@@ -174,7 +195,7 @@ mod tests {
     /// GRAPHS_KEPT goes; off, or after a failed capture, everything runs launch by launch.
     #[test]
     fn an_epoch_shape_is_captured_when_it_repeats_and_replayed_after() {
-        let mut graphs = EpochGraphs::<Counted>::new(true);
+        let mut graphs = EpochGraphs::<EpochShape, Counted>::new(true);
         let (a, b) = (shape(1), shape(2));
         assert_eq!(graphs.plan(&a), EpochRun::Eager);
         assert_eq!(graphs.plan(&b), EpochRun::Eager, "another shape");

@@ -1213,6 +1213,8 @@ fn graph_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), P
         let step = graphed.take_device_report().expect("a device backend reports");
         report.graph_captures += step.graph_captures;
         report.graph_replays += step.graph_replays;
+        report.validation_graph_captures += step.validation_graph_captures;
+        report.validation_graph_replays += step.validation_graph_replays;
         report.graph_failures += step.graph_failures;
     }
     let checksums = |b: &dyn HostBackend| {
@@ -1243,6 +1245,14 @@ fn graph_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), P
         format!("the epoch shapes' plan (got {counts:?}{why})"),
         8,
         if counts == (2, 4, 0) { 0.0 } else { f64::INFINITY },
+        0.0,
+    ));
+    let counts = (report.validation_graph_captures, report.validation_graph_replays);
+    rows.push(ParityRow::new(
+        "graph validations: 2 captured, 4 replayed",
+        format!("the validation shapes' plan (got {counts:?})"),
+        8,
+        if counts == (2, 4) { 0.0 } else { f64::INFINITY },
         0.0,
     ));
     Ok(())

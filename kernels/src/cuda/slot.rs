@@ -100,6 +100,19 @@ pub struct SlotLaunchKey {
     gate_collected: bool,
 }
 
+/// What decides a slot's launches in an evaluation forward: whether it runs, which blueprints run,
+/// whether a gate exists and runs, and the validation selections' buffer and passes (their content is
+/// uploaded by [`DeviceSlot::plan_eval`] before the pass).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EvalLaunchKey {
+    runs: bool,
+    gated: bool,
+    has_gate: bool,
+    running: u8,
+    eval_holds_len: usize,
+    eval_passes: usize,
+}
+
 /// What a collection batch notes on the host side of a slot (see [`DeviceSlot::stats_taken`]).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StatsTaken {
@@ -259,6 +272,18 @@ impl DeviceSlot {
             collected: mask(&mut self.collecting()),
             took_stats: self.takes_stats(),
             gate_collected: self.gate_collects(),
+        }
+    }
+
+    /// What decides this slot's launches in an evaluation forward (see [`EvalLaunchKey`]).
+    pub fn eval_launch_key(&self) -> EvalLaunchKey {
+        EvalLaunchKey {
+            runs: self.runs(false),
+            gated: self.gated(),
+            has_gate: self.gate.is_some(),
+            running: self.running(false).fold(0u8, |m, bp| m | 1 << (bp as u8 - 1)),
+            eval_holds_len: self.eval_holds.len(),
+            eval_passes: self.eval_passes,
         }
     }
 

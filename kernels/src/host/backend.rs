@@ -114,26 +114,34 @@ pub struct DeviceReport {
     pub train_ms: f64,
     /// Device time of the validation passes, ms.
     pub validate_ms: f64,
-    /// Training epochs replayed from a CUDA graph, captured into one (then launched), and captures
-    /// that failed (graphs are off after one; the epoch ran launch by launch).
+    /// Training epochs replayed from a CUDA graph, captured into one (then launched); the same for
+    /// validation passes; and captures that failed (that stage's graphs are off after one; it ran
+    /// launch by launch).
     pub graph_replays: u64,
     pub graph_captures: u64,
+    pub validation_graph_replays: u64,
+    pub validation_graph_captures: u64,
     pub graph_failures: u64,
 }
 
 impl DeviceReport {
-    /// How the training epochs ran, for a line of text: `graph replayed`, `graph captured`,
-    /// `launch by launch`, or the counts when several epochs are in the report.
+    /// How one step's training epoch and validation pass ran, for a line of text: each `from its
+    /// CUDA graph`, `captured into a CUDA graph` or `launch by launch`.
     pub fn epochs_ran(&self) -> String {
-        match (self.graph_replays, self.graph_captures, self.graph_failures) {
-            (1, 0, 0) => "epoch from its CUDA graph".into(),
-            (0, 1, 0) => "epoch captured into a CUDA graph".into(),
-            (0, 0, 0) => "epoch launch by launch".into(),
-            (r, c, 0) => format!("{r} epochs from a CUDA graph, {c} captured"),
-            (r, c, f) => {
-                format!("{r} epochs from a CUDA graph, {c} captured, {f} failed captures (graphs off)")
-            }
-        }
+        let how = |replays: u64, captures: u64| match (replays, captures) {
+            (0, 0) => "launch by launch",
+            (_, 0) => "from its CUDA graph",
+            _ => "captured into a CUDA graph",
+        };
+        let failed = match self.graph_failures {
+            0 => "",
+            _ => "; a capture failed (graphs off)",
+        };
+        format!(
+            "epoch {}, validation {}{failed}",
+            how(self.graph_replays, self.graph_captures),
+            how(self.validation_graph_replays, self.validation_graph_captures)
+        )
     }
 }
 
