@@ -183,6 +183,9 @@ pub struct SystemRow {
     /// Device time (CUDA events), where the trace has it.
     pub device_mean_ms: Option<f64>,
     pub device_total_ms: Option<f64>,
+    /// How its calls used CUDA graphs (the span's `graph` field: `replayed`, `captured`, `launches`,
+    /// `capture failed`) and how many calls each, where the trace has it.
+    pub graph: Vec<(String, usize)>,
 }
 
 /// What a trace says about a run.
@@ -242,9 +245,19 @@ pub fn analyze(spans: &[SpanRecord]) -> Result<Profile, String> {
     let envs = arg_f64(&steps[0].args, "envs").map(|e| e as u64);
 
     let mut by_name: HashMap<&str, (Vec<f64>, Vec<f64>)> = HashMap::new();
+    let mut graphs: HashMap<&str, Vec<(String, usize)>> = HashMap::new();
     for span in spans.iter().filter(|s| s.name.contains("::")) {
         let (host, device) = by_name.entry(&span.name).or_default();
         host.push(span.duration_us() / 1e3);
+        if let Some(Value::String(how)) = span.args.get("graph") {
+            // Recorded with `display` it is the bare word; a `&str` recorded as is comes quoted.
+            let how = how.trim_matches('"').to_string();
+            let counts = graphs.entry(&span.name).or_default();
+            match counts.iter_mut().find(|(h, _)| *h == how) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((how, 1)),
+            }
+        }
         if let Some(d) = arg_f64(&span.args, "device_us") {
             device.push(d / 1e3);
         }
@@ -269,6 +282,7 @@ pub fn analyze(spans: &[SpanRecord]) -> Result<Profile, String> {
                 share_of_step: total_ms / step_total_ms.max(f64::MIN_POSITIVE),
                 device_mean_ms: (!device.is_empty()).then(|| mean(&device)),
                 device_total_ms: (!device.is_empty()).then(|| device.iter().sum()),
+                graph: graphs.remove(name).unwrap_or_default(),
             }
         })
         .collect();
@@ -344,6 +358,10 @@ pub fn format_table(source: &str, p: &Profile) -> String {
             opt_ms(r.device_mean_ms),
             opt_ms(r.device_total_ms),
         );
+    }
+    for r in p.systems.iter().filter(|r| !r.graph.is_empty()) {
+        let counts: Vec<String> = r.graph.iter().map(|(how, n)| format!("{n} {how}")).collect();
+        let _ = writeln!(out, "CUDA graphs, {}: {} of {} calls", r.name, counts.join(", "), r.calls);
     }
     match (p.boundary_mean_ms, p.boundary_share) {
         (Some(ms), Some(share)) => {
@@ -496,6 +514,41 @@ mod tests {
         assert!((train.device_mean_ms.unwrap() - 3.0).abs() < 1e-12, "{train:?}");
         assert!((train.total_ms - 0.005).abs() < 1e-12, "host time stays the span's own: {train:?}");
         assert_eq!(reader.device_mean_ms, None, "{reader:?}");
+    }
+
+    /// How a device ran each epoch (the TrainHosts span's `graph` field) is counted per system and
+    /// printed under the table; a failed capture shows as such.
+    #[test]
+    fn cuda_graph_use_is_counted_per_system_and_printed() {
+        let end = |ts: f64, how: &str| {
+            format!(
+                r#"{{"ph":"E","pid":1,"name":"TrainHosts::train_hosts","tid":1,"ts":{ts},"args":{{"graph":"{how}"}}}}"#
+            )
+        };
+        let mut events = Vec::new();
+        for (k, how) in ["launches", "captured", "replayed", "replayed", "capture failed"].iter().enumerate()
+        {
+            let t = 100.0 * k as f64;
+            events.push(ev("B", "step", 1, t));
+            events.push(ev("B", "TrainHosts::train_hosts", 1, t));
+            events.push(end(t + 50.0, how));
+            events.push(ev("E", "step", 1, t + 100.0));
+        }
+        let p = analyze(&parse_trace(&format!("[\n{}\n]", events.join(",\n"))).unwrap()).unwrap();
+        let train = p.systems.iter().find(|r| r.name == "TrainHosts::train_hosts").unwrap();
+        let counts = |how: &str| train.graph.iter().find(|(h, _)| h == how).map_or(0, |c| c.1);
+        assert_eq!(
+            (counts("launches"), counts("captured"), counts("replayed"), counts("capture failed")),
+            (1, 1, 2, 1)
+        );
+        let table = format_table("t.json", &p);
+        assert!(
+            table.contains("CUDA graphs, TrainHosts::train_hosts: 1 launches, 1 captured, 2 replayed, 1 capture failed of 5 calls"),
+            "{table}"
+        );
+        // On the CPU no span has the field: no line.
+        let cpu = analyze(&parse_trace(&two_steps()).unwrap()).unwrap();
+        assert!(!format_table("t.json", &cpu).contains("CUDA graphs"));
     }
 
     #[test]

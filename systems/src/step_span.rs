@@ -25,7 +25,9 @@ impl StepInfo<'_> {
     }
 }
 
-/// Enter the span `$name` (a `"<Set>::<system>"` literal) for the rest of the calling scope:
+/// Enter the span `$name` (a `"<Set>::<system>"` literal) for the rest of the calling scope (its
+/// fields: the env count, the step, and on a device `device_us` and `graph`, how the stage used CUDA
+/// graphs):
 /// `let _span = system_span!(info, "Observe::build_masks");`
 #[macro_export]
 macro_rules! system_span {
@@ -35,7 +37,8 @@ macro_rules! system_span {
             $name,
             envs = $info.envs(),
             step = $info.step(),
-            device_us = ::tracing::field::Empty
+            device_us = ::tracing::field::Empty,
+            graph = ::tracing::field::Empty
         )
         .entered()
     };

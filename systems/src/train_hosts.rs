@@ -55,4 +55,7 @@ pub fn train_hosts(
     // On a device this only launches: the epoch's device time is known once its results are back,
     // after validation, and `record_train_metrics` records it (the profile puts it on this row).
     hosts.train_epoch(&data.dataset, &data.batcher);
+    if let Some(run) = hosts.peek_device_report().and_then(|r| r.train_run) {
+        _span.record("graph", tracing::field::display(run.name()));
+    }
 }

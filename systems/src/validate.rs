@@ -95,5 +95,8 @@ pub fn validate(
     // On a device, the pass's device time goes into the span (the profile's device column).
     if let Some(report) = hosts.peek_device_report() {
         _span.record("device_us", report.validate_ms * 1e3);
+        if let Some(run) = report.validation_run {
+            _span.record("graph", tracing::field::display(run.name()));
+        }
     }
 }

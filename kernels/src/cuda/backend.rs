@@ -23,9 +23,9 @@ use crate::data::{Batcher, Dataset, PAD_LABEL};
 use crate::host::SeedMode;
 use crate::host::train::{SeedGradStats, ValTotals};
 use crate::host::{
-    DeviceReport, EnvConfigs, EnvCounterfactuals, EpochTrain, FossilRow, HostArch, HostBackend, HostParams,
-    ParamPrint, SeedBank, SeedEnvState, SeedTelemetry, SlotSync, TELEMETRY_STRIDE, ValidationPlan,
-    counterfactuals_into, host_fingerprint, plan_env_configs,
+    DeviceReport, EnvConfigs, EnvCounterfactuals, EpochTrain, FossilRow, GraphUse, HostArch, HostBackend,
+    HostParams, ParamPrint, SeedBank, SeedEnvState, SeedTelemetry, SlotSync, TELEMETRY_STRIDE,
+    ValidationPlan, counterfactuals_into, host_fingerprint, plan_env_configs,
 };
 use crate::seeds::{CnnBlueprint, ParamLayout};
 
@@ -283,7 +283,10 @@ impl CudaHostBackend {
             slots: self.host.slots().map(DeviceSlot::launch_key).collect(),
         };
         match self.graphs.plan(&shape) {
-            EpochRun::Eager => self.epoch_batches(data, n_batches)?,
+            EpochRun::Eager => {
+                self.epoch_batches(data, n_batches)?;
+                self.report.train_run = Some(GraphUse::Launches);
+            }
             EpochRun::Replay => {
                 let stats = self.graphs.launch()?;
                 // What the epoch's host code would have noted (the replay ran none of it).
@@ -291,6 +294,7 @@ impl CudaHostBackend {
                     self.host.slot_mut(k).expect("every slot id has its slot").restore_stats_taken(taken);
                 }
                 self.report.graph_replays += 1;
+                self.report.train_run = Some(GraphUse::Replayed);
             }
             EpochRun::Capture => match self.capture(|b| b.epoch_batches(data, n_batches)) {
                 Ok(graph) => {
@@ -298,6 +302,7 @@ impl CudaHostBackend {
                     let stats = self.host.slots().map(DeviceSlot::stats_taken).collect();
                     self.graphs.store(CapturedEpoch::new(shape, graph, stats));
                     self.report.graph_captures += 1;
+                    self.report.train_run = Some(GraphUse::Captured);
                 }
                 Err(why) => {
                     // Nothing captured ran: the epoch runs launch by launch, and so do the next ones.
@@ -311,6 +316,7 @@ impl CudaHostBackend {
                         self.host.slot_mut(k).expect("every slot id has its slot").clear_stats();
                     }
                     self.epoch_batches(data, n_batches)?;
+                    self.report.train_run = Some(GraphUse::CaptureFailed);
                 }
             },
         }
@@ -625,16 +631,21 @@ impl CudaHostBackend {
             slots: self.host.slots().map(DeviceSlot::eval_launch_key).collect(),
         };
         match self.validation_graphs.plan(&shape) {
-            EpochRun::Eager => self.validation_batches(&shape)?,
+            EpochRun::Eager => {
+                self.validation_batches(&shape)?;
+                self.report.validation_run = Some(GraphUse::Launches);
+            }
             EpochRun::Replay => {
                 self.validation_graphs.launch()?;
                 self.report.validation_graph_replays += 1;
+                self.report.validation_run = Some(GraphUse::Replayed);
             }
             EpochRun::Capture => match self.capture(|b| b.validation_batches(&shape)) {
                 Ok(graph) => {
                     graph.launch()?;
                     self.validation_graphs.store(CapturedEpoch::new(shape, graph, Vec::new()));
                     self.report.validation_graph_captures += 1;
+                    self.report.validation_run = Some(GraphUse::Captured);
                 }
                 Err(why) => {
                     eprintln!(
@@ -644,6 +655,7 @@ impl CudaHostBackend {
                     self.validation_graphs.fail(why.to_string());
                     self.report.graph_failures += 1;
                     self.validation_batches(&shape)?;
+                    self.report.validation_run = Some(GraphUse::CaptureFailed);
                 }
             },
         }

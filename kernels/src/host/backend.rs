@@ -122,26 +122,42 @@ pub struct DeviceReport {
     pub validation_graph_replays: u64,
     pub validation_graph_captures: u64,
     pub graph_failures: u64,
+    /// How the last training epoch and the last validation pass ran (None: none since the last take).
+    pub train_run: Option<GraphUse>,
+    pub validation_run: Option<GraphUse>,
+}
+
+/// How a device ran one training epoch or validation pass with respect to CUDA graphs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GraphUse {
+    /// Launch by launch (graphs off, or a shape not seen just before).
+    Launches,
+    /// Captured into a graph, then launched.
+    Captured,
+    /// Replayed from a kept graph.
+    Replayed,
+    /// The capture failed: launch by launch, and graphs off from now on.
+    CaptureFailed,
+}
+
+impl GraphUse {
+    /// The name a profile records (`graph` field of TrainHosts' and Validate's spans).
+    pub fn name(self) -> &'static str {
+        match self {
+            GraphUse::Launches => "launches",
+            GraphUse::Captured => "captured",
+            GraphUse::Replayed => "replayed",
+            GraphUse::CaptureFailed => "capture failed",
+        }
+    }
 }
 
 impl DeviceReport {
-    /// How one step's training epoch and validation pass ran, for a line of text: each `from its
-    /// CUDA graph`, `captured into a CUDA graph` or `launch by launch`.
+    /// How the last training epoch and validation pass ran, for a line of text: `epoch replayed,
+    /// validation captured` (CUDA graphs; `launches`: launch by launch).
     pub fn epochs_ran(&self) -> String {
-        let how = |replays: u64, captures: u64| match (replays, captures) {
-            (0, 0) => "launch by launch",
-            (_, 0) => "from its CUDA graph",
-            _ => "captured into a CUDA graph",
-        };
-        let failed = match self.graph_failures {
-            0 => "",
-            _ => "; a capture failed (graphs off)",
-        };
-        format!(
-            "epoch {}, validation {}{failed}",
-            how(self.graph_replays, self.graph_captures),
-            how(self.validation_graph_replays, self.validation_graph_captures)
-        )
+        let name = |run: Option<GraphUse>| run.map_or("–", GraphUse::name);
+        format!("epoch {}, validation {}", name(self.train_run), name(self.validation_run))
     }
 }
 
