@@ -8,15 +8,15 @@ use cudarc::driver::CudaSlice;
 use super::ops;
 use super::parity::{Device, ParityError};
 use super::rows::TensorRows;
-use super::seed_module::SeedDims;
 use crate::ops::LinearShape;
+use crate::seeds::SeedShape;
 use crate::seeds::{gate_hidden, gate_layout};
 
 type R = Result<(), ParityError>;
 
 /// A slot's gates, one per env.
 pub struct DeviceGate {
-    dims: SeedDims,
+    dims: SeedShape,
     /// Parameters, gradients, momentum (tensor-major), snapshots and gradient statistics.
     pub rows: TensorRows,
     /// `GAP(x)` `[E·B, C]`, the hidden ReLU output `[E·B, hidden]`, the gate `g` `[E·B]`.
@@ -31,7 +31,7 @@ pub struct DeviceGate {
 
 impl DeviceGate {
     /// Zero gates for every env at `dims`.
-    pub fn new(device: &Device, dims: SeedDims) -> Result<Self, ParityError> {
+    pub fn new(device: &Device, dims: SeedShape) -> Result<Self, ParityError> {
         let stream = &device.stream;
         let samples = dims.envs * dims.batch;
         let hidden = gate_hidden(dims.channels);
@@ -62,7 +62,7 @@ impl DeviceGate {
         let d = self.dims;
         let samples = d.envs * d.batch;
         let (fc1, fc2) = self.linears();
-        ops::global_avg_pool(device, x, &mut self.pooled, samples * d.channels, d.size * d.size)?;
+        ops::global_avg_pool(device, x, &mut self.pooled, samples * d.channels, d.h * d.w)?;
         ops::linear(
             device,
             &fc1,

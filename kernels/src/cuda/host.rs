@@ -15,12 +15,13 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use super::gemm_conv::GemmConv;
 use super::ops;
 use super::parity::{Device, ParityError, elementwise};
-use super::seed_module::SeedDims;
+use super::seed_module::DeviceSeedShape;
 use super::slot::DeviceSlot;
 use crate::host::{HostArch, HostParams};
 use crate::ops::Conv2dShape;
 use crate::optim::SgdConfig;
 use crate::seeds::CnnBlueprint;
+use crate::seeds::SeedShape;
 
 /// Blocks per env of the first stage of the per-env squared norms (`sq_norms_partial_f32`).
 const NORM_BLOCKS_PER_ENV: u32 = 32;
@@ -143,7 +144,7 @@ impl DeviceHost {
                     return Ok(None);
                 }
                 assert!(row == 0 || arch.pools_after(b), "slot r1c{b}: block {b} has no pool");
-                let dims = SeedDims { envs, batch, channels: arch.block_channels(b), size };
+                let dims = SeedShape { envs, batch, channels: arch.block_channels(b), h: size, w: size };
                 for bp in CnnBlueprint::ALL {
                     conv_dims_all.extend(dims.convs(bp));
                 }

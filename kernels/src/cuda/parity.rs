@@ -14,7 +14,7 @@ use cudarc::nvrtc::Ptx;
 use super::backend::CudaHostBackend;
 use super::gemm_conv::GemmConv;
 use super::host::DeviceHost;
-use super::seed_module::{DeviceSeed, SeedDims};
+use super::seed_module::{DeviceSeed, DeviceSeedShape};
 use super::{DEFAULT_ARCH, KERNEL_FILES, KernelCache};
 use crate::data::{Batcher, SyntheticSpec, synthetic};
 use crate::host::train::{Trainer, ValTotals, accumulate_validation};
@@ -43,6 +43,7 @@ use crate::ops::pool::{
 use crate::ops::precision::{Precision, round_to_bf16};
 use crate::optim::{SgdConfig, accumulate_sq_norms, clip_coefficient, scale_per_env, sgd_step};
 use crate::rng::{Purpose, Stream, StreamKey};
+use crate::seeds::SeedShape;
 use crate::seeds::common::{scale_planes, scale_planes_backward_scale};
 use crate::seeds::{self, CnnBlueprint};
 
@@ -1064,8 +1065,8 @@ fn seed_module_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>
     // 32 channels at 8×8 (group norms of several channels, a bottleneck narrower than its input) and
     // 8 at 16×16.
     for (size, channels) in [(8usize, 32usize), (16, 8)] {
-        let dims = SeedDims { envs: 2, batch: 3, channels, size };
-        let shape = seeds::SeedShape { envs: 2, batch: 3, channels, h: size, w: size };
+        let shape = SeedShape { envs: 2, batch: 3, channels, h: size, w: size };
+        let dims = shape;
         for bp in CnnBlueprint::ALL {
             let p = seeds::param_count(bp, dims.channels);
             let mut params = vec![0.0f32; dims.envs * p];

@@ -12,82 +12,46 @@ use super::gemm_conv::GemmConv;
 use super::ops::{self, GroupNorm};
 use super::parity::{Device, ParityError, elementwise, push_dims};
 use super::rows::TensorRows;
-use crate::ops::{Conv2dShape, LinearShape, NormShape};
-use crate::seeds::{self, CnnBlueprint, group_norm_groups};
+use crate::ops::Conv2dShape;
+use crate::seeds::{self, CnnBlueprint, SeedShape, group_norm_groups};
 
 type R = Result<(), ParityError>;
 
-/// A seed batch: activations `[E, B, C, size, size]`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SeedDims {
-    pub envs: usize,
-    pub batch: usize,
-    pub channels: usize,
-    pub size: usize,
+/// What the device adds to the CPU's [`SeedShape`] (a seed batch `[E, B, C, H, W]`): its group norms
+/// with their group count, the attention and bottleneck widths, and the GEMM convolutions of each
+/// blueprint.
+pub trait DeviceSeedShape {
+    fn group_norm(&self, channels: usize) -> GroupNorm;
+    /// The attention seed's squeeze width (`seeds::attention::reduced`).
+    fn reduced(&self) -> usize;
+    /// The bottleneck's width (`seeds::bottleneck::width`).
+    fn narrow(&self) -> usize;
+    /// Every GEMM convolution `bp` runs at this shape (to size a [`GemmConv`]'s scratch).
+    fn convs(&self, bp: CnnBlueprint) -> Vec<Conv2dShape>;
 }
 
-impl SeedDims {
-    fn plane(&self) -> usize {
-        self.size * self.size
-    }
-
-    fn samples(&self) -> usize {
-        self.envs * self.batch
-    }
-
-    /// Values of an activation with `channels` channels.
-    fn activation(&self, channels: usize) -> usize {
-        self.samples() * channels * self.plane()
-    }
-
-    fn len(&self) -> usize {
-        self.activation(self.channels)
-    }
-
-    /// A stride-1 convolution at this size, `c_in → c_out`, k × k, padding k / 2.
-    fn conv(&self, c_in: usize, c_out: usize, k: usize) -> Conv2dShape {
-        Conv2dShape {
-            envs: self.envs,
-            batch: self.batch,
-            c_in,
-            c_out,
-            h: self.size,
-            w: self.size,
-            k,
-            pad: k / 2,
-            groups: 1,
-        }
-    }
-
+impl DeviceSeedShape for SeedShape {
     fn group_norm(&self, channels: usize) -> GroupNorm {
-        let (envs, batch, h, w) = (self.envs, self.batch, self.size, self.size);
-        GroupNorm { shape: NormShape { envs, batch, channels, h, w }, groups: group_norm_groups(channels) }
+        GroupNorm { shape: self.norm(channels), groups: group_norm_groups(channels) }
     }
 
-    fn linear(&self, in_features: usize, out_features: usize) -> LinearShape {
-        LinearShape { envs: self.envs, batch: self.batch, in_features, out_features }
-    }
-
-    /// The attention seed's squeeze width (`seeds::attention::reduced`).
     fn reduced(&self) -> usize {
-        (self.channels / 4).max(1)
+        seeds::attention::reduced(self.channels)
     }
 
-    /// The bottleneck's width (`seeds::bottleneck::width`).
     fn narrow(&self) -> usize {
-        (self.channels / 4).max(8)
+        seeds::bottleneck::width(self.channels)
     }
 
-    /// Every GEMM convolution `bp` runs at these dims (to size a [`GemmConv`]'s scratch).
-    pub fn convs(&self, bp: CnnBlueprint) -> Vec<Conv2dShape> {
+    fn convs(&self, bp: CnnBlueprint) -> Vec<Conv2dShape> {
         let c = self.channels;
         match bp {
-            CnnBlueprint::ConvSmall => vec![self.conv(c, c, 1)],
-            CnnBlueprint::ConvLight | CnnBlueprint::ConvHeavy => vec![self.conv(c, c, 3)],
-            CnnBlueprint::Depthwise => vec![self.conv(c, c, 1)],
+            CnnBlueprint::ConvSmall => vec![self.conv(c, c, 1, 1)],
+            CnnBlueprint::ConvLight | CnnBlueprint::ConvHeavy => vec![self.conv(c, c, 3, 1)],
+            CnnBlueprint::Depthwise => vec![self.conv(c, c, 1, 1)],
             CnnBlueprint::Bottleneck => {
                 let b = self.narrow();
-                vec![self.conv(c, b, 1), self.conv(b, b, 3), self.conv(b, c, 1)]
+                vec![self.conv(c, b, 1, 1), self.conv(b, b, 3, 1), self.conv(b, c, 1, 1)]
             }
             CnnBlueprint::Attention | CnnBlueprint::Norm => Vec::new(),
         }
@@ -97,7 +61,7 @@ impl SeedDims {
 /// One blueprint's parameters, gradients and saved activations for every env of a batch.
 pub struct DeviceSeed {
     pub bp: CnnBlueprint,
-    dims: SeedDims,
+    dims: SeedShape,
     /// Parameters, gradients, momentum (tensor-major), snapshots and gradient statistics.
     pub rows: TensorRows,
     /// What the backward reads, written by the forward (per blueprint; see each forward).
@@ -110,7 +74,7 @@ pub struct DeviceSeed {
 
 impl DeviceSeed {
     /// Zero parameters and the buffers of `bp` at `dims`.
-    pub fn new(device: &Device, bp: CnnBlueprint, dims: SeedDims) -> Result<Self, ParityError> {
+    pub fn new(device: &Device, bp: CnnBlueprint, dims: SeedShape) -> Result<Self, ParityError> {
         let stream = &device.stream;
         let (a, samples, c) = (dims.len(), dims.samples(), dims.channels);
         let n_stats = samples * group_norm_groups(c);
@@ -124,7 +88,7 @@ impl DeviceSeed {
             CnnBlueprint::Norm => (vec![a], vec![n_stats; 2], vec![a, samples]),
             CnnBlueprint::Depthwise => (vec![a; 3], vec![n_stats; 2], vec![a, a]),
             CnnBlueprint::Bottleneck => {
-                let narrow = dims.activation(dims.narrow());
+                let narrow = dims.activation_len(dims.narrow());
                 (vec![narrow, narrow, a], vec![n_stats; 2], vec![a.max(narrow), narrow])
             }
         };
@@ -158,7 +122,7 @@ impl DeviceSeed {
                 let k = if self.bp == CnnBlueprint::ConvSmall { 1 } else { 3 };
                 let [conv_out, gn_out] = &mut s[..] else { unreachable!() };
                 let [mean, inv_std] = &mut st[..] else { unreachable!() };
-                conv.forward(device, &d.conv(c, c, k), x, &p[0], conv_out)?;
+                conv.forward(device, &d.conv(c, c, k, 1), x, &p[0], conv_out)?;
                 ops::group_norm_forward(
                     device,
                     &d.group_norm(c),
@@ -176,7 +140,7 @@ impl DeviceSeed {
             CnnBlueprint::ConvHeavy => {
                 let [c1, g1, o1, c2, g2] = &mut s[..] else { unreachable!() };
                 let [m1, i1, m2, i2] = &mut st[..] else { unreachable!() };
-                let (cd, gd) = (d.conv(c, c, 3), d.group_norm(c));
+                let (cd, gd) = (d.conv(c, c, 3, 1), d.group_norm(c));
                 conv.forward(device, &cd, x, &p[0], c1)?;
                 ops::group_norm_forward(device, &gd, c1, &p[1], &p[2], g1, m1, i1)?;
                 ops::relu(device, g1, o1, a)?;
@@ -212,7 +176,7 @@ impl DeviceSeed {
                 let [dw_out, pw_out, gn_out] = &mut s[..] else { unreachable!() };
                 let [mean, inv_std] = &mut st[..] else { unreachable!() };
                 depthwise_forward(device, &d, x, &p[0], dw_out)?;
-                conv.forward(device, &d.conv(c, c, 1), dw_out, &p[1], pw_out)?;
+                conv.forward(device, &d.conv(c, c, 1, 1), dw_out, &p[1], pw_out)?;
                 ops::group_norm_forward(
                     device,
                     &d.group_norm(c),
@@ -229,14 +193,14 @@ impl DeviceSeed {
             // y = GN(UP(relu(CONV(relu(DOWN(x)))))) + x: saved the two ReLU outputs and UP's.
             CnnBlueprint::Bottleneck => {
                 let b = d.narrow();
-                let narrow = d.activation(b);
+                let narrow = d.activation_len(b);
                 let [down_out, conv_out, up_out] = &mut s[..] else { unreachable!() };
                 let [mean, inv_std] = &mut st[..] else { unreachable!() };
-                conv.forward(device, &d.conv(c, b, 1), x, &p[0], down_out)?;
+                conv.forward(device, &d.conv(c, b, 1, 1), x, &p[0], down_out)?;
                 ops::relu_in_place(device, down_out, narrow)?;
-                conv.forward(device, &d.conv(b, b, 3), down_out, &p[1], conv_out)?;
+                conv.forward(device, &d.conv(b, b, 3, 1), down_out, &p[1], conv_out)?;
                 ops::relu_in_place(device, conv_out, narrow)?;
-                conv.forward(device, &d.conv(b, c, 1), conv_out, &p[2], up_out)?;
+                conv.forward(device, &d.conv(b, c, 1, 1), conv_out, &p[2], up_out)?;
                 ops::group_norm_forward(
                     device,
                     &d.group_norm(c),
@@ -274,13 +238,13 @@ impl DeviceSeed {
                 ops::relu_backward(device, &s[1], grad_y, t0, a)?;
                 ops::group_norm_backward_params(device, &gd, &s[0], &st[0], &st[1], t0, dgamma, dbeta)?;
                 ops::group_norm_backward_input(device, &gd, &s[0], &p[1], &st[0], &st[1], t0, t1, false)?;
-                conv.backward_weight(device, &d.conv(c, c, k), x, t1, dw)
+                conv.backward_weight(device, &d.conv(c, c, k, 1), x, t1, dw)
             }
             CnnBlueprint::ConvHeavy => {
                 let [t0, t1] = &mut t[..] else { unreachable!() };
                 let [dw1, dg1, db1, dw2, dg2, db2] = &mut g[..] else { unreachable!() };
                 let [c1, g1, o1, c2, g2] = &s[..] else { unreachable!() };
-                let (cd, gd) = (d.conv(c, c, 3), d.group_norm(c));
+                let (cd, gd) = (d.conv(c, c, 3, 1), d.group_norm(c));
                 ops::relu_backward(device, g2, grad_y, t0, a)?;
                 ops::group_norm_backward_params(device, &gd, c2, &st[2], &st[3], t0, dg2, db2)?;
                 ops::group_norm_backward_input(device, &gd, c2, &p[4], &st[2], &st[3], t0, t1, false)?;
@@ -337,7 +301,7 @@ impl DeviceSeed {
                 let [t0, t1] = &mut t[..] else { unreachable!() };
                 let [d_dw, d_pw, dgamma, dbeta] = &mut g[..] else { unreachable!() };
                 let [dw_out, pw_out, gn_out] = &s[..] else { unreachable!() };
-                let (gd, pw) = (d.group_norm(c), d.conv(c, c, 1));
+                let (gd, pw) = (d.group_norm(c), d.conv(c, c, 1, 1));
                 ops::relu_backward(device, gn_out, grad_y, t0, a)?;
                 ops::group_norm_backward_params(device, &gd, pw_out, &st[0], &st[1], t0, dgamma, dbeta)?;
                 ops::group_norm_backward_input(device, &gd, pw_out, &p[2], &st[0], &st[1], t0, t1, false)?;
@@ -347,12 +311,12 @@ impl DeviceSeed {
             }
             CnnBlueprint::Bottleneck => {
                 let b = d.narrow();
-                let narrow = d.activation(b);
+                let narrow = d.activation_len(b);
                 let [t0, t1] = &mut t[..] else { unreachable!() };
                 let [d_down, d_conv, d_up, dgamma, dbeta] = &mut g[..] else { unreachable!() };
                 let [down_out, conv_out, up_out] = &s[..] else { unreachable!() };
                 let gd = d.group_norm(c);
-                let (down, mid, up) = (d.conv(c, b, 1), d.conv(b, b, 3), d.conv(b, c, 1));
+                let (down, mid, up) = (d.conv(c, b, 1, 1), d.conv(b, b, 3, 1), d.conv(b, c, 1, 1));
                 ops::group_norm_backward_params(device, &gd, up_out, &st[0], &st[1], grad_y, dgamma, dbeta)?;
                 ops::group_norm_backward_input(
                     device, &gd, up_out, &p[3], &st[0], &st[1], grad_y, t0, false,
@@ -373,7 +337,7 @@ impl DeviceSeed {
 /// does not take groups, and a depthwise conv has 9 taps per output.
 fn depthwise_forward(
     device: &Device,
-    d: &SeedDims,
+    d: &SeedShape,
     x: &CudaSlice<f32>,
     w: &CudaSlice<f32>,
     y: &mut CudaSlice<f32>,
@@ -389,12 +353,12 @@ fn depthwise_forward(
 /// The depthwise conv's weight gradient (`[E, C, 1, 3, 3]`): one block per (env, channel, tap).
 fn depthwise_backward_weight(
     device: &Device,
-    d: &SeedDims,
+    d: &SeedShape,
     x: &CudaSlice<f32>,
     dy: &CudaSlice<f32>,
     dw: &mut CudaSlice<f32>,
 ) -> R {
-    let dims = [d.envs, d.batch, d.channels, d.size, d.size, 3, 1].map(|v| v as u32);
+    let dims = [d.envs, d.batch, d.channels, d.h, d.w, 3, 1].map(|v| v as u32);
     let mut launch = device.stream.launch_builder(device.function("depthwise_backward_weight_fast_f32"));
     launch.arg(x).arg(dy).arg(dw);
     push_dims(&mut launch, &dims);
@@ -405,7 +369,7 @@ fn depthwise_backward_weight(
     Ok(())
 }
 
-fn depthwise_dims(d: &SeedDims) -> [u32; 9] {
+fn depthwise_dims(d: &SeedShape) -> [u32; 9] {
     let c = d.channels as u32;
-    [d.envs as u32, d.batch as u32, c, c, d.size as u32, d.size as u32, 3, 1, c]
+    [d.envs as u32, d.batch as u32, c, c, d.h as u32, d.w as u32, 3, 1, c]
 }

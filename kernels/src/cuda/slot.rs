@@ -14,10 +14,11 @@ use super::gate::DeviceGate;
 use super::gemm_conv::GemmConv;
 use super::ops;
 use super::parity::{Device, ParityError, elementwise};
-use super::seed_module::{DeviceSeed, SeedDims};
+use super::seed_module::DeviceSeed;
 use crate::host::{SeedEnvState, SeedMode};
 use crate::optim::SgdConfig;
 use crate::seeds::CnnBlueprint;
+use crate::seeds::SeedShape;
 
 type R = Result<(), ParityError>;
 
@@ -37,7 +38,7 @@ fn mode_code(mode: SeedMode) -> u8 {
 
 /// A slot's seeds, their per-env controls and its activations on the device.
 pub struct DeviceSlot {
-    dims: SeedDims,
+    dims: SeedShape,
     /// By `CnnBlueprint as usize − 1`, made at the first germination of that blueprint.
     modules: Vec<Option<DeviceSeed>>,
     /// The GatedBlend gates, made at the first gate's birth, and the gate's gradient per sample.
@@ -123,9 +124,9 @@ pub struct StatsTaken {
 
 impl DeviceSlot {
     /// A slot whose activations are `dims`, every env's seed off.
-    pub fn new(device: &Device, dims: SeedDims) -> Result<Self, ParityError> {
+    pub fn new(device: &Device, dims: SeedShape) -> Result<Self, ParityError> {
         let stream = &device.stream;
-        let (envs, len) = (dims.envs, dims.envs * dims.batch * dims.channels * dims.size * dims.size);
+        let (envs, len) = (dims.envs, dims.envs * dims.batch * dims.channels * dims.h * dims.w);
         let n = CnnBlueprint::ALL.len() * envs;
         Ok(Self {
             dims,
@@ -157,7 +158,7 @@ impl DeviceSlot {
         })
     }
 
-    pub fn dims(&self) -> SeedDims {
+    pub fn dims(&self) -> SeedShape {
         self.dims
     }
 
@@ -421,7 +422,7 @@ impl DeviceSlot {
                 None => self.holds.slice(at..at + d.envs),
                 Some(_) => self.eval_holds.slice(at..at + d.envs),
             };
-            let dims = [d.envs, d.batch, d.channels * d.size * d.size].map(|v| v as u32);
+            let dims = [d.envs, d.batch, d.channels * d.h * d.w].map(|v| v as u32);
             let mut launch = device.stream.launch_builder(device.function("slot_blend_select_f32"));
             // Without a gate the kernel reads none (no env is in GATE mode): alpha stands in.
             let gate = self.gate.as_ref().map_or(&self.alpha, |g| &g.gate);
@@ -446,7 +447,7 @@ impl DeviceSlot {
     ) -> R {
         let d = self.dims;
         let len = self.out.len();
-        let dims = [d.envs, d.batch, d.channels * d.size * d.size].map(|v| v as u32);
+        let dims = [d.envs, d.batch, d.channels * d.h * d.w].map(|v| v as u32);
         let gate = self.gate.as_ref().map_or(&self.alpha, |g| &g.gate);
         let mut launch = device.stream.launch_builder(device.function("slot_backward_split_f32"));
         launch.arg(grad_y).arg(h).arg(&self.s_mine).arg(&self.alpha).arg(gate).arg(&self.mode);

@@ -25,7 +25,7 @@ use crate::ops::{
 };
 
 /// Squeeze width `r = max(1, C/4)`.
-pub(super) fn reduced(channels: usize) -> usize {
+pub(crate) fn reduced(channels: usize) -> usize {
     (channels / 4).max(1)
 }
 

@@ -27,7 +27,7 @@ use crate::ops::{
 };
 
 /// Bottleneck width `b = max(8, C/4)`.
-pub(super) fn width(channels: usize) -> usize {
+pub(crate) fn width(channels: usize) -> usize {
     (channels / 4).max(8)
 }
 

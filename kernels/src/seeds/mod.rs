@@ -29,9 +29,9 @@
 //! | conv_small | `conv` (already zero) | identity | identity |
 //! | conv_heavy | `conv2` | non-identity | identity |
 
-mod attention;
+pub(crate) mod attention;
 mod block;
-mod bottleneck;
+pub(crate) mod bottleneck;
 pub(crate) mod common;
 mod conv;
 mod depthwise;
@@ -166,15 +166,15 @@ impl SeedShape {
     pub fn samples(&self) -> usize {
         self.envs * self.batch
     }
-    fn plane(&self) -> usize {
+    pub(crate) fn plane(&self) -> usize {
         self.h * self.w
     }
     /// Elements of an activation with `channels` channels at this batch and spatial size.
-    fn activation_len(&self, channels: usize) -> usize {
+    pub(crate) fn activation_len(&self, channels: usize) -> usize {
         self.samples() * channels * self.plane()
     }
     /// A stride-1 convolution at this size; `k = 3` pads by 1, `k = 1` by 0, so the size is kept.
-    fn conv(&self, c_in: usize, c_out: usize, k: usize, groups: usize) -> Conv2dShape {
+    pub(crate) fn conv(&self, c_in: usize, c_out: usize, k: usize, groups: usize) -> Conv2dShape {
         Conv2dShape {
             envs: self.envs,
             batch: self.batch,
@@ -187,13 +187,13 @@ impl SeedShape {
             groups,
         }
     }
-    fn norm(&self, channels: usize) -> NormShape {
+    pub(crate) fn norm(&self, channels: usize) -> NormShape {
         NormShape { envs: self.envs, batch: self.batch, channels, h: self.h, w: self.w }
     }
     fn pool(&self) -> PoolShape {
         PoolShape { envs: self.envs, batch: self.batch, channels: self.channels, h: self.h, w: self.w }
     }
-    fn linear(&self, in_features: usize, out_features: usize) -> LinearShape {
+    pub(crate) fn linear(&self, in_features: usize, out_features: usize) -> LinearShape {
         LinearShape { envs: self.envs, batch: self.batch, in_features, out_features }
     }
 }
