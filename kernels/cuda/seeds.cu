@@ -259,8 +259,22 @@ extern "C" __global__ void norm_seed_lambda_grad_f32(
 // arithmetic of blend_add_forward (y = h + a·(s − h)), blend_multiply_forward with the detached input
 // as x_s (y = h·(1 + a·tanh(s − h))) and blend_gate_forward (y = h + a_eff·(s − h), a_eff =
 // clamp(a·clamp(g)) with the sample's gate g), a = clamp(alpha[e]). Every other row of y is left as it
-// is (h, copied first). `gate` ([E·B]) is read only in GATE rows. tanhf is not Rust's tanh: MULTIPLY is
-// checked with a tolerance.
+// is (slot_passthrough_f32 writes h there). `gate` ([E·B]) is read only in GATE rows. tanhf is not
+// Rust's tanh: MULTIPLY is checked with a tolerance.
+// The rows of the slot's output that no seed blends into in this forward: y = h for env e unless its
+// mode blends (2 ADD, 3 MULTIPLY, 4 GATE) and some blueprint's selection holds it (`holds` [7, E]: the
+// training forward's, or validation pass k's). slot_blend_select_f32 writes the others, so every row is
+// written once — instead of copying all of h first (the twin: the CPU slot's output starts as h).
+extern "C" __global__ void slot_passthrough_f32(
+    const float* h, const u8* mode, const u8* holds, float* y, u32 envs, u32 batch, u32 features) {
+    FOR_EACH(t, (u64)envs * batch * features) {
+        u32 e = (u32)(t / ((u64)batch * features));
+        bool held = false;
+        for (u32 bp = 0; bp < 7; ++bp) held = held || holds[(u64)bp * envs + e] != 0;
+        if (!(mode[e] >= 2 && held)) y[t] = h[t];
+    }
+}
+
 extern "C" __global__ void slot_blend_select_f32(
     const float* h, const float* s, const float* alpha, const float* gate, const u8* mode, const u8* holds,
     float* s_mine, float* y, u32 envs, u32 batch, u32 features) {

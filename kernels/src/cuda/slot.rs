@@ -403,7 +403,22 @@ impl DeviceSlot {
         let train = pass.is_none();
         let d = self.dims;
         let len = self.out.len();
-        device.stream.memcpy_dtod(h, &mut self.out)?;
+        // The rows no seed blends into are h; the select below writes the others.
+        {
+            let n = CnnBlueprint::ALL.len() * d.envs;
+            let holds = match pass {
+                None => self.holds.slice(..n),
+                Some(k) => {
+                    assert!(k < self.eval_passes, "validation pass {k} was not planned");
+                    self.eval_holds.slice(k * n..(k + 1) * n)
+                }
+            };
+            let dims = [d.envs, d.batch, d.channels * d.h * d.w].map(|v| v as u32);
+            let mut launch = device.stream.launch_builder(device.function("slot_passthrough_f32"));
+            launch.arg(h).arg(&self.mode).arg(&holds).arg(&mut self.out);
+            launch.arg(&dims[0]).arg(&dims[1]).arg(&dims[2]);
+            unsafe { launch.launch(elementwise(len)) }?;
+        }
         if self.gated() {
             self.gate.as_mut().expect("a GATE seed has its gate").forward(device, h)?;
         }

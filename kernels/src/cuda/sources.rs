@@ -84,6 +84,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "norm_seed_scale_grad_f32",
             "norm_seed_image_partials_f32",
             "norm_seed_lambda_grad_f32",
+            "slot_passthrough_f32",
             "slot_blend_select_f32",
             "slot_backward_split_f32",
             "slot_gate_grad_f32",
