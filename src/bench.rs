@@ -31,6 +31,7 @@ use esper_components::{
 };
 use esper_kernels::host::DeviceReport;
 use esper_kernels::ops::precision::Precision;
+use esper_kernels::seeds::{CnnBlueprint, forward_macs};
 use esper_systems::host_resources::{Hosts, StepClock};
 use esper_systems::slot_query::SlotLifecycle;
 use esper_systems::{
@@ -261,6 +262,57 @@ impl DeviceStep {
     }
 }
 
+/// The arithmetic of one step at one env count, counted from the shapes (convolutions and linears, 2
+/// FLOP per multiply-add; the norms, activations and pools, a few operations per value, left out).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct StepWork {
+    pub envs: usize,
+    /// One image's forward: the host's and the forced seeds' multiply-adds.
+    pub host_macs_per_image: u64,
+    pub seed_macs_per_image: u64,
+    /// The training epoch: forward, input gradient and weight gradient, about 3× the forward.
+    pub train_gflop: f64,
+    /// The validation pass: each configuration a whole forward of every test image (an upper bound:
+    /// a configuration runs from the first slot it changes).
+    pub validate_gflop: f64,
+}
+
+impl StepWork {
+    fn of(config: &BenchConfig, plan: &RunPlan, configs: usize) -> Self {
+        let arch = crate::run::host_arch(plan);
+        let seed_macs_per_image = match config.seeds {
+            BenchSeeds::None => 0,
+            BenchSeeds::Blending => plan
+                .slots
+                .ids()
+                .iter()
+                .enumerate()
+                .map(|(i, id)| {
+                    let action = FORCED_BLUEPRINTS[i.min(FORCED_BLUEPRINTS.len() - 1)];
+                    let bp =
+                        CnnBlueprint::from_action_index(action as u8).expect("a forced seed is a module");
+                    let b = id.col as usize;
+                    // r0 sits after the block's ReLU, r1 after its pool.
+                    let size = if id.row == 0 { arch.block_size(b) } else { arch.block_output_size(b) };
+                    forward_macs(bp, arch.block_channels(b), size, size)
+                })
+                .sum(),
+        };
+        let host_macs_per_image = arch.forward_macs();
+        let forward_gflop = 2.0 * (host_macs_per_image + seed_macs_per_image) as f64 / 1e9;
+        let envs = plan.config.envs;
+        let train_images = (envs * config.batch_per_env * config.train_batches) as f64;
+        let test_images = (envs * config.test_per_env) as f64;
+        Self {
+            envs,
+            host_macs_per_image,
+            seed_macs_per_image,
+            train_gflop: 3.0 * forward_gflop * train_images,
+            validate_gflop: forward_gflop * test_images * configs.max(1) as f64,
+        }
+    }
+}
+
 /// The epoch boundary (tier 3, Observe … Record) at one env count.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct BoundaryResult {
@@ -296,6 +348,8 @@ pub struct BenchReport {
     /// Boundary time per step at 256 envs over that at 16 (when both ran).
     pub boundary_growth_16_to_256: Option<f64>,
     pub skipped: Vec<Skipped>,
+    /// Each env count's arithmetic per step.
+    pub work: Vec<StepWork>,
 }
 
 /// The run plan of one env count: synthetic data sized to exactly `train_batches` training batches
@@ -546,6 +600,7 @@ pub fn run(config: &BenchConfig, mut on_line: impl FnMut(&str)) -> Result<BenchR
         boundary: Vec::new(),
         boundary_growth_16_to_256: None,
         skipped: Vec::new(),
+        work: Vec::new(),
     };
     // Memory per env, learnt from the env counts already run: (resident bytes, envs) of the last two.
     let mut seen: Vec<(usize, u64)> = Vec::new();
@@ -572,6 +627,19 @@ pub fn run(config: &BenchConfig, mut on_line: impl FnMut(&str)) -> Result<BenchR
         }
         match bench_envs(config, envs, &mut on_line) {
             Ok((tiers, boundary, configs, resident)) => {
+                if let Ok(plan) = plan_for(config, envs) {
+                    let w = StepWork::of(config, &plan, configs);
+                    on_line(&format!(
+                        "        work per step: {:.1} GFLOP training + {:.1} GFLOP validation ({} + {} \
+                         multiply-adds per image, host + seeds; {} configurations, each a whole forward)",
+                        w.train_gflop,
+                        w.validate_gflop,
+                        w.host_macs_per_image,
+                        w.seed_macs_per_image,
+                        configs.max(1)
+                    ));
+                    report.work.push(w);
+                }
                 report.counterfactual_configs = configs;
                 report.tiers.extend(tiers);
                 report.boundary.push(boundary);
@@ -642,6 +710,32 @@ pub fn format_boundary(report: &BenchReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Hand-derived for W16 on cifar_baseline: the host's 811,328 multiply-adds per image (its own test
+    /// in esper_kernels); the seeds at r0c0 (conv_light, 8 channels at 32×32: 9·1024·64), r0c1
+    /// (attention, 16 channels: 16 → 4 → 16) and r0c2 (conv_heavy, 32 channels at 8×8: 2·9·64·1024).
+    #[test]
+    fn step_work_counts_the_w16_workload() {
+        let w16 = BenchConfig {
+            envs: vec![16],
+            batch_per_env: 512,
+            train_batches: 6,
+            test_per_env: 625,
+            ..BenchConfig::default()
+        };
+        let plan = plan_for(&w16, 16).unwrap();
+        let seeded = StepWork::of(&w16, &plan, 8);
+        assert_eq!(seeded.host_macs_per_image, 811_328);
+        assert_eq!(seeded.seed_macs_per_image, 589_824 + 128 + 1_179_648);
+        let forward = 2.0 * (811_328.0 + 1_769_600.0);
+        assert!((seeded.train_gflop - 3.0 * forward * 16.0 * 512.0 * 6.0 / 1e9).abs() < 1e-9);
+        assert!((seeded.validate_gflop - forward * 10_000.0 * 8.0 / 1e9).abs() < 1e-9);
+        let bare = BenchConfig { seeds: BenchSeeds::None, ..w16 };
+        let none = StepWork::of(&bare, &plan_for(&bare, 16).unwrap(), 1);
+        assert_eq!(none.seed_macs_per_image, 0);
+        // ≈ 255 GFLOP per step without seeds.
+        assert!((none.train_gflop + none.validate_gflop - 255.5).abs() < 0.1, "{none:?}");
+    }
 
     #[test]
     fn timing_median_and_spread() {

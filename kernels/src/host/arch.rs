@@ -72,4 +72,30 @@ impl HostArch {
     pub fn image_len(&self) -> usize {
         self.in_channels * self.image_size * self.image_size
     }
+
+    /// Multiply-adds of one image's forward: each block's k×k convolution (`c_in → c_out` at the
+    /// block's size) and the head. The norms, ReLUs and pools (a few operations per value) are left out.
+    pub fn forward_macs(&self) -> u64 {
+        let k2 = (self.kernel_size * self.kernel_size) as u64;
+        let convs: u64 = (0..self.n_blocks)
+            .map(|b| {
+                let plane = (self.block_size(b) * self.block_size(b)) as u64;
+                k2 * plane * (self.block_in_channels(b) * self.block_channels(b)) as u64
+            })
+            .sum();
+        convs + (self.head_in() * self.num_classes) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Hand-derived for cifar_baseline (3 → 8 → 16 → 32 channels at 32, 16, 8): 9·1024·3·8 +
+    /// 9·256·8·16 + 9·64·16·32 for the convolutions, 32·10 for the head.
+    #[test]
+    fn cifar_baselines_forward_is_811_328_multiply_adds_per_image() {
+        assert_eq!(HostArch::CIFAR_BASELINE.forward_macs(), 221_184 + 294_912 + 294_912 + 320);
+        assert_eq!(HostArch::CIFAR_BASELINE.forward_macs(), 811_328);
+    }
 }

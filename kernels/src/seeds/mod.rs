@@ -125,6 +125,26 @@ pub fn layout(bp: CnnBlueprint, channels: usize) -> ParamLayout {
     }
 }
 
+/// Multiply-adds of one image's forward through `bp` at `channels` × `h` × `w`: its convolutions and
+/// linears (the norms and element-wise ops, a few operations per value, are left out).
+pub fn forward_macs(bp: CnnBlueprint, channels: usize, h: usize, w: usize) -> u64 {
+    let (c, plane) = (channels as u64, (h * w) as u64);
+    let conv = |c_in: u64, c_out: u64, k: u64| k * k * plane * c_in * c_out;
+    match bp {
+        CnnBlueprint::ConvSmall => conv(c, c, 1),
+        CnnBlueprint::ConvLight => conv(c, c, 3),
+        CnnBlueprint::ConvHeavy => 2 * conv(c, c, 3),
+        CnnBlueprint::Attention => 2 * c * attention::reduced(channels) as u64,
+        CnnBlueprint::Norm => 0,
+        // 3×3 depthwise (one input channel per output), then 1×1 pointwise.
+        CnnBlueprint::Depthwise => conv(1, c, 3) + conv(c, c, 1),
+        CnnBlueprint::Bottleneck => {
+            let b = bottleneck::width(channels) as u64;
+            conv(c, b, 1) + conv(b, b, 3) + conv(b, c, 1)
+        }
+    }
+}
+
 /// `P`: parameters of one env's `bp` module at `channels` (the spec's counts, kasmina §7.1).
 pub fn param_count(bp: CnnBlueprint, channels: usize) -> usize {
     layout(bp, channels).param_count()

@@ -603,3 +603,20 @@ fn conv_unit_backward_in_runs_equals_the_op_by_op_backward() {
         assert!(nonzero > in_runs.grad_params.len() / 2, "{name}: {nonzero} nonzero parameter gradients");
     }
 }
+
+/// Hand-derived: at 8 channels on 32×32 (1,024 positions), a 3×3 conv 8 → 8 is 9·1024·64 = 589,824
+/// multiply-adds; the attention squeeze is 8 → 2 → 8; the bottleneck's width is max(8, 8/4) = 8.
+#[test]
+fn forward_macs_count_each_blueprints_convolutions_and_linears() {
+    use CnnBlueprint::*;
+    let macs = |bp| super::forward_macs(bp, 8, 32, 32);
+    assert_eq!(macs(ConvSmall), 65_536);
+    assert_eq!(macs(ConvLight), 589_824);
+    assert_eq!(macs(ConvHeavy), 1_179_648);
+    assert_eq!(macs(Attention), 32);
+    assert_eq!(macs(Norm), 0);
+    assert_eq!(macs(Depthwise), 73_728 + 65_536);
+    assert_eq!(macs(Bottleneck), 65_536 + 589_824 + 65_536);
+    // Not square: h·w positions.
+    assert_eq!(super::forward_macs(ConvLight, 16, 8, 4), 9 * 32 * 256);
+}
