@@ -53,7 +53,7 @@ extern "C" __global__ void gather_test_f32(
 // The per-env sums of a step, f64: the training epoch's [0, E) Σ batch losses and [E, 2E) Σ correct
 // (a buffer of their own, copied into the step's read-back at its end); each validation pass's
 // [2E, 3E) correct, [3E, 4E) total, [4E, 5E) Σ batch-mean losses and [5E, 6E) batches, in a view of the
-// read-back that starts 4E further per pass. Counts are whole numbers far below 2^53, so f64 holds
+// validation's sums buffer that starts 4E further per pass (copied into the step's read-back). Counts are whole numbers far below 2^53, so f64 holds
 // them exactly.
 
 // One training batch into the epoch's sums ([2, E]): Σ loss += loss[e] (f64, batches in order),

@@ -141,6 +141,7 @@ impl<S: Clone + PartialEq, G: Replay> EpochGraphs<S, G> {
             return EpochRun::Replay;
         }
         if self.last_eager.as_ref() == Some(shape) {
+            self.last_eager = None;
             return EpochRun::Capture;
         }
         self.last_eager = Some(shape.clone());
@@ -211,7 +212,8 @@ mod tests {
         assert_eq!(graphs.launch().unwrap().len(), 2);
         assert_eq!(graphs.captured[0].graph.0, 2, "b's graph replayed twice");
         assert_eq!(graphs.captured[1].graph.0, 0, "a's never");
-        // Four more shapes: the least recently used (a) goes, b (used last) stays.
+        // Three more shapes: five kept is one too many, so the least recently used (a) goes and b
+        // (used last) stays.
         for n in 3..=5 {
             graphs.store(captured(shape(n)));
         }
