@@ -18,7 +18,7 @@ use cudarc::driver::{CudaEvent, CudaSlice, PushKernelArg};
 use super::epoch_graph::{CapturedEpoch, EpochGraphs, EpochRun, EpochShape, ValidationShape};
 use super::host::DeviceHost;
 use super::parity::{Device, ParityError, elementwise};
-use super::slot::DeviceSlot;
+use super::slot::{DeviceSlot, StatsTaken};
 use crate::data::{Batcher, Dataset, PAD_LABEL};
 use crate::host::SeedMode;
 use crate::host::train::{SeedGradStats, ValTotals};
@@ -250,10 +250,6 @@ impl CudaHostBackend {
         let stream = self.device.stream.clone();
         self.train_events.0.record(&stream)?;
         stream.memset_zeros(&mut self.epoch_sums)?;
-        // Statistics are kept only for slots with a collection batch this epoch (Trainer::clear_stats).
-        for k in 0..self.slot_ids.len() {
-            self.host.slot_mut(k).expect("every slot id has its slot").clear_stats();
-        }
         let sharding = batcher.sharding();
         assert_eq!(
             (sharding.n_envs, sharding.batch_per_env),
@@ -282,44 +278,25 @@ impl CudaHostBackend {
             data_uploads: self.data_uploads,
             slots: self.host.slots().map(DeviceSlot::launch_key).collect(),
         };
-        match self.graphs.plan(&shape) {
-            EpochRun::Eager => {
-                self.epoch_batches(data, n_batches)?;
-                self.report.train_run = Some(GraphUse::Launches);
+        let run = |b: &mut Self| {
+            // Statistics are kept only for slots with a collection batch this epoch (Trainer::clear_stats;
+            // host-side only: nothing launches, so it may run inside a capture).
+            for k in 0..b.slot_ids.len() {
+                b.host.slot_mut(k).expect("every slot id has its slot").clear_stats();
             }
-            EpochRun::Replay => {
-                let stats = self.graphs.launch()?;
-                // What the epoch's host code would have noted (the replay ran none of it).
-                for (k, taken) in stats.iter().enumerate() {
-                    self.host.slot_mut(k).expect("every slot id has its slot").restore_stats_taken(taken);
-                }
-                self.report.graph_replays += 1;
-                self.report.train_run = Some(GraphUse::Replayed);
+            b.epoch_batches(data, n_batches)
+        };
+        let notes = |b: &Self| b.host.slots().map(DeviceSlot::stats_taken).collect();
+        let (used, kept) = self.run_stage(|b| &mut b.graphs, shape, "training epoch", &run, notes)?;
+        if let Some(stats) = kept {
+            // What the epoch's host code would have noted (the replay ran none of it).
+            for (k, taken) in stats.iter().enumerate() {
+                self.host.slot_mut(k).expect("every slot id has its slot").restore_stats_taken(taken);
             }
-            EpochRun::Capture => match self.capture(|b| b.epoch_batches(data, n_batches)) {
-                Ok(graph) => {
-                    graph.launch()?;
-                    let stats = self.host.slots().map(DeviceSlot::stats_taken).collect();
-                    self.graphs.store(CapturedEpoch::new(shape, graph, stats));
-                    self.report.graph_captures += 1;
-                    self.report.train_run = Some(GraphUse::Captured);
-                }
-                Err(why) => {
-                    // Nothing captured ran: the epoch runs launch by launch, and so do the next ones.
-                    eprintln!(
-                        "esper-ecs: capturing the training epoch into a CUDA graph failed ({why}); epochs \
-                         run launch by launch from now on"
-                    );
-                    self.graphs.fail(why.to_string());
-                    self.report.graph_failures += 1;
-                    for k in 0..self.slot_ids.len() {
-                        self.host.slot_mut(k).expect("every slot id has its slot").clear_stats();
-                    }
-                    self.epoch_batches(data, n_batches)?;
-                    self.report.train_run = Some(GraphUse::CaptureFailed);
-                }
-            },
         }
+        self.report.train_run = Some(used);
+        let r = &mut self.report;
+        count_graph_use(used, &mut r.graph_replays, &mut r.graph_captures, &mut r.graph_failures);
         // Nothing is read back here: the sums and statistics come back with the validation pass's.
         self.train_events.1.record(&stream)?;
         self.pending = Some(self.pending_epoch(n_batches));
@@ -389,6 +366,48 @@ impl CudaHostBackend {
             }
         }
         Ok(())
+    }
+
+    /// Runs one stage's launches (`run`: the training epoch's or the validation pass's) as its graphs
+    /// (`graphs`) say for `shape`: replayed from a kept graph (returning what the stage's host code
+    /// noted when it was captured), captured and launched (keeping `notes` of it), or launch by launch
+    /// — also when a capture fails, which turns that stage's graphs off (one line on stderr).
+    fn run_stage<S: Clone + PartialEq>(
+        &mut self,
+        graphs: fn(&mut Self) -> &mut EpochGraphs<S>,
+        shape: S,
+        what: &str,
+        run: &dyn Fn(&mut Self) -> Result<(), ParityError>,
+        notes: impl Fn(&Self) -> Vec<StatsTaken>,
+    ) -> Result<(GraphUse, Option<Vec<StatsTaken>>), ParityError> {
+        match graphs(self).plan(&shape) {
+            EpochRun::Eager => {
+                run(self)?;
+                Ok((GraphUse::Launches, None))
+            }
+            EpochRun::Replay => {
+                let kept = graphs(self).launch()?.to_vec();
+                Ok((GraphUse::Replayed, Some(kept)))
+            }
+            EpochRun::Capture => match self.capture(|b| run(b)) {
+                Ok(graph) => {
+                    graph.launch()?;
+                    let kept = notes(self);
+                    graphs(self).store(CapturedEpoch::new(shape, graph, kept));
+                    Ok((GraphUse::Captured, None))
+                }
+                Err(why) => {
+                    // Nothing captured ran: this one runs launch by launch, and so do the next ones.
+                    eprintln!(
+                        "esper-ecs: capturing the {what} into a CUDA graph failed ({why}); it runs launch by \
+                         launch from now on"
+                    );
+                    graphs(self).fail(why.to_string());
+                    run(self)?;
+                    Ok((GraphUse::CaptureFailed, None))
+                }
+            },
+        }
     }
 
     /// Captures what `run` launches into a graph (nothing runs: the caller launches the graph). The
@@ -630,35 +649,22 @@ impl CudaHostBackend {
             data_uploads: self.data_uploads,
             slots: self.host.slots().map(DeviceSlot::eval_launch_key).collect(),
         };
-        match self.validation_graphs.plan(&shape) {
-            EpochRun::Eager => {
-                self.validation_batches(&shape)?;
-                self.report.validation_run = Some(GraphUse::Launches);
-            }
-            EpochRun::Replay => {
-                self.validation_graphs.launch()?;
-                self.report.validation_graph_replays += 1;
-                self.report.validation_run = Some(GraphUse::Replayed);
-            }
-            EpochRun::Capture => match self.capture(|b| b.validation_batches(&shape)) {
-                Ok(graph) => {
-                    graph.launch()?;
-                    self.validation_graphs.store(CapturedEpoch::new(shape, graph, Vec::new()));
-                    self.report.validation_graph_captures += 1;
-                    self.report.validation_run = Some(GraphUse::Captured);
-                }
-                Err(why) => {
-                    eprintln!(
-                        "esper-ecs: capturing the validation pass into a CUDA graph failed ({why}); passes \
-                         run launch by launch from now on"
-                    );
-                    self.validation_graphs.fail(why.to_string());
-                    self.report.graph_failures += 1;
-                    self.validation_batches(&shape)?;
-                    self.report.validation_run = Some(GraphUse::CaptureFailed);
-                }
-            },
-        }
+        let run = |b: &mut Self| b.validation_batches(&shape);
+        let (used, _) = self.run_stage(
+            |b| &mut b.validation_graphs,
+            shape.clone(),
+            "validation pass",
+            &run,
+            |_| Vec::new(),
+        )?;
+        self.report.validation_run = Some(used);
+        let r = &mut self.report;
+        count_graph_use(
+            used,
+            &mut r.validation_graph_replays,
+            &mut r.validation_graph_captures,
+            &mut r.graph_failures,
+        );
         // The step's one read-back: the pass's sums, with the epoch's.
         self.validate_events.1.record(&stream)?;
         let sums = self.read_back(needed - 2 * envs)?;
@@ -679,6 +685,16 @@ impl CudaHostBackend {
         }
         counterfactuals_into(&self.configs, &totals, &mut self.results);
         Ok(())
+    }
+}
+
+/// One stage's graph use into its counters.
+fn count_graph_use(used: GraphUse, replays: &mut u64, captures: &mut u64, failures: &mut u64) {
+    match used {
+        GraphUse::Replayed => *replays += 1,
+        GraphUse::Captured => *captures += 1,
+        GraphUse::CaptureFailed => *failures += 1,
+        GraphUse::Launches => {}
     }
 }
 
