@@ -18,7 +18,7 @@ use cudarc::driver::{CudaEvent, CudaSlice, PushKernelArg};
 use super::epoch_graph::{CapturedEpoch, EpochGraphs, EpochRun, EpochShape, ValidationShape};
 use super::host::DeviceHost;
 use super::parity::{Device, ParityError, elementwise};
-use super::slot::{DeviceSlot, StatsTaken};
+use super::slot::{DeviceSlot, StatsTaken, blueprints};
 use crate::data::{Batcher, Dataset, PAD_LABEL};
 use crate::host::SeedMode;
 use crate::host::train::{SeedGradStats, ValTotals};
@@ -286,12 +286,12 @@ impl CudaHostBackend {
             }
             b.epoch_batches(data, n_batches)
         };
-        let notes = |b: &Self| b.host.slots().map(DeviceSlot::stats_taken).collect();
+        let notes = |b: &Self| b.host.slots().map(|slot| slot.taken).collect();
         let (used, kept) = self.run_stage(|b| &mut b.graphs, shape, "training epoch", &run, notes)?;
         if let Some(stats) = kept {
             // What the epoch's host code would have noted (the replay ran none of it).
             for (k, taken) in stats.iter().enumerate() {
-                self.host.slot_mut(k).expect("every slot id has its slot").restore_stats_taken(taken);
+                self.host.slot_mut(k).expect("every slot id has its slot").taken = *taken;
             }
         }
         self.report.train_run = Some(used);
@@ -462,14 +462,14 @@ impl CudaHostBackend {
             stats.len() - 1
         };
         let slots: Vec<&DeviceSlot> = self.host.slots().collect();
-        if slots.iter().any(|s| s.took_stats) {
+        if slots.iter().any(|s| s.taken.took_stats) {
             push(&mut stats, StatSource::Host, envs);
         }
         for (k, slot) in slots.iter().enumerate() {
-            if !slot.took_stats {
+            if !slot.taken.took_stats {
                 continue;
             }
-            let gate = match (slot.gate_collected, slot.gate()) {
+            let gate = match (slot.taken.gate_collected, slot.gate()) {
                 (true, Some(gate)) => {
                     let layout = *gate.rows.layout();
                     Some(push(
@@ -480,10 +480,8 @@ impl CudaHostBackend {
                 }
                 _ => None,
             };
-            let seeds: Vec<(CnnBlueprint, usize)> = slot
-                .collected
-                .iter()
-                .map(|&blueprint| {
+            let seeds: Vec<(CnnBlueprint, usize)> = blueprints(slot.taken.collected)
+                .map(|blueprint| {
                     let module = slot.module(blueprint).expect("a collected blueprint has its module");
                     let layout = *module.rows.layout();
                     let source = StatSource::Seed { slot: k, blueprint, layout };

@@ -49,6 +49,8 @@ pub struct DeviceSlot {
     gate_no_grad: CudaSlice<u8>,
     gate_steps: CudaSlice<u8>,
     state: Vec<SeedEnvState>,
+    /// What the states, together, make the slot launch (derived when a state changes, not per batch).
+    roles: SlotRoles,
     /// The controls below no longer match `state`.
     dirty: bool,
     /// `[E]`: each env's alpha and mode code.
@@ -72,12 +74,66 @@ pub struct DeviceSlot {
     sq_norms: CudaSlice<f64>,
     clip: CudaSlice<f64>,
     sgd: SgdConfig,
-    /// Whether the last collection batch took statistics at this slot (some env holds a seed that
-    /// collects, trained or not: a frozen one reports empty norms), the blueprints whose norms it took
-    /// (see [`Self::collect`]), and whether it took the gates'.
-    pub took_stats: bool,
-    pub collected: Vec<CnnBlueprint>,
-    pub gate_collected: bool,
+    /// What the last collection batch noted (see [`Self::collect`]).
+    pub taken: StatsTaken,
+}
+
+/// Bit `bp − 1` of a blueprint mask.
+fn bit(bp: CnnBlueprint) -> u8 {
+    1 << (bp as u8 - 1)
+}
+
+/// The blueprints of `mask`, in [`CnnBlueprint::ALL`] order.
+pub fn blueprints(mask: u8) -> impl Iterator<Item = CnnBlueprint> {
+    CnnBlueprint::ALL.into_iter().filter(move |&bp| mask & bit(bp) != 0)
+}
+
+/// What a slot's envs, together, make it launch: whether it runs in a training and in an evaluation
+/// forward and which blueprints run there (some env holds it in a mode that runs), which blueprints
+/// some env trains, whether some env blends through its gate, gives its gate a gradient, steps it,
+/// and what a collection batch takes (some env collects; the blueprints some env collects for and
+/// trains; the gate's, when a collecting env's gate gets a gradient). Blueprint sets are masks
+/// ([`blueprints`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct SlotRoles {
+    runs_train: bool,
+    runs_eval: bool,
+    running_train: u8,
+    running_eval: u8,
+    trained: u8,
+    gated: bool,
+    gate_grad: bool,
+    gate_step: bool,
+    collecting: u8,
+    takes_stats: bool,
+    gate_collects: bool,
+}
+
+impl SlotRoles {
+    fn of(states: &[SeedEnvState]) -> Self {
+        let mut r = Self::default();
+        for s in states {
+            let (train, eval) = (s.mode.runs_in(true), s.mode.runs_in(false));
+            r.runs_train |= train;
+            r.runs_eval |= eval;
+            r.gated |= s.mode == SeedMode::Gate;
+            r.gate_grad |= s.gate_grad;
+            r.gate_step |= s.gate_step && s.gate_grad;
+            let Some(bp) = s.blueprint else { continue };
+            let b = bit(bp);
+            r.running_train |= if train { b } else { 0 };
+            r.running_eval |= if eval { b } else { 0 };
+            r.trained |= if s.train_seed { b } else { 0 };
+            r.collecting |= if s.collect_stats && s.train_seed { b } else { 0 };
+            r.takes_stats |= s.collect_stats;
+            r.gate_collects |= s.collect_stats && s.gate_grad;
+        }
+        r
+    }
+
+    fn running(&self, train: bool) -> u8 {
+        if train { self.running_train } else { self.running_eval }
+    }
 }
 
 /// What decides a slot's launches in a training step — whether it runs, which blueprints run, train
@@ -96,14 +152,14 @@ pub struct SlotLaunchKey {
     runs: bool,
     gated: bool,
     has_gate: bool,
-    /// Bit `bp − 1` for each blueprint.
+    /// Blueprint masks ([`blueprints`]).
     running: u8,
     trained: u8,
     gate_grad: bool,
     gate_step: bool,
-    collected: u8,
-    took_stats: bool,
-    gate_collected: bool,
+    collecting: u8,
+    takes_stats: bool,
+    gate_collects: bool,
 }
 
 /// What decides a slot's launches in an evaluation forward: whether it runs, which blueprints run,
@@ -119,11 +175,13 @@ pub struct EvalLaunchKey {
     eval_passes: usize,
 }
 
-/// What a collection batch notes on the host side of a slot (see [`DeviceSlot::stats_taken`]).
-#[derive(Clone, Debug, Default, PartialEq)]
+/// What a collection batch notes on the host side of a slot ([`DeviceSlot::taken`]): whether it took
+/// statistics here (some env holds a seed that collects, trained or not: a frozen one reports empty
+/// norms), the blueprints whose norms it took (a mask, [`blueprints`]), and whether it took the gate's.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct StatsTaken {
     pub took_stats: bool,
-    pub collected: Vec<CnnBlueprint>,
+    pub collected: u8,
     pub gate_collected: bool,
 }
 
@@ -141,6 +199,7 @@ impl DeviceSlot {
             gate_no_grad: stream.alloc_zeros::<u8>(envs)?,
             gate_steps: stream.alloc_zeros::<u8>(envs)?,
             state: vec![SeedEnvState::default(); envs],
+            roles: SlotRoles::default(),
             dirty: true,
             alpha: stream.alloc_zeros::<f32>(envs)?,
             mode: stream.alloc_zeros::<u8>(envs)?,
@@ -157,9 +216,7 @@ impl DeviceSlot {
             sq_norms: stream.alloc_zeros::<f64>(envs)?,
             clip: stream.alloc_zeros::<f64>(envs)?,
             sgd: SgdConfig::SEED,
-            took_stats: false,
-            collected: Vec::new(),
-            gate_collected: false,
+            taken: StatsTaken::default(),
         })
     }
 
@@ -170,9 +227,14 @@ impl DeviceSlot {
     /// Env `env`'s seed state this epoch (its mode decides what the forward and backward do).
     pub fn set_state(&mut self, env: usize, state: SeedEnvState) {
         mode_code(state.mode);
-        if self.state[env] != state {
-            self.state[env] = state;
+        let old = std::mem::replace(&mut self.state[env], state);
+        if old != state {
             self.dirty = true;
+            // Alpha lives in a device buffer: only the rest decides the roles.
+            let roles_changed = SeedEnvState { alpha: state.alpha, ..old } != state;
+            if roles_changed {
+                self.roles = SlotRoles::of(&self.state);
+            }
         }
     }
 
@@ -218,11 +280,6 @@ impl DeviceSlot {
         Ok(())
     }
 
-    /// Some env blends through its gate.
-    fn gated(&self) -> bool {
-        self.state.iter().any(|s| s.mode == SeedMode::Gate)
-    }
-
     /// The module of `bp`, if some env ever held it.
     pub fn module(&self, bp: CnnBlueprint) -> Option<&DeviceSeed> {
         self.modules[bp as usize - 1].as_ref()
@@ -234,104 +291,41 @@ impl DeviceSlot {
 
     /// Any env's seed takes part in a forward (as [`crate::host::SlotParams::any_active_in`]).
     pub fn runs(&self, train: bool) -> bool {
-        self.state.iter().any(|s| s.mode.runs_in(train))
+        if train { self.roles.runs_train } else { self.roles.runs_eval }
     }
 
-    /// Which blueprints run in a forward: some env holds it in a mode that runs.
-    fn running(&self, train: bool) -> impl Iterator<Item = CnnBlueprint> + '_ {
-        CnnBlueprint::ALL
-            .into_iter()
-            .filter(move |&bp| self.state.iter().any(|s| s.blueprint == Some(bp) && s.mode.runs_in(train)))
-    }
-
-    /// What the last collection batch noted on the host ([`Self::took_stats`], [`Self::collected`],
-    /// [`Self::gate_collected`]).
-    pub fn stats_taken(&self) -> StatsTaken {
-        StatsTaken {
-            took_stats: self.took_stats,
-            collected: self.collected.clone(),
-            gate_collected: self.gate_collected,
-        }
-    }
-
-    /// Puts back what a collection batch notes on the host: after an epoch replayed from a CUDA graph,
-    /// which runs the kernels but none of the code that notes it.
-    pub fn restore_stats_taken(&mut self, taken: &StatsTaken) {
-        self.took_stats = taken.took_stats;
-        self.collected.clone_from(&taken.collected);
-        self.gate_collected = taken.gate_collected;
-    }
-
-    /// What decides this slot's launches in a training step (see [`SlotLaunchKey`]), from the same
-    /// predicates the forward, backward, collection and optimizer use.
+    /// What decides this slot's launches in a training step (see [`SlotLaunchKey`]): its roles.
     pub fn launch_key(&self) -> SlotLaunchKey {
-        let mask =
-            |bps: &mut dyn Iterator<Item = CnnBlueprint>| bps.fold(0u8, |m, bp| m | 1 << (bp as u8 - 1));
+        let r = self.roles;
         SlotLaunchKey {
-            runs: self.runs(true),
-            gated: self.gated(),
+            runs: r.runs_train,
+            gated: r.gated,
             has_gate: self.gate.is_some(),
-            running: mask(&mut self.running(true)),
-            trained: mask(&mut self.trained()),
-            gate_grad: self.gate_grads(),
-            gate_step: self.gates_step(),
-            collected: mask(&mut self.collecting()),
-            took_stats: self.takes_stats(),
-            gate_collected: self.gate_collects(),
+            running: r.running_train,
+            trained: r.trained,
+            gate_grad: r.gate_grad,
+            gate_step: r.gate_step,
+            collecting: r.collecting,
+            takes_stats: r.takes_stats,
+            gate_collects: r.gate_collects,
         }
     }
 
     /// What decides this slot's launches in an evaluation forward (see [`EvalLaunchKey`]).
     pub fn eval_launch_key(&self) -> EvalLaunchKey {
         EvalLaunchKey {
-            runs: self.runs(false),
-            gated: self.gated(),
+            runs: self.roles.runs_eval,
+            gated: self.roles.gated,
             has_gate: self.gate.is_some(),
-            running: self.running(false).fold(0u8, |m, bp| m | 1 << (bp as u8 - 1)),
+            running: self.roles.running_eval,
             eval_holds_len: self.eval_holds.len(),
             eval_passes: self.eval_passes,
         }
     }
 
-    /// The blueprints some env trains: their backward, norms and SGD run.
-    fn trained(&self) -> impl Iterator<Item = CnnBlueprint> + '_ {
-        CnnBlueprint::ALL
-            .into_iter()
-            .filter(|&bp| self.state.iter().any(|s| s.blueprint == Some(bp) && s.train_seed))
-    }
-
-    /// Some env's gate gets a gradient.
-    fn gate_grads(&self) -> bool {
-        self.state.iter().any(|s| s.gate_grad)
-    }
-
-    /// Some env's gate takes SGD steps.
-    fn gates_step(&self) -> bool {
-        self.state.iter().any(|s| s.gate_step && s.gate_grad)
-    }
-
-    /// The blueprints whose norms a collection batch takes: some env collects for and trains it.
-    fn collecting(&self) -> impl Iterator<Item = CnnBlueprint> + '_ {
-        CnnBlueprint::ALL.into_iter().filter(|&bp| {
-            self.state.iter().any(|s| s.blueprint == Some(bp) && s.collect_stats && s.train_seed)
-        })
-    }
-
-    /// A collection batch takes statistics here: some env holds a seed that collects.
-    fn takes_stats(&self) -> bool {
-        self.state.iter().any(|s| s.blueprint.is_some() && s.collect_stats)
-    }
-
-    /// A collection batch takes the gate's norms: some env collects with a gate gradient.
-    fn gate_collects(&self) -> bool {
-        self.state.iter().any(|s| s.blueprint.is_some() && s.collect_stats && s.gate_grad)
-    }
-
     /// Forget the statistics of an earlier epoch (`Trainer::clear_stats`).
     pub fn clear_stats(&mut self) {
-        self.took_stats = false;
-        self.collected.clear();
-        self.gate_collected = false;
+        self.taken = StatsTaken::default();
     }
 
     /// Uploads the per-env controls when the states changed (a forward does it first; a training
@@ -424,11 +418,10 @@ impl DeviceSlot {
             launch.arg(&dims[0]).arg(&dims[1]).arg(&dims[2]);
             unsafe { launch.launch(elementwise(len)) }?;
         }
-        if self.gated() {
+        if self.roles.gated {
             self.gate.as_mut().expect("a GATE seed has its gate").forward(device, h)?;
         }
-        let running: Vec<CnnBlueprint> = self.running(train).collect();
-        for bp in running {
+        for bp in blueprints(self.roles.running(train)) {
             let module = self.modules[bp as usize - 1].as_mut().expect("a held blueprint has its module");
             module.forward(device, conv, h, &mut self.s)?;
             let at = match pass {
@@ -475,14 +468,14 @@ impl DeviceSlot {
         launch.arg(&dims[0]).arg(&dims[1]).arg(&dims[2]);
         unsafe { launch.launch(elementwise(len)) }?;
         // The gate's gradient (GATE envs), then its parameters' for the envs whose gate gets one.
-        if self.gated() {
+        if self.roles.gated {
             let gate = self.gate.as_ref().expect("a GATE seed has its gate");
             let mut launch = device.stream.launch_builder(device.function("slot_gate_grad_f32"));
             launch.arg(grad_y).arg(h).arg(&self.s_mine).arg(&self.alpha).arg(&gate.gate).arg(&self.mode);
             launch.arg(&mut self.dg).arg(&dims[0]).arg(&dims[1]).arg(&dims[2]);
             unsafe { launch.launch(elementwise(d.envs * d.batch)) }?;
         }
-        if self.gate_grads() {
+        if self.roles.gate_grad {
             let gate = self.gate.as_mut().expect("a gate with a gradient exists");
             gate.backward(device, &self.dg)?;
             let envs32 = d.envs as u32;
@@ -493,9 +486,8 @@ impl DeviceSlot {
                 unsafe { launch.launch(elementwise(n)) }?;
             }
         }
-        let trained: Vec<CnnBlueprint> = self.trained().collect();
         let envs32 = d.envs as u32;
-        for bp in trained {
+        for bp in blueprints(self.roles.trained) {
             let module = self.modules[bp as usize - 1].as_mut().expect("a held blueprint has its module");
             module.backward(device, conv, h, &self.ds)?;
             let mask = self.not_trains.slice((bp as usize - 1) * d.envs..(bp as usize) * d.envs);
@@ -514,15 +506,17 @@ impl DeviceSlot {
     /// optimizer clips): each blueprint that an env collects for and trains gets its per-tensor squared
     /// norms ([`DeviceSeed::stat_sq`]), listed in [`Self::collected`].
     pub fn collect(&mut self, device: &Device) -> R {
-        let collected: Vec<CnnBlueprint> = self.collecting().collect();
-        for &bp in &collected {
+        let r = self.roles;
+        for bp in blueprints(r.collecting) {
             let module = self.modules[bp as usize - 1].as_mut().expect("a held blueprint has its module");
             module.rows.collect_sq_norms(device)?;
         }
-        self.collected = collected;
-        self.took_stats = self.takes_stats();
-        self.gate_collected = self.gate_collects();
-        if self.gate_collected {
+        self.taken = StatsTaken {
+            took_stats: r.takes_stats,
+            collected: r.collecting,
+            gate_collected: r.gate_collects,
+        };
+        if r.gate_collects {
             self.gate.as_mut().expect("a gate with a gradient exists").rows.collect_sq_norms(device)?;
         }
         Ok(())
@@ -533,9 +527,8 @@ impl DeviceSlot {
     pub fn step(&mut self, device: &Device) -> R {
         let d = self.dims;
         let stream = &device.stream;
-        let trained: Vec<CnnBlueprint> = self.trained().collect();
-        let gate_grads = self.gate_grads();
-        if trained.is_empty() && !gate_grads {
+        let (trained, gate_grads) = (self.roles.trained, self.roles.gate_grad);
+        if trained == 0 && !gate_grads {
             return Ok(());
         }
         stream.memset_zeros(&mut self.sq_norms)?;
@@ -545,7 +538,7 @@ impl DeviceSlot {
             (true, Some(gate)) => gate.rows.grads.iter().collect::<Vec<_>>(),
             _ => Vec::new(),
         };
-        let seed_tensors = trained.iter().flat_map(|&bp| {
+        let seed_tensors = blueprints(trained).flat_map(|bp| {
             self.modules[bp as usize - 1]
                 .as_ref()
                 .expect("a trained blueprint has its module")
@@ -557,7 +550,7 @@ impl DeviceSlot {
             ops::add_sq_norms(device, g, &mut self.norm_partial, &mut self.sq_norms.slice_mut(..))?;
         }
         ops::clip_factors(device, &self.sq_norms, &mut self.clip)?;
-        if let (true, Some(gate)) = (self.gates_step(), &mut self.gate) {
+        if let (true, Some(gate)) = (self.roles.gate_step, &mut self.gate) {
             let rows = &mut gate.rows;
             let active = self.gate_steps.slice(..);
             ops::scale_and_step(
@@ -570,7 +563,7 @@ impl DeviceSlot {
                 self.sgd,
             )?;
         }
-        for bp in trained {
+        for bp in blueprints(trained) {
             let active = self.trains.slice((bp as usize - 1) * d.envs..(bp as usize) * d.envs);
             let module = self.modules[bp as usize - 1].as_mut().expect("a trained blueprint has its module");
             let rows = &mut module.rows;
