@@ -52,18 +52,19 @@ fn in_place(device: &Device, kernel: &str, x: &mut CudaSlice<f32>, n: usize) -> 
     Ok(())
 }
 
-/// An activation's backward `(y, dy, dx, n)` from its output `y`.
-fn activation_backward(
+/// An element-wise kernel `(a, b, out, n)` of two inputs: an activation's backward from its output
+/// and the output gradient, or a sum.
+fn binary(
     device: &Device,
     kernel: &str,
-    y: &CudaSlice<f32>,
-    dy: &CudaSlice<f32>,
-    dx: &mut CudaSlice<f32>,
+    a: &CudaSlice<f32>,
+    b: &CudaSlice<f32>,
+    out: &mut CudaSlice<f32>,
     n: usize,
 ) -> R {
     let n64 = n as u64;
     let mut launch = device.stream.launch_builder(device.function(kernel));
-    launch.arg(y).arg(dy).arg(dx).arg(&n64);
+    launch.arg(a).arg(b).arg(out).arg(&n64);
     unsafe { launch.launch(elementwise(n)) }?;
     Ok(())
 }
@@ -81,16 +82,12 @@ pub fn relu_backward(
     dx: &mut CudaSlice<f32>,
     n: usize,
 ) -> R {
-    activation_backward(device, "relu_backward_f32", y, dy, dx, n)
+    binary(device, "relu_backward_f32", y, dy, dx, n)
 }
 
 /// `out = a + b` over `n` values.
 pub fn add(device: &Device, a: &CudaSlice<f32>, b: &CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize) -> R {
-    let n64 = n as u64;
-    let mut launch = device.stream.launch_builder(device.function("add_f32"));
-    launch.arg(a).arg(b).arg(out).arg(&n64);
-    unsafe { launch.launch(elementwise(n)) }?;
-    Ok(())
+    binary(device, "add_f32", a, b, out, n)
 }
 
 /// Group norm forward with the statistics saved (`[E, B, G]` each).
@@ -269,7 +266,7 @@ pub fn sigmoid_backward(
     dx: &mut CudaSlice<f32>,
     n: usize,
 ) -> R {
-    activation_backward(device, "sigmoid_backward_f32", y, dy, dx, n)
+    binary(device, "sigmoid_backward_f32", y, dy, dx, n)
 }
 
 /// `y[p, :] = x[p, :]·scale[p]` over `planes` planes of `plane` values.
