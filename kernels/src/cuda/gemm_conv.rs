@@ -15,7 +15,7 @@
 //! `round_to_bf16`) and one `cublasGemmStridedBatchedEx` sums their products into f32. The results,
 //! the gradients and the weights the optimizer keeps stay f32.
 
-use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
+use cudarc::cublas::sys::cublasOperation_t::{self, CUBLAS_OP_N, CUBLAS_OP_T};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasMath_t, cudaDataType_t};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
@@ -201,24 +201,7 @@ impl GemmConv {
         self.im2col(device, d, x)?;
         let (k, n, c_out) = (col_rows(d), col_columns(d), d.c_out);
         // Column-major Y'ᵀ (n × c_out) = colᵀ (n × k) · Wᵀ (k × c_out).
-        let cfg = StridedBatchedConfig {
-            gemm: GemmConfig {
-                transa: CUBLAS_OP_N,
-                transb: CUBLAS_OP_N,
-                m: n as i32,
-                n: c_out as i32,
-                k: k as i32,
-                alpha: 1.0f32,
-                lda: n as i32,
-                ldb: k as i32,
-                beta: 0.0f32,
-                ldc: n as i32,
-            },
-            batch_size: d.envs as i32,
-            stride_a: (k * n) as i64,
-            stride_b: (c_out * k) as i64,
-            stride_c: (c_out * n) as i64,
-        };
+        let cfg = batched(d.envs, CUBLAS_OP_N, CUBLAS_OP_N, n, c_out, k);
         match &mut self.bf16 {
             None => unsafe { self.blas.gemm_strided_batched(cfg, &self.col, weight, &mut self.rows) }?,
             Some(h) => {
@@ -244,24 +227,7 @@ impl GemmConv {
         self.im2col(device, d, x)?;
         let (k, n, c_out) = (col_rows(d), col_columns(d), d.c_out);
         // Column-major dWᵀ (k × c_out) = (colᵀ)ᵀ · dY'ᵀ, colᵀ stored n × k, dY'ᵀ stored n × c_out.
-        let cfg = StridedBatchedConfig {
-            gemm: GemmConfig {
-                transa: CUBLAS_OP_T,
-                transb: CUBLAS_OP_N,
-                m: k as i32,
-                n: c_out as i32,
-                k: n as i32,
-                alpha: 1.0f32,
-                lda: n as i32,
-                ldb: n as i32,
-                beta: 0.0f32,
-                ldc: k as i32,
-            },
-            batch_size: d.envs as i32,
-            stride_a: (k * n) as i64,
-            stride_b: (c_out * n) as i64,
-            stride_c: (c_out * k) as i64,
-        };
+        let cfg = batched(d.envs, CUBLAS_OP_T, CUBLAS_OP_N, k, c_out, n);
         match &self.bf16 {
             None => unsafe { self.blas.gemm_strided_batched(cfg, &self.col, &self.rows, grad_weight) }?,
             Some(h) => gemm_bf16(&self.blas, device, &cfg, &h.col, &h.rows, grad_weight)?,
@@ -284,24 +250,7 @@ impl GemmConv {
         self.dy_rows(device, d, dy)?;
         let (k, n, c_out) = (col_rows(d), col_columns(d), d.c_out);
         // Column-major dcolᵀ (n × k) = dY'ᵀ (n × c_out) · W (c_out × k), W stored as Wᵀ (k × c_out).
-        let cfg = StridedBatchedConfig {
-            gemm: GemmConfig {
-                transa: CUBLAS_OP_N,
-                transb: CUBLAS_OP_T,
-                m: n as i32,
-                n: k as i32,
-                k: c_out as i32,
-                alpha: 1.0f32,
-                lda: n as i32,
-                ldb: k as i32,
-                beta: 0.0f32,
-                ldc: n as i32,
-            },
-            batch_size: d.envs as i32,
-            stride_a: (c_out * n) as i64,
-            stride_b: (c_out * k) as i64,
-            stride_c: (k * n) as i64,
-        };
+        let cfg = batched(d.envs, CUBLAS_OP_N, CUBLAS_OP_T, n, k, c_out);
         match &mut self.bf16 {
             None => unsafe { self.blas.gemm_strided_batched(cfg, &self.rows, weight, &mut self.col) }?,
             Some(h) => {
@@ -323,6 +272,41 @@ impl GemmConv {
 }
 
 type R = Result<(), ParityError>;
+
+/// One GEMM per env over `envs` densely packed column-major matrices, `C (m × n) = op(A) (m × k) ·
+/// op(B) (k × n)` (`op` transposes when `trans` is `CUBLAS_OP_T`): the leading dimensions and strides
+/// follow from the shape.
+fn batched(
+    envs: usize,
+    transa: cublasOperation_t,
+    transb: cublasOperation_t,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> StridedBatchedConfig<f32> {
+    let lead = |trans: cublasOperation_t, rows: usize, cols: usize| match trans {
+        CUBLAS_OP_N => rows,
+        _ => cols,
+    } as i32;
+    StridedBatchedConfig {
+        gemm: GemmConfig {
+            transa,
+            transb,
+            m: m as i32,
+            n: n as i32,
+            k: k as i32,
+            alpha: 1.0f32,
+            lda: lead(transa, m, k),
+            ldb: lead(transb, k, n),
+            beta: 0.0f32,
+            ldc: m as i32,
+        },
+        batch_size: envs as i32,
+        stride_a: (m * k) as i64,
+        stride_b: (k * n) as i64,
+        stride_c: (m * n) as i64,
+    }
+}
 
 /// `cfg`'s strided-batched GEMM with `a` and `b` as bfloat16 bits and `c` in f32, the products summed
 /// in f32 (`cublasGemmStridedBatchedEx`, compute type 32F): what [`Gemm::gemm_strided_batched`] does for
@@ -370,4 +354,35 @@ fn gemm_bf16(
         )
     }?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The three GEMMs of a convolution with K = 3 column rows, B·P = 6 columns and 4 output channels,
+    /// as they were written out by hand: (lda, ldb, ldc) and the three strides.
+    #[test]
+    fn batched_gemms_take_their_leading_dimensions_and_strides_from_the_shape() {
+        let dims = |c: StridedBatchedConfig<f32>| {
+            let g = c.gemm;
+            ((g.m, g.n, g.k), (g.lda, g.ldb, g.ldc), (c.stride_a, c.stride_b, c.stride_c), c.batch_size)
+        };
+        let (k, n, c_out) = (3, 6, 4);
+        // Forward: Y'ᵀ (n × c_out) = colᵀ (n × k) · Wᵀ (k × c_out).
+        assert_eq!(
+            dims(batched(2, CUBLAS_OP_N, CUBLAS_OP_N, n, c_out, k)),
+            ((6, 4, 3), (6, 3, 6), (18, 12, 24), 2)
+        );
+        // Weight gradient: dWᵀ (k × c_out) = (colᵀ)ᵀ · dY'ᵀ.
+        assert_eq!(
+            dims(batched(2, CUBLAS_OP_T, CUBLAS_OP_N, k, c_out, n)),
+            ((3, 4, 6), (6, 6, 3), (18, 24, 12), 2)
+        );
+        // Input gradient: dcolᵀ (n × k) = dY'ᵀ (n × c_out) · W.
+        assert_eq!(
+            dims(batched(2, CUBLAS_OP_N, CUBLAS_OP_T, n, k, c_out)),
+            ((6, 3, 4), (6, 3, 6), (24, 12, 18), 2)
+        );
+    }
 }
