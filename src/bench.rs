@@ -29,7 +29,7 @@ use esper_components::{
     AlphaAlgorithm, AlphaController, BlendId, BlendStyle, Blueprint, BlueprintAction, SeedAlpha, SeedStage,
     SlotEvents, SlotIndex, SlotState, TaskPreset,
 };
-use esper_kernels::host::DeviceReport;
+use esper_kernels::host::{DeviceReport, GraphCounts};
 use esper_kernels::ops::precision::Precision;
 use esper_kernels::seeds::{CnnBlueprint, forward_macs};
 use esper_systems::host_resources::{Hosts, StepClock};
@@ -237,10 +237,8 @@ pub struct DeviceStep {
     pub syncs_per_step: f64,
     /// Timed steps whose training epoch was replayed from a CUDA graph, or captured into one; the same
     /// for the validation pass.
-    pub graph_replays: u64,
-    pub graph_captures: u64,
-    pub validation_graph_replays: u64,
-    pub validation_graph_captures: u64,
+    pub train_graphs: GraphCounts,
+    pub validation_graphs: GraphCounts,
 }
 
 impl DeviceStep {
@@ -254,10 +252,8 @@ impl DeviceStep {
             train_ms: median(|r| r.train_ms),
             validate_ms: median(|r| r.validate_ms),
             syncs_per_step: reports.iter().map(|r| r.syncs as f64).sum::<f64>() / reports.len() as f64,
-            graph_replays: reports.iter().map(|r| r.graph_replays).sum(),
-            graph_captures: reports.iter().map(|r| r.graph_captures).sum(),
-            validation_graph_replays: reports.iter().map(|r| r.validation_graph_replays).sum(),
-            validation_graph_captures: reports.iter().map(|r| r.validation_graph_captures).sum(),
+            train_graphs: GraphCounts::of(reports.iter().map(|r| r.train_run)),
+            validation_graphs: GraphCounts::of(reports.iter().map(|r| r.validation_run)),
         })
     }
 }
@@ -516,10 +512,10 @@ fn bench_envs(
                 100.0 * (d.train_ms + d.validate_ms) / step.median_ms,
                 d.syncs_per_step,
                 config.reps,
-                d.graph_replays,
-                d.graph_captures,
-                d.validation_graph_replays,
-                d.validation_graph_captures
+                d.train_graphs.replayed,
+                d.train_graphs.captured,
+                d.validation_graphs.replayed,
+                d.validation_graphs.captured
             ));
         }
         tiers.push(result);

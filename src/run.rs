@@ -15,7 +15,7 @@ use esper_components::{
     EnvIndex, EpisodeReturn, HostMetrics, LifecycleConfig, LifecycleTally, ScaffoldLedger, Topology,
 };
 use esper_kernels::data::{Batcher, Dataset};
-use esper_kernels::host::{CpuHostBackend, HostArch};
+use esper_kernels::host::{CpuHostBackend, GraphCounts, HostArch};
 use esper_kernels::observation::obs_dim;
 use esper_kernels::policy::network::PolicyShape;
 use esper_kernels::policy::ppo::PpoAgent;
@@ -76,14 +76,11 @@ pub struct DeviceRunReport {
     /// Device time (CUDA events) of the training epoch and the validation pass, mean per step, ms.
     pub train_ms_per_step: f64,
     pub validate_ms_per_step: f64,
-    /// Training epochs replayed from a CUDA graph, captured into one, and failed captures (after one,
-    /// the run goes on without graphs).
-    pub graph_replays: u64,
-    pub graph_captures: u64,
+    /// How the training epochs ran with respect to CUDA graphs (after a failed capture, the run goes
+    /// on without them).
+    pub train_graphs: GraphCounts,
     /// The same for the validation passes.
-    pub validation_graph_replays: u64,
-    pub validation_graph_captures: u64,
-    pub graph_failures: u64,
+    pub validation_graphs: GraphCounts,
 }
 
 impl DeviceRunReport {
@@ -94,11 +91,8 @@ impl DeviceRunReport {
         self.train_ms_per_step = mean(self.train_ms_per_step, step.train_ms);
         self.validate_ms_per_step = mean(self.validate_ms_per_step, step.validate_ms);
         self.max_syncs_in_a_step = self.max_syncs_in_a_step.max(step.syncs);
-        self.graph_replays += step.graph_replays;
-        self.graph_captures += step.graph_captures;
-        self.validation_graph_replays += step.validation_graph_replays;
-        self.validation_graph_captures += step.validation_graph_captures;
-        self.graph_failures += step.graph_failures;
+        self.train_graphs.add(step.train_run);
+        self.validation_graphs.add(step.validation_run);
         self.steps += 1;
     }
 }
@@ -745,18 +739,15 @@ fn print_table(plan: &RunPlan, s: &RunSummary) {
             d.syncs_per_step,
             d.max_syncs_in_a_step
         );
-        let failed = match d.graph_failures {
+        let (t, v) = (d.train_graphs, d.validation_graphs);
+        let failed = match t.capture_failed + v.capture_failed {
             0 => String::new(),
             _ => " (a capture failed: graphs off after it)".to_string(),
         };
         println!(
             "  device  from a CUDA graph: training epochs {} of {} ({} captured), validation passes {} ({} \
              captured){failed}",
-            d.graph_replays,
-            d.steps,
-            d.graph_captures,
-            d.validation_graph_replays,
-            d.validation_graph_captures
+            t.replayed, d.steps, t.captured, v.replayed, v.captured
         );
     }
     println!("  output {}", plan.out_dir.display());

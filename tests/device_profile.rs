@@ -73,7 +73,6 @@ impl HostBackend for ReportingCpu {
             validate_ms: VALIDATE_MS,
             train_run: Some(GraphUse::Replayed),
             validation_run: Some(GraphUse::Captured),
-            ..DeviceReport::default()
         })
     }
     fn take_device_report(&mut self) -> Option<DeviceReport> {

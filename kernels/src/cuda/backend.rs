@@ -295,8 +295,6 @@ impl CudaHostBackend {
             }
         }
         self.report.train_run = Some(used);
-        let r = &mut self.report;
-        count_graph_use(used, &mut r.graph_replays, &mut r.graph_captures, &mut r.graph_failures);
         // Nothing is read back here: the sums and statistics come back with the validation pass's.
         self.train_events.1.record(&stream)?;
         self.pending = Some(self.pending_epoch(n_batches));
@@ -656,13 +654,6 @@ impl CudaHostBackend {
             |_| Vec::new(),
         )?;
         self.report.validation_run = Some(used);
-        let r = &mut self.report;
-        count_graph_use(
-            used,
-            &mut r.validation_graph_replays,
-            &mut r.validation_graph_captures,
-            &mut r.graph_failures,
-        );
         // The step's one read-back: the pass's sums, with the epoch's.
         self.validate_events.1.record(&stream)?;
         let sums = self.read_back(needed - 2 * envs)?;
@@ -683,16 +674,6 @@ impl CudaHostBackend {
         }
         counterfactuals_into(&self.configs, &totals, &mut self.results);
         Ok(())
-    }
-}
-
-/// One stage's graph use into its counters.
-fn count_graph_use(used: GraphUse, replays: &mut u64, captures: &mut u64, failures: &mut u64) {
-    match used {
-        GraphUse::Replayed => *replays += 1,
-        GraphUse::Captured => *captures += 1,
-        GraphUse::CaptureFailed => *failures += 1,
-        GraphUse::Launches => {}
     }
 }
 

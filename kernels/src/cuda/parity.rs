@@ -19,7 +19,7 @@ use super::{DEFAULT_ARCH, KERNEL_FILES, KernelCache};
 use crate::data::{Batcher, SyntheticSpec, synthetic};
 use crate::host::train::{Trainer, ValTotals, accumulate_validation};
 use crate::host::{
-    CpuHostBackend, DeviceReport, FossilRow, HostArch, HostBackend, HostParams, HostWorkspace, ParamPrint,
+    CpuHostBackend, FossilRow, GraphCounts, HostArch, HostBackend, HostParams, HostWorkspace, ParamPrint,
     SeedBank, SeedEnvState, SeedMode, SlotSync, ValidationPlan,
 };
 use crate::ops::activation::{
@@ -1156,7 +1156,7 @@ fn graph_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), P
         compared += 1;
         differing += usize::from(a.to_bits() != b.to_bits());
     };
-    let mut report = DeviceReport::default();
+    let (mut epochs, mut validations) = (GraphCounts::default(), GraphCounts::default());
     for epoch in 1..=8u64 {
         if epoch == 4 {
             let (bp, state) = plan[2][2].expect("env 2 incubates at r0c2");
@@ -1212,11 +1212,8 @@ fn graph_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), P
             }
         }
         let step = graphed.take_device_report().expect("a device backend reports");
-        report.graph_captures += step.graph_captures;
-        report.graph_replays += step.graph_replays;
-        report.validation_graph_captures += step.validation_graph_captures;
-        report.validation_graph_replays += step.validation_graph_replays;
-        report.graph_failures += step.graph_failures;
+        epochs.add(step.train_run);
+        validations.add(step.validation_run);
     }
     let checksums = |b: &dyn HostBackend| {
         let (mut sums, mut prints) =
@@ -1239,7 +1236,7 @@ fn graph_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), P
         if sums_graphed == sums_eager { 0.0 } else { f64::INFINITY },
         0.0,
     ));
-    let counts = (report.graph_captures, report.graph_replays, report.graph_failures);
+    let counts = (epochs.captured, epochs.replayed, epochs.capture_failed);
     let why = graphed.graph_failure().map_or(String::new(), |w| format!(": {w}"));
     rows.push(ParityRow::new(
         "graph epochs: 2 captured, 4 replayed",
@@ -1248,7 +1245,7 @@ fn graph_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), P
         if counts == (2, 4, 0) { 0.0 } else { f64::INFINITY },
         0.0,
     ));
-    let counts = (report.validation_graph_captures, report.validation_graph_replays);
+    let counts = (validations.captured, validations.replayed);
     rows.push(ParityRow::new(
         "graph validations: 2 captured, 4 replayed",
         format!("the validation shapes' plan (got {counts:?})"),

@@ -114,15 +114,8 @@ pub struct DeviceReport {
     pub train_ms: f64,
     /// Device time of the validation passes, ms.
     pub validate_ms: f64,
-    /// Training epochs replayed from a CUDA graph, captured into one (then launched); the same for
-    /// validation passes; and captures that failed (that stage's graphs are off after one; it ran
-    /// launch by launch).
-    pub graph_replays: u64,
-    pub graph_captures: u64,
-    pub validation_graph_replays: u64,
-    pub validation_graph_captures: u64,
-    pub graph_failures: u64,
-    /// How the last training epoch and the last validation pass ran (None: none since the last take).
+    /// How the last training epoch and the last validation pass ran with respect to CUDA graphs (None:
+    /// none since the last take; a report is taken per step, so these are the step's).
     pub train_run: Option<GraphUse>,
     pub validation_run: Option<GraphUse>,
 }
@@ -138,6 +131,34 @@ pub enum GraphUse {
     Replayed,
     /// The capture failed: launch by launch, and graphs off from now on.
     CaptureFailed,
+}
+
+/// How many of a run's training epochs (or validation passes) ran each way ([`GraphUse`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct GraphCounts {
+    pub launches: u64,
+    pub captured: u64,
+    pub replayed: u64,
+    pub capture_failed: u64,
+}
+
+impl GraphCounts {
+    pub fn add(&mut self, run: Option<GraphUse>) {
+        match run {
+            Some(GraphUse::Launches) => self.launches += 1,
+            Some(GraphUse::Captured) => self.captured += 1,
+            Some(GraphUse::Replayed) => self.replayed += 1,
+            Some(GraphUse::CaptureFailed) => self.capture_failed += 1,
+            None => {}
+        }
+    }
+
+    /// The counts of `runs`.
+    pub fn of(runs: impl IntoIterator<Item = Option<GraphUse>>) -> Self {
+        let mut counts = Self::default();
+        runs.into_iter().for_each(|run| counts.add(run));
+        counts
+    }
 }
 
 impl GraphUse {
@@ -507,5 +528,23 @@ impl HostBackend for CpuHostBackend {
 
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each run counts once under its kind; a step without the stage (None) counts nowhere.
+    #[test]
+    fn graph_counts_count_each_kind_of_run() {
+        use GraphUse::*;
+        let runs =
+            [Some(Launches), Some(Captured), Some(Replayed), Some(Replayed), None, Some(CaptureFailed)];
+        let counts = GraphCounts::of(runs);
+        assert_eq!(counts, GraphCounts { launches: 1, captured: 1, replayed: 2, capture_failed: 1 });
+        let report =
+            DeviceReport { train_run: Some(Replayed), validation_run: None, ..DeviceReport::default() };
+        assert_eq!(report.epochs_ran(), "epoch replayed, validation –");
     }
 }

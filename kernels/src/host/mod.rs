@@ -12,8 +12,8 @@ pub mod train;
 
 pub use arch::HostArch;
 pub use backend::{
-    CpuHostBackend, DeviceReport, EpochTrain, FossilRow, GraphUse, HostBackend, ParamPrint, SeedTelemetry,
-    SlotSync, SnapshotStore, TELEMETRY_STRIDE, ValidationPlan, host_fingerprint,
+    CpuHostBackend, DeviceReport, EpochTrain, FossilRow, GraphCounts, GraphUse, HostBackend, ParamPrint,
+    SeedTelemetry, SlotSync, SnapshotStore, TELEMETRY_STRIDE, ValidationPlan, host_fingerprint,
 };
 pub use counterfactual::{
     EnvConfigs, EnvCounterfactuals, FusedValidator, counterfactuals_into, plan_env_configs,
