@@ -597,12 +597,13 @@ impl CudaHostBackend {
         plan_env_configs(envs, &self.bank, plan.fossilized, plan.ablate_fossils, &mut self.configs);
         let passes = self.configs.iter().map(|c| c.masks.len()).max().unwrap_or(1).max(1);
         for k in 0..self.slot_ids.len() {
-            let off: Vec<Vec<bool>> = (0..passes)
-                .map(|j| {
-                    self.configs.iter().map(|c| c.masks.get(j).is_some_and(|m| m & (1 << k) != 0)).collect()
-                })
-                .collect();
-            self.host.slot_mut(k).expect("every slot id has its slot").plan_eval(&self.device, &off)?;
+            let configs = &self.configs;
+            let off = |j: usize, e: usize| configs[e].masks.get(j).is_some_and(|m| m & (1 << k) != 0);
+            self.host.slot_mut(k).expect("every slot id has its slot").plan_eval(
+                &self.device,
+                passes,
+                off,
+            )?;
         }
         // Where each pass may start: at the first slot, in network order, that it switches off in any
         // env (before it, every env is in its main configuration). The main pass runs whole, then the

@@ -8,7 +8,7 @@
 //! The seed optimizer is the CPU's `Trainer::step_seeds`: each env's gradient over all of the slot's
 //! blueprints clipped to norm 1, then SGD (no weight decay) for the envs that train each blueprint.
 
-use cudarc::driver::{CudaSlice, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtrMut, PushKernelArg};
 
 use super::gate::DeviceGate;
 use super::gemm_conv::GemmConv;
@@ -76,6 +76,30 @@ pub struct DeviceSlot {
     sgd: SgdConfig,
     /// What the last collection batch noted (see [`Self::collect`]).
     pub taken: StatsTaken,
+    /// Host staging of the per-env controls' uploads, kept between epochs.
+    staged: Vec<u8>,
+    staged_alpha: Vec<f32>,
+}
+
+/// `dst[..n] = values` through the reused host buffer `staged` (a pageable copy: staged before the
+/// call returns).
+fn upload<D: DevicePtrMut<u8>>(
+    device: &Device,
+    staged: &mut Vec<u8>,
+    values: impl Iterator<Item = u8>,
+    dst: &mut D,
+) -> R {
+    staged.clear();
+    staged.extend(values);
+    device.stream.memcpy_htod(staged.as_slice(), dst)?;
+    Ok(())
+}
+
+/// A `[7, E]` mask over `states`: row `bp − 1`, column `e` is `f(state of e)` where env `e` holds `bp`.
+fn per_blueprint(states: &[SeedEnvState], f: fn(&SeedEnvState) -> bool) -> impl Iterator<Item = u8> + '_ {
+    CnnBlueprint::ALL
+        .into_iter()
+        .flat_map(move |bp| states.iter().map(move |s| u8::from(s.blueprint == Some(bp) && f(s))))
 }
 
 /// Bit `bp − 1` of a blueprint mask.
@@ -217,6 +241,8 @@ impl DeviceSlot {
             clip: stream.alloc_zeros::<f64>(envs)?,
             sgd: SgdConfig::SEED,
             taken: StatsTaken::default(),
+            staged: Vec::with_capacity(n),
+            staged_alpha: Vec::with_capacity(envs),
         })
     }
 
@@ -335,56 +361,48 @@ impl DeviceSlot {
         if !self.dirty {
             return Ok(());
         }
-        let envs = self.dims.envs;
-        let stream = &device.stream;
-        let alpha: Vec<f32> = self.state.iter().map(|s| s.alpha).collect();
-        let mode: Vec<u8> = self.state.iter().map(|s| mode_code(s.mode)).collect();
-        let (mut holds, mut trains, mut blending) =
-            (vec![0u8; 7 * envs], vec![0u8; 7 * envs], vec![0u8; 7 * envs]);
-        for (e, s) in self.state.iter().enumerate() {
-            if let Some(bp) = s.blueprint {
-                let i = (bp as usize - 1) * envs + e;
-                holds[i] = u8::from(s.mode.runs_in(true));
-                blending[i] = u8::from(s.mode.runs_in(false));
-                trains[i] = u8::from(s.train_seed);
-            }
-        }
-        let not_trains: Vec<u8> = trains.iter().map(|&t| 1 - t).collect();
-        stream.memcpy_htod(alpha.as_slice(), &mut self.alpha)?;
-        stream.memcpy_htod(mode.as_slice(), &mut self.mode)?;
-        stream.memcpy_htod(holds.as_slice(), &mut self.holds)?;
-        stream.memcpy_htod(trains.as_slice(), &mut self.trains)?;
-        stream.memcpy_htod(not_trains.as_slice(), &mut self.not_trains)?;
-        let gate_no_grad: Vec<u8> = self.state.iter().map(|s| u8::from(!s.gate_grad)).collect();
-        let gate_steps: Vec<u8> = self.state.iter().map(|s| u8::from(s.gate_step && s.gate_grad)).collect();
-        stream.memcpy_htod(gate_no_grad.as_slice(), &mut self.gate_no_grad)?;
-        stream.memcpy_htod(gate_steps.as_slice(), &mut self.gate_steps)?;
+        let Self { state, staged, staged_alpha, .. } = self;
+        staged_alpha.clear();
+        staged_alpha.extend(state.iter().map(|s| s.alpha));
+        device.stream.memcpy_htod(staged_alpha.as_slice(), &mut self.alpha)?;
+        upload(device, staged, state.iter().map(|s| mode_code(s.mode)), &mut self.mode)?;
+        upload(device, staged, per_blueprint(state, |s| s.mode.runs_in(true)), &mut self.holds)?;
+        upload(device, staged, per_blueprint(state, |s| s.train_seed), &mut self.trains)?;
+        // Rows whose gradients are zeroed, as the CPU leaves them zero: not (holds bp and trains).
+        let trains = per_blueprint(state, |s| s.train_seed);
+        upload(device, staged, trains.map(|t| 1 - t), &mut self.not_trains)?;
+        upload(device, staged, state.iter().map(|s| u8::from(!s.gate_grad)), &mut self.gate_no_grad)?;
+        let steps = state.iter().map(|s| u8::from(s.gate_step && s.gate_grad));
+        upload(device, staged, steps, &mut self.gate_steps)?;
         // Until a validation plans its passes, pass 0 is the main configuration.
-        stream.memcpy_htod(blending.as_slice(), &mut self.eval_holds.slice_mut(..blending.len()))?;
+        let n = CnnBlueprint::ALL.len() * self.dims.envs;
+        let blending = per_blueprint(state, |s| s.mode.runs_in(false));
+        upload(device, staged, blending, &mut self.eval_holds.slice_mut(..n))?;
         self.eval_passes = 1;
         self.dirty = false;
         Ok(())
     }
 
-    /// The validation passes' selections: pass `k` switches this slot off for the envs `off[k][e]`
-    /// (`[K][E]`), the main selection otherwise. Holds until the states change (then pass 0 alone, the
-    /// main configuration).
-    pub fn plan_eval(&mut self, device: &Device, off: &[Vec<bool>]) -> R {
+    /// The validation passes' selections: pass `k` of `passes` switches this slot off for the envs
+    /// where `off(k, e)`, the main selection otherwise. Holds until the states change (then pass 0
+    /// alone, the main configuration).
+    pub fn plan_eval(&mut self, device: &Device, passes: usize, off: impl Fn(usize, usize) -> bool) -> R {
         self.prepare(device)?;
-        let envs = self.dims.envs;
-        let mut holds = vec![0u8; off.len().max(1) * 7 * envs];
-        for (k, off) in off.iter().enumerate() {
-            for (e, s) in self.state.iter().enumerate() {
-                if let Some(bp) = s.blueprint.filter(|_| s.mode.runs_in(false) && !off[e]) {
-                    holds[(k * 7 + bp as usize - 1) * envs + e] = 1;
-                }
-            }
+        let passes = passes.max(1);
+        let n = CnnBlueprint::ALL.len() * self.dims.envs;
+        if self.eval_holds.len() < passes * n {
+            self.eval_holds = device.stream.alloc_zeros::<u8>(passes * n)?;
         }
-        if self.eval_holds.len() < holds.len() {
-            self.eval_holds = device.stream.alloc_zeros::<u8>(holds.len())?;
-        }
-        device.stream.memcpy_htod(holds.as_slice(), &mut self.eval_holds.slice_mut(..holds.len()))?;
-        self.eval_passes = off.len().max(1);
+        let Self { state, staged, .. } = self;
+        let holds = (0..passes).flat_map(|k| {
+            let off = &off;
+            let envs = state.len();
+            per_blueprint(state, |s| s.mode.runs_in(false))
+                .enumerate()
+                .map(move |(i, h)| h & u8::from(!off(k, i % envs)))
+        });
+        upload(device, staged, holds, &mut self.eval_holds.slice_mut(..passes * n))?;
+        self.eval_passes = passes;
         Ok(())
     }
 
