@@ -109,6 +109,8 @@ pub struct CudaHostBackend {
     /// The step's read-back, assembled on the device from the buffers above: `[2 + 4·P, E]` (the
     /// epoch's sums in rows 0, 1, then the validation's) and then [`PendingEpoch::stats`].
     sums: CudaSlice<f64>,
+    /// The read-back on the host (kept between steps).
+    read: Vec<f64>,
     /// The epoch trained but not yet read back (its results arrive with the validation pass's).
     pending: Option<PendingEpoch>,
     /// The last epoch's per-env results, once read back.
@@ -208,6 +210,7 @@ impl CudaHostBackend {
             epoch_sums: stream.alloc_zeros::<f64>(2 * n_envs)?,
             val_sums: stream.alloc_zeros::<f64>(6 * n_envs)?,
             sums: stream.alloc_zeros::<f64>(6 * n_envs)?,
+            read: Vec::new(),
             pending: None,
             epoch: vec![EpochTrain::default(); n_envs],
             results: Vec::new(),
@@ -501,9 +504,9 @@ impl CudaHostBackend {
 
     /// The step's one copy back: the epoch's sums (`[2, E]`), `validation` more values after them (the
     /// validation pass's, from [`Self::val_sums`]), and the pending epoch's gradient statistics, all
-    /// gathered into the read-back on the device first. Forms the epoch's results and telemetry when
-    /// an epoch is pending; returns the validation's values.
-    fn read_back(&mut self, validation: usize) -> Result<Vec<f64>, ParityError> {
+    /// gathered into the read-back on the device first, then into [`Self::read`]. Forms the epoch's
+    /// results and telemetry when an epoch is pending.
+    fn read_back(&mut self, validation: usize) -> Result<(), ParityError> {
         let envs = self.n_envs();
         let stats_at = (2 * envs) + validation;
         let pending = self.pending.take();
@@ -536,15 +539,17 @@ impl CudaHostBackend {
                 }
             }
         }
-        let mut values = stream.clone_dtoh(&self.sums.slice(..stats_at + stats_len))?;
+        // Into pageable memory: returns once the copy is done.
+        let mut read = std::mem::take(&mut self.read);
+        read.resize(stats_at + stats_len, 0.0);
+        stream.memcpy_dtoh(&self.sums.slice(..stats_at + stats_len), read.as_mut_slice())?;
         self.report.syncs += 1;
         if let Some(pending) = pending {
             self.report.train_ms += self.train_events.0.elapsed_ms(&self.train_events.1)? as f64;
-            self.form_epoch(&pending, &values[..2 * envs], &values[stats_at..]);
+            self.form_epoch(&pending, &read[..2 * envs], &read[stats_at..]);
         }
-        values.truncate(stats_at);
-        values.drain(..2 * envs);
-        Ok(values)
+        self.read = read;
+        Ok(())
     }
 
     /// The epoch's per-env results from its sums, and the seeds' telemetry from its statistics.
@@ -657,7 +662,8 @@ impl CudaHostBackend {
         self.report.validation_run = Some(used);
         // The step's one read-back: the pass's sums, with the epoch's.
         self.validate_events.1.record(&stream)?;
-        let sums = self.read_back(needed - 2 * envs)?;
+        self.read_back(needed - 2 * envs)?;
+        let sums = &self.read[2 * envs..needed];
         self.report.validate_ms += self.validate_events.0.elapsed_ms(&self.validate_events.1)? as f64;
         // Every env's configurations in order, as the CPU's validator counts its virtual envs.
         let virtual_envs: usize = self.configs.iter().map(|c| c.masks.len()).sum();
