@@ -266,6 +266,8 @@ pub struct StepWork {
     /// One image's forward: the host's and the forced seeds' multiply-adds.
     pub host_macs_per_image: u64,
     pub seed_macs_per_image: u64,
+    /// Validation configurations per env (the one the validation below counts).
+    pub configurations: usize,
     /// The training epoch: forward, input gradient and weight gradient, about 3× the forward.
     pub train_gflop: f64,
     /// The validation pass: each configuration a whole forward of every test image (an upper bound:
@@ -303,6 +305,7 @@ impl StepWork {
             envs,
             host_macs_per_image,
             seed_macs_per_image,
+            configurations: configs,
             train_gflop: 3.0 * forward_gflop * train_images,
             validate_gflop: forward_gflop * test_images * configs.max(1) as f64,
         }
@@ -434,7 +437,7 @@ fn bench_envs(
     config: &BenchConfig,
     envs: usize,
     mut on_line: impl FnMut(&str),
-) -> Result<(Vec<TierResult>, BoundaryResult, usize, Option<u64>), RunError> {
+) -> Result<(Vec<TierResult>, BoundaryResult, StepWork, Option<u64>), RunError> {
     let plan = plan_for(config, envs)?;
     let mut world = build_world_on(&plan, config.device)?;
     world.resource_mut::<StepClock>().epoch = 1;
@@ -536,7 +539,17 @@ fn bench_envs(
         }
     }
     let boundary = boundary.expect("the full-loop tier always runs");
-    Ok((tiers, boundary, configs, resident_bytes()))
+    let work = StepWork::of(config, &plan, configs);
+    on_line(&format!(
+        "        work per step: {:.1} GFLOP training + {:.1} GFLOP validation ({} + {} multiply-adds per \
+         image, host + seeds; {} configurations, each a whole forward)",
+        work.train_gflop,
+        work.validate_gflop,
+        work.host_macs_per_image,
+        work.seed_macs_per_image,
+        work.configurations
+    ));
+    Ok((tiers, boundary, work, resident_bytes()))
 }
 
 const HEADER: &str =
@@ -622,21 +635,9 @@ pub fn run(config: &BenchConfig, mut on_line: impl FnMut(&str)) -> Result<BenchR
             continue;
         }
         match bench_envs(config, envs, &mut on_line) {
-            Ok((tiers, boundary, configs, resident)) => {
-                if let Ok(plan) = plan_for(config, envs) {
-                    let w = StepWork::of(config, &plan, configs);
-                    on_line(&format!(
-                        "        work per step: {:.1} GFLOP training + {:.1} GFLOP validation ({} + {} \
-                         multiply-adds per image, host + seeds; {} configurations, each a whole forward)",
-                        w.train_gflop,
-                        w.validate_gflop,
-                        w.host_macs_per_image,
-                        w.seed_macs_per_image,
-                        configs.max(1)
-                    ));
-                    report.work.push(w);
-                }
-                report.counterfactual_configs = configs;
+            Ok((tiers, boundary, work, resident)) => {
+                report.counterfactual_configs = work.configurations;
+                report.work.push(work);
                 report.tiers.extend(tiers);
                 report.boundary.push(boundary);
                 if let Some(r) = resident {
