@@ -552,10 +552,8 @@ impl DeviceSlot {
         stream.memset_zeros(&mut self.sq_norms)?;
         // Blueprints nobody trains, and gates nobody's gradient reaches, have zero gradients on the CPU
         // and add nothing to the norm.
-        let gate_tensors = match (gate_grads, &self.gate) {
-            (true, Some(gate)) => gate.rows.grads.iter().collect::<Vec<_>>(),
-            _ => Vec::new(),
-        };
+        let gate_tensors =
+            self.gate.as_ref().filter(|_| gate_grads).into_iter().flat_map(|g| g.rows.grads.iter());
         let seed_tensors = blueprints(trained).flat_map(|bp| {
             self.modules[bp as usize - 1]
                 .as_ref()
