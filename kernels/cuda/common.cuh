@@ -30,3 +30,66 @@ __device__ double block_sum(double v, double* lanes) {
     __syncthreads();
     return total;
 }
+
+// ---- Index math. A 64-bit division is a long software routine on the GPU and a 32-bit one still about
+// twenty instructions: in the memory-bound kernels that split a flat index into (env, image, channel,
+// position) the divisions cost more than the memory traffic (ncu on an H100: im2col_f32 moved data at a
+// tenth of the bandwidth). FastDiv divides by a divisor fixed for the launch with a multiply-high, an
+// add and two shifts (Granlund & Montgomery 1994, figure 4.1: exact for every 32-bit dividend and
+// divisor ≥ 1); a thread sets its divisors up once and reuses them over its grid-stride loop. Kernels
+// take that path when every index of the launch fits in 32 bits (FITS_U32) and keep the 64-bit one
+// otherwise, with the same results either way.
+struct FastDiv {
+    u32 d, m, s1, s2;
+};
+
+__device__ __forceinline__ FastDiv fast_div(u32 d) {
+    FastDiv f;
+    f.d = d;
+    u32 l = d <= 1 ? 0 : 32 - __clz(d - 1);  // ceil(log2 d)
+    f.m = d == 0 ? 0 : (u32)((((1ull << 32) * ((1ull << l) - d)) / d) + 1);
+    f.s1 = l > 0 ? 1 : 0;
+    f.s2 = l > 0 ? l - 1 : 0;
+    return f;
+}
+
+// n / f.d for any 32-bit n.
+__device__ __forceinline__ u32 fdiv(u32 n, const FastDiv& f) {
+    u32 t = __umulhi(f.m, n);
+    return (t + ((n - t) >> f.s1)) >> f.s2;
+}
+
+#define FITS_U32(n) ((u64)(n) <= 0xffffffffull)
+
+// The env of element t of env-major data with `per_env` values an env, through a FastDiv when every
+// index of the launch fits in 32 bits.
+struct EnvIndex {
+    bool fits;
+    FastDiv per_env;
+    u64 per_env64;
+};
+
+__device__ __forceinline__ EnvIndex env_index(u32 envs, u64 per_env) {
+    EnvIndex ix;
+    ix.fits = FITS_U32((u64)envs * per_env);
+    ix.per_env = fast_div(ix.fits ? (u32)per_env : 1u);
+    ix.per_env64 = per_env;
+    return ix;
+}
+
+__device__ __forceinline__ u32 env_of(u64 t, const EnvIndex& ix) {
+    return ix.fits ? fdiv((u32)t, ix.per_env) : (u32)(t / ix.per_env64);
+}
+
+// The total of eight lanes held by eight consecutive threads (lane j in the thread whose index ≡ j mod 8,
+// all eight active), combined in the CPU's LaneSums order ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 +
+// l7)); every one of the eight gets it. blockDim.x must be a multiple of 32.
+__device__ __forceinline__ float lanes8_total(float v) {
+    u32 mask = 0xffu << (threadIdx.x & 24u);
+    float l0 = __shfl_sync(mask, v, 0, 8), l1 = __shfl_sync(mask, v, 1, 8);
+    float l2 = __shfl_sync(mask, v, 2, 8), l3 = __shfl_sync(mask, v, 3, 8);
+    float l4 = __shfl_sync(mask, v, 4, 8), l5 = __shfl_sync(mask, v, 5, 8);
+    float l6 = __shfl_sync(mask, v, 6, 8), l7 = __shfl_sync(mask, v, 7, 8);
+    float a0 = l0 + l4, a1 = l1 + l5, a2 = l2 + l6, a3 = l3 + l7;
+    return (a0 + a2) + (a1 + a3);
+}

@@ -130,10 +130,45 @@ __device__ __forceinline__ float im2col_value(
     return padded_at(plane, h, w, pad, yo + ky, xo + kx);
 }
 
-extern "C" __global__ void im2col_f32(
+// im2col_value's index math in 32 bits (FastDiv), for launches whose indices fit.
+struct Im2colIndex {
+    FastDiv n, rows, positions, wo, kk, k;
+    u32 batch, c_in, h, w, pad;
+};
+
+__device__ __forceinline__ Im2colIndex im2col_index(u32 batch, u32 c_in, u32 h, u32 w, u32 k, u32 pad) {
+    u32 ho = h + 2 * pad + 1 - k, wo = w + 2 * pad + 1 - k;
+    Im2colIndex ix;
+    ix.n = fast_div(batch * ho * wo);
+    ix.rows = fast_div(c_in * k * k);
+    ix.positions = fast_div(ho * wo);
+    ix.wo = fast_div(wo);
+    ix.kk = fast_div(k * k);
+    ix.k = fast_div(k);
+    ix.batch = batch, ix.c_in = c_in, ix.h = h, ix.w = w, ix.pad = pad;
+    return ix;
+}
+
+__device__ __forceinline__ float im2col_value32(const float* x, u32 i, const Im2colIndex& ix) {
+    u32 row = fdiv(i, ix.n), c = i - row * ix.n.d;
+    u32 e = fdiv(row, ix.rows), r = row - e * ix.rows.d;
+    u32 b = fdiv(c, ix.positions), q = c - b * ix.positions.d;
+    u32 yo = fdiv(q, ix.wo), xo = q - yo * ix.wo.d;
+    u32 s = fdiv(r, ix.kk), tap = r - s * ix.kk.d;
+    u32 ky = fdiv(tap, ix.k), kx = tap - ky * ix.k.d;
+    const float* plane = x + (((u64)e * ix.batch + b) * ix.c_in + s) * (u64)ix.h * ix.w;
+    return padded_at(plane, ix.h, ix.w, ix.pad, yo + ky, xo + kx);
+}
+
+extern "C" __global__ void __launch_bounds__(1024) im2col_f32(
     const float* x, float* col, u32 envs, u32 batch, u32 c_in, u32 h, u32 w, u32 k, u32 pad) {
     u32 ho = h + 2 * pad + 1 - k, wo = w + 2 * pad + 1 - k;
     u64 positions = (u64)ho * wo, n = (u64)batch * positions, rows = (u64)c_in * k * k;
+    if (FITS_U32(envs * rows * n)) {
+        Im2colIndex ix = im2col_index(batch, c_in, h, w, k, pad);
+        FOR_EACH(i, (u64)envs * rows * n) col[i] = im2col_value32(x, (u32)i, ix);
+        return;
+    }
     FOR_EACH(i, (u64)envs * rows * n) {
         col[i] = im2col_value(x, i, batch, c_in, h, w, k, pad, wo, positions, n, rows);
     }
@@ -151,10 +186,15 @@ __device__ __forceinline__ u16 bf16_bits(float x) {
 }
 
 // im2col_f32 with the column matrix in bf16.
-extern "C" __global__ void im2col_bf16(
+extern "C" __global__ void __launch_bounds__(1024) im2col_bf16(
     const float* x, u16* col, u32 envs, u32 batch, u32 c_in, u32 h, u32 w, u32 k, u32 pad) {
     u32 ho = h + 2 * pad + 1 - k, wo = w + 2 * pad + 1 - k;
     u64 positions = (u64)ho * wo, n = (u64)batch * positions, rows = (u64)c_in * k * k;
+    if (FITS_U32(envs * rows * n)) {
+        Im2colIndex ix = im2col_index(batch, c_in, h, w, k, pad);
+        FOR_EACH(i, (u64)envs * rows * n) col[i] = bf16_bits(im2col_value32(x, (u32)i, ix));
+        return;
+    }
     FOR_EACH(i, (u64)envs * rows * n) {
         col[i] = bf16_bits(im2col_value(x, i, batch, c_in, h, w, k, pad, wo, positions, n, rows));
     }
@@ -165,8 +205,31 @@ extern "C" __global__ void round_to_bf16(const float* src, u16* dst, u64 n) {
     FOR_EACH(i, n) { dst[i] = bf16_bits(src[i]); }
 }
 
+// Where dst[i] of swap_middle_axes (dst [E, B, A, P] from src [E, A, B, P]) reads src, in 32 bits.
+struct SwapIndex {
+    FastDiv plane, a, b;
+};
+
+__device__ __forceinline__ SwapIndex swap_index(u32 a, u32 b, u32 plane) {
+    SwapIndex ix;
+    ix.plane = fast_div(plane), ix.a = fast_div(a), ix.b = fast_div(b);
+    return ix;
+}
+
+__device__ __forceinline__ u32 swap_source32(u32 i, const SwapIndex& ix) {
+    u32 rest = fdiv(i, ix.plane), p = i - rest * ix.plane.d;
+    u32 outer = fdiv(rest, ix.a), ia = rest - outer * ix.a.d;
+    u32 e = fdiv(outer, ix.b), ib = outer - e * ix.b.d;
+    return ((e * ix.a.d + ia) * ix.b.d + ib) * ix.plane.d + p;
+}
+
 // swap_middle_axes_f32 into bf16: the output gradient into the GEMM's channel-major rows.
-extern "C" __global__ void swap_middle_axes_to_bf16(const float* src, u16* dst, u32 envs, u32 a, u32 b, u32 plane) {
+extern "C" __global__ void __launch_bounds__(1024) swap_middle_axes_to_bf16(const float* src, u16* dst, u32 envs, u32 a, u32 b, u32 plane) {
+    if (FITS_U32((u64)envs * a * b * plane)) {
+        SwapIndex ix = swap_index(a, b, plane);
+        FOR_EACH(i, (u64)envs * a * b * plane) dst[i] = bf16_bits(src[swap_source32((u32)i, ix)]);
+        return;
+    }
     FOR_EACH(i, (u64)envs * a * b * plane) {
         u64 p = i % plane, ia = i / plane % a, ib = i / ((u64)plane * a) % b, e = i / ((u64)plane * a * b);
         dst[i] = bf16_bits(src[((e * a + ia) * b + ib) * plane + p]);
@@ -176,15 +239,25 @@ extern "C" __global__ void swap_middle_axes_to_bf16(const float* src, u16* dst, 
 // The input gradient from the column gradient dcol (same layout as col): dx[e, b, s, y, x] (= or +=)
 // Σ_{ky, kx} dcol[e][(s·k + ky)·k + kx][b·P + (y + pad − ky)·w_out + (x + pad − kx)] over the taps whose
 // output position exists, in tap order. A gather: no two threads write one place.
-extern "C" __global__ void col2im_f32(
+extern "C" __global__ void __launch_bounds__(1024) col2im_f32(
     const float* dcol, float* dx, u32 envs, u32 batch, u32 c_in, u32 h, u32 w, u32 k, u32 pad,
     int accumulate) {
     u32 ho = h + 2 * pad + 1 - k, wo = w + 2 * pad + 1 - k;
     u64 positions = (u64)ho * wo, n = (u64)batch * positions, rows = (u64)c_in * k * k;
+    bool fits = FITS_U32((u64)envs * batch * c_in * h * w);
+    FastDiv fw = fast_div(w), fh = fast_div(h), fc = fast_div(c_in), fb = fast_div(batch);
     FOR_EACH(i, (u64)envs * batch * c_in * h * w) {
-        u32 x = (u32)(i % w), y = (u32)(i / w % h), s = (u32)(i / ((u64)w * h) % c_in);
-        u64 image = i / ((u64)w * h * c_in);
-        u64 e = image / batch, b = image % batch;
+        u32 x, y, s;
+        u64 e, b;
+        if (fits) {  // the same split in 32 bits
+            u32 i32 = (u32)i, row = fdiv(i32, fw), plane = fdiv(row, fh), image = fdiv(plane, fc);
+            x = i32 - row * w, y = row - plane * h, s = plane - image * c_in;
+            e = fdiv(image, fb), b = image - (u32)e * batch;
+        } else {
+            x = (u32)(i % w), y = (u32)(i / w % h), s = (u32)(i / ((u64)w * h) % c_in);
+            u64 image = i / ((u64)w * h * c_in);
+            e = image / batch, b = image % batch;
+        }
         const float* base = dcol + e * rows * n + b * positions;
         float acc = 0.0f;
         for (u32 ky = 0; ky < k; ++ky) {
@@ -202,7 +275,12 @@ extern "C" __global__ void col2im_f32(
 
 // dst[e][b][a][p] = src[e][a][b][p] for src [E, A, B, P]: between the GEMM's channel-major rows
 // [E, C, B·P] and the network's image-major [E, B, C, P] (call with A and B swapped to go back).
-extern "C" __global__ void swap_middle_axes_f32(const float* src, float* dst, u32 envs, u32 a, u32 b, u32 plane) {
+extern "C" __global__ void __launch_bounds__(1024) swap_middle_axes_f32(const float* src, float* dst, u32 envs, u32 a, u32 b, u32 plane) {
+    if (FITS_U32((u64)envs * a * b * plane)) {
+        SwapIndex ix = swap_index(a, b, plane);
+        FOR_EACH(i, (u64)envs * a * b * plane) dst[i] = src[swap_source32((u32)i, ix)];
+        return;
+    }
     FOR_EACH(i, (u64)envs * a * b * plane) {
         u64 p = i % plane, ia = i / plane % a, ib = i / ((u64)plane * a) % b, e = i / ((u64)plane * a * b);
         dst[i] = src[((e * a + ia) * b + ib) * plane + p];
@@ -232,4 +310,10 @@ extern "C" __global__ void depthwise_backward_weight_fast_f32(
     }
     double total = block_sum(sum, lanes);
     if (threadIdx.x == 0) grad_weight[t] = (float)total;
+}
+
+// The parity row for FastDiv: q[i] = n[i] / d[i] through fast_div, checked on the device against the
+// CPU's integer division.
+extern "C" __global__ void fast_div_u32(const u32* n, const u32* d, u32* q, u64 count) {
+    FOR_EACH(i, count) q[i] = fdiv(n[i], fast_div(d[i]));
 }

@@ -65,30 +65,34 @@ extern "C" __global__ void train_epoch_accumulate(const float* loss, const u32* 
     }
 }
 
-// One validation batch into the pass's sums, one thread per env doing accumulate_validation's f64
-// arithmetic in its order: rows 0..counts[e] of env e, the first arg-max, the cross-entropy
-// max + ln Σ exp(z − max) − z[label]; correct, total, the batch mean loss and one batch added.
+// One validation batch into the pass's sums, one block of REDUCE_THREADS per env (blockIdx.x): rows
+// 0..counts[e] of env e shared out by thread, each row accumulate_validation's f64 arithmetic (the
+// first arg-max, the cross-entropy max + ln Σ exp(z − max) − z[label]), then block_sum's fixed tree;
+// correct, total, the batch mean loss and one batch added. The CPU sums the rows' losses in row order:
+// the loss agrees to rounding (the counts exactly). One thread per env took 0.7 ms a batch (ncu, H100).
 extern "C" __global__ void validation_accumulate_f32(
     const float* logits, const u8* labels, const u32* counts, double* sums, u32 envs, u32 batch, u32 classes) {
-    FOR_EACH(e, envs) {
-        u32 count = counts[e];
-        if (count == 0) continue;
-        double loss = 0.0;
-        u32 right = 0;
-        for (u32 row = 0; row < count; ++row) {
-            u64 i = (u64)e * batch + row;
-            const float* z = logits + i * classes;
-            u32 label = labels[i], best = 0;
-            double max = (double)z[0];
-            for (u32 k = 0; k < classes; ++k) {
-                if ((double)z[k] > max) { best = k; max = (double)z[k]; }
-            }
-            double sum = 0.0;
-            for (u32 k = 0; k < classes; ++k) sum += exp((double)z[k] - max);
-            loss += max + log(sum) - (double)z[label];
-            right += best == label ? 1 : 0;
+    __shared__ double partial[REDUCE_THREADS];
+    u32 e = blockIdx.x, count = counts[e];
+    if (count == 0) return;  // uniform over the block: no thread reaches block_sum
+    double loss = 0.0, right = 0.0;
+    for (u32 row = threadIdx.x; row < count; row += REDUCE_THREADS) {
+        u64 i = (u64)e * batch + row;
+        const float* z = logits + i * classes;
+        u32 label = labels[i], best = 0;
+        double max = (double)z[0];
+        for (u32 k = 0; k < classes; ++k) {
+            if ((double)z[k] > max) { best = k; max = (double)z[k]; }
         }
-        sums[2 * envs + e] += (double)right;
+        double sum = 0.0;
+        for (u32 k = 0; k < classes; ++k) sum += exp((double)z[k] - max);
+        loss += max + log(sum) - (double)z[label];
+        right += best == label ? 1.0 : 0.0;
+    }
+    loss = block_sum(loss, partial);
+    right = block_sum(right, partial);
+    if (threadIdx.x == 0) {
+        sums[2 * envs + e] += right;
         sums[3 * envs + e] += (double)count;
         sums[4 * envs + e] += loss / (double)count;
         sums[5 * envs + e] += 1.0;

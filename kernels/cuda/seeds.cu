@@ -8,7 +8,7 @@
 // restarting at every run (a group's values for the forward statistics; one plane for the gradients),
 // and the lanes combine as ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)). With --fmad=false and
 // IEEE sqrt and division, every kernel here does the CPU's f32 operations in its order: bit for bit.
-// One thread per (image, group), per (env, channel) or per sample: parity twins first.
+// Eight threads per (image, group) (lanes8_total), one per (env, channel) or per sample: parity twins first.
 
 #define NORM_EPS ((float)1e-5)
 
@@ -29,35 +29,40 @@ __device__ __forceinline__ float clamp01(float v) { return fminf(fmaxf(v, 0.0f),
 
 // Per (env, image, group): mean and 1/sqrt(var + eps) over the group's C/G·H·W values (saved), then
 // y = (x − mean)·(inv_std·γ[e, c]) + β[e, c] over the group's planes (plane_mean_and_m2, affine).
-extern "C" __global__ void group_norm_forward_f32(
+// Eight threads per (image, group), thread j summing lane j's run (values j, j + 8, …: the CPU's lane
+// i % 8) and lanes8_total combining them: the CPU's sums, bit for bit, at eight times the parallelism
+// of one thread per group and with neighbouring threads reading neighbouring values.
+extern "C" __global__ void __launch_bounds__(1024) group_norm_forward_f32(
     const float* x, const float* gamma, const float* beta, float* y, float* save_mean, float* save_inv_std,
     u32 envs, u32 batch, u32 channels, u32 plane, u32 groups) {
     u32 per_group = channels / groups;
     u64 group_len = (u64)per_group * plane;
-    FOR_EACH(t, (u64)envs * batch * groups) {
+    FOR_EACH(u, (u64)envs * batch * groups * 8) {
+        u64 t = u / 8;
+        u32 lane = (u32)(u % 8);
         u64 image = t / groups;
         u32 g = (u32)(t % groups), e = (u32)(image / batch);
         const float* xg = x + image * channels * plane + g * group_len;
-        Lanes sum;
-        lanes_zero(sum);
-        for (u64 i = 0; i < group_len; ++i) sum.l[i % 8] += xg[i];
+        float sum = 0.0f;
+        for (u64 i = lane; i < group_len; i += 8) sum += xg[i];
         float n = (float)(group_len > 0 ? group_len : 1);
-        float mean = lanes_total(sum) / n;
-        Lanes squares;
-        lanes_zero(squares);
-        for (u64 i = 0; i < group_len; ++i) {
+        float mean = lanes8_total(sum) / n;
+        float squares = 0.0f;
+        for (u64 i = lane; i < group_len; i += 8) {
             float d = xg[i] - mean;
-            squares.l[i % 8] += d * d;
+            squares += d * d;
         }
-        float inv_std = 1.0f / sqrtf(lanes_total(squares) / (float)group_len + NORM_EPS);
-        save_mean[t] = mean;
-        save_inv_std[t] = inv_std;
+        float inv_std = 1.0f / sqrtf(lanes8_total(squares) / (float)group_len + NORM_EPS);
+        if (lane == 0) {
+            save_mean[t] = mean;
+            save_inv_std[t] = inv_std;
+        }
         for (u32 cl = 0; cl < per_group; ++cl) {
             u32 c = g * per_group + cl;
             float scale = inv_std * gamma[(u64)e * channels + c], shift = beta[(u64)e * channels + c];
             const float* xp = x + (image * channels + c) * plane;
             float* yp = y + (image * channels + c) * plane;
-            for (u32 i = 0; i < plane; ++i) yp[i] = (xp[i] - mean) * scale + shift;
+            for (u32 i = lane; i < plane; i += 8) yp[i] = (xp[i] - mean) * scale + shift;
         }
     }
 }
@@ -115,35 +120,36 @@ extern "C" __global__ void group_norm_backward_params_fast_f32(
 }
 
 // Per (env, image, group): dx = inv_std·(dy·γ − mean(dy·γ) − x̂·mean(dy·γ·x̂)) over the group's planes
-// (accumulate != 0: added to dx).
-extern "C" __global__ void group_norm_backward_input_f32(
+// (accumulate != 0: added to dx). Eight threads per (image, group) as in the forward, thread j summing
+// lane j (positions j, j + 8, … of every plane, channels in order: the CPU's lanes, restarting per plane).
+extern "C" __global__ void __launch_bounds__(1024) group_norm_backward_input_f32(
     const float* x, const float* gamma, const float* save_mean, const float* save_inv_std, const float* dy,
     float* dx, u32 envs, u32 batch, u32 channels, u32 plane, u32 groups, int accumulate) {
     u32 per_group = channels / groups;
     float n = (float)((u64)per_group * plane);
-    FOR_EACH(t, (u64)envs * batch * groups) {
+    FOR_EACH(u, (u64)envs * batch * groups * 8) {
+        u64 t = u / 8;
+        u32 lane = (u32)(u % 8);
         u64 image = t / groups;
         u32 g = (u32)(t % groups), e = (u32)(image / batch);
         float mean = save_mean[t], inv_std = save_inv_std[t];
-        Lanes sum_dyg, sum_dyg_xhat;
-        lanes_zero(sum_dyg);
-        lanes_zero(sum_dyg_xhat);
+        float sum_dyg = 0.0f, sum_dyg_xhat = 0.0f;
         for (u32 cl = 0; cl < per_group; ++cl) {
             u32 c = g * per_group + cl;
             float gam = gamma[(u64)e * channels + c];
             const float* dyp = dy + (image * channels + c) * plane;
             const float* xp = x + (image * channels + c) * plane;
-            for (u32 i = 0; i < plane; ++i) sum_dyg.l[i % 8] += dyp[i] * gam;
-            for (u32 i = 0; i < plane; ++i) sum_dyg_xhat.l[i % 8] += dyp[i] * gam * ((xp[i] - mean) * inv_std);
+            for (u32 i = lane; i < plane; i += 8) sum_dyg += dyp[i] * gam;
+            for (u32 i = lane; i < plane; i += 8) sum_dyg_xhat += dyp[i] * gam * ((xp[i] - mean) * inv_std);
         }
-        float mean_dyg = lanes_total(sum_dyg) / n, mean_dyg_xhat = lanes_total(sum_dyg_xhat) / n;
+        float mean_dyg = lanes8_total(sum_dyg) / n, mean_dyg_xhat = lanes8_total(sum_dyg_xhat) / n;
         for (u32 cl = 0; cl < per_group; ++cl) {
             u32 c = g * per_group + cl;
             float gam = gamma[(u64)e * channels + c];
             const float* dyp = dy + (image * channels + c) * plane;
             const float* xp = x + (image * channels + c) * plane;
             float* dxp = dx + (image * channels + c) * plane;
-            for (u32 i = 0; i < plane; ++i) {
+            for (u32 i = lane; i < plane; i += 8) {
                 float x_hat = (xp[i] - mean) * inv_std;
                 float value = inv_std * (dyp[i] * gam - mean_dyg - x_hat * mean_dyg_xhat);
                 dxp[i] = accumulate ? dxp[i] + value : value;
@@ -265,21 +271,23 @@ extern "C" __global__ void norm_seed_lambda_grad_f32(
 // mode blends (2 ADD, 3 MULTIPLY, 4 GATE) and some blueprint's selection holds it (`holds` [7, E]: the
 // training forward's, or validation pass k's). slot_blend_select_f32 writes the others, so every row is
 // written once — instead of copying all of h first (the twin: the CPU slot's output starts as h).
-extern "C" __global__ void slot_passthrough_f32(
+extern "C" __global__ void __launch_bounds__(1024) slot_passthrough_f32(
     const float* h, const u8* mode, const u8* holds, float* y, u32 envs, u32 batch, u32 features) {
+    EnvIndex ix = env_index(envs, (u64)batch * features);
     FOR_EACH(t, (u64)envs * batch * features) {
-        u32 e = (u32)(t / ((u64)batch * features));
+        u32 e = env_of(t, ix);
         bool held = false;
         for (u32 bp = 0; bp < 7; ++bp) held = held || holds[(u64)bp * envs + e] != 0;
         if (!(mode[e] >= 2 && held)) y[t] = h[t];
     }
 }
 
-extern "C" __global__ void slot_blend_select_f32(
+extern "C" __global__ void __launch_bounds__(1024) slot_blend_select_f32(
     const float* h, const float* s, const float* alpha, const float* gate, const u8* mode, const u8* holds,
     float* s_mine, float* y, u32 envs, u32 batch, u32 features) {
+    EnvIndex ix = env_index(envs, (u64)batch * features);
     FOR_EACH(t, (u64)envs * batch * features) {
-        u32 e = (u32)(t / ((u64)batch * features));
+        u32 e = env_of(t, ix);
         if (!holds[e]) continue;
         float sv = s[t], hv = h[t];
         s_mine[t] = sv;
@@ -298,11 +306,12 @@ extern "C" __global__ void slot_blend_select_f32(
 // straight through); ADD: (dy·(1 − a), dy·a) as blend_add_backward; MULTIPLY with t = tanh(s − h):
 // (dy·(1 + a·t), dy·h·a·(1 − t²)) as blend_multiply_backward (the seed's input is detached, so no
 // x_s term reaches dh); GATE: (dy·(1 − a_eff), dy·a_eff) as blend_gate_backward.
-extern "C" __global__ void slot_backward_split_f32(
+extern "C" __global__ void __launch_bounds__(1024) slot_backward_split_f32(
     const float* dy, const float* h, const float* s_mine, const float* alpha, const float* gate,
     const u8* mode, float* dh, float* ds, u32 envs, u32 batch, u32 features) {
+    EnvIndex ix = env_index(envs, (u64)batch * features);
     FOR_EACH(t, (u64)envs * batch * features) {
-        u32 e = (u32)(t / ((u64)batch * features));
+        u32 e = env_of(t, ix);
         float g = dy[t];
         float a = clamp01(alpha[e]);
         switch (mode[e]) {

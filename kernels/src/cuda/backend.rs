@@ -17,7 +17,7 @@ use cudarc::driver::{CudaEvent, CudaSlice, PushKernelArg};
 
 use super::epoch_graph::{CapturedEpoch, EpochGraphs, EpochRun, EpochShape, ValidationShape};
 use super::host::DeviceHost;
-use super::parity::{Device, ParityError, elementwise};
+use super::parity::{Device, ParityError, elementwise, per_env_block};
 use super::slot::{DeviceSlot, StatsTaken, blueprints};
 use crate::data::{Batcher, Dataset, PAD_LABEL};
 use crate::host::SeedMode;
@@ -363,7 +363,7 @@ impl CudaHostBackend {
                 let mut launch = stream.launch_builder(self.device.function("validation_accumulate_f32"));
                 launch.arg(self.host.logits_on_device()).arg(&self.labels).arg(&self.counts);
                 launch.arg(&mut sums).arg(&envs32).arg(&batch32).arg(&classes);
-                unsafe { launch.launch(elementwise(envs)) }?;
+                unsafe { launch.launch(per_env_block(envs)) }?;
             }
         }
         Ok(())

@@ -64,6 +64,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "col2im_f32",
             "swap_middle_axes_f32",
             "depthwise_backward_weight_fast_f32",
+            "fast_div_u32",
         ],
     },
     KernelFile {
