@@ -317,3 +317,109 @@ extern "C" __global__ void depthwise_backward_weight_fast_f32(
 extern "C" __global__ void fast_div_u32(const u32* n, const u32* d, u32* q, u64 count) {
     FOR_EACH(i, count) q[i] = fdiv(n[i], fast_div(d[i]));
 }
+
+// ---- Implicit GEMM (f32 multiplies, the default precision): the convolution as per env
+// Y (c_out × B·P) = W (c_out × K) · col (K × B·P), K = c_in·k·k, with the column matrix never written:
+// each block loads its 8 × 128 slice of col straight from x (zero in the padding) into shared memory.
+// im2col wrote and the GEMM read K·B·P values, nine per input value for a 3×3 kernel: at the bandwidth
+// and still 40 % of a seeded step (ncu, H100). The output lands in [E, B, c_out, P] directly (no swap).
+//
+// Every output is one fmaf chain from 0 over j = s·k·k + ky·k + kx in order, the padding taps included
+// (fmaf(w, 0, acc)), and j ≥ K adding fmaf(0, 0, acc) (acc is never −0: it starts at +0): the same f32
+// operations as conv2d_forward_f32 and the CPU's ops::conv, bit for bit.
+//
+// flip != 0 computes the input gradient instead: x is the output gradient dy ([E, B, c_in, h, w] with
+// c_in the forward's c_out), `weight` the forward's [E, c_out, c_in, k, k] read transposed and flipped
+// (W[e, s, o, k·k − 1 − tap]), pad the forward's k − 1 − pad: conv2d_backward_input_f32's operations in
+// its order (overwriting).
+//
+// Block: 256 threads, BM output channels × 128 columns, thread (ty, tx) = (t / 32, t % 32) holding
+// channels ty·TM .. ty·TM + TM − 1 (TM = BM / 8) of columns tx + 32·i, i < 4.
+#define IG_BN 128
+#define IG_BK 8
+
+template <int BM>
+__device__ __forceinline__ void conv2d_implicit(
+    const float* x, const float* weight, float* y, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, u32 k, u32 pad,
+    int flip) {
+    constexpr int TM = BM / 8;
+    __shared__ float a_tile[IG_BK][BM];
+    __shared__ float b_tile[IG_BK][IG_BN];
+    u32 t = threadIdx.x, tx = t % 32, ty = t / 32;
+    u32 e = blockIdx.z, m0 = blockIdx.y * BM;
+    u32 ho = h + 2 * pad + 1 - k, wo = w + 2 * pad + 1 - k, positions = ho * wo, columns = batch * positions;
+    u32 kk = k * k, depth = c_in * kk;
+    u64 plane = (u64)h * w;
+    FastDiv f_positions = fast_div(positions), f_wo = fast_div(wo), f_kk = fast_div(kk), f_k = fast_div(k);
+
+    // The column this thread loads into b_tile (the same for every K step): its image and position.
+    u32 n_load = blockIdx.x * IG_BN + t % IG_BN;
+    bool load_ok = n_load < columns;
+    u32 b_load = load_ok ? fdiv(n_load, f_positions) : 0, q_load = n_load - b_load * positions;
+    u32 yo_load = fdiv(q_load, f_wo), xo_load = q_load - yo_load * wo;
+    const float* x_image = x + ((u64)e * batch + b_load) * c_in * plane;
+
+    float acc[TM][4];
+    for (int i = 0; i < TM; ++i)
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+
+    for (u32 k0 = 0; k0 < depth; k0 += IG_BK) {
+        if (t < BM * IG_BK) {
+            u32 m = t / IG_BK, jj = t % IG_BK, o = m0 + m, j = k0 + jj;
+            float v = 0.0f;
+            if (o < c_out && j < depth) {
+                if (flip) {
+                    u32 s = fdiv(j, f_kk), tap = j - s * kk;
+                    v = weight[(((u64)e * c_in + s) * c_out + o) * kk + (kk - 1 - tap)];
+                } else {
+                    v = weight[((u64)e * c_out + o) * depth + j];
+                }
+            }
+            a_tile[jj][m] = v;
+        }
+        for (u32 r = t / IG_BN; r < IG_BK; r += 256 / IG_BN) {
+            u32 j = k0 + r;
+            float v = 0.0f;
+            if (load_ok && j < depth) {
+                u32 s = fdiv(j, f_kk), tap = j - s * kk, ky = fdiv(tap, f_k), kx = tap - ky * k;
+                int iy = (int)(yo_load + ky) - (int)pad, ix = (int)(xo_load + kx) - (int)pad;
+                if (iy >= 0 && iy < (int)h && ix >= 0 && ix < (int)w) v = x_image[s * plane + (u32)iy * w + (u32)ix];
+            }
+            b_tile[r][t % IG_BN] = v;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < IG_BK; ++r) {
+            float a[TM], b[4];
+            for (int i = 0; i < TM; ++i) a[i] = a_tile[r][ty * TM + i];
+            for (int j = 0; j < 4; ++j) b[j] = b_tile[r][tx + 32 * j];
+            for (int i = 0; i < TM; ++i)
+                for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+
+    for (int j = 0; j < 4; ++j) {
+        u32 n = blockIdx.x * IG_BN + tx + 32 * j;
+        if (n >= columns) continue;
+        u32 b = fdiv(n, f_positions), q = n - b * positions;
+        float* y_image = y + ((u64)e * batch + b) * c_out * positions + q;
+        for (int i = 0; i < TM; ++i) {
+            u32 o = m0 + ty * TM + i;
+            if (o >= c_out) continue;
+            y_image[(u64)o * positions] = acc[i][j];
+        }
+    }
+}
+
+// The three block heights (the host's and seeds' channel counts are 8, 16, 32 and more): grid
+// (⌈B·P / 128⌉, ⌈c_out / BM⌉, envs), 256 threads.
+#define IG_KERNEL(BM)                                                                                           \
+    extern "C" __global__ void __launch_bounds__(256) conv2d_implicit_m##BM##_f32(                              \
+        const float* x, const float* weight, float* y, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, u32 k,      \
+        u32 pad, int flip) {                                                                                    \
+        conv2d_implicit<BM>(x, weight, y, batch, c_in, c_out, h, w, k, pad, flip);                             \
+    }
+IG_KERNEL(8)
+IG_KERNEL(16)
+IG_KERNEL(32)

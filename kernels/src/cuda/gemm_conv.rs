@@ -18,7 +18,7 @@
 use cudarc::cublas::sys::cublasOperation_t::{self, CUBLAS_OP_N, CUBLAS_OP_T};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasMath_t, cudaDataType_t};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::parity::{Device, ParityError, elementwise};
 use crate::ops::Conv2dShape;
@@ -64,6 +64,10 @@ pub struct GemmConv {
     rows: CudaSlice<f32>,
     /// With bf16 multiplies: the GEMMs' inputs as bfloat16 bits.
     bf16: Option<Bf16Scratch>,
+    /// f32 multiplies: the forward and the input gradient as implicit GEMMs (`conv2d_implicit_*`), no
+    /// column matrix; the weight gradient stays im2col + SGEMM. Off with `ESPER_CUDA_CONV=im2col` (to
+    /// measure the two against each other) or [`Self::set_implicit`].
+    implicit: bool,
 }
 
 /// The bf16 GEMM's inputs: the column matrix, the output gradient's channel-major rows and the weights.
@@ -110,7 +114,16 @@ impl GemmConv {
             }),
         };
         let (col, rows) = (stream.alloc_zeros::<f32>(col)?, stream.alloc_zeros::<f32>(rows)?);
-        Ok(Self { blas, _workspace: workspace, col, rows, bf16 })
+        let implicit = device.precision() == Precision::F32
+            && std::env::var("ESPER_CUDA_CONV").map_or(true, |v| v != "im2col");
+        Ok(Self { blas, _workspace: workspace, col, rows, bf16, implicit })
+    }
+
+    /// Runs the forward and the input gradient as implicit GEMMs (`on`, f32 multiplies only) or as
+    /// im2col + GEMM.
+    pub(super) fn set_implicit(&mut self, on: bool) {
+        assert!(!on || self.bf16.is_none(), "the implicit GEMM multiplies in f32");
+        self.implicit = on;
     }
 
     fn check(&self, d: &Conv2dShape) {
@@ -198,6 +211,9 @@ impl GemmConv {
         y: &mut CudaSlice<f32>,
     ) -> Result<(), ParityError> {
         self.check(d);
+        if self.implicit {
+            return implicit_conv(device, d, x, weight, y, false);
+        }
         self.im2col(device, d, x)?;
         let (k, n, c_out) = (col_rows(d), col_columns(d), d.c_out);
         // Column-major Y'ᵀ (n × c_out) = colᵀ (n × k) · Wᵀ (k × c_out).
@@ -247,6 +263,9 @@ impl GemmConv {
         dx: &mut CudaSlice<f32>,
     ) -> Result<(), ParityError> {
         self.check(d);
+        if self.implicit {
+            return implicit_conv(device, d, dy, weight, dx, true);
+        }
         self.dy_rows(device, d, dy)?;
         let (k, n, c_out) = (col_rows(d), col_columns(d), d.c_out);
         // Column-major dcolᵀ (n × k) = dY'ᵀ (n × c_out) · W (c_out × k), W stored as Wᵀ (k × c_out).
@@ -272,6 +291,50 @@ impl GemmConv {
 }
 
 type R = Result<(), ParityError>;
+
+/// `conv2d_implicit_m{8,16,32}_f32` (conv.cu): the forward `y = conv(x, weight)` of `d`, or with
+/// `input_grad` its input gradient `dx` (overwritten) from the output gradient `dy` passed as `x` — the
+/// same kernel over the transposed, flipped weights with padding `k − 1 − pad`. Blocks of 8, 16 or 32
+/// output channels (the smallest that holds them; more blocks above 32) by 128 output columns.
+pub(super) fn implicit_conv(
+    device: &Device,
+    d: &Conv2dShape,
+    x: &CudaSlice<f32>,
+    weight: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    input_grad: bool,
+) -> R {
+    assert_eq!(d.groups, 1, "the implicit GEMM takes one group");
+    // The kernel's view: (input channels, output channels, input size, padding).
+    let (c_in, c_out, h, w, pad) = if input_grad {
+        (d.c_out, d.c_in, d.h_out(), d.w_out(), d.k - 1 - d.pad)
+    } else {
+        (d.c_in, d.c_out, d.h, d.w, d.pad)
+    };
+    let columns = d.batch * (h + 2 * pad + 1 - d.k) * (w + 2 * pad + 1 - d.k);
+    assert!(columns <= u32::MAX as usize && d.envs <= 65_535, "implicit GEMM: grid exceeds the device's");
+    let block_rows = match c_out {
+        0..=8 => 8,
+        9..=16 => 16,
+        _ => 32,
+    };
+    let name = match block_rows {
+        8 => "conv2d_implicit_m8_f32",
+        16 => "conv2d_implicit_m16_f32",
+        _ => "conv2d_implicit_m32_f32",
+    };
+    let dims = [d.batch, c_in, c_out, h, w, d.k, pad].map(|v| v as u32);
+    let flip = i32::from(input_grad);
+    let mut launch = device.stream.launch_builder(device.function(name));
+    launch.arg(x).arg(weight).arg(y);
+    for v in &dims {
+        launch.arg(v);
+    }
+    launch.arg(&flip);
+    let grid = (columns.div_ceil(128) as u32, c_out.div_ceil(block_rows) as u32, d.envs as u32);
+    unsafe { launch.launch(LaunchConfig { grid_dim: grid, block_dim: (256, 1, 1), shared_mem_bytes: 0 }) }?;
+    Ok(())
+}
 
 /// One GEMM per env over `envs` densely packed column-major matrices, `C (m × n) = op(A) (m × k) ·
 /// op(B) (k × n)` (`op` transposes when `trans` is `CUBLAS_OP_T`): the leading dimensions and strides

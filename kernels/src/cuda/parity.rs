@@ -1587,6 +1587,10 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
         shape(32, 32, 8, 3, 1, 1),
         shape(16, 16, 8, 3, 1, 16),
         shape(8, 16, 8, 1, 0, 1),
+        // The implicit GEMM's edges: two blocks of output channels, the second partial (40 = 32 + 8;
+        // 5 in the input gradient), columns (3·7·7 = 147) that fill one 128-wide block and part of a
+        // second, and a depth (5·9 = 45) that is not a multiple of its 8-deep slices.
+        shape(5, 40, 7, 3, 1, 1),
     ];
     for c in shapes {
         let dims: [u32; 9] =
@@ -1679,10 +1683,40 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
             ));
         }
 
-        // The GEMM form the host trains with (one group only): cuBLAS sums in its own order, so to 1e-5
-        // of each result's largest value.
+        // The implicit GEMM the host and seeds run their forward and input gradient with at f32: the
+        // twins' fmaf chains in their order, so bit for bit (overwriting junk).
         if c.groups == 1 {
             let mut gemm = GemmConv::new(device, &[c])?;
+            gemm.set_implicit(true);
+            let mut y_dev = stream.clone_htod(&values(s, y_cpu.len(), -1.0, 1.0))?;
+            gemm.forward(device, &c, &x_dev, &w_dev, &mut y_dev)?;
+            let y_implicit = stream.clone_dtoh(&y_dev)?;
+            rows.push(ParityRow::new(
+                "GemmConv::forward (implicit GEMM)",
+                "ops::conv::conv2d_forward",
+                y_cpu.len(),
+                max_diff(&y_implicit, &y_cpu),
+                0.0,
+            ));
+            let mut dx_cpu = vec![0.0f32; c.input_len()];
+            conv2d_backward_input(c, &dy, &w, &mut dx_cpu);
+            let mut dx_dev = stream.clone_htod(&values(s, c.input_len(), -1.0, 1.0))?;
+            gemm.backward_input(device, &c, &dy_dev, &w_dev, &mut dx_dev)?;
+            let dx_implicit = stream.clone_dtoh(&dx_dev)?;
+            rows.push(ParityRow::new(
+                "GemmConv::backward_input (implicit GEMM)",
+                "ops::conv::conv2d_backward_input",
+                dx_cpu.len(),
+                max_diff(&dx_implicit, &dx_cpu),
+                0.0,
+            ));
+        }
+
+        // The GEMM form (one group only) the weight gradient always takes, and the forward and input
+        // gradient at tf32 / bf16: cuBLAS sums in its own order, so to 1e-5 of each result's largest value.
+        if c.groups == 1 {
+            let mut gemm = GemmConv::new(device, &[c])?;
+            gemm.set_implicit(false);
             let mut y_dev = stream.alloc_zeros::<f32>(y_cpu.len())?;
             gemm.forward(device, &c, &x_dev, &w_dev, &mut y_dev)?;
             let y_gemm = stream.clone_dtoh(&y_dev)?;

@@ -65,6 +65,9 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "swap_middle_axes_f32",
             "depthwise_backward_weight_fast_f32",
             "fast_div_u32",
+            "conv2d_implicit_m8_f32",
+            "conv2d_implicit_m16_f32",
+            "conv2d_implicit_m32_f32",
         ],
     },
     KernelFile {
