@@ -334,17 +334,36 @@ extern "C" __global__ void fast_div_u32(const u32* n, const u32* d, u32* q, u64 
 // its order (overwriting).
 //
 // Block: 256 threads, BM output channels × 128 columns, thread (ty, tx) = (t / 32, t % 32) holding
-// channels ty·TM .. ty·TM + TM − 1 (TM = BM / 8) of columns tx + 32·i, i < 4.
+// channels ty·TM .. ty·TM + TM − 1 (TM = BM / 8) of columns 4·tx .. 4·tx + 3, read from shared memory
+// as one vector each (the loop is bound by shared-memory loads, not by the multiply-adds).
 #define IG_BN 128
 #define IG_BK 8
+// Depth rows j whose (s·h·w + (ky − pad)·w + (kx − pad), ky − pad, kx − pad) a block tabulates in shared
+// memory once, so that loading a column value is two adds, the bounds and the load (no divisions).
+// Deeper convolutions (c_in·k·k > 2048) divide per value instead.
+#define IG_TABLE 2048
+
+// TM consecutive floats of shared memory (aligned to TM floats) as one load.
+template <int TM>
+__device__ __forceinline__ void load_row(const float* src, float* dst) {
+    if (TM == 4) {
+        float4 v = *reinterpret_cast<const float4*>(src);
+        dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
+    } else if (TM == 2) {
+        float2 v = *reinterpret_cast<const float2*>(src);
+        dst[0] = v.x, dst[1] = v.y;
+    } else {
+        for (int i = 0; i < TM; ++i) dst[i] = src[i];
+    }
+}
 
 template <int BM>
 __device__ __forceinline__ void conv2d_implicit(
     const float* x, const float* weight, float* y, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, u32 k, u32 pad,
     int flip) {
     constexpr int TM = BM / 8;
-    __shared__ float a_tile[IG_BK][BM];
-    __shared__ float b_tile[IG_BK][IG_BN];
+    __shared__ __align__(16) float a_tile[IG_BK][BM];
+    __shared__ __align__(16) float b_tile[IG_BK][IG_BN];
     u32 t = threadIdx.x, tx = t % 32, ty = t / 32;
     u32 e = blockIdx.z, m0 = blockIdx.y * BM;
     u32 ho = h + 2 * pad + 1 - k, wo = w + 2 * pad + 1 - k, positions = ho * wo, columns = batch * positions;
@@ -358,6 +377,27 @@ __device__ __forceinline__ void conv2d_implicit(
     u32 b_load = load_ok ? fdiv(n_load, f_positions) : 0, q_load = n_load - b_load * positions;
     u32 yo_load = fdiv(q_load, f_wo), xo_load = q_load - yo_load * wo;
     const float* x_image = x + ((u64)e * batch + b_load) * c_in * plane;
+
+    // Row j's offset from the column's own position and its (ky − pad, kx − pad) packed as (dy << 16) |
+    // (dx & 0xffff); rows past K get a dy that fails every bound.
+    __shared__ int tap_offset[IG_TABLE];
+    __shared__ int tap_shift[IG_TABLE];
+    u32 padded_depth = (depth + IG_BK - 1) / IG_BK * IG_BK;
+    bool tabled = padded_depth <= IG_TABLE;
+    if (tabled) {
+        for (u32 j = t; j < padded_depth; j += 256) {
+            int dy = 1 << 14, dx = 0, offset = 0;
+            if (j < depth) {
+                u32 s = j / kk, tap = j % kk;
+                dy = (int)(tap / k) - (int)pad, dx = (int)(tap % k) - (int)pad;
+                offset = (int)(s * plane) + dy * (int)w + dx;
+            }
+            tap_offset[j] = offset;
+            tap_shift[j] = (int)(((u32)dy << 16) | ((u32)dx & 0xffffu));
+        }
+        __syncthreads();
+    }
+    int base_load = (int)(yo_load * w + xo_load);
 
     float acc[TM][4];
     for (int i = 0; i < TM; ++i)
@@ -380,7 +420,10 @@ __device__ __forceinline__ void conv2d_implicit(
         for (u32 r = t / IG_BN; r < IG_BK; r += 256 / IG_BN) {
             u32 j = k0 + r;
             float v = 0.0f;
-            if (load_ok && j < depth) {
+            if (tabled) {
+                int shift = tap_shift[j], iy = (int)yo_load + (shift >> 16), ix = (int)xo_load + (short)(shift & 0xffff);
+                if (load_ok && iy >= 0 && iy < (int)h && ix >= 0 && ix < (int)w) v = x_image[base_load + tap_offset[j]];
+            } else if (load_ok && j < depth) {
                 u32 s = fdiv(j, f_kk), tap = j - s * kk, ky = fdiv(tap, f_k), kx = tap - ky * k;
                 int iy = (int)(yo_load + ky) - (int)pad, ix = (int)(xo_load + kx) - (int)pad;
                 if (iy >= 0 && iy < (int)h && ix >= 0 && ix < (int)w) v = x_image[s * plane + (u32)iy * w + (u32)ix];
@@ -391,8 +434,8 @@ __device__ __forceinline__ void conv2d_implicit(
 #pragma unroll
         for (int r = 0; r < IG_BK; ++r) {
             float a[TM], b[4];
-            for (int i = 0; i < TM; ++i) a[i] = a_tile[r][ty * TM + i];
-            for (int j = 0; j < 4; ++j) b[j] = b_tile[r][tx + 32 * j];
+            load_row<TM>(&a_tile[r][ty * TM], a);
+            load_row<4>(&b_tile[r][tx * 4], b);
             for (int i = 0; i < TM; ++i)
                 for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
         }
@@ -400,14 +443,13 @@ __device__ __forceinline__ void conv2d_implicit(
     }
 
     for (int j = 0; j < 4; ++j) {
-        u32 n = blockIdx.x * IG_BN + tx + 32 * j;
+        u32 n = blockIdx.x * IG_BN + tx * 4 + j;
         if (n >= columns) continue;
         u32 b = fdiv(n, f_positions), q = n - b * positions;
         float* y_image = y + ((u64)e * batch + b) * c_out * positions + q;
         for (int i = 0; i < TM; ++i) {
             u32 o = m0 + ty * TM + i;
-            if (o >= c_out) continue;
-            y_image[(u64)o * positions] = acc[i][j];
+            if (o < c_out) y_image[(u64)o * positions] = acc[i][j];
         }
     }
 }
@@ -423,3 +465,120 @@ __device__ __forceinline__ void conv2d_implicit(
 IG_KERNEL(8)
 IG_KERNEL(16)
 IG_KERNEL(32)
+
+// ---- The weight gradient as an implicit GEMM: per env dW (c_out × K) = Σ over the B·P columns of
+// dy (c_out × columns) · colᵀ, the column matrix again read straight from x. The columns are cut into
+// `chunks` runs (enough blocks to fill the GPU: the output is small, the sum long); each block sums its
+// run into `partial` [E, chunks, c_out, K] and conv2d_wgrad_reduce_f32 adds the runs in order, so a
+// result depends only on the shape. f32 sums in another order than the CPU's lanes: checked to a
+// tolerance, as the SGEMM it replaces.
+//
+// Block: 256 threads, BO output channels × 64 depth rows j, 16 columns a step; thread (to, tj) holds
+// channels to·TO .. + TO − 1 of rows tj·TJ .. + TJ − 1 (TO × TJ = BO / 4: 2 × 4, 1 × 4, 1 × 2).
+#define WG_BJ 64
+#define WG_BN 16
+
+template <int BO>
+__device__ __forceinline__ void conv2d_wgrad(
+    const float* x, const float* dy, float* partial, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, u32 k,
+    u32 pad, u32 chunks, u32 chunk_len) {
+    constexpr int TO = BO == 32 ? 2 : 1, TJ = BO == 8 ? 2 : 4, J_THREADS = WG_BJ / TJ;
+    __shared__ __align__(16) float dy_tile[WG_BN][BO];
+    __shared__ __align__(16) float col_tile[WG_BN][WG_BJ];
+    u32 t = threadIdx.x, tj = t % J_THREADS, to = t / J_THREADS;
+    u32 j0 = blockIdx.x * WG_BJ, o0 = blockIdx.y * BO;
+    u32 e = blockIdx.z / chunks, chunk = blockIdx.z % chunks;
+    u32 ho = h + 2 * pad + 1 - k, wo = w + 2 * pad + 1 - k, positions = ho * wo, columns = batch * positions;
+    u32 kk = k * k, depth = c_in * kk;
+    u64 plane = (u64)h * w;
+    FastDiv f_positions = fast_div(positions), f_wo = fast_div(wo);
+    u32 first = chunk * chunk_len, last = min(first + chunk_len, columns);
+
+    // The four rows j this thread loads into col_tile (fixed for the block): (s·h·w, ky − pad, kx − pad),
+    // or no row past K.
+    u32 r_load = t % WG_BN;
+    u64 row_plane[4];
+    int row_dy[4], row_dx[4];
+    bool row_ok[4];
+    for (int i = 0; i < 4; ++i) {
+        u32 j = j0 + t / WG_BN + 16 * i;
+        row_ok[i] = j < depth;
+        u32 s = row_ok[i] ? j / kk : 0, tap = row_ok[i] ? j % kk : 0;
+        row_plane[i] = s * plane;
+        row_dy[i] = (int)(tap / k) - (int)pad;
+        row_dx[i] = (int)(tap % k) - (int)pad;
+    }
+
+    float acc[TO][TJ];
+    for (int i = 0; i < TO; ++i)
+        for (int j = 0; j < TJ; ++j) acc[i][j] = 0.0f;
+
+    for (u32 n0 = first; n0 < last; n0 += WG_BN) {
+        for (u32 l = t; l < BO * WG_BN; l += 256) {  // BO·16 values: two per thread at BO = 32
+            u32 r = l % WG_BN, o = o0 + l / WG_BN, n = n0 + r;
+            float v = 0.0f;
+            if (o < c_out && n < last) {
+                u32 b = fdiv(n, f_positions), q = n - b * positions;
+                v = dy[(((u64)e * batch + b) * c_out + o) * positions + q];
+            }
+            dy_tile[r][l / WG_BN] = v;
+        }
+        {
+            u32 n = n0 + r_load;
+            bool n_ok = n < last;
+            u32 b = n_ok ? fdiv(n, f_positions) : 0, q = n - b * positions;
+            u32 yo = fdiv(q, f_wo), xo = q - yo * wo;
+            const float* x_image = x + ((u64)e * batch + b) * c_in * plane;
+            for (int i = 0; i < 4; ++i) {
+                float v = 0.0f;
+                int iy = (int)yo + row_dy[i], ix = (int)xo + row_dx[i];
+                if (n_ok && row_ok[i] && iy >= 0 && iy < (int)h && ix >= 0 && ix < (int)w)
+                    v = x_image[row_plane[i] + (u32)iy * w + (u32)ix];
+                col_tile[r_load][t / WG_BN + 16 * i] = v;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < WG_BN; ++r) {
+            float a[TO], b[TJ];
+            load_row<TO>(&dy_tile[r][to * TO], a);
+            load_row<TJ>(&col_tile[r][tj * TJ], b);
+            for (int i = 0; i < TO; ++i)
+                for (int j = 0; j < TJ; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+
+    for (int i = 0; i < TO; ++i) {
+        u32 o = o0 + to * TO + i;
+        if (o >= c_out) continue;
+        float* out = partial + (((u64)e * chunks + chunk) * c_out + o) * depth;
+        for (int j = 0; j < TJ; ++j) {
+            u32 jj = j0 + tj * TJ + j;
+            if (jj < depth) out[jj] = acc[i][j];
+        }
+    }
+}
+
+// Grid (⌈K / 64⌉, ⌈c_out / BO⌉, envs · chunks), 256 threads.
+#define WG_KERNEL(BO)                                                                                           \
+    extern "C" __global__ void __launch_bounds__(256) conv2d_wgrad_m##BO##_f32(                                 \
+        const float* x, const float* dy, float* partial, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, u32 k,    \
+        u32 pad, u32 chunks, u32 chunk_len) {                                                                   \
+        conv2d_wgrad<BO>(x, dy, partial, batch, c_in, c_out, h, w, k, pad, chunks, chunk_len);                 \
+    }
+WG_KERNEL(8)
+WG_KERNEL(16)
+WG_KERNEL(32)
+
+// grad_weight[e][i] = Σ_c partial[e][c][i] over the chunks in order (i < c_out·K).
+extern "C" __global__ void __launch_bounds__(1024) conv2d_wgrad_reduce_f32(
+    const float* partial, float* grad_weight, u32 envs, u32 chunks, u32 per_env) {
+    FOR_EACH(i, (u64)envs * per_env) {
+        u64 e = i / per_env, r = i % per_env;
+        const float* p = partial + e * chunks * per_env + r;
+        float sum = 0.0f;
+        for (u32 c = 0; c < chunks; ++c) sum += p[(u64)c * per_env];
+        grad_weight[i] = sum;
+    }
+}

@@ -64,8 +64,8 @@ pub struct GemmConv {
     rows: CudaSlice<f32>,
     /// With bf16 multiplies: the GEMMs' inputs as bfloat16 bits.
     bf16: Option<Bf16Scratch>,
-    /// f32 multiplies: the forward and the input gradient as implicit GEMMs (`conv2d_implicit_*`), no
-    /// column matrix; the weight gradient stays im2col + SGEMM. Off with `ESPER_CUDA_CONV=im2col` (to
+    /// f32 multiplies: the forward, the input gradient and the weight gradient as implicit GEMMs
+    /// (`conv2d_implicit_*`, `conv2d_wgrad_*`), no column matrix. Off with `ESPER_CUDA_CONV=im2col` (to
     /// measure the two against each other) or [`Self::set_implicit`].
     implicit: bool,
 }
@@ -239,6 +239,9 @@ impl GemmConv {
         grad_weight: &mut CudaSlice<f32>,
     ) -> Result<(), ParityError> {
         self.check(d);
+        if self.implicit {
+            return implicit_weight_grad(device, d, x, dy, &mut self.col, grad_weight);
+        }
         self.dy_rows(device, d, dy)?;
         self.im2col(device, d, x)?;
         let (k, n, c_out) = (col_rows(d), col_columns(d), d.c_out);
@@ -292,6 +295,59 @@ impl GemmConv {
 
 type R = Result<(), ParityError>;
 
+/// The smallest block height of 8, 16 or 32 output channels that holds `c_out` (more blocks above 32),
+/// and its kernel's name among `{prefix}_m8_f32`, `_m16_f32`, `_m32_f32`.
+fn block_height(c_out: usize, prefix: &str) -> (usize, String) {
+    let rows = match c_out {
+        0..=8 => 8,
+        9..=16 => 16,
+        _ => 32,
+    };
+    (rows, format!("{prefix}_m{rows}_f32"))
+}
+
+/// Blocks the weight gradient aims for: about two waves of an H100 (132 SMs, eight 256-thread blocks
+/// each); its output is small, so it is the column runs (chunks) that fill the GPU.
+const WGRAD_TARGET_BLOCKS: usize = 2048;
+
+/// `d`'s weight gradient (overwritten) as an implicit GEMM: `conv2d_wgrad_m{8,16,32}_f32` sums runs of
+/// the `B·P` columns into `partial` (the column matrix's scratch, which holds them: chunks·c_out ≤ B·P),
+/// then `conv2d_wgrad_reduce_f32` adds the runs in order.
+pub(super) fn implicit_weight_grad(
+    device: &Device,
+    d: &Conv2dShape,
+    x: &CudaSlice<f32>,
+    dy: &CudaSlice<f32>,
+    partial: &mut CudaSlice<f32>,
+    grad_weight: &mut CudaSlice<f32>,
+) -> R {
+    assert_eq!(d.groups, 1, "the implicit GEMM takes one group");
+    let (columns, depth) = (col_columns(d), col_rows(d));
+    let (rows, name) = block_height(d.c_out, "conv2d_wgrad");
+    let tiles = depth.div_ceil(64) * d.c_out.div_ceil(rows);
+    let most = (columns / 256).min(columns / d.c_out.max(1)).min(65_535 / d.envs.max(1)).max(1);
+    let wanted = WGRAD_TARGET_BLOCKS.div_ceil(tiles * d.envs.max(1)).clamp(1, most);
+    let chunk_len = columns.div_ceil(wanted).next_multiple_of(16);
+    let chunks = columns.div_ceil(chunk_len).max(1);
+    assert!(
+        chunks * d.c_out * depth * d.envs <= partial.len() && columns <= u32::MAX as usize,
+        "implicit weight gradient: partial sums exceed the scratch"
+    );
+    let dims = [d.batch, d.c_in, d.c_out, d.h, d.w, d.k, d.pad, chunks, chunk_len].map(|v| v as u32);
+    let mut launch = device.stream.launch_builder(device.function(&name));
+    launch.arg(x).arg(dy).arg(&mut *partial);
+    for v in &dims {
+        launch.arg(v);
+    }
+    let grid = (depth.div_ceil(64) as u32, d.c_out.div_ceil(rows) as u32, (d.envs * chunks) as u32);
+    unsafe { launch.launch(LaunchConfig { grid_dim: grid, block_dim: (256, 1, 1), shared_mem_bytes: 0 }) }?;
+    let (envs, chunks32, per_env) = (d.envs as u32, chunks as u32, (d.c_out * depth) as u32);
+    let mut launch = device.stream.launch_builder(device.function("conv2d_wgrad_reduce_f32"));
+    launch.arg(&*partial).arg(grad_weight).arg(&envs).arg(&chunks32).arg(&per_env);
+    unsafe { launch.launch(elementwise(d.envs * d.c_out * depth)) }?;
+    Ok(())
+}
+
 /// `conv2d_implicit_m{8,16,32}_f32` (conv.cu): the forward `y = conv(x, weight)` of `d`, or with
 /// `input_grad` its input gradient `dx` (overwritten) from the output gradient `dy` passed as `x` — the
 /// same kernel over the transposed, flipped weights with padding `k − 1 − pad`. Blocks of 8, 16 or 32
@@ -313,19 +369,12 @@ pub(super) fn implicit_conv(
     };
     let columns = d.batch * (h + 2 * pad + 1 - d.k) * (w + 2 * pad + 1 - d.k);
     assert!(columns <= u32::MAX as usize && d.envs <= 65_535, "implicit GEMM: grid exceeds the device's");
-    let block_rows = match c_out {
-        0..=8 => 8,
-        9..=16 => 16,
-        _ => 32,
-    };
-    let name = match block_rows {
-        8 => "conv2d_implicit_m8_f32",
-        16 => "conv2d_implicit_m16_f32",
-        _ => "conv2d_implicit_m32_f32",
-    };
+    // The kernel's tap offsets within an image are i32.
+    assert!(c_in * h * w <= i32::MAX as usize, "implicit GEMM: an image exceeds i32 offsets");
+    let (block_rows, name) = block_height(c_out, "conv2d_implicit");
     let dims = [d.batch, c_in, c_out, h, w, d.k, pad].map(|v| v as u32);
     let flip = i32::from(input_grad);
-    let mut launch = device.stream.launch_builder(device.function(name));
+    let mut launch = device.stream.launch_builder(device.function(&name));
     launch.arg(x).arg(weight).arg(y);
     for v in &dims {
         launch.arg(v);

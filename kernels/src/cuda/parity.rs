@@ -1710,10 +1710,22 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
                 max_diff(&dx_implicit, &dx_cpu),
                 0.0,
             ));
+            // The weight gradient sums runs of columns in f32 and adds the runs: another order than
+            // the CPU's lanes, so to 1e-5 of the largest value, as the SGEMM (overwriting NaN).
+            let mut dw_dev = stream.clone_htod(&vec![f32::NAN; dw_cpu.len()])?;
+            gemm.backward_weight(device, &c, &x_dev, &dy_dev, &mut dw_dev)?;
+            let dw_implicit = stream.clone_dtoh(&dw_dev)?;
+            rows.push(ParityRow::new(
+                "GemmConv::backward_weight (implicit GEMM)",
+                "ops::conv::conv2d_backward_weight",
+                dw_cpu.len(),
+                max_diff_of_tensor(&dw_implicit, &dw_cpu),
+                1e-5,
+            ));
         }
 
-        // The GEMM form (one group only) the weight gradient always takes, and the forward and input
-        // gradient at tf32 / bf16: cuBLAS sums in its own order, so to 1e-5 of each result's largest value.
+        // The im2col + cuBLAS form (one group only) the tf32 and bf16 multiplies take, here at f32:
+        // cuBLAS sums in its own order, so to 1e-5 of each result's largest value.
         if c.groups == 1 {
             let mut gemm = GemmConv::new(device, &[c])?;
             gemm.set_implicit(false);

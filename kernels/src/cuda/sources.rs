@@ -68,6 +68,10 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "conv2d_implicit_m8_f32",
             "conv2d_implicit_m16_f32",
             "conv2d_implicit_m32_f32",
+            "conv2d_wgrad_m8_f32",
+            "conv2d_wgrad_m16_f32",
+            "conv2d_wgrad_m32_f32",
+            "conv2d_wgrad_reduce_f32",
         ],
     },
     KernelFile {
