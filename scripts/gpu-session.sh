@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # One device session's checks, in the order that teaches the most if the time runs out: the selftest
-# (every kernel and composed piece against its CPU twin), then the W16 bench without and with seeds, a
-# short heuristic train run (the whole step's systems on the device, copies back per step, the profile's
-# device column), then the env sweep. Each step has its own time limit and writes its output under $OUT (the device
-# tool brings $OUT back), so a step that hangs or fails costs only its own limit.
+# (every kernel and composed piece against its CPU twin), the W16 bench without and with seeds, the same
+# with the im2col + SGEMM convolutions (the baseline of the implicit GEMM, on the same machine), the
+# tensor-core precisions, the issue's 256-env workload, a short heuristic train run (the whole step's
+# systems, copies back per step, the profile's device column), the env sweep, and the per-kernel device
+# times of one W16 epoch (ncu). The selftest must pass for the rest to run.
 #
 #   bash scripts/gpu-session.sh [BIN] [STEP ...]   # BIN: a cuda build (default gpu/esper-ecs); STEPs: the
 #                                                  # names below (default: all, in order)
 #
-# The limits add up to more than one device call allows (600 s): split them over calls by naming steps,
-# e.g. `selftest bench-w16-none bench-w16-seeded` first.
+# Each step has its own time limit; together they fit one device call (600 s) with room to spare on an
+# H100 (the whole list took about 75 s there). The device tool brings back at most 8 files from $OUT, so
+# the logs go to one archive, $OUT/logs.tgz, rewritten after every step (a call cut short keeps what ran),
+# and a summary of each step's last lines to $OUT/summary.txt. The kernel cache and the train run's
+# output stay in /tmp.
 #
 # Build here first (docs/gpu.md): `bash ../shared/tools/cuda-build.sh`, then copy
 # target/release/esper-ecs into gpu/, strip it (list gpu/ in .git/info/exclude) and carry it to the device.
@@ -18,8 +22,9 @@ BIN=${1:-gpu/esper-ecs}
 shift $(($# > 0 ? 1 : 0))
 WANTED=" $* "
 OUT=${OUT:-gpu-out}
-mkdir -p "$OUT"
-export ESPER_KERNEL_CACHE=${ESPER_KERNEL_CACHE:-$OUT/kernel-cache}
+LOGS=/tmp/gpu-session/logs
+mkdir -p "$OUT" "$LOGS"
+export ESPER_KERNEL_CACHE=${ESPER_KERNEL_CACHE:-/tmp/gpu-session/kernel-cache}
 if [ ! -x "$BIN" ]; then
     echo "no executable at $BIN: build with bash ../shared/tools/cuda-build.sh and copy it there" >&2
     exit 2
@@ -29,28 +34,47 @@ step() {
     local name=$1 limit=$2
     shift 2
     if [ "$WANTED" != "  " ] && [[ "$WANTED" != *" $name "* ]]; then
-        return
+        return 0
     fi
-    echo "== $name (limit ${limit}s): $*"
+    echo "== $name (limit ${limit}s): $*" | tee -a "$OUT/summary.txt"
     local started=$SECONDS
-    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1
     local rc=$?
-    echo "   exit $rc after $((SECONDS - started)) s; last lines:"
-    tail -n 25 "$OUT/$name.log" | sed 's/^/   | /'
+    {
+        echo "   exit $rc after $((SECONDS - started)) s; last lines:"
+        tail -n 25 "$LOGS/$name.log" | sed 's/^/   | /'
+    } | tee -a "$OUT/summary.txt"
+    tar czf "$OUT/logs.tgz" -C "$(dirname "$LOGS")" logs
+    return $rc
 }
 
 W16=(--task cifar_baseline --batch-per-env 512 --train-batches 6 --test-per-env 625 --reps 3 --warmup 1)
-nvidia-smi >"$OUT/nvidia-smi.log" 2>&1 && head -n 15 "$OUT/nvidia-smi.log"
-step selftest 240 "$BIN" selftest --device cuda
-step bench-w16-none 150 "$BIN" bench --device cuda --seeds none --envs 16 "${W16[@]}" --json "$OUT/bench-w16-none.json"
-step bench-w16-seeded 180 "$BIN" bench --device cuda --envs 16 "${W16[@]}" --json "$OUT/bench-w16-seeded.json"
-step bench-w16-seeded-bf16 150 "$BIN" bench --device cuda --envs 16 --precision bf16 "${W16[@]}" \
-    --json "$OUT/bench-w16-seeded-bf16.json"
-step bench-w16-seeded-tf32 150 "$BIN" bench --device cuda --envs 16 --precision tf32 "${W16[@]}" \
-    --json "$OUT/bench-w16-seeded-tf32.json"
-step bench-w16-none-nographs 150 "$BIN" bench --device cuda --seeds none --envs 16 --cuda-graphs off "${W16[@]}" \
-    --json "$OUT/bench-w16-none-nographs.json"
-step train-heuristic 180 "$BIN" train --device cuda --envs 16 --epochs 4 --policy heuristic --count-syncs \
-    --profile table --out "$OUT/train-heuristic" --force --quiet
-step bench-sweep-none 240 "$BIN" bench --device cuda --seeds none --envs 1,4,16,64,256 --reps 2 \
-    --json "$OUT/bench-sweep-none.json"
+E256=(--task cifar_baseline --batch-per-env 64 --train-batches 3 --test-per-env 40 --reps 3 --warmup 1)
+NCU=(--task cifar_baseline --batch-per-env 512 --train-batches 1 --test-per-env 625 --envs 16 --reps 1 --warmup 0
+    --cuda-graphs off)
+nvidia-smi >"$LOGS/nvidia-smi.log" 2>&1 && head -n 15 "$LOGS/nvidia-smi.log"
+step selftest 200 "$BIN" selftest --device cuda || exit 1
+step bench-w16-none 120 "$BIN" bench --device cuda --seeds none --envs 16 "${W16[@]}" --json "$LOGS/bench-w16-none.json"
+step bench-w16-seeded 120 "$BIN" bench --device cuda --envs 16 "${W16[@]}" --json "$LOGS/bench-w16-seeded.json"
+step bench-w16-none-im2col 120 env ESPER_CUDA_CONV=im2col "$BIN" bench --device cuda --seeds none --envs 16 "${W16[@]}" \
+    --json "$LOGS/bench-w16-none-im2col.json"
+step bench-w16-seeded-im2col 120 env ESPER_CUDA_CONV=im2col "$BIN" bench --device cuda --envs 16 "${W16[@]}" \
+    --json "$LOGS/bench-w16-seeded-im2col.json"
+step bench-w16-seeded-bf16 120 "$BIN" bench --device cuda --envs 16 --precision bf16 "${W16[@]}" \
+    --json "$LOGS/bench-w16-seeded-bf16.json"
+step bench-w16-seeded-tf32 120 "$BIN" bench --device cuda --envs 16 --precision tf32 "${W16[@]}" \
+    --json "$LOGS/bench-w16-seeded-tf32.json"
+step bench-w16-none-nographs 120 "$BIN" bench --device cuda --seeds none --envs 16 --cuda-graphs off "${W16[@]}" \
+    --json "$LOGS/bench-w16-none-nographs.json"
+step bench-256-none 150 "$BIN" bench --device cuda --seeds none --envs 16,256 "${E256[@]}" --json "$LOGS/bench-256-none.json"
+step bench-256-seeded 150 "$BIN" bench --device cuda --envs 16,256 "${E256[@]}" --json "$LOGS/bench-256-seeded.json"
+step train-heuristic 120 "$BIN" train --device cuda --envs 16 --epochs 4 --policy heuristic --count-syncs \
+    --profile table --out /tmp/gpu-session/train-heuristic --force --quiet
+step bench-sweep-none 150 "$BIN" bench --device cuda --seeds none --envs 1,4,16,64,256 --reps 2 \
+    --json "$LOGS/bench-sweep-none.json"
+# Device time of every kernel of one W16 step (training batch, validation), launch by launch; ncu ships
+# with the toolkit on the device machine.
+NCU_BIN=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+step ncu-w16-seeded 150 "$NCU_BIN" --metrics gpu__time_duration.sum --csv --print-units base \
+    "$BIN" bench --device cuda "${NCU[@]}" --json /tmp/gpu-session/ncu.json
+exit 0

@@ -250,8 +250,9 @@ pub struct BenchArgs {
         value_name = "P",
         default_value = "f32",
         value_parser = Precision::parse,
-        help = "How a GPU multiplies the convolutions: f32, tf32 (tensor cores on f32 data) or bf16 (bf16 \
-                inputs summed in f32); the CPU computes in f32"
+        help = "How a GPU multiplies the convolutions: f32 (implicit GEMMs, the fastest today), tf32 (tensor \
+                cores on f32 data) or bf16 (bf16 inputs summed in f32), those two through im2col + cuBLAS; the \
+                CPU computes in f32"
     )]
     pub precision: Precision,
 
@@ -427,8 +428,9 @@ pub struct TrainArgs {
     pub device: Option<String>,
 
     #[arg(long, value_name = "P", value_parser = Precision::parse, help = with_default(
-        "How a GPU multiplies the convolutions: f32, tf32 (tensor cores on f32 data) or bf16 (bf16 \
-         inputs summed in f32; weights, gradients and optimizer stay f32). The CPU computes in f32", "f32"))]
+        "How a GPU multiplies the convolutions: f32 (implicit GEMMs, the fastest today), tf32 (tensor \
+         cores on f32 data) or bf16 (bf16 inputs summed in f32; weights, gradients and optimizer stay \
+         f32), those two through im2col + cuBLAS. The CPU computes in f32", "f32"))]
     pub precision: Option<Precision>,
 
     #[arg(long, value_name = "on|off", value_parser = parse_on_off, help = with_default(
