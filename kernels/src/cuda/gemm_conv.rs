@@ -65,9 +65,12 @@ pub struct GemmConv {
     /// With bf16 multiplies: the GEMMs' inputs as bfloat16 bits.
     bf16: Option<Bf16Scratch>,
     /// f32 multiplies: the forward, the input gradient and the weight gradient as implicit GEMMs
-    /// (`conv2d_implicit_*`, `conv2d_wgrad_*`), no column matrix. Off with `ESPER_CUDA_CONV=im2col` (to
-    /// measure the two against each other) or [`Self::set_implicit`].
+    /// (`conv2d_implicit_*`, `conv2d_wgrad_*`), no column matrix: `col` then holds only the weight
+    /// gradient's partial sums and `rows` nothing. Off with `ESPER_CUDA_CONV=im2col` (to measure the two
+    /// against each other) or [`Self::set_implicit`].
     implicit: bool,
+    /// The lengths `col` and `rows` need for the im2col + GEMM form of the largest convolutions.
+    im2col_lens: (usize, usize),
 }
 
 /// The bf16 GEMM's inputs: the column matrix, the output gradient's channel-major rows and the weights.
@@ -113,22 +116,35 @@ impl GemmConv {
                 weight: stream.alloc_zeros::<u16>(most(Conv2dShape::weight_len))?,
             }),
         };
-        let (col, rows) = (stream.alloc_zeros::<f32>(col)?, stream.alloc_zeros::<f32>(rows)?);
         let implicit = device.precision() == Precision::F32
             && std::env::var("ESPER_CUDA_CONV").map_or(true, |v| v != "im2col");
-        Ok(Self { blas, _workspace: workspace, col, rows, bf16, implicit })
+        let im2col_lens = (col, rows);
+        // The implicit GEMMs write no column matrix: at W16 that is gigabytes of device memory the
+        // scratch no longer takes (a seed's 3×3 convolution at 32×32: 16 · 72 · 512 · 1024 floats).
+        let (col, rows) = if implicit { (most(wgrad_partial_len), 1) } else { im2col_lens };
+        let (col, rows) = (stream.alloc_zeros::<f32>(col)?, stream.alloc_zeros::<f32>(rows)?);
+        Ok(Self { blas, _workspace: workspace, col, rows, bf16, implicit, im2col_lens })
     }
 
-    /// Runs the forward and the input gradient as implicit GEMMs (`on`, f32 multiplies only) or as
-    /// im2col + GEMM.
-    pub(super) fn set_implicit(&mut self, on: bool) {
+    /// Runs the convolutions as implicit GEMMs (`on`, f32 multiplies only) or as im2col + GEMM, growing
+    /// the scratch to the column matrices where it was sized for the implicit GEMMs.
+    pub(super) fn set_implicit(&mut self, device: &Device, on: bool) -> R {
         assert!(!on || self.bf16.is_none(), "the implicit GEMM multiplies in f32");
+        let (col, rows) = self.im2col_lens;
+        if !on && self.col.len() < col {
+            self.col = device.stream.alloc_zeros::<f32>(col)?;
+        }
+        if !on && self.rows.len() < rows {
+            self.rows = device.stream.alloc_zeros::<f32>(rows)?;
+        }
         self.implicit = on;
+        Ok(())
     }
 
     fn check(&self, d: &Conv2dShape) {
+        // The implicit GEMMs use no column matrix (the weight gradient checks its partial sums).
         assert!(
-            col_len(d) <= self.col.len() && d.output_len() <= self.rows.len(),
+            self.implicit || (col_len(d) <= self.col.len() && d.output_len() <= self.rows.len()),
             "GemmConv scratch was sized for smaller convolutions than {d:?}"
         );
         if let Some(h) = &self.bf16 {
@@ -310,9 +326,33 @@ fn block_height(c_out: usize, prefix: &str) -> (usize, String) {
 /// each); its output is small, so it is the column runs (chunks) that fill the GPU.
 const WGRAD_TARGET_BLOCKS: usize = 2048;
 
+/// How [`implicit_weight_grad`] cuts `d`'s `B·P` columns: (runs, columns per run, a multiple of 16).
+/// Enough runs to make about [`WGRAD_TARGET_BLOCKS`] blocks, each at least 256 columns long, no more
+/// than `B·P / c_out` (the partial sums never outgrow the column matrix they replace) and within the
+/// grid's 65 535 in z (envs · runs).
+fn wgrad_chunks(d: &Conv2dShape) -> (usize, usize) {
+    let (columns, depth) = (col_columns(d), col_rows(d));
+    let (rows, _) = block_height(d.c_out, "conv2d_wgrad");
+    let tiles = depth.div_ceil(64) * d.c_out.div_ceil(rows);
+    let most = (columns / 256).min(columns / d.c_out.max(1)).min(65_535 / d.envs.max(1)).max(1);
+    let wanted = WGRAD_TARGET_BLOCKS.div_ceil(tiles * d.envs.max(1)).clamp(1, most);
+    let chunk_len = columns.div_ceil(wanted).next_multiple_of(16).max(16);
+    (columns.div_ceil(chunk_len).max(1), chunk_len)
+}
+
+/// Room for the partial sums [`implicit_weight_grad`] writes for `d`, `[E, runs, c_out, K]`, at the
+/// most runs [`wgrad_chunks`] cuts (the target's share per tile and env, whatever the batch): so
+/// scratch sized for a shape also holds it at any smaller batch.
+fn wgrad_partial_len(d: &Conv2dShape) -> usize {
+    let (rows, _) = block_height(d.c_out, "conv2d_wgrad");
+    let tiles = col_rows(d).div_ceil(64) * d.c_out.div_ceil(rows);
+    let most_runs = WGRAD_TARGET_BLOCKS.div_ceil(tiles * d.envs.max(1)).max(1);
+    d.envs * most_runs * d.c_out * col_rows(d)
+}
+
 /// `d`'s weight gradient (overwritten) as an implicit GEMM: `conv2d_wgrad_m{8,16,32}_f32` sums runs of
-/// the `B·P` columns into `partial` (the column matrix's scratch, which holds them: chunks·c_out ≤ B·P),
-/// then `conv2d_wgrad_reduce_f32` adds the runs in order.
+/// the `B·P` columns into `partial` (the column scratch, sized by [`wgrad_partial_len`]), then
+/// `conv2d_wgrad_reduce_f32` adds the runs in order.
 pub(super) fn implicit_weight_grad(
     device: &Device,
     d: &Conv2dShape,
@@ -324,13 +364,9 @@ pub(super) fn implicit_weight_grad(
     assert_eq!(d.groups, 1, "the implicit GEMM takes one group");
     let (columns, depth) = (col_columns(d), col_rows(d));
     let (rows, name) = block_height(d.c_out, "conv2d_wgrad");
-    let tiles = depth.div_ceil(64) * d.c_out.div_ceil(rows);
-    let most = (columns / 256).min(columns / d.c_out.max(1)).min(65_535 / d.envs.max(1)).max(1);
-    let wanted = WGRAD_TARGET_BLOCKS.div_ceil(tiles * d.envs.max(1)).clamp(1, most);
-    let chunk_len = columns.div_ceil(wanted).next_multiple_of(16);
-    let chunks = columns.div_ceil(chunk_len).max(1);
+    let (chunks, chunk_len) = wgrad_chunks(d);
     assert!(
-        chunks * d.c_out * depth * d.envs <= partial.len() && columns <= u32::MAX as usize,
+        d.envs * chunks * d.c_out * depth <= partial.len() && columns <= u32::MAX as usize,
         "implicit weight gradient: partial sums exceed the scratch"
     );
     let dims = [d.batch, d.c_in, d.c_out, d.h, d.w, d.k, d.pad, chunks, chunk_len].map(|v| v as u32);
@@ -496,5 +532,33 @@ mod tests {
             dims(batched(2, CUBLAS_OP_N, CUBLAS_OP_T, n, k, c_out)),
             ((6, 3, 4), (6, 3, 6), (24, 12, 18), 2)
         );
+    }
+
+    /// The weight gradient's runs cover every column once, fit the grid, and fit the scratch sized for
+    /// the shape at its largest batch at every smaller batch: the host's and seeds' convolutions (k = 1
+    /// and 3, 3 to 64 channels, 1×1 to 32×32) at 1, 16 and 256 envs.
+    #[test]
+    fn weight_gradient_runs_cover_the_columns_and_fit_the_scratch() {
+        let mut checked = 0;
+        for envs in [1, 16, 256] {
+            for (c_in, c_out) in [(3, 8), (8, 8), (8, 16), (16, 32), (32, 32), (32, 8), (64, 64), (5, 40)] {
+                for (size, k, pad) in [(32, 3, 1), (16, 3, 1), (8, 1, 0), (4, 3, 1), (1, 3, 1), (2, 1, 0)] {
+                    let shape =
+                        |batch| Conv2dShape { envs, batch, c_in, c_out, h: size, w: size, k, pad, groups: 1 };
+                    let room = wgrad_partial_len(&shape(512));
+                    for batch in [1, 3, 64, 100, 511, 512] {
+                        let d = shape(batch);
+                        let (chunks, chunk_len) = wgrad_chunks(&d);
+                        let columns = col_columns(&d);
+                        assert!(chunks >= 1 && chunk_len % 16 == 0, "{d:?}");
+                        assert!(chunks * chunk_len >= columns && (chunks - 1) * chunk_len < columns, "{d:?}");
+                        assert!(envs * chunks <= 65_535 || chunks == 1, "{d:?}: grid z");
+                        assert!(envs * chunks * c_out * col_rows(&d) <= room, "{d:?}: scratch");
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(checked, 3 * 8 * 6 * 6);
     }
 }

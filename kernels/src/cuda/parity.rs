@@ -1687,7 +1687,7 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
         // twins' fmaf chains in their order, so bit for bit (overwriting junk).
         if c.groups == 1 {
             let mut gemm = GemmConv::new(device, &[c])?;
-            gemm.set_implicit(true);
+            gemm.set_implicit(device, true)?;
             let mut y_dev = stream.clone_htod(&values(s, y_cpu.len(), -1.0, 1.0))?;
             gemm.forward(device, &c, &x_dev, &w_dev, &mut y_dev)?;
             let y_implicit = stream.clone_dtoh(&y_dev)?;
@@ -1728,7 +1728,7 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
         // cuBLAS sums in its own order, so to 1e-5 of each result's largest value.
         if c.groups == 1 {
             let mut gemm = GemmConv::new(device, &[c])?;
-            gemm.set_implicit(false);
+            gemm.set_implicit(device, false)?;
             let mut y_dev = stream.alloc_zeros::<f32>(y_cpu.len())?;
             gemm.forward(device, &c, &x_dev, &w_dev, &mut y_dev)?;
             let y_gemm = stream.clone_dtoh(&y_dev)?;
