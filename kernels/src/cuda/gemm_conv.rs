@@ -69,8 +69,12 @@ pub struct GemmConv {
     /// gradient's partial sums and `rows` nothing. Off with `ESPER_CUDA_CONV=im2col` (to measure the two
     /// against each other) or [`Self::set_implicit`].
     implicit: bool,
-    /// The lengths `col` and `rows` need for the im2col + GEMM form of the largest convolutions.
+    /// The lengths `col` and `rows` need for the im2col + GEMM form of the largest convolutions, and
+    /// the length `col` needs for the implicit weight gradient's partial sums.
     im2col_lens: (usize, usize),
+    implicit_col_len: usize,
+    /// The implicit GEMMs multiply in f32 only.
+    precision: Precision,
 }
 
 /// The bf16 GEMM's inputs: the column matrix, the output gradient's channel-major rows and the weights.
@@ -118,18 +122,32 @@ impl GemmConv {
         };
         let implicit = device.precision() == Precision::F32
             && std::env::var("ESPER_CUDA_CONV").map_or(true, |v| v != "im2col");
-        let im2col_lens = (col, rows);
+        let (im2col_lens, implicit_col_len) = ((col, rows), most(wgrad_partial_len));
         // The implicit GEMMs write no column matrix: at W16 that is gigabytes of device memory the
         // scratch no longer takes (a seed's 3×3 convolution at 32×32: 16 · 72 · 512 · 1024 floats).
-        let (col, rows) = if implicit { (most(wgrad_partial_len), 1) } else { im2col_lens };
+        let (col, rows) = if implicit { (implicit_col_len, 1) } else { im2col_lens };
         let (col, rows) = (stream.alloc_zeros::<f32>(col)?, stream.alloc_zeros::<f32>(rows)?);
-        Ok(Self { blas, _workspace: workspace, col, rows, bf16, implicit, im2col_lens })
+        let precision = device.precision();
+        Ok(Self {
+            blas,
+            _workspace: workspace,
+            col,
+            rows,
+            bf16,
+            implicit,
+            im2col_lens,
+            implicit_col_len,
+            precision,
+        })
     }
 
     /// Runs the convolutions as implicit GEMMs (`on`, f32 multiplies only) or as im2col + GEMM, growing
-    /// the scratch to the column matrices where it was sized for the implicit GEMMs.
+    /// the scratch to what the chosen form needs.
     pub(super) fn set_implicit(&mut self, device: &Device, on: bool) -> R {
-        assert!(!on || self.bf16.is_none(), "the implicit GEMM multiplies in f32");
+        assert!(!on || self.precision == Precision::F32, "the implicit GEMM multiplies in f32");
+        if on && self.col.len() < self.implicit_col_len {
+            self.col = device.stream.alloc_zeros::<f32>(self.implicit_col_len)?;
+        }
         let (col, rows) = self.im2col_lens;
         if !on && self.col.len() < col {
             self.col = device.stream.alloc_zeros::<f32>(col)?;
@@ -366,7 +384,7 @@ pub(super) fn implicit_weight_grad(
     let (rows, name) = block_height(d.c_out, "conv2d_wgrad");
     let (chunks, chunk_len) = wgrad_chunks(d);
     assert!(
-        d.envs * chunks * d.c_out * depth <= partial.len() && columns <= u32::MAX as usize,
+        d.envs * chunks * d.c_out * depth <= partial.len() && columns < 1 << 31, // run ends within u32
         "implicit weight gradient: partial sums exceed the scratch"
     );
     let dims = [d.batch, d.c_in, d.c_out, d.h, d.w, d.k, d.pad, chunks, chunk_len].map(|v| v as u32);
@@ -404,7 +422,10 @@ pub(super) fn implicit_conv(
         (d.c_in, d.c_out, d.h, d.w, d.pad)
     };
     let columns = d.batch * (h + 2 * pad + 1 - d.k) * (w + 2 * pad + 1 - d.k);
-    assert!(columns <= u32::MAX as usize && d.envs <= 65_535, "implicit GEMM: grid exceeds the device's");
+    // Column indices (block start + 128) stay within u32; rows past K fail the bounds by a shift of
+    // 2^14 rows (conv2d_implicit's tap table).
+    assert!(columns < 1 << 31 && d.envs <= 65_535, "implicit GEMM: grid exceeds the device's");
+    assert!(h < 1 << 14, "implicit GEMM: planes taller than 16 383 rows");
     // The kernel's tap offsets within an image are i32.
     assert!(c_in * h * w <= i32::MAX as usize, "implicit GEMM: an image exceeds i32 offsets");
     let (block_rows, name) = block_height(c_out, "conv2d_implicit");

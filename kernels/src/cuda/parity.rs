@@ -1591,6 +1591,8 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
         // 5 in the input gradient), columns (3·7·7 = 147) that fill one 128-wide block and part of a
         // second, and a depth (5·9 = 45) that is not a multiple of its 8-deep slices.
         shape(5, 40, 7, 3, 1, 1),
+        // A depth (256·9 = 2304) past the implicit GEMM's tap table (2048 rows): its dividing path.
+        shape(256, 8, 2, 3, 1, 1),
     ];
     for c in shapes {
         let dims: [u32; 9] =
