@@ -160,20 +160,6 @@ __device__ __forceinline__ float im2col_value32(const float* x, u32 i, const Im2
     return padded_at(plane, ix.h, ix.w, ix.pad, yo + ky, xo + kx);
 }
 
-extern "C" __global__ void __launch_bounds__(1024) im2col_f32(
-    const float* x, float* col, u32 envs, u32 batch, u32 c_in, u32 h, u32 w, u32 k, u32 pad) {
-    u32 ho = h + 2 * pad + 1 - k, wo = w + 2 * pad + 1 - k;
-    u64 positions = (u64)ho * wo, n = (u64)batch * positions, rows = (u64)c_in * k * k;
-    if (FITS_U32(envs * rows * n)) {
-        Im2colIndex ix = im2col_index(batch, c_in, h, w, k, pad);
-        FOR_EACH(i, (u64)envs * rows * n) col[i] = im2col_value32(x, (u32)i, ix);
-        return;
-    }
-    FOR_EACH(i, (u64)envs * rows * n) {
-        col[i] = im2col_value(x, i, batch, c_in, h, w, k, pad, wo, positions, n, rows);
-    }
-}
-
 // ---- bf16 (`--precision bf16`): the GEMM's inputs stored as bfloat16 bit patterns (u16), rounded to
 // nearest, ties to even; cuBLAS sums their products in f32. CPU twin: ops::precision::bf16_bits.
 typedef unsigned short u16;
@@ -185,19 +171,34 @@ __device__ __forceinline__ u16 bf16_bits(float x) {
     return (u16)(u >> 16);
 }
 
-// im2col_f32 with the column matrix in bf16.
-extern "C" __global__ void __launch_bounds__(1024) im2col_bf16(
-    const float* x, u16* col, u32 envs, u32 batch, u32 c_in, u32 h, u32 w, u32 k, u32 pad) {
+// The column matrix stored as f32, or as bf16 bits for bf16 multiplies.
+__device__ __forceinline__ void store_value(float* dst, u64 i, float v) { dst[i] = v; }
+__device__ __forceinline__ void store_value(u16* dst, u64 i, float v) { dst[i] = bf16_bits(v); }
+
+template <typename T>
+__device__ __forceinline__ void im2col(
+    const float* x, T* col, u32 envs, u32 batch, u32 c_in, u32 h, u32 w, u32 k, u32 pad) {
     u32 ho = h + 2 * pad + 1 - k, wo = w + 2 * pad + 1 - k;
     u64 positions = (u64)ho * wo, n = (u64)batch * positions, rows = (u64)c_in * k * k;
     if (FITS_U32(envs * rows * n)) {
         Im2colIndex ix = im2col_index(batch, c_in, h, w, k, pad);
-        FOR_EACH(i, (u64)envs * rows * n) col[i] = bf16_bits(im2col_value32(x, (u32)i, ix));
+        FOR_EACH(i, (u64)envs * rows * n) store_value(col, i, im2col_value32(x, (u32)i, ix));
         return;
     }
     FOR_EACH(i, (u64)envs * rows * n) {
-        col[i] = bf16_bits(im2col_value(x, i, batch, c_in, h, w, k, pad, wo, positions, n, rows));
+        store_value(col, i, im2col_value(x, i, batch, c_in, h, w, k, pad, wo, positions, n, rows));
     }
+}
+
+extern "C" __global__ void __launch_bounds__(1024) im2col_f32(
+    const float* x, float* col, u32 envs, u32 batch, u32 c_in, u32 h, u32 w, u32 k, u32 pad) {
+    im2col(x, col, envs, batch, c_in, h, w, k, pad);
+}
+
+// im2col_f32 with the column matrix in bf16.
+extern "C" __global__ void __launch_bounds__(1024) im2col_bf16(
+    const float* x, u16* col, u32 envs, u32 batch, u32 c_in, u32 h, u32 w, u32 k, u32 pad) {
+    im2col(x, col, envs, batch, c_in, h, w, k, pad);
 }
 
 // dst[i] = bf16(src[i]): the weights, each time a GEMM reads them (the optimizer keeps them in f32).
@@ -223,17 +224,24 @@ __device__ __forceinline__ u32 swap_source32(u32 i, const SwapIndex& ix) {
     return ((e * ix.a.d + ia) * ix.b.d + ib) * ix.plane.d + p;
 }
 
-// swap_middle_axes_f32 into bf16: the output gradient into the GEMM's channel-major rows.
-extern "C" __global__ void __launch_bounds__(1024) swap_middle_axes_to_bf16(const float* src, u16* dst, u32 envs, u32 a, u32 b, u32 plane) {
+// dst[e][b][a][p] = src[e][a][b][p], stored as f32 or bf16 bits.
+template <typename T>
+__device__ __forceinline__ void swap_middle_axes(const float* src, T* dst, u32 envs, u32 a, u32 b, u32 plane) {
     if (FITS_U32((u64)envs * a * b * plane)) {
         SwapIndex ix = swap_index(a, b, plane);
-        FOR_EACH(i, (u64)envs * a * b * plane) dst[i] = bf16_bits(src[swap_source32((u32)i, ix)]);
+        FOR_EACH(i, (u64)envs * a * b * plane) store_value(dst, i, src[swap_source32((u32)i, ix)]);
         return;
     }
     FOR_EACH(i, (u64)envs * a * b * plane) {
         u64 p = i % plane, ia = i / plane % a, ib = i / ((u64)plane * a) % b, e = i / ((u64)plane * a * b);
-        dst[i] = bf16_bits(src[((e * a + ia) * b + ib) * plane + p]);
+        store_value(dst, i, src[((e * a + ia) * b + ib) * plane + p]);
     }
+}
+
+// swap_middle_axes_f32 into bf16: the output gradient into the GEMM's channel-major rows.
+extern "C" __global__ void __launch_bounds__(1024) swap_middle_axes_to_bf16(
+    const float* src, u16* dst, u32 envs, u32 a, u32 b, u32 plane) {
+    swap_middle_axes(src, dst, envs, a, b, plane);
 }
 
 // The input gradient from the column gradient dcol (same layout as col): dx[e, b, s, y, x] (= or +=)
@@ -275,16 +283,9 @@ extern "C" __global__ void __launch_bounds__(1024) col2im_f32(
 
 // dst[e][b][a][p] = src[e][a][b][p] for src [E, A, B, P]: between the GEMM's channel-major rows
 // [E, C, B·P] and the network's image-major [E, B, C, P] (call with A and B swapped to go back).
-extern "C" __global__ void __launch_bounds__(1024) swap_middle_axes_f32(const float* src, float* dst, u32 envs, u32 a, u32 b, u32 plane) {
-    if (FITS_U32((u64)envs * a * b * plane)) {
-        SwapIndex ix = swap_index(a, b, plane);
-        FOR_EACH(i, (u64)envs * a * b * plane) dst[i] = src[swap_source32((u32)i, ix)];
-        return;
-    }
-    FOR_EACH(i, (u64)envs * a * b * plane) {
-        u64 p = i % plane, ia = i / plane % a, ib = i / ((u64)plane * a) % b, e = i / ((u64)plane * a * b);
-        dst[i] = src[((e * a + ia) * b + ib) * plane + p];
-    }
+extern "C" __global__ void __launch_bounds__(1024) swap_middle_axes_f32(
+    const float* src, float* dst, u32 envs, u32 a, u32 b, u32 plane) {
+    swap_middle_axes(src, dst, envs, a, b, plane);
 }
 
 // The depthwise (groups = channels) weight gradient at speed: one block of REDUCE_THREADS per (env,

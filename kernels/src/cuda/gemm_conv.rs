@@ -20,7 +20,7 @@ use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasMath_t, c
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
-use super::parity::{Device, ParityError, elementwise};
+use super::parity::{Device, ParityError, elementwise, push_dims};
 use crate::ops::Conv2dShape;
 use crate::ops::precision::Precision;
 
@@ -192,9 +192,7 @@ impl GemmConv {
                 launch.arg(x).arg(&mut h.col);
             }
         }
-        for a in &args {
-            launch.arg(a);
-        }
+        push_dims(&mut launch, &args);
         unsafe { launch.launch(elementwise(col_len(d))) }?;
         Ok(())
     }
@@ -318,9 +316,7 @@ impl GemmConv {
         let overwrite = 0i32;
         let mut launch = device.stream.launch_builder(device.function("col2im_f32"));
         launch.arg(&self.col).arg(dx);
-        for a in &args {
-            launch.arg(a);
-        }
+        push_dims(&mut launch, &args);
         launch.arg(&overwrite);
         unsafe { launch.launch(elementwise(d.envs * d.batch * d.c_in * d.h * d.w)) }?;
         Ok(())
@@ -330,15 +326,19 @@ impl GemmConv {
 type R = Result<(), ParityError>;
 
 /// The smallest block height of 8, 16 or 32 output channels that holds `c_out` (more blocks above 32),
-/// and its kernel's name among `{prefix}_m8_f32`, `_m16_f32`, `_m32_f32`.
-fn block_height(c_out: usize, prefix: &str) -> (usize, String) {
-    let rows = match c_out {
-        0..=8 => 8,
-        9..=16 => 16,
-        _ => 32,
-    };
-    (rows, format!("{prefix}_m{rows}_f32"))
+/// and its index in the kernels' name tables ([`IMPLICIT_KERNELS`], [`WGRAD_KERNELS`]).
+fn block_height(c_out: usize) -> (usize, usize) {
+    match c_out {
+        0..=8 => (8, 0),
+        9..=16 => (16, 1),
+        _ => (32, 2),
+    }
 }
+
+/// `conv2d_implicit_m{8,16,32}_f32` and `conv2d_wgrad_m{8,16,32}_f32`, by [`block_height`]'s index.
+const IMPLICIT_KERNELS: [&str; 3] =
+    ["conv2d_implicit_m8_f32", "conv2d_implicit_m16_f32", "conv2d_implicit_m32_f32"];
+const WGRAD_KERNELS: [&str; 3] = ["conv2d_wgrad_m8_f32", "conv2d_wgrad_m16_f32", "conv2d_wgrad_m32_f32"];
 
 /// Blocks the weight gradient aims for: about two waves of an H100 (132 SMs, eight 256-thread blocks
 /// each); its output is small, so it is the column runs (chunks) that fill the GPU.
@@ -350,7 +350,7 @@ const WGRAD_TARGET_BLOCKS: usize = 2048;
 /// grid's 65 535 in z (envs · runs).
 fn wgrad_chunks(d: &Conv2dShape) -> (usize, usize) {
     let (columns, depth) = (col_columns(d), col_rows(d));
-    let (rows, _) = block_height(d.c_out, "conv2d_wgrad");
+    let (rows, _) = block_height(d.c_out);
     let tiles = depth.div_ceil(64) * d.c_out.div_ceil(rows);
     let most = (columns / 256).min(columns / d.c_out.max(1)).min(65_535 / d.envs.max(1)).max(1);
     let wanted = WGRAD_TARGET_BLOCKS.div_ceil(tiles * d.envs.max(1)).clamp(1, most);
@@ -362,7 +362,7 @@ fn wgrad_chunks(d: &Conv2dShape) -> (usize, usize) {
 /// most runs [`wgrad_chunks`] cuts (the target's share per tile and env, whatever the batch): so
 /// scratch sized for a shape also holds it at any smaller batch.
 fn wgrad_partial_len(d: &Conv2dShape) -> usize {
-    let (rows, _) = block_height(d.c_out, "conv2d_wgrad");
+    let (rows, _) = block_height(d.c_out);
     let tiles = col_rows(d).div_ceil(64) * d.c_out.div_ceil(rows);
     let most_runs = WGRAD_TARGET_BLOCKS.div_ceil(tiles * d.envs.max(1)).max(1);
     d.envs * most_runs * d.c_out * col_rows(d)
@@ -381,18 +381,16 @@ pub(super) fn implicit_weight_grad(
 ) -> R {
     assert_eq!(d.groups, 1, "the implicit GEMM takes one group");
     let (columns, depth) = (col_columns(d), col_rows(d));
-    let (rows, name) = block_height(d.c_out, "conv2d_wgrad");
+    let (rows, kernel) = block_height(d.c_out);
     let (chunks, chunk_len) = wgrad_chunks(d);
     assert!(
         d.envs * chunks * d.c_out * depth <= partial.len() && columns < 1 << 31, // run ends within u32
         "implicit weight gradient: partial sums exceed the scratch"
     );
     let dims = [d.batch, d.c_in, d.c_out, d.h, d.w, d.k, d.pad, chunks, chunk_len].map(|v| v as u32);
-    let mut launch = device.stream.launch_builder(device.function(&name));
+    let mut launch = device.stream.launch_builder(device.function(WGRAD_KERNELS[kernel]));
     launch.arg(x).arg(dy).arg(&mut *partial);
-    for v in &dims {
-        launch.arg(v);
-    }
+    push_dims(&mut launch, &dims);
     let grid = (depth.div_ceil(64) as u32, d.c_out.div_ceil(rows) as u32, (d.envs * chunks) as u32);
     unsafe { launch.launch(LaunchConfig { grid_dim: grid, block_dim: (256, 1, 1), shared_mem_bytes: 0 }) }?;
     let (envs, chunks32, per_env) = (d.envs as u32, chunks as u32, (d.c_out * depth) as u32);
@@ -428,14 +426,12 @@ pub(super) fn implicit_conv(
     assert!(h < 1 << 14, "implicit GEMM: planes taller than 16 383 rows");
     // The kernel's tap offsets within an image are i32.
     assert!(c_in * h * w <= i32::MAX as usize, "implicit GEMM: an image exceeds i32 offsets");
-    let (block_rows, name) = block_height(c_out, "conv2d_implicit");
+    let (block_rows, kernel) = block_height(c_out);
     let dims = [d.batch, c_in, c_out, h, w, d.k, pad].map(|v| v as u32);
     let flip = i32::from(input_grad);
-    let mut launch = device.stream.launch_builder(device.function(&name));
+    let mut launch = device.stream.launch_builder(device.function(IMPLICIT_KERNELS[kernel]));
     launch.arg(x).arg(weight).arg(y);
-    for v in &dims {
-        launch.arg(v);
-    }
+    push_dims(&mut launch, &dims);
     launch.arg(&flip);
     let grid = (columns.div_ceil(128) as u32, c_out.div_ceil(block_rows) as u32, d.envs as u32);
     unsafe { launch.launch(LaunchConfig { grid_dim: grid, block_dim: (256, 1, 1), shared_mem_bytes: 0 }) }?;
