@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device session's checks, in the order that teaches the most if the time runs out: the selftest
 # (every kernel and composed piece against its CPU twin), the W16 bench without and with seeds, the same
-# with the im2col + SGEMM convolutions (the baseline of the implicit GEMM, on the same machine), the
+# with the direct 3×3 convolution (after its own selftest), with the im2col + SGEMM convolutions (the baseline of the implicit GEMM, on the same machine), the
 # tensor-core precisions, the 256-env workload, a short heuristic train run (the whole step's
 # systems, copies back per step, the profile's device column), the env sweep, and the per-kernel device
 # times of one W16 epoch (ncu). The selftest must pass for the rest to run.
@@ -10,7 +10,7 @@
 #                                                  # names below (default: all, in order)
 #
 # Each step has its own time limit; together they fit one device call (600 s) with room to spare on an
-# H100 (the whole list took about 75 s there). The device tool brings back at most 8 files from $OUT, so
+# H100 (the whole list took about 75 s there, before the direct convolution's steps were added). The device tool brings back at most 8 files from $OUT, so
 # the logs go to one archive, $OUT/logs.tgz, rewritten after every step (a call cut short keeps what ran),
 # and a summary of each step's last lines to $OUT/summary.txt. The kernel cache and the train run's
 # output stay in /tmp.
@@ -56,6 +56,14 @@ nvidia-smi >"$LOGS/nvidia-smi.log" 2>&1 && head -n 15 "$LOGS/nvidia-smi.log"
 step selftest 200 "$BIN" selftest --device cuda || exit 1
 step bench-w16-none 120 "$BIN" bench --device cuda --seeds none --envs 16 "${W16[@]}" --json "$LOGS/bench-w16-none.json"
 step bench-w16-seeded 120 "$BIN" bench --device cuda --envs 16 "${W16[@]}" --json "$LOGS/bench-w16-seeded.json"
+# The direct 3×3 convolution (ESPER_CUDA_CONV=direct, off by default until measured): its own selftest
+# (the full step's parity then runs on it too), then W16 with it; a failure skips its benches only.
+if step selftest-direct 200 env ESPER_CUDA_CONV=direct "$BIN" selftest --device cuda; then
+    step bench-w16-none-direct 120 env ESPER_CUDA_CONV=direct "$BIN" bench --device cuda --seeds none --envs 16 \
+        "${W16[@]}" --json "$LOGS/bench-w16-none-direct.json"
+    step bench-w16-seeded-direct 120 env ESPER_CUDA_CONV=direct "$BIN" bench --device cuda --envs 16 "${W16[@]}" \
+        --json "$LOGS/bench-w16-seeded-direct.json"
+fi
 step bench-w16-none-im2col 120 env ESPER_CUDA_CONV=im2col "$BIN" bench --device cuda --seeds none --envs 16 "${W16[@]}" \
     --json "$LOGS/bench-w16-none-im2col.json"
 step bench-w16-seeded-im2col 120 env ESPER_CUDA_CONV=im2col "$BIN" bench --device cuda --envs 16 "${W16[@]}" \

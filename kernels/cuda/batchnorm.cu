@@ -2,9 +2,9 @@
 // batch_norm_train_forward, batch_norm_eval_forward and batch_norm_backward (kernels/src/ops/norm.rs).
 // Biased variance, eps 1e-5; running statistics with momentum 0.1 and the unbiased variance (PyTorch).
 //
-// The reductions run one block per (env, channel) (blockIdx.x = e*C + c, blockDim.x = 256): each thread
-// sums a strided share in double, then a fixed shared-memory tree combines them, so a result depends
-// only on the shape. The CPU sums in f32 lanes: the two agree to a few ulps, not bit for bit.
+// The reductions sum in double, in runs of a fixed shared-memory tree each, the runs added in order, so a
+// result depends only on the shape. The CPU sums in f32 lanes: the two agree to a few ulps, not bit for
+// bit.
 
 #define NORM_EPS 1e-5
 #define BN_MOMENTUM 0.1f
@@ -49,26 +49,68 @@ __device__ __forceinline__ u32 bn_param(u64 i, const BnParamIndex& ix) {
     return e * channels + c;
 }
 
-// Training statistics: save_mean, save_inv_std = 1/sqrt(var + eps), and the running statistics updated
-// in place, for every (env, channel). Two passes over the values (the variance from deviations).
-extern "C" __global__ void batch_norm_train_stats_f32(
-    const float* x, float* save_mean, float* save_inv_std, float* running_mean, float* running_var,
-    u32 batch, u32 channels, u32 plane) {
+// ---- The per-(env, channel) reductions, split. One block per (env, channel) left most of an H100 idle
+// (at W16 the first block's 128 pairs, each half a million values, ran as 128 blocks on 132 SMs: ncu put
+// batch norm at 22 % of a bare step). The B·P values of pair p (in j order: image j / P, position
+// j % P) are cut into `splits` runs of `run` values; block (p, s) sums run s with its fixed tree into
+// partial[(p·splits + s)·2 + {0, 1}], and a finish kernel, one thread per pair, adds the runs in order:
+// a result depends only on the shape.
+
+// Block (p, s)'s sums over run s of pair p of the two terms `terms(i)` gives for element i (a flat
+// [E, B, C, P] index), into partial.
+template <typename Terms>
+__device__ __forceinline__ void bn_run_sums(
+    Terms terms, double* partial, u32 batch, u32 channels, u32 plane, u32 splits, u32 run) {
     __shared__ double lanes[REDUCE_THREADS];
-    u32 p = blockIdx.x, e = p / channels, c = p % channels;
+    u32 p = blockIdx.x, s = blockIdx.y, e = p / channels, c = p % channels;
     u64 count = (u64)batch * plane;
-    double s = 0.0;
     bool fits = FITS_U32(count);
     FastDiv fplane = fast_div(plane);
-    for (u64 j = threadIdx.x; j < count; j += REDUCE_THREADS) s += (double)x[BN_AT(j)];
-    double mean = block_sum(s, lanes) / (double)count;
-    double q = 0.0;
-    for (u64 j = threadIdx.x; j < count; j += REDUCE_THREADS) {
-        double d = (double)x[BN_AT(j)] - mean;
-        q += d * d;
+    u64 first = (u64)s * run, last = min(first + run, count);
+    double s0 = 0.0, s1 = 0.0;
+    for (u64 j = first + threadIdx.x; j < last; j += REDUCE_THREADS) {
+        double2 t = terms(BN_AT(j));
+        s0 += t.x;
+        s1 += t.y;
     }
-    double var = block_sum(q, lanes) / (double)count;
+    s0 = block_sum(s0, lanes);
+    s1 = block_sum(s1, lanes);
     if (threadIdx.x == 0) {
+        partial[((u64)p * splits + s) * 2] = s0;
+        partial[((u64)p * splits + s) * 2 + 1] = s1;
+    }
+}
+
+// Training statistics, one pass: the shifted sums of d = x − x₀ and d² (x₀ the pair's first value, j = 0),
+// so that var = Σd²/N − (Σd/N)² in double loses nothing an f32 result would show unless the mean lies
+// ten thousand standard deviations from x₀. Grid (E·C, splits), REDUCE_THREADS threads.
+extern "C" __global__ void batch_norm_stats_partial_f32(
+    const float* x, double* partial, u32 batch, u32 channels, u32 plane, u32 splits, u32 run) {
+    double shift = (double)x[bn_index(blockIdx.x / channels, blockIdx.x % channels, 0, batch, channels, plane)];
+    auto terms = [&](u64 i) {
+        double d = (double)x[i] - shift;
+        return make_double2(d, d * d);
+    };
+    bn_run_sums(terms, partial, batch, channels, plane, splits, run);
+}
+
+// save_mean, save_inv_std = 1/sqrt(var + eps) (biased variance) and the running statistics updated in
+// place, for every (env, channel) p < pairs, from the runs' sums.
+extern "C" __global__ void batch_norm_stats_finish_f32(
+    const float* x, const double* partial, float* save_mean, float* save_inv_std, float* running_mean,
+    float* running_var, u32 pairs, u32 batch, u32 channels, u32 plane, u32 splits) {
+    FOR_EACH(p, pairs) {
+        double shift = (double)x[bn_index((u32)p / channels, (u32)p % channels, 0, batch, channels, plane)];
+        double sum = 0.0, sum_sq = 0.0;
+        for (u32 s = 0; s < splits; ++s) {
+            sum += partial[(p * splits + s) * 2];
+            sum_sq += partial[(p * splits + s) * 2 + 1];
+        }
+        u64 count = (u64)batch * plane;
+        double n = (double)count, mean_d = sum / n;
+        // Rounding can take a variance of (nearly) equal values below zero; a NaN stays NaN, as the CPU's.
+        double mean = shift + mean_d, var = sum_sq / n - mean_d * mean_d;
+        if (var < 0.0) var = 0.0;
         float m = (float)mean, v = (float)var;
         save_mean[p] = m;
         save_inv_std[p] = 1.0f / sqrtf(v + (float)NORM_EPS);
@@ -94,27 +136,30 @@ extern "C" __global__ void __launch_bounds__(1024) batch_norm_apply_f32(
     }
 }
 
-// The parameter half of the backward, one block per (env, channel): dβ = Σ dy, dγ = Σ dy·(x − mean) ·
-// inv_std. Overwrites grad_gamma and grad_beta.
-extern "C" __global__ void batch_norm_backward_params_f32(
-    const float* x, const float* dy, const float* save_mean, const float* save_inv_std,
-    float* grad_gamma, float* grad_beta, u32 batch, u32 channels, u32 plane) {
-    __shared__ double lanes[REDUCE_THREADS];
-    u32 p = blockIdx.x, e = p / channels, c = p % channels;
-    u64 count = (u64)batch * plane;
-    float mean = save_mean[p];
-    double s = 0.0, sc = 0.0;
-    bool fits = FITS_U32(count);
-    FastDiv fplane = fast_div(plane);
-    for (u64 j = threadIdx.x; j < count; j += REDUCE_THREADS) {
-        u64 i = BN_AT(j);
+// The parameter half of the backward: per run, Σ dy and Σ dy·(x − mean) (the difference in f32, as
+// the CPU twin). Grid (E·C, splits), REDUCE_THREADS threads.
+extern "C" __global__ void batch_norm_backward_params_partial_f32(
+    const float* x, const float* dy, const float* save_mean, double* partial, u32 batch, u32 channels,
+    u32 plane, u32 splits, u32 run) {
+    float mean = save_mean[blockIdx.x];
+    auto terms = [&](u64 i) {
         double g = (double)dy[i];
-        s += g;
-        sc += g * (double)(x[i] - mean);
-    }
-    double sum_dy = block_sum(s, lanes);
-    double sum_dy_centered = block_sum(sc, lanes);
-    if (threadIdx.x == 0) {
+        return make_double2(g, g * (double)(x[i] - mean));
+    };
+    bn_run_sums(terms, partial, batch, channels, plane, splits, run);
+}
+
+// dβ = Σ dy, dγ = Σ dy·(x − mean) · inv_std from the runs' sums, for every (env, channel) p < pairs.
+// Overwrites grad_gamma and grad_beta.
+extern "C" __global__ void batch_norm_backward_params_finish_f32(
+    const double* partial, const float* save_inv_std, float* grad_gamma, float* grad_beta, u32 pairs,
+    u32 splits) {
+    FOR_EACH(p, pairs) {
+        double sum_dy = 0.0, sum_dy_centered = 0.0;
+        for (u32 s = 0; s < splits; ++s) {
+            sum_dy += partial[(p * splits + s) * 2];
+            sum_dy_centered += partial[(p * splits + s) * 2 + 1];
+        }
         grad_beta[p] = (float)sum_dy;
         grad_gamma[p] = (float)sum_dy_centered * save_inv_std[p];
     }

@@ -467,6 +467,96 @@ IG_KERNEL(8)
 IG_KERNEL(16)
 IG_KERNEL(32)
 
+// ---- The 3×3 convolutions (padding 1) direct: the forward, and with flip != 0 the input gradient (the
+// same operation over the transposed, flipped weights, as conv2d_implicit's flip). The host's and seeds'
+// layers have 3 to 32 input and 8 to 32 output channels on planes of 32×32 down to 4×4: as a GEMM that
+// is a short, thin product whose column matrix costs more to gather (nine taps, each with its bounds)
+// than to multiply. Here a block stages DC_CHUNK input channels of its images, zero-padded, in shared
+// memory once, and every tap reads them there.
+//
+// Block: 256 threads over `per_block` = 256 / (h·w/4) images of one env (h·w ≤ 1024, w a multiple of 4),
+// thread t holding output channels o0 .. o0 + 7 at four adjacent positions (row q / (w/4), columns
+// 4·(q % (w/4)) ..+3) of image t / (h·w/4); threads past per_block·h·w/4 only load. Grid (⌈B /
+// per_block⌉, ⌈c_out / 8⌉, envs).
+//
+// Each output is one fmaf chain from 0 over j = s·9 + ky·3 + kx in order, the padding taps included
+// (fmaf(w, 0, acc)): conv2d_forward_f32's (and conv2d_backward_input_f32's) operations, bit for bit.
+#define DC_CHUNK 4
+#define DC_OUT 8
+// The most staged values: DC_CHUNK channels of per_block padded planes, largest at 4×4 planes (64 images
+// of 6×6) and ≤ 9216 floats for every plane the launcher accepts (h, w ≥ 4).
+#define DC_TILE 9216
+
+extern "C" __global__ void __launch_bounds__(256) conv3x3_direct_f32(
+    const float* x, const float* weight, float* y, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, int flip) {
+    __shared__ float tile[DC_TILE];
+    __shared__ __align__(16) float wt[DC_CHUNK * 9 * DC_OUT];  // [channel][tap][output]
+    u32 t = threadIdx.x, e = blockIdx.z, o0 = blockIdx.y * DC_OUT;
+    u32 plane = h * w, quads = plane / 4, per_block = 256 / quads;
+    u32 b0 = blockIdx.x * per_block, images = min(per_block, batch - b0);
+    u32 hp = h + 2, wp = w + 2, padded = hp * wp;
+    FastDiv f_wp = fast_div(wp), f_padded = fast_div(padded);
+    // This thread's outputs: image `mine`, row `row`, columns col .. col + 3.
+    u32 mine = t / quads, q = t - mine * quads, row = q / (w / 4), col = (q - row * (w / 4)) * 4;
+    bool computes = mine < images;
+
+    float acc[DC_OUT][4];
+    for (int o = 0; o < DC_OUT; ++o)
+        for (int i = 0; i < 4; ++i) acc[o][i] = 0.0f;
+
+    for (u32 s0 = 0; s0 < c_in; s0 += DC_CHUNK) {
+        u32 chunk = min((u32)DC_CHUNK, c_in - s0);
+        __syncthreads();  // the previous chunk's reads are done
+        // Stage channels s0 .. s0 + chunk − 1 of the block's images: tile[(i·chunk + sc)·padded + yy·wp + xx]
+        // = x[b0 + i][s0 + sc][yy − 1][xx − 1], zero outside the plane.
+        u32 staged = images * chunk * padded;
+        for (u32 l = t; l < staged; l += 256) {
+            u32 pl = fdiv(l, f_padded), r = l - pl * padded, yy = fdiv(r, f_wp), xx = r - yy * wp;
+            u32 i = pl / chunk, sc = pl - i * chunk;
+            float v = 0.0f;
+            if (yy >= 1 && yy <= h && xx >= 1 && xx <= w)
+                v = x[(((u64)e * batch + b0 + i) * c_in + s0 + sc) * plane + (yy - 1) * w + (xx - 1)];
+            tile[l] = v;
+        }
+        for (u32 l = t; l < DC_CHUNK * 9 * DC_OUT; l += 256) {
+            u32 sc = l / (9 * DC_OUT), tap = (l / DC_OUT) % 9, o = o0 + l % DC_OUT, s = s0 + sc;
+            float v = 0.0f;
+            if (sc < chunk && o < c_out)
+                v = flip ? weight[(((u64)e * c_in + s) * c_out + o) * 9 + (8 - tap)]
+                         : weight[(((u64)e * c_out + o) * c_in + s) * 9 + tap];
+            wt[l] = v;
+        }
+        __syncthreads();
+        if (computes) {
+            for (u32 sc = 0; sc < chunk; ++sc) {
+                const float* window = tile + (mine * chunk + sc) * padded + row * wp + col;
+#pragma unroll
+                for (int ky = 0; ky < 3; ++ky) {
+                    float v[6];
+                    for (int i = 0; i < 6; ++i) v[i] = window[ky * wp + i];
+#pragma unroll
+                    for (int kx = 0; kx < 3; ++kx) {
+                        const float4* wq = reinterpret_cast<const float4*>(wt + (sc * 9 + ky * 3 + kx) * DC_OUT);
+                        float4 lo = wq[0], hi = wq[1];
+                        float wo[DC_OUT] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+                        for (int o = 0; o < DC_OUT; ++o)
+#pragma unroll
+                            for (int i = 0; i < 4; ++i) acc[o][i] = fmaf(wo[o], v[i + kx], acc[o][i]);
+                    }
+                }
+            }
+        }
+    }
+
+    if (!computes) return;
+    float* out = y + (((u64)e * batch + b0 + mine) * c_out + o0) * plane + row * w + col;
+    for (int o = 0; o < DC_OUT; ++o) {
+        if (o0 + o >= c_out) break;
+        for (int i = 0; i < 4; ++i) out[(u64)o * plane + i] = acc[o][i];
+    }
+}
+
 // ---- The weight gradient as an implicit GEMM: per env dW (c_out × K) = Σ over the B·P columns of
 // dy (c_out × columns) · colᵀ, the column matrix again read straight from x. The columns are cut into
 // `chunks` runs (enough blocks to fill the GPU: the output is small, the sum long); each block sums its

@@ -69,6 +69,10 @@ pub struct GemmConv {
     /// gradient's partial sums and `rows` nothing. Off with `ESPER_CUDA_CONV=im2col` (to measure the two
     /// against each other) or [`Self::set_implicit`].
     implicit: bool,
+    /// With `implicit`: the 3×3 convolutions' forward and input gradient by `conv3x3_direct_f32` where
+    /// [`direct_fits`] (the rest stays implicit). On with `ESPER_CUDA_CONV=direct` or
+    /// [`Self::set_direct`]; off by default until an H100 has measured it against the implicit GEMM.
+    direct: bool,
     /// The lengths `col` and `rows` need for the im2col + GEMM form of the largest convolutions, and
     /// the length `col` needs for the implicit weight gradient's partial sums.
     im2col_lens: (usize, usize),
@@ -120,8 +124,9 @@ impl GemmConv {
                 weight: stream.alloc_zeros::<u16>(most(Conv2dShape::weight_len))?,
             }),
         };
-        let implicit = device.precision() == Precision::F32
-            && std::env::var("ESPER_CUDA_CONV").map_or(true, |v| v != "im2col");
+        let choice = std::env::var("ESPER_CUDA_CONV").ok();
+        let implicit = device.precision() == Precision::F32 && choice.as_deref() != Some("im2col");
+        let direct = implicit && choice.as_deref() == Some("direct");
         let (im2col_lens, implicit_col_len) = ((col, rows), most(wgrad_partial_len));
         // The implicit GEMMs write no column matrix: at W16 that is gigabytes of device memory the
         // scratch no longer takes (a seed's 3×3 convolution at 32×32: 16 · 72 · 512 · 1024 floats).
@@ -135,6 +140,7 @@ impl GemmConv {
             rows,
             bf16,
             implicit,
+            direct,
             im2col_lens,
             implicit_col_len,
             precision,
@@ -156,7 +162,15 @@ impl GemmConv {
             self.rows = device.stream.alloc_zeros::<f32>(rows)?;
         }
         self.implicit = on;
+        self.direct &= on;
         Ok(())
+    }
+
+    /// Runs the 3×3 convolutions [`direct_fits`] takes directly (`on`, implicit GEMMs only) or as
+    /// implicit GEMMs.
+    pub(super) fn set_direct(&mut self, on: bool) {
+        assert!(!on || self.implicit, "the direct convolution replaces the implicit GEMM");
+        self.direct = on;
     }
 
     fn check(&self, d: &Conv2dShape) {
@@ -243,6 +257,9 @@ impl GemmConv {
         y: &mut CudaSlice<f32>,
     ) -> Result<(), ParityError> {
         self.check(d);
+        if self.direct && direct_fits(d) {
+            return direct_conv(device, d, x, weight, y, false);
+        }
         if self.implicit {
             return implicit_conv(device, d, x, weight, y, false);
         }
@@ -298,6 +315,9 @@ impl GemmConv {
         dx: &mut CudaSlice<f32>,
     ) -> Result<(), ParityError> {
         self.check(d);
+        if self.direct && direct_fits(d) {
+            return direct_conv(device, d, dy, weight, dx, true);
+        }
         if self.implicit {
             return implicit_conv(device, d, dy, weight, dx, true);
         }
@@ -434,6 +454,46 @@ pub(super) fn implicit_conv(
     push_dims(&mut launch, &dims);
     launch.arg(&flip);
     let grid = (columns.div_ceil(128) as u32, c_out.div_ceil(block_rows) as u32, d.envs as u32);
+    unsafe { launch.launch(LaunchConfig { grid_dim: grid, block_dim: (256, 1, 1), shared_mem_bytes: 0 }) }?;
+    Ok(())
+}
+
+/// Whether `conv3x3_direct_f32` (conv.cu) takes `d`, forward and input gradient alike: 3×3, padding 1
+/// (so the gradient's padding is 1 too), one group, planes at least 4×4, of at most 1 024 positions,
+/// rows a multiple of 4 wide (every host block and seed at the host's 32×32 down to 4×4).
+pub(super) fn direct_fits(d: &Conv2dShape) -> bool {
+    d.groups == 1
+        && d.k == 3
+        && d.pad == 1
+        && d.h >= 4
+        && d.w >= 4
+        && d.w.is_multiple_of(4)
+        && d.h * d.w <= 1024
+}
+
+/// `conv3x3_direct_f32`: the forward `y = conv(x, weight)` of `d`, or with `input_grad` its input
+/// gradient `dx` (overwritten) from the output gradient passed as `x`. Blocks of 256 threads over
+/// `1024 / (h·w)` images of one env and 8 output channels, each thread four adjacent outputs.
+pub(super) fn direct_conv(
+    device: &Device,
+    d: &Conv2dShape,
+    x: &CudaSlice<f32>,
+    weight: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    input_grad: bool,
+) -> R {
+    assert!(direct_fits(d), "conv3x3_direct_f32 does not take {d:?}");
+    let (c_in, c_out) = if input_grad { (d.c_out, d.c_in) } else { (d.c_in, d.c_out) };
+    let per_block = 1024 / (d.h * d.w);
+    let image_blocks = d.batch.div_ceil(per_block);
+    assert!(d.envs <= 65_535 && image_blocks <= u32::MAX as usize, "direct conv: grid exceeds the device's");
+    let dims = [d.batch, c_in, c_out, d.h, d.w].map(|v| v as u32);
+    let flip = i32::from(input_grad);
+    let mut launch = device.stream.launch_builder(device.function("conv3x3_direct_f32"));
+    launch.arg(x).arg(weight).arg(y);
+    push_dims(&mut launch, &dims);
+    launch.arg(&flip);
+    let grid = (image_blocks as u32, c_out.div_ceil(8) as u32, d.envs as u32);
     unsafe { launch.launch(LaunchConfig { grid_dim: grid, block_dim: (256, 1, 1), shared_mem_bytes: 0 }) }?;
     Ok(())
 }
@@ -577,5 +637,38 @@ mod tests {
             }
         }
         assert_eq!(checked, 3 * 8 * 6 * 6);
+    }
+
+    /// Every plane `direct_fits` takes fits the kernel's block: its images' threads within 256 and its
+    /// staged chunk (4 channels of every image's zero-padded plane) within the shared tile
+    /// (`DC_TILE`, 9 216 floats, in conv.cu) — and the host's planes (32×32 to 4×4) are taken.
+    #[test]
+    fn the_direct_convolution_fits_its_block_for_every_plane_it_takes() {
+        let shape =
+            |h, w| Conv2dShape { envs: 1, batch: 1, c_in: 8, c_out: 8, h, w, k: 3, pad: 1, groups: 1 };
+        let mut taken = 0;
+        for h in 1..=1100 {
+            for w in 1..=1100 {
+                let d = shape(h, w);
+                if !direct_fits(&d) {
+                    continue;
+                }
+                let per_block = 1024 / (h * w);
+                assert!(per_block >= 1 && per_block * (h * w / 4) <= 256, "{h}×{w}: threads");
+                assert!(per_block * 4 * (h + 2) * (w + 2) <= 9216, "{h}×{w}: staged tile");
+                taken += 1;
+            }
+        }
+        // w ∈ {4, 8, …} and 4 ≤ h ≤ 1024 / w: Σ over w = 4k of (⌊256 / k⌋ − 3) while that is positive.
+        let expected: usize = (1..=64usize).map(|k| (256 / k).saturating_sub(3)).sum();
+        assert_eq!(taken, expected);
+        for size in [32, 16, 8, 4] {
+            assert!(direct_fits(&shape(size, size)), "{size}×{size}");
+        }
+        for (k, pad) in [(1, 0), (3, 0), (5, 2)] {
+            assert!(!direct_fits(&Conv2dShape { k, pad, ..shape(8, 8) }), "k {k} pad {pad}");
+        }
+        assert!(!direct_fits(&Conv2dShape { groups: 8, ..shape(8, 8) }));
+        assert!(!direct_fits(&shape(8, 6)) && !direct_fits(&shape(2, 8)) && !direct_fits(&shape(64, 32)));
     }
 }

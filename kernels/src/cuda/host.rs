@@ -18,15 +18,13 @@ use super::parity::{Device, ParityError, elementwise};
 use super::seed_module::DeviceSeedShape;
 use super::slot::DeviceSlot;
 use crate::host::{HostArch, HostParams};
-use crate::ops::Conv2dShape;
+use crate::ops::{Conv2dShape, NormShape};
 use crate::optim::SgdConfig;
 use crate::seeds::CnnBlueprint;
 use crate::seeds::SeedShape;
 
 /// Blocks per env of the first stage of the per-env squared norms (`sq_norms_partial_f32`).
 const NORM_BLOCKS_PER_ENV: u32 = 32;
-/// Threads of a reduction block (the kernels' `REDUCE_THREADS`).
-const REDUCE_THREADS: u32 = 256;
 
 /// Block `b`'s running statistics and activations on the device.
 struct DeviceBlock {
@@ -102,6 +100,8 @@ pub struct DeviceHost {
     grad_b: CudaSlice<f32>,
     /// Per env: the first stage of the squared gradient norm, the norm's square and the clip factor.
     norm_partial: CudaSlice<f64>,
+    /// Batch norm's reductions' partial sums, for the largest block.
+    bn_partial: CudaSlice<f64>,
     sq_norms: CudaSlice<f64>,
     clip: CudaSlice<f64>,
     /// Per env: the squared host gradient norm of the last collection batch (the seed/host ratio's).
@@ -175,6 +175,9 @@ impl DeviceHost {
             momentum.push(stream.alloc_zeros::<f32>(t.len())?);
         }
         let samples = envs * batch;
+        let bn_partial =
+            (0..arch.n_blocks).map(|b| ops::batch_norm_partial_len(&block_norm(arch, envs, batch, b))).max();
+        let bn_partial = bn_partial.unwrap_or(1);
         conv_dims_all.extend((0..arch.n_blocks).map(|b| conv_dims(arch, envs, batch, b)));
         Ok(Self {
             arch,
@@ -194,6 +197,7 @@ impl DeviceHost {
             grad_a: stream.alloc_zeros::<f32>(largest)?,
             grad_b: stream.alloc_zeros::<f32>(largest)?,
             norm_partial: stream.alloc_zeros::<f64>(envs * NORM_BLOCKS_PER_ENV as usize)?,
+            bn_partial: stream.alloc_zeros::<f64>(bn_partial.max(1))?,
             sq_norms: stream.alloc_zeros::<f64>(envs)?,
             clip: stream.alloc_zeros::<f64>(envs)?,
             sq_norms_collected: stream.alloc_zeros::<f64>(envs)?,
@@ -242,11 +246,16 @@ impl DeviceHost {
             self.conv.forward(device, &dims, input, conv_w, &mut block.conv_out)?;
         }
         if from_row.is_none() && train {
-            let mut launch = stream.launch_builder(device.function("batch_norm_train_stats_f32"));
-            launch.arg(&block.conv_out).arg(&mut block.save_mean).arg(&mut block.save_inv_std);
-            launch.arg(&mut block.running_mean).arg(&mut block.running_var);
-            launch.arg(&batch).arg(&c_out).arg(&plane);
-            unsafe { launch.launch(per_channel(self.envs * arch.block_channels(b))) }?;
+            ops::batch_norm_train_stats(
+                device,
+                &block_norm(arch, self.envs, self.batch, b),
+                &block.conv_out,
+                &mut self.bn_partial,
+                &mut block.save_mean,
+                &mut block.save_inv_std,
+                &mut block.running_mean,
+                &mut block.running_var,
+            )?;
         }
         let (mean, scale) = match train {
             true => (&block.save_mean, &block.save_inv_std),
@@ -492,10 +501,17 @@ impl DeviceHost {
             let plane = size * size;
             let (conv_g, bn_g) = self.grads[3 * b..3 * b + 3].split_at_mut(1);
             let (gamma_g, beta_g) = bn_g.split_at_mut(1);
-            let mut launch = stream.launch_builder(device.function("batch_norm_backward_params_f32"));
-            launch.arg(&block.conv_out).arg(&self.grad_b).arg(&block.save_mean).arg(&block.save_inv_std);
-            launch.arg(&mut gamma_g[0]).arg(&mut beta_g[0]).arg(&batch).arg(&c_out).arg(&plane);
-            unsafe { launch.launch(per_channel(self.envs * arch.block_channels(b))) }?;
+            ops::batch_norm_backward_params(
+                device,
+                &block_norm(arch, self.envs, self.batch, b),
+                &block.conv_out,
+                &self.grad_b,
+                &block.save_mean,
+                &block.save_inv_std,
+                &mut self.bn_partial,
+                &mut gamma_g[0],
+                &mut beta_g[0],
+            )?;
             let mut launch = stream.launch_builder(device.function("batch_norm_backward_input_f32"));
             launch.arg(&block.conv_out).arg(&self.grad_b).arg(&self.params[3 * b + 1]);
             launch.arg(&block.save_mean).arg(&block.save_inv_std).arg(&gamma_g[0]).arg(&beta_g[0]);
@@ -700,7 +716,8 @@ fn env_rows(len: usize, envs: usize, env: usize) -> std::ops::Range<usize> {
     env * per_env..(env + 1) * per_env
 }
 
-/// One reduction block per (env, channel): the batch-norm statistics and parameter-gradient kernels.
-fn per_channel(pairs: usize) -> LaunchConfig {
-    LaunchConfig { grid_dim: (pairs as u32, 1, 1), block_dim: (REDUCE_THREADS, 1, 1), shared_mem_bytes: 0 }
+/// Block `b`'s batch norm over `E` envs of `batch` images.
+fn block_norm(arch: HostArch, envs: usize, batch: usize, b: usize) -> NormShape {
+    let size = arch.block_size(b);
+    NormShape { envs, batch, channels: arch.block_channels(b), h: size, w: size }
 }

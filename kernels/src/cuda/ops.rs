@@ -90,6 +90,96 @@ pub fn add(device: &Device, a: &CudaSlice<f32>, b: &CudaSlice<f32>, out: &mut Cu
     binary(device, "add_f32", a, b, out, n)
 }
 
+/// Blocks batch norm's reductions aim for: about two waves of an H100 (132 SMs, eight 256-thread blocks
+/// each), whatever the number of (env, channel) pairs.
+const BN_TARGET_BLOCKS: usize = 2048;
+/// The fewest values a run of a batch-norm reduction sums, and the most runs a pair is cut into.
+const BN_MIN_RUN: usize = 2048;
+const BN_MAX_SPLITS: usize = 64;
+/// Threads of a reduction block (the kernels' `REDUCE_THREADS`).
+const REDUCE_THREADS: u32 = 256;
+
+/// How batch norm's reductions over `d` cut each (env, channel)'s `B·H·W` values: (runs, values per
+/// run), every run non-empty. Enough runs for about [`BN_TARGET_BLOCKS`] blocks, each at least
+/// [`BN_MIN_RUN`] values, at most [`BN_MAX_SPLITS`].
+pub fn batch_norm_splits(d: &NormShape) -> (usize, usize) {
+    let count = (d.batch * d.plane()).max(1);
+    let most = (count / BN_MIN_RUN).clamp(1, BN_MAX_SPLITS);
+    let splits = BN_TARGET_BLOCKS.div_ceil(d.params_len().max(1)).clamp(1, most);
+    let run = count.div_ceil(splits);
+    (count.div_ceil(run), run)
+}
+
+/// The partial sums batch norm's reductions over `d` write: two per run of each (env, channel).
+pub fn batch_norm_partial_len(d: &NormShape) -> usize {
+    d.params_len() * batch_norm_splits(d).0 * 2
+}
+
+/// `d`'s shape arguments and grid for a split reduction: `[batch, channels, plane, splits, run]`.
+fn batch_norm_reduction(d: &NormShape, partial: &CudaSlice<f64>) -> ([u32; 5], LaunchConfig) {
+    let (splits, run) = batch_norm_splits(d);
+    assert!(partial.len() >= batch_norm_partial_len(d), "batch norm: partial sums exceed the scratch");
+    assert!(d.batch * d.plane() <= u32::MAX as usize, "batch norm: a channel's values exceed u32");
+    let grid = (d.params_len() as u32, splits as u32, 1);
+    let config = LaunchConfig { grid_dim: grid, block_dim: (REDUCE_THREADS, 1, 1), shared_mem_bytes: 0 };
+    ([d.batch, d.channels, d.plane(), splits, run].map(|v| v as u32), config)
+}
+
+/// Batch norm's training statistics of `x` (`[E, B, C, H, W]`): `save_mean`, `save_inv_std` and the
+/// running statistics updated in place, per (env, channel) — the twin of
+/// `ops::norm::batch_norm_train_forward`'s statistics. Runs of each pair's values summed by
+/// `batch_norm_stats_partial_f32` into `partial` ([`batch_norm_partial_len`]), then added in order.
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm_train_stats(
+    device: &Device,
+    d: &NormShape,
+    x: &CudaSlice<f32>,
+    partial: &mut CudaSlice<f64>,
+    save_mean: &mut CudaSlice<f32>,
+    save_inv_std: &mut CudaSlice<f32>,
+    running_mean: &mut CudaSlice<f32>,
+    running_var: &mut CudaSlice<f32>,
+) -> R {
+    let ([batch, channels, plane, splits, run], config) = batch_norm_reduction(d, partial);
+    let mut launch = device.stream.launch_builder(device.function("batch_norm_stats_partial_f32"));
+    launch.arg(x).arg(&mut *partial);
+    launch.arg(&batch).arg(&channels).arg(&plane).arg(&splits).arg(&run);
+    unsafe { launch.launch(config) }?;
+    let pairs = d.params_len() as u32;
+    let mut launch = device.stream.launch_builder(device.function("batch_norm_stats_finish_f32"));
+    launch.arg(x).arg(&*partial).arg(save_mean).arg(save_inv_std).arg(running_mean).arg(running_var);
+    launch.arg(&pairs).arg(&batch).arg(&channels).arg(&plane).arg(&splits);
+    unsafe { launch.launch(elementwise(d.params_len())) }?;
+    Ok(())
+}
+
+/// Batch norm's parameter gradients (overwritten): `dβ = Σ dy`, `dγ = Σ dy·(x − mean)·inv_std` per (env,
+/// channel), the twin of `ops::norm::batch_norm_backward`'s (dγ, dβ); split as
+/// [`batch_norm_train_stats`].
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm_backward_params(
+    device: &Device,
+    d: &NormShape,
+    x: &CudaSlice<f32>,
+    dy: &CudaSlice<f32>,
+    save_mean: &CudaSlice<f32>,
+    save_inv_std: &CudaSlice<f32>,
+    partial: &mut CudaSlice<f64>,
+    grad_gamma: &mut CudaSlice<f32>,
+    grad_beta: &mut CudaSlice<f32>,
+) -> R {
+    let ([batch, channels, plane, splits, run], config) = batch_norm_reduction(d, partial);
+    let mut launch = device.stream.launch_builder(device.function("batch_norm_backward_params_partial_f32"));
+    launch.arg(x).arg(dy).arg(save_mean).arg(&mut *partial);
+    launch.arg(&batch).arg(&channels).arg(&plane).arg(&splits).arg(&run);
+    unsafe { launch.launch(config) }?;
+    let pairs = d.params_len() as u32;
+    let mut launch = device.stream.launch_builder(device.function("batch_norm_backward_params_finish_f32"));
+    launch.arg(&*partial).arg(save_inv_std).arg(grad_gamma).arg(grad_beta).arg(&pairs).arg(&splits);
+    unsafe { launch.launch(elementwise(d.params_len())) }?;
+    Ok(())
+}
+
 /// Group norm forward with the statistics saved (`[E, B, G]` each).
 #[allow(clippy::too_many_arguments)]
 pub fn group_norm_forward(
@@ -362,4 +452,38 @@ pub fn scale_and_step(
         unsafe { launch.launch(elementwise(n)) }?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Batch norm's runs cover each (env, channel)'s values once, none empty, at most 64, each at least
+    /// 2 048 values when there are several, and the grid stays near its target: the host's blocks and
+    /// seeds' planes at 1, 16 and 256 envs and batches 1 to 512.
+    #[test]
+    fn batch_norm_runs_cover_each_channel_once() {
+        let mut checked = 0;
+        for envs in [1, 16, 256] {
+            for channels in [3, 8, 16, 32, 64] {
+                for size in [1, 4, 7, 8, 16, 32] {
+                    for batch in [1, 3, 37, 64, 512] {
+                        let d = NormShape { envs, batch, channels, h: size, w: size };
+                        let count = batch * size * size;
+                        let (splits, run) = batch_norm_splits(&d);
+                        assert!((1..=64).contains(&splits), "{d:?}");
+                        assert!(splits * run >= count && (splits - 1) * run < count, "{d:?}: cover");
+                        assert!(splits == 1 || run >= 2048, "{d:?}: short runs");
+                        assert!(splits == 1 || d.params_len() * (splits - 1) < 2048, "{d:?}: too many");
+                        assert_eq!(batch_norm_partial_len(&d), d.params_len() * splits * 2);
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(checked, 3 * 5 * 6 * 5);
+        // W16's first block: 128 pairs of 512 · 1024 values, 16 runs of 32 768.
+        let w16 = NormShape { envs: 16, batch: 512, channels: 8, h: 32, w: 32 };
+        assert_eq!(batch_norm_splits(&w16), (16, 32_768));
+    }
 }

@@ -12,8 +12,9 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::backend::CudaHostBackend;
-use super::gemm_conv::GemmConv;
+use super::gemm_conv::{GemmConv, direct_fits};
 use super::host::DeviceHost;
+use super::ops as device_ops;
 use super::seed_module::{DeviceSeed, DeviceSeedShape};
 use super::{DEFAULT_ARCH, KERNEL_FILES, KernelCache};
 use crate::data::{Batcher, SyntheticSpec, synthetic};
@@ -362,128 +363,19 @@ fn elementwise_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>
         });
     }
 
-    // Batch norm over [E=3, B=4, C=5, 7, 7]: statistics (a few ulps: f64 sums here, f32 lanes there),
-    // then the element-wise passes fed the CPU's statistics (the same f32 operations: the same bits).
-    let bn = NormShape { envs: 3, batch: 4, channels: 5, h: 7, w: 7 };
-    let (bn_batch, bn_channels, bn_plane, bn_envs) =
-        (bn.batch as u32, bn.channels as u32, bn.plane() as u32, bn.envs as u32);
-    let x = values(s, bn.len(), -2.0, 3.0);
-    let gamma = values(s, bn.params_len(), 0.5, 1.5);
-    let beta = values(s, bn.params_len(), -0.5, 0.5);
-    let (r_mean0, r_var0) = (values(s, bn.params_len(), -0.1, 0.1), values(s, bn.params_len(), 0.5, 2.0));
-    let mut y_cpu = vec![0.0f32; bn.len()];
-    let (mut mean_cpu, mut inv_cpu) = (vec![0.0f32; bn.params_len()], vec![0.0f32; bn.params_len()]);
-    let (mut rm_cpu, mut rv_cpu) = (r_mean0.clone(), r_var0.clone());
-    batch_norm_train_forward(
-        bn,
-        &x,
-        &gamma,
-        &beta,
-        &mut y_cpu,
-        &mut mean_cpu,
-        &mut inv_cpu,
-        &mut rm_cpu,
-        &mut rv_cpu,
-    );
-    let x_dev = stream.clone_htod(&x)?;
-    let mut mean_dev = stream.alloc_zeros::<f32>(bn.params_len())?;
-    let mut inv_dev = stream.alloc_zeros::<f32>(bn.params_len())?;
-    let mut rm_dev = stream.clone_htod(&r_mean0)?;
-    let mut rv_dev = stream.clone_htod(&r_var0)?;
-    let per_channel = LaunchConfig {
-        grid_dim: (bn.params_len() as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let mut launch = stream.launch_builder(device.function("batch_norm_train_stats_f32"));
-    launch.arg(&x_dev).arg(&mut mean_dev).arg(&mut inv_dev).arg(&mut rm_dev).arg(&mut rv_dev);
-    launch.arg(&bn_batch).arg(&bn_channels).arg(&bn_plane);
-    unsafe { launch.launch(per_channel) }?;
-    let stats_gpu: Vec<f32> = [&mean_dev, &inv_dev, &rm_dev, &rv_dev]
-        .into_iter()
-        .map(|d| stream.clone_dtoh(d))
-        .collect::<Result<Vec<_>, _>>()?
-        .concat();
-    let stats_cpu = [mean_cpu.clone(), inv_cpu.clone(), rm_cpu.clone(), rv_cpu.clone()].concat();
-    rows.push(ParityRow::new(
-        "batch_norm_train_stats_f32",
-        "ops::norm::batch_norm_train_forward (statistics)",
-        bn.len(),
-        max_diff(&stats_gpu, &stats_cpu),
-        1e-5,
-    ));
-    let (mean_exact, inv_exact) = (stream.clone_htod(&mean_cpu)?, stream.clone_htod(&inv_cpu)?);
-    let (gamma_dev, beta_dev) = (stream.clone_htod(&gamma)?, stream.clone_htod(&beta)?);
-    let (rm_exact, rv_exact) = (stream.clone_htod(&rm_cpu)?, stream.clone_htod(&rv_cpu)?);
-    let mut eval_cpu = vec![0.0f32; bn.len()];
-    batch_norm_eval_forward(bn, &x, &gamma, &beta, &rm_cpu, &rv_cpu, &mut eval_cpu);
-    let mut relu_cpu = y_cpu.clone();
-    relu_forward_in_place(&mut relu_cpu);
-    for (eval, relu, cpu, twin) in [
-        (0i32, 0i32, &y_cpu, "ops::norm::batch_norm_train_forward (normalise)"),
-        (0, 1, &relu_cpu, "batch_norm_train_forward + relu_forward"),
-        (1, 0, &eval_cpu, "ops::norm::batch_norm_eval_forward"),
-    ] {
-        let mut out_dev = stream.alloc_zeros::<f32>(bn.len())?;
-        let (m, v) = if eval == 1 { (&rm_exact, &rv_exact) } else { (&mean_exact, &inv_exact) };
-        let mut launch = stream.launch_builder(device.function("batch_norm_apply_f32"));
-        launch.arg(&x_dev).arg(&mut out_dev).arg(m).arg(v).arg(&gamma_dev).arg(&beta_dev);
-        launch.arg(&bn_envs).arg(&bn_batch).arg(&bn_channels).arg(&bn_plane).arg(&eval).arg(&relu);
-        unsafe { launch.launch(elementwise(bn.len())) }?;
-        let gpu = stream.clone_dtoh(&out_dev)?;
-        rows.push(ParityRow {
-            kernel: "batch_norm_apply_f32".into(),
-            twin: twin.into(),
-            elements: bn.len(),
-            max_diff: max_diff(&gpu, cpu),
-            tolerance: 0.0,
-        });
-    }
-    let dy = values(s, bn.len(), -1.0, 1.0);
-    let mut dx_cpu = vec![0.0f32; bn.len()];
-    let (mut dgamma_cpu, mut dbeta_cpu) = (vec![0.0f32; bn.params_len()], vec![0.0f32; bn.params_len()]);
-    batch_norm_backward(
-        bn,
-        &x,
-        &gamma,
-        &mean_cpu,
-        &inv_cpu,
-        &dy,
-        &mut dx_cpu,
-        &mut dgamma_cpu,
-        &mut dbeta_cpu,
-    );
-    let dy_dev = stream.clone_htod(&dy)?;
-    let mut dgamma_dev = stream.alloc_zeros::<f32>(bn.params_len())?;
-    let mut dbeta_dev = stream.alloc_zeros::<f32>(bn.params_len())?;
-    let mut launch = stream.launch_builder(device.function("batch_norm_backward_params_f32"));
-    launch.arg(&x_dev).arg(&dy_dev).arg(&mean_exact).arg(&inv_exact).arg(&mut dgamma_dev).arg(&mut dbeta_dev);
-    launch.arg(&bn_batch).arg(&bn_channels).arg(&bn_plane);
-    unsafe { launch.launch(per_channel) }?;
-    let params_gpu = [stream.clone_dtoh(&dgamma_dev)?, stream.clone_dtoh(&dbeta_dev)?].concat();
-    let params_cpu = [dgamma_cpu.clone(), dbeta_cpu.clone()].concat();
-    rows.push(ParityRow::new(
-        "batch_norm_backward_params_f32",
-        "ops::norm::batch_norm_backward (dγ, dβ)",
-        bn.len(),
-        max_diff(&params_gpu, &params_cpu),
-        1e-5,
-    ));
-    let (dgamma_exact, dbeta_exact) = (stream.clone_htod(&dgamma_cpu)?, stream.clone_htod(&dbeta_cpu)?);
-    let mut dx_dev = stream.alloc_zeros::<f32>(bn.len())?;
-    let mut launch = stream.launch_builder(device.function("batch_norm_backward_input_f32"));
-    launch.arg(&x_dev).arg(&dy_dev).arg(&gamma_dev).arg(&mean_exact).arg(&inv_exact);
-    launch.arg(&dgamma_exact).arg(&dbeta_exact).arg(&mut dx_dev);
-    launch.arg(&bn_envs).arg(&bn_batch).arg(&bn_channels).arg(&bn_plane);
-    unsafe { launch.launch(elementwise(bn.len())) }?;
-    let dx_gpu = stream.clone_dtoh(&dx_dev)?;
-    rows.push(ParityRow::new(
-        "batch_norm_backward_input_f32",
-        "ops::norm::batch_norm_backward (dx)",
-        bn.len(),
-        max_diff(&dx_gpu, &dx_cpu),
-        0.0,
-    ));
+    // Batch norm over [E=3, B=4, C=5, 7, 7] (each (env, channel) summed in one run), then over
+    // [E=2, B=41, C=3, 15, 15]: 9 225 values a pair in 4 runs, the last short, around a mean far from
+    // zero (the statistics' shifted one-pass sums).
+    batch_norm_checks(
+        device,
+        s,
+        rows,
+        NormShape { envs: 3, batch: 4, channels: 5, h: 7, w: 7 },
+        (-2.0, 3.0),
+    )?;
+    let split = NormShape { envs: 2, batch: 41, channels: 3, h: 15, w: 15 };
+    assert_eq!(device_ops::batch_norm_splits(&split).0, 4, "the split shape must split");
+    batch_norm_checks(device, s, rows, split, (40.0, 44.0))?;
 
     // The head: linear 32 → 10 over [E=3, B=7], softmax cross-entropy and correct counts.
     let lin = LinearShape { envs: 3, batch: 7, in_features: 32, out_features: 10 };
@@ -1511,6 +1403,152 @@ fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), 
 /// FastDiv (common.cuh), the index math of im2col, col2im, the layout swaps and batch norm: quotients
 /// through `fast_div_u32` against the CPU's integer division, over the divisors the kernels meet, the
 /// edges of the 32-bit range and random pairs, each dividend near a multiple of its divisor as well.
+/// Batch norm over `bn` with inputs drawn from `x_range`: the statistics (a few ulps: f64 sums here, f32
+/// lanes there), then the element-wise passes fed the CPU's statistics (the same f32 operations: the
+/// same bits), the parameter gradients and the input gradient.
+fn batch_norm_checks(
+    device: &Device,
+    s: &mut Stream,
+    rows: &mut Vec<ParityRow>,
+    bn: NormShape,
+    x_range: (f64, f64),
+) -> Result<(), ParityError> {
+    let stream = &device.stream;
+    let (splits, _) = device_ops::batch_norm_splits(&bn);
+    let runs = if splits > 1 { format!(" ({splits} runs)") } else { String::new() };
+    let (bn_batch, bn_channels, bn_plane, bn_envs) =
+        (bn.batch as u32, bn.channels as u32, bn.plane() as u32, bn.envs as u32);
+    let x = values(s, bn.len(), x_range.0, x_range.1);
+    let gamma = values(s, bn.params_len(), 0.5, 1.5);
+    let beta = values(s, bn.params_len(), -0.5, 0.5);
+    let (r_mean0, r_var0) = (values(s, bn.params_len(), -0.1, 0.1), values(s, bn.params_len(), 0.5, 2.0));
+    let mut y_cpu = vec![0.0f32; bn.len()];
+    let (mut mean_cpu, mut inv_cpu) = (vec![0.0f32; bn.params_len()], vec![0.0f32; bn.params_len()]);
+    let (mut rm_cpu, mut rv_cpu) = (r_mean0.clone(), r_var0.clone());
+    batch_norm_train_forward(
+        bn,
+        &x,
+        &gamma,
+        &beta,
+        &mut y_cpu,
+        &mut mean_cpu,
+        &mut inv_cpu,
+        &mut rm_cpu,
+        &mut rv_cpu,
+    );
+    let x_dev = stream.clone_htod(&x)?;
+    let mut mean_dev = stream.alloc_zeros::<f32>(bn.params_len())?;
+    let mut inv_dev = stream.alloc_zeros::<f32>(bn.params_len())?;
+    let mut rm_dev = stream.clone_htod(&r_mean0)?;
+    let mut rv_dev = stream.clone_htod(&r_var0)?;
+    let mut partial = stream.alloc_zeros::<f64>(device_ops::batch_norm_partial_len(&bn))?;
+    device_ops::batch_norm_train_stats(
+        device,
+        &bn,
+        &x_dev,
+        &mut partial,
+        &mut mean_dev,
+        &mut inv_dev,
+        &mut rm_dev,
+        &mut rv_dev,
+    )?;
+    let stats_gpu: Vec<f32> = [&mean_dev, &inv_dev, &rm_dev, &rv_dev]
+        .into_iter()
+        .map(|d| stream.clone_dtoh(d))
+        .collect::<Result<Vec<_>, _>>()?
+        .concat();
+    let stats_cpu = [mean_cpu.clone(), inv_cpu.clone(), rm_cpu.clone(), rv_cpu.clone()].concat();
+    rows.push(ParityRow::new(
+        format!("batch_norm_stats_{{partial,finish}}_f32{runs}"),
+        "ops::norm::batch_norm_train_forward (statistics)",
+        bn.len(),
+        max_diff(&stats_gpu, &stats_cpu),
+        1e-5,
+    ));
+    let (mean_exact, inv_exact) = (stream.clone_htod(&mean_cpu)?, stream.clone_htod(&inv_cpu)?);
+    let (gamma_dev, beta_dev) = (stream.clone_htod(&gamma)?, stream.clone_htod(&beta)?);
+    let (rm_exact, rv_exact) = (stream.clone_htod(&rm_cpu)?, stream.clone_htod(&rv_cpu)?);
+    let mut eval_cpu = vec![0.0f32; bn.len()];
+    batch_norm_eval_forward(bn, &x, &gamma, &beta, &rm_cpu, &rv_cpu, &mut eval_cpu);
+    let mut relu_cpu = y_cpu.clone();
+    relu_forward_in_place(&mut relu_cpu);
+    for (eval, relu, cpu, twin) in [
+        (0i32, 0i32, &y_cpu, "ops::norm::batch_norm_train_forward (normalise)"),
+        (0, 1, &relu_cpu, "batch_norm_train_forward + relu_forward"),
+        (1, 0, &eval_cpu, "ops::norm::batch_norm_eval_forward"),
+    ] {
+        let mut out_dev = stream.alloc_zeros::<f32>(bn.len())?;
+        let (m, v) = if eval == 1 { (&rm_exact, &rv_exact) } else { (&mean_exact, &inv_exact) };
+        let mut launch = stream.launch_builder(device.function("batch_norm_apply_f32"));
+        launch.arg(&x_dev).arg(&mut out_dev).arg(m).arg(v).arg(&gamma_dev).arg(&beta_dev);
+        launch.arg(&bn_envs).arg(&bn_batch).arg(&bn_channels).arg(&bn_plane).arg(&eval).arg(&relu);
+        unsafe { launch.launch(elementwise(bn.len())) }?;
+        let gpu = stream.clone_dtoh(&out_dev)?;
+        rows.push(ParityRow {
+            kernel: "batch_norm_apply_f32".into(),
+            twin: twin.into(),
+            elements: bn.len(),
+            max_diff: max_diff(&gpu, cpu),
+            tolerance: 0.0,
+        });
+    }
+    let dy = values(s, bn.len(), -1.0, 1.0);
+    let mut dx_cpu = vec![0.0f32; bn.len()];
+    let (mut dgamma_cpu, mut dbeta_cpu) = (vec![0.0f32; bn.params_len()], vec![0.0f32; bn.params_len()]);
+    batch_norm_backward(
+        bn,
+        &x,
+        &gamma,
+        &mean_cpu,
+        &inv_cpu,
+        &dy,
+        &mut dx_cpu,
+        &mut dgamma_cpu,
+        &mut dbeta_cpu,
+    );
+    let dy_dev = stream.clone_htod(&dy)?;
+    let mut dgamma_dev = stream.alloc_zeros::<f32>(bn.params_len())?;
+    let mut dbeta_dev = stream.alloc_zeros::<f32>(bn.params_len())?;
+    device_ops::batch_norm_backward_params(
+        device,
+        &bn,
+        &x_dev,
+        &dy_dev,
+        &mean_exact,
+        &inv_exact,
+        &mut partial,
+        &mut dgamma_dev,
+        &mut dbeta_dev,
+    )?;
+    let params_gpu = [stream.clone_dtoh(&dgamma_dev)?, stream.clone_dtoh(&dbeta_dev)?].concat();
+    let params_cpu = [dgamma_cpu.clone(), dbeta_cpu.clone()].concat();
+    // Sums of B·H·W terms of either sign, the CPU's in f32 lanes: to 1e-5 of the largest.
+    rows.push(ParityRow::new(
+        format!("batch_norm_backward_params_{{partial,finish}}_f32{runs}"),
+        "ops::norm::batch_norm_backward (dγ, dβ)",
+        bn.len(),
+        max_diff_of_tensor(&params_gpu, &params_cpu),
+        1e-5,
+    ));
+    let (dgamma_exact, dbeta_exact) = (stream.clone_htod(&dgamma_cpu)?, stream.clone_htod(&dbeta_cpu)?);
+    let mut dx_dev = stream.alloc_zeros::<f32>(bn.len())?;
+    let mut launch = stream.launch_builder(device.function("batch_norm_backward_input_f32"));
+    launch.arg(&x_dev).arg(&dy_dev).arg(&gamma_dev).arg(&mean_exact).arg(&inv_exact);
+    launch.arg(&dgamma_exact).arg(&dbeta_exact).arg(&mut dx_dev);
+    launch.arg(&bn_envs).arg(&bn_batch).arg(&bn_channels).arg(&bn_plane);
+    unsafe { launch.launch(elementwise(bn.len())) }?;
+    let dx_gpu = stream.clone_dtoh(&dx_dev)?;
+    rows.push(ParityRow::new(
+        "batch_norm_backward_input_f32",
+        "ops::norm::batch_norm_backward (dx)",
+        bn.len(),
+        max_diff(&dx_gpu, &dx_cpu),
+        0.0,
+    ));
+
+    Ok(())
+}
+
 fn fast_div_check(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
     let stream = &device.stream;
     let mut divisors: Vec<u32> = vec![
@@ -1593,6 +1631,12 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
         shape(5, 40, 7, 3, 1, 1),
         // A depth (256·9 = 2304) past the implicit GEMM's tap table (2048 rows): its dividing path.
         shape(256, 8, 2, 3, 1, 1),
+        // The direct 3×3 convolution's edges: a plane (6×8) whose 12 threads an image leave 4 of the
+        // 256 idle, input channels (5) past one 4-channel chunk, output channels (12) that fill one
+        // block of 8 and part of a second (5 in the input gradient) ...
+        Conv2dShape { h: 6, w: 8, ..shape(5, 12, 8, 3, 1, 1) },
+        // ... and 4×4 planes, 64 images a block: 70 images make a full block and a short one.
+        Conv2dShape { batch: 70, ..shape(6, 8, 4, 3, 1, 1) },
     ];
     for c in shapes {
         let dims: [u32; 9] =
@@ -1690,6 +1734,7 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
         if c.groups == 1 {
             let mut gemm = GemmConv::new(device, &[c])?;
             gemm.set_implicit(device, true)?;
+            gemm.set_direct(false);
             let mut y_dev = stream.clone_htod(&values(s, y_cpu.len(), -1.0, 1.0))?;
             gemm.forward(device, &c, &x_dev, &w_dev, &mut y_dev)?;
             let y_implicit = stream.clone_dtoh(&y_dev)?;
@@ -1723,6 +1768,36 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
                 dw_cpu.len(),
                 max_diff_of_tensor(&dw_implicit, &dw_cpu),
                 1e-5,
+            ));
+        }
+
+        // The direct 3×3 convolution (`ESPER_CUDA_CONV=direct`): the same fmaf chains in the same
+        // order, so bit for bit too (overwriting junk).
+        if direct_fits(&c) {
+            let mut gemm = GemmConv::new(device, &[c])?;
+            gemm.set_implicit(device, true)?;
+            gemm.set_direct(true);
+            let mut y_dev = stream.clone_htod(&values(s, y_cpu.len(), -1.0, 1.0))?;
+            gemm.forward(device, &c, &x_dev, &w_dev, &mut y_dev)?;
+            let y_direct = stream.clone_dtoh(&y_dev)?;
+            rows.push(ParityRow::new(
+                "conv3x3_direct_f32 (forward)",
+                "ops::conv::conv2d_forward",
+                y_cpu.len(),
+                max_diff(&y_direct, &y_cpu),
+                0.0,
+            ));
+            let mut dx_cpu = vec![0.0f32; c.input_len()];
+            conv2d_backward_input(c, &dy, &w, &mut dx_cpu);
+            let mut dx_dev = stream.clone_htod(&values(s, c.input_len(), -1.0, 1.0))?;
+            gemm.backward_input(device, &c, &dy_dev, &w_dev, &mut dx_dev)?;
+            let dx_direct = stream.clone_dtoh(&dx_dev)?;
+            rows.push(ParityRow::new(
+                "conv3x3_direct_f32 (input gradient)",
+                "ops::conv::conv2d_backward_input",
+                dx_cpu.len(),
+                max_diff(&dx_direct, &dx_cpu),
+                0.0,
             ));
         }
 

@@ -33,9 +33,11 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         name: "batchnorm.cu",
         source: include_str!("../../cuda/batchnorm.cu"),
         functions: &[
-            "batch_norm_train_stats_f32",
+            "batch_norm_stats_partial_f32",
+            "batch_norm_stats_finish_f32",
             "batch_norm_apply_f32",
-            "batch_norm_backward_params_f32",
+            "batch_norm_backward_params_partial_f32",
+            "batch_norm_backward_params_finish_f32",
             "batch_norm_backward_input_f32",
         ],
     },
@@ -72,6 +74,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "conv2d_wgrad_m16_f32",
             "conv2d_wgrad_m32_f32",
             "conv2d_wgrad_reduce_f32",
+            "conv3x3_direct_f32",
         ],
     },
     KernelFile {
