@@ -54,7 +54,7 @@ __device__ __forceinline__ u32 bn_param(u64 i, const BnParamIndex& ix) {
 // batch norm at 22 % of a bare step). The B·P values of pair p (in j order: image j / P, position
 // j % P) are cut into `splits` runs of `run` values; block (p, s) sums run s with its fixed tree into
 // partial[(p·splits + s)·2 + {0, 1}], and a finish kernel, one thread per pair, adds the runs in order:
-// a result depends only on the shape.
+// a result depends only on the shape (the env count included: it sets the runs).
 
 // Block (p, s)'s sums over run s of pair p of the two terms `terms(i)` gives for element i (a flat
 // [E, B, C, P] index), into partial.
@@ -81,12 +81,18 @@ __device__ __forceinline__ void bn_run_sums(
     }
 }
 
-// Training statistics, one pass: the shifted sums of d = x − x₀ and d² (x₀ the pair's first value, j = 0),
-// so that var = Σd²/N − (Σd/N)² in double loses nothing an f32 result would show unless the mean lies
-// ten thousand standard deviations from x₀. Grid (E·C, splits), REDUCE_THREADS threads.
+// Training statistics, one pass: the shifted sums of d = x − x₀ and d² (x₀ the pair's first value, j = 0;
+// 0 when that is not finite, so that an infinity elsewhere gives the CPU's ±inf mean), so that var =
+// Σd²/N − (Σd/N)² in double stays within an f32 ulp or two unless the mean lies a thousand standard
+// deviations from x₀ (x₀ is a sample: a few). Grid (E·C, splits), REDUCE_THREADS threads.
+__device__ __forceinline__ double bn_shift(const float* x, u32 p, u32 batch, u32 channels, u32 plane) {
+    double x0 = (double)x[bn_index(p / channels, p % channels, 0, batch, channels, plane)];
+    return isfinite(x0) ? x0 : 0.0;
+}
+
 extern "C" __global__ void batch_norm_stats_partial_f32(
     const float* x, double* partial, u32 batch, u32 channels, u32 plane, u32 splits, u32 run) {
-    double shift = (double)x[bn_index(blockIdx.x / channels, blockIdx.x % channels, 0, batch, channels, plane)];
+    double shift = bn_shift(x, blockIdx.x, batch, channels, plane);
     auto terms = [&](u64 i) {
         double d = (double)x[i] - shift;
         return make_double2(d, d * d);
@@ -100,7 +106,7 @@ extern "C" __global__ void batch_norm_stats_finish_f32(
     const float* x, const double* partial, float* save_mean, float* save_inv_std, float* running_mean,
     float* running_var, u32 pairs, u32 batch, u32 channels, u32 plane, u32 splits) {
     FOR_EACH(p, pairs) {
-        double shift = (double)x[bn_index((u32)p / channels, (u32)p % channels, 0, batch, channels, plane)];
+        double shift = bn_shift(x, (u32)p, batch, channels, plane);
         double sum = 0.0, sum_sq = 0.0;
         for (u32 s = 0; s < splits; ++s) {
             sum += partial[(p * splits + s) * 2];

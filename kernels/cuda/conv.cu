@@ -506,13 +506,14 @@ extern "C" __global__ void __launch_bounds__(256) conv3x3_direct_f32(
 
     for (u32 s0 = 0; s0 < c_in; s0 += DC_CHUNK) {
         u32 chunk = min((u32)DC_CHUNK, c_in - s0);
+        FastDiv f_chunk = fast_div(chunk);
         __syncthreads();  // the previous chunk's reads are done
         // Stage channels s0 .. s0 + chunk − 1 of the block's images: tile[(i·chunk + sc)·padded + yy·wp + xx]
         // = x[b0 + i][s0 + sc][yy − 1][xx − 1], zero outside the plane.
         u32 staged = images * chunk * padded;
         for (u32 l = t; l < staged; l += 256) {
             u32 pl = fdiv(l, f_padded), r = l - pl * padded, yy = fdiv(r, f_wp), xx = r - yy * wp;
-            u32 i = pl / chunk, sc = pl - i * chunk;
+            u32 i = fdiv(pl, f_chunk), sc = pl - i * chunk;
             float v = 0.0f;
             if (yy >= 1 && yy <= h && xx >= 1 && xx <= w)
                 v = x[(((u64)e * batch + b0 + i) * c_in + s0 + sc) * plane + (yy - 1) * w + (xx - 1)];

@@ -486,7 +486,10 @@ pub(super) fn direct_conv(
     let (c_in, c_out) = if input_grad { (d.c_out, d.c_in) } else { (d.c_in, d.c_out) };
     let per_block = 1024 / (d.h * d.w);
     let image_blocks = d.batch.div_ceil(per_block);
-    assert!(d.envs <= 65_535 && image_blocks <= u32::MAX as usize, "direct conv: grid exceeds the device's");
+    assert!(
+        d.envs <= 65_535 && c_out.div_ceil(8) <= 65_535 && image_blocks <= i32::MAX as usize,
+        "direct conv: grid exceeds the device's"
+    );
     let dims = [d.batch, c_in, c_out, d.h, d.w].map(|v| v as u32);
     let flip = i32::from(input_grad);
     let mut launch = device.stream.launch_builder(device.function("conv3x3_direct_f32"));
@@ -640,10 +643,16 @@ mod tests {
     }
 
     /// Every plane `direct_fits` takes fits the kernel's block: its images' threads within 256 and its
-    /// staged chunk (4 channels of every image's zero-padded plane) within the shared tile
-    /// (`DC_TILE`, 9 216 floats, in conv.cu) — and the host's planes (32×32 to 4×4) are taken.
+    /// staged chunk (`DC_CHUNK` channels of every image's zero-padded plane) within the shared tile
+    /// (`DC_TILE` floats), both read from conv.cu — and the host's planes (32×32 to 4×4) are taken.
     #[test]
     fn the_direct_convolution_fits_its_block_for_every_plane_it_takes() {
+        let conv = crate::cuda::KERNEL_FILES.iter().find(|f| f.name == "conv.cu").expect("conv.cu");
+        let define = |name: &str| -> usize {
+            let line = conv.source.lines().find(|l| l.starts_with(&format!("#define {name} ")));
+            line.and_then(|l| l.split_whitespace().nth(2)).and_then(|v| v.parse().ok()).expect(name)
+        };
+        let (tile, chunk) = (define("DC_TILE"), define("DC_CHUNK"));
         let shape =
             |h, w| Conv2dShape { envs: 1, batch: 1, c_in: 8, c_out: 8, h, w, k: 3, pad: 1, groups: 1 };
         let mut taken = 0;
@@ -655,7 +664,7 @@ mod tests {
                 }
                 let per_block = 1024 / (h * w);
                 assert!(per_block >= 1 && per_block * (h * w / 4) <= 256, "{h}×{w}: threads");
-                assert!(per_block * 4 * (h + 2) * (w + 2) <= 9216, "{h}×{w}: staged tile");
+                assert!(per_block * chunk * (h + 2) * (w + 2) <= tile, "{h}×{w}: staged tile");
                 taken += 1;
             }
         }

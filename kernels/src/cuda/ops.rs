@@ -119,7 +119,9 @@ pub fn batch_norm_partial_len(d: &NormShape) -> usize {
 fn batch_norm_reduction(d: &NormShape, partial: &CudaSlice<f64>) -> ([u32; 5], LaunchConfig) {
     let (splits, run) = batch_norm_splits(d);
     assert!(partial.len() >= batch_norm_partial_len(d), "batch norm: partial sums exceed the scratch");
-    assert!(d.batch * d.plane() <= u32::MAX as usize, "batch norm: a channel's values exceed u32");
+    let count = d.batch * d.plane();
+    assert!(count > 1, "batch norm needs more than one value per channel");
+    assert!(count <= u32::MAX as usize, "batch norm: a channel's values exceed u32");
     let grid = (d.params_len() as u32, splits as u32, 1);
     let config = LaunchConfig { grid_dim: grid, block_dim: (REDUCE_THREADS, 1, 1), shared_mem_bytes: 0 };
     ([d.batch, d.channels, d.plane(), splits, run].map(|v| v as u32), config)

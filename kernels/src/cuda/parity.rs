@@ -1398,11 +1398,6 @@ fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), 
     Ok(())
 }
 
-/// The convolution kernels against `ops::conv` on the host's and the seeds' shapes (3×3 from 3, 8 and 32
-/// channels at 32×32 and 8×8, a depthwise 3×3 and a 1×1 into more channels), two envs each; bit for bit.
-/// FastDiv (common.cuh), the index math of im2col, col2im, the layout swaps and batch norm: quotients
-/// through `fast_div_u32` against the CPU's integer division, over the divisors the kernels meet, the
-/// edges of the 32-bit range and random pairs, each dividend near a multiple of its divisor as well.
 /// Batch norm over `bn` with inputs drawn from `x_range`: the statistics (a few ulps: f64 sums here, f32
 /// lanes there), then the element-wise passes fed the CPU's statistics (the same f32 operations: the
 /// same bits), the parameter gradients and the input gradient.
@@ -1441,7 +1436,8 @@ fn batch_norm_checks(
     let mut inv_dev = stream.alloc_zeros::<f32>(bn.params_len())?;
     let mut rm_dev = stream.clone_htod(&r_mean0)?;
     let mut rv_dev = stream.clone_htod(&r_var0)?;
-    let mut partial = stream.alloc_zeros::<f64>(device_ops::batch_norm_partial_len(&bn))?;
+    // NaN in the partial sums: a run its kernel does not write shows as NaN in the results.
+    let mut partial = stream.clone_htod(&vec![f64::NAN; device_ops::batch_norm_partial_len(&bn)])?;
     device_ops::batch_norm_train_stats(
         device,
         &bn,
@@ -1507,8 +1503,10 @@ fn batch_norm_checks(
         &mut dbeta_cpu,
     );
     let dy_dev = stream.clone_htod(&dy)?;
-    let mut dgamma_dev = stream.alloc_zeros::<f32>(bn.params_len())?;
-    let mut dbeta_dev = stream.alloc_zeros::<f32>(bn.params_len())?;
+    // Both overwritten, and every run rewritten: start from NaN.
+    let mut dgamma_dev = stream.clone_htod(&vec![f32::NAN; bn.params_len()])?;
+    let mut dbeta_dev = stream.clone_htod(&vec![f32::NAN; bn.params_len()])?;
+    partial = stream.clone_htod(&vec![f64::NAN; partial.len()])?;
     device_ops::batch_norm_backward_params(
         device,
         &bn,
@@ -1549,6 +1547,9 @@ fn batch_norm_checks(
     Ok(())
 }
 
+/// FastDiv (common.cuh), the index math of im2col, col2im, the layout swaps and batch norm: quotients
+/// through `fast_div_u32` against the CPU's integer division, over the divisors the kernels meet, the
+/// edges of the 32-bit range and random pairs, each dividend near a multiple of its divisor as well.
 fn fast_div_check(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
     let stream = &device.stream;
     let mut divisors: Vec<u32> = vec![
@@ -1605,6 +1606,9 @@ fn fast_div_check(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) ->
     Ok(())
 }
 
+/// The convolution kernels against `ops::conv` on the host's and the seeds' shapes (3×3 from 3, 8 and 32
+/// channels at 32×32 and 8×8, a depthwise 3×3 and a 1×1 into more channels), two envs each, and the implicit GEMM's and the direct
+/// convolution's edges; bit for bit but for the sums in another order (to 1e-5).
 fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
     let stream = &device.stream;
     fast_div_check(device, s, rows)?;
@@ -1632,9 +1636,10 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
         // A depth (256·9 = 2304) past the implicit GEMM's tap table (2048 rows): its dividing path.
         shape(256, 8, 2, 3, 1, 1),
         // The direct 3×3 convolution's edges: a plane (6×8) whose 12 threads an image leave 4 of the
-        // 256 idle, input channels (5) past one 4-channel chunk, output channels (12) that fill one
-        // block of 8 and part of a second (5 in the input gradient) ...
-        Conv2dShape { h: 6, w: 8, ..shape(5, 12, 8, 3, 1, 1) },
+        // 256 idle (21 images a block: 22 make a full block and a short one), input channels (5) past
+        // one 4-channel chunk, output channels (12) that fill one block of 8 and part of a second (5
+        // in the input gradient) ...
+        Conv2dShape { h: 6, w: 8, batch: 22, ..shape(5, 12, 8, 3, 1, 1) },
         // ... and 4×4 planes, 64 images a block: 70 images make a full block and a short one.
         Conv2dShape { batch: 70, ..shape(6, 8, 4, 3, 1, 1) },
     ];
