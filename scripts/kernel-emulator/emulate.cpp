@@ -1,0 +1,171 @@
+// Runs kernels of kernels/cuda/ on the CPU through shim.hpp and checks them against slow references
+// written here from their definitions: the direct 3×3 convolution and the implicit GEMM (forward and
+// input gradient, bit for bit: one fmaf chain per output over j = s·9 + ky·3 + kx from +0), and batch
+// norm's split reductions (to 1e-6 of a double two-pass sum). `bash scripts/kernel-emulator/run.sh`.
+#include "shim.hpp"
+
+typedef unsigned char u8;
+#include "../../kernels/cuda/common.cuh"
+#include "../../kernels/cuda/conv.cu"
+#include "../../kernels/cuda/batchnorm.cu"
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static float uniform(float lo, float hi) {
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return lo + (hi - lo) * (float)((rng_state >> 40) * (1.0 / (1ull << 24)));
+}
+static std::vector<float> values(size_t n, float lo, float hi) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = uniform(lo, hi);
+    return v;
+}
+static bool same_bits(float a, float b) { return __float_as_uint(a) == __float_as_uint(b); }
+
+static int failures = 0, checks = 0;
+static void report(const char* what, bool ok, const char* detail) {
+    ++checks;
+    if (!ok) ++failures;
+    std::printf("%-58s %s %s\n", what, ok ? "ok  " : "FAIL", detail);
+}
+
+// A 3×3, padding 1 convolution of x [E, B, c_in, h, w] into [E, B, c_out, h, w]; with flip the input
+// gradient's form (weights [E, c_in, c_out, 3, 3] read at the flipped tap).
+static std::vector<float> conv_reference(const std::vector<float>& x, const std::vector<float>& w, unsigned envs,
+                                         unsigned batch, unsigned c_in, unsigned c_out, unsigned h, unsigned wd,
+                                         bool flip) {
+    std::vector<float> y((size_t)envs * batch * c_out * h * wd);
+    for (unsigned e = 0; e < envs; ++e)
+        for (unsigned b = 0; b < batch; ++b)
+            for (unsigned o = 0; o < c_out; ++o)
+                for (unsigned yy = 0; yy < h; ++yy)
+                    for (unsigned xx = 0; xx < wd; ++xx) {
+                        float acc = 0.0f;
+                        for (unsigned s = 0; s < c_in; ++s)
+                            for (unsigned tap = 0; tap < 9; ++tap) {
+                                int iy = (int)yy + (int)(tap / 3) - 1, ix = (int)xx + (int)(tap % 3) - 1;
+                                float v = 0.0f;
+                                if (iy >= 0 && iy < (int)h && ix >= 0 && ix < (int)wd)
+                                    v = x[((((size_t)e * batch + b) * c_in + s) * h + iy) * wd + ix];
+                                float k = flip ? w[(((size_t)e * c_in + s) * c_out + o) * 9 + (8 - tap)]
+                                               : w[(((size_t)e * c_out + o) * c_in + s) * 9 + tap];
+                                acc = fmaf(k, v, acc);
+                            }
+                        y[((((size_t)e * batch + b) * c_out + o) * h + yy) * wd + xx] = acc;
+                    }
+    return y;
+}
+
+static void check_conv(unsigned envs, unsigned batch, unsigned c_in, unsigned c_out, unsigned h, unsigned w) {
+    for (int flip = 0; flip < 2; ++flip) {
+        // The kernel's view: with flip, its input is the output gradient (c_out channels of the
+        // forward's) and its output the input gradient.
+        unsigned k_in = flip ? c_out : c_in, k_out = flip ? c_in : c_out;
+        auto x = values((size_t)envs * batch * k_in * h * w, -1.0f, 1.0f);
+        auto weight = values((size_t)envs * c_out * c_in * 9, -0.5f, 0.5f);
+        auto want = conv_reference(x, weight, envs, batch, k_in, k_out, h, w, flip);
+        char what[160], detail[160];
+        // The direct kernel, over junk.
+        std::vector<float> y(want.size(), NAN);
+        unsigned per_block = 1024 / (h * w);
+        launch({(batch + per_block - 1) / per_block, (k_out + 7) / 8, envs}, {256, 1, 1}, [&] {
+            conv3x3_direct_f32(x.data(), weight.data(), y.data(), batch, k_in, k_out, h, w, flip);
+        });
+        size_t wrong = 0;
+        for (size_t i = 0; i < y.size(); ++i) wrong += !same_bits(y[i], want[i]);
+        std::snprintf(what, sizeof what, "conv3x3_direct_f32 %s E%u B%u %u→%u %u×%u", flip ? "dx" : "y ", envs,
+                      batch, k_in, k_out, h, w);
+        std::snprintf(detail, sizeof detail, "%zu of %zu outputs differ in bits", wrong, y.size());
+        report(what, wrong == 0, detail);
+        // The implicit GEMM on the same inputs: checked bit for bit on an H100, so it checks the emulator.
+        std::vector<float> z(want.size(), NAN);
+        unsigned columns = batch * h * w;
+        dim3 grid{(columns + 127) / 128, (k_out + 7) / 8, envs};
+        launch(grid, {256, 1, 1}, [&] {
+            conv2d_implicit_m8_f32(x.data(), weight.data(), z.data(), batch, k_in, k_out, h, w, 3, 1, flip);
+        });
+        wrong = 0;
+        for (size_t i = 0; i < z.size(); ++i) wrong += !same_bits(z[i], want[i]);
+        std::snprintf(what, sizeof what, "conv2d_implicit_m8_f32 %s E%u B%u %u→%u %u×%u", flip ? "dx" : "y ", envs,
+                      batch, k_in, k_out, h, w);
+        std::snprintf(detail, sizeof detail, "%zu of %zu outputs differ in bits", wrong, z.size());
+        report(what, wrong == 0, detail);
+    }
+}
+
+static void check_batch_norm(unsigned envs, unsigned batch, unsigned channels, unsigned plane, unsigned splits,
+                             float lo, float hi) {
+    size_t count = (size_t)batch * plane, pairs = (size_t)envs * channels;
+    unsigned run = (unsigned)((count + splits - 1) / splits);
+    splits = (unsigned)((count + run - 1) / run);
+    auto x = values(pairs * count, lo, hi);
+    auto dy = values(pairs * count, -1.0f, 1.0f);
+    std::vector<double> partial(pairs * splits * 2, NAN);
+    std::vector<float> mean(pairs), inv(pairs), rm(pairs, 0.0f), rv(pairs, 1.0f);
+    launch({(unsigned)pairs, splits, 1}, {REDUCE_THREADS, 1, 1}, [&] {
+        batch_norm_stats_partial_f32(x.data(), partial.data(), batch, channels, plane, splits, run);
+    });
+    launch({1, 1, 1}, {256, 1, 1}, [&] {
+        batch_norm_stats_finish_f32(x.data(), partial.data(), mean.data(), inv.data(), rm.data(), rv.data(),
+                                    (unsigned)pairs, batch, channels, plane, splits);
+    });
+    std::fill(partial.begin(), partial.end(), NAN);
+    std::vector<float> dgamma(pairs, NAN), dbeta(pairs, NAN);
+    launch({(unsigned)pairs, splits, 1}, {REDUCE_THREADS, 1, 1}, [&] {
+        batch_norm_backward_params_partial_f32(x.data(), dy.data(), mean.data(), partial.data(), batch, channels,
+                                               plane, splits, run);
+    });
+    launch({1, 1, 1}, {256, 1, 1}, [&] {
+        batch_norm_backward_params_finish_f32(partial.data(), inv.data(), dgamma.data(), dbeta.data(),
+                                              (unsigned)pairs, splits);
+    });
+    double worst = 0.0, worst_grad = 0.0, largest_grad = 0.0;
+    std::vector<double> want_gamma(pairs), want_beta(pairs);
+    for (size_t p = 0; p < pairs; ++p) {
+        size_t e = p / channels, c = p % channels;
+        auto at = [&](size_t j) { return ((e * batch + j / plane) * channels + c) * plane + j % plane; };
+        double s = 0.0, q = 0.0, g = 0.0, gc = 0.0;
+        for (size_t j = 0; j < count; ++j) s += x[at(j)];
+        double m = s / count;
+        for (size_t j = 0; j < count; ++j) q += (x[at(j)] - m) * (x[at(j)] - m);
+        double var = q / count, want_inv = 1.0 / std::sqrt(var + 1e-5);
+        for (size_t j = 0; j < count; ++j) {
+            g += dy[at(j)];
+            gc += (double)dy[at(j)] * (double)(x[at(j)] - mean[p]);
+        }
+        worst = std::max({worst, std::fabs(mean[p] - m) / std::max(std::fabs(m), 1.0),
+                          std::fabs(inv[p] - want_inv) / want_inv,
+                          std::fabs(rm[p] - 0.1 * m) / std::max(std::fabs(0.1 * m), 1.0)});
+        want_beta[p] = g;
+        want_gamma[p] = gc * inv[p];
+        largest_grad = std::max({largest_grad, std::fabs(g), std::fabs(want_gamma[p])});
+    }
+    for (size_t p = 0; p < pairs; ++p)
+        worst_grad = std::max({worst_grad, std::fabs(dbeta[p] - want_beta[p]), std::fabs(dgamma[p] - want_gamma[p])});
+    worst_grad /= std::max(largest_grad, 1e-30);
+    char what[160], detail[160];
+    std::snprintf(what, sizeof what, "batch_norm_stats_{partial,finish}_f32 E%u B%u C%u P%u, %u runs", envs, batch,
+                  channels, plane, splits);
+    std::snprintf(detail, sizeof detail, "max relative diff %.2e (tolerance 1e-6)", worst);
+    report(what, worst <= 1e-6, detail);
+    std::snprintf(what, sizeof what, "batch_norm_backward_params_{partial,finish}_f32, %u runs", splits);
+    std::snprintf(detail, sizeof detail, "max diff %.2e of the largest (tolerance 1e-6)", worst_grad);
+    report(what, worst_grad <= 1e-6, detail);
+}
+
+int main() {
+    // The host's blocks and seeds (32×32 from 3 and 8 channels, 16×16, 8×8 from 32), and the edges: a
+    // 6×8 plane (12 threads an image, 21 images a block: 22 make a full block and a short one), input
+    // channels past a 4-channel chunk, output channels past a block of 8, 4×4 planes (64 images a block).
+    check_conv(2, 3, 3, 8, 32, 32);
+    check_conv(1, 2, 8, 8, 32, 32);
+    check_conv(2, 5, 8, 16, 16, 16);
+    check_conv(1, 17, 32, 32, 8, 8);
+    check_conv(2, 22, 5, 12, 6, 8);
+    check_conv(1, 70, 6, 8, 4, 4);
+    // Batch norm: one run, several (the last short), and a mean far from zero.
+    check_batch_norm(3, 4, 5, 49, 1, -2.0f, 3.0f);
+    check_batch_norm(2, 41, 3, 225, 4, 40.0f, 44.0f);
+    check_batch_norm(2, 9, 2, 64, 7, -1.0f, 1.0f);
+    std::printf("%d of %d checks passed\n", checks - failures, checks);
+    return failures == 0 ? 0 : 1;
+}
