@@ -558,6 +558,88 @@ extern "C" __global__ void __launch_bounds__(256) conv3x3_direct_f32(
     }
 }
 
+// ---- The 3×3 weight gradient (padding 1) direct: per env dW[o][s][tap] = Σ over images b and positions p
+// of dy[b][o][p] · x[b][s][p + tap − 4 taps' offset], the sums the implicit weight gradient's GEMM
+// makes, without its column matrix. Block (run, (s-chunk, o-group), env): DC_CHUNK input channels s0 ..
+// and DC_OUT output channels o0 .. (grid.y = s-chunk · o_groups + o-group); its run of image groups
+// (`per_block` = 1024 / (h·w) images each) staged group by group, zero-padded, in shared memory as the
+// forward stages them. Warp v takes input channel s0 + v / 2 and output channels o0 + 4·(v % 2) ..+3;
+// lane l the columns l, l + 32, … of the group's images side by side (image col / w, column col % w),
+// walking each down its rows with a 3×3 window of x in registers, 36 sums (4 channels × 9 taps) per
+// thread, dy read straight from global memory (consecutive lanes, consecutive columns). Then the 32
+// lanes' sums are added in lane order through shared memory and the block writes its 288 into
+// partial[e][run][o][s·9 + tap]; conv2d_wgrad_reduce_f32 adds the runs in order. f32 sums in another
+// order than the CPU's lanes: to a tolerance, as the implicit GEMM's.
+extern "C" __global__ void __launch_bounds__(256) conv3x3_wgrad_direct_f32(
+    const float* x, const float* dy, float* partial, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, u32 runs,
+    u32 groups_per_run) {
+    __shared__ float tile[DC_TILE];
+    u32 t = threadIdx.x, lane = t % 32, warp = t / 32, e = blockIdx.z, run = blockIdx.x;
+    u32 o_groups = (c_out + DC_OUT - 1) / DC_OUT;
+    u32 s0 = (blockIdx.y / o_groups) * DC_CHUNK, o0 = (blockIdx.y % o_groups) * DC_OUT;
+    u32 chunk = min((u32)DC_CHUNK, c_in - s0);
+    u32 sc = warp / 2, oq = o0 + 4 * (warp % 2);  // this warp's input channel (in the chunk), first output
+    u32 plane = h * w, per_block = 1024 / plane;
+    u32 hp = h + 2, wp = w + 2, padded = hp * wp;
+    FastDiv f_wp = fast_div(wp), f_padded = fast_div(padded), f_chunk = fast_div(chunk), f_w = fast_div(w);
+    u32 groups = (batch + per_block - 1) / per_block;
+    u32 first = run * groups_per_run, last = min(first + groups_per_run, groups);
+
+    float acc[4][9];
+    for (int o = 0; o < 4; ++o)
+        for (int j = 0; j < 9; ++j) acc[o][j] = 0.0f;
+
+    for (u32 g = first; g < last; ++g) {
+        u32 b0 = g * per_block, images = min(per_block, batch - b0);
+        __syncthreads();  // the previous group's reads are done
+        u32 staged = images * chunk * padded;
+        for (u32 l = t; l < staged; l += 256) {
+            u32 pl = fdiv(l, f_padded), r = l - pl * padded, yy = fdiv(r, f_wp), xx = r - yy * wp;
+            u32 i = fdiv(pl, f_chunk), c = pl - i * chunk;
+            float v = 0.0f;
+            if (yy >= 1 && yy <= h && xx >= 1 && xx <= w)
+                v = x[(((u64)e * batch + b0 + i) * c_in + s0 + c) * plane + (yy - 1) * w + (xx - 1)];
+            tile[l] = v;
+        }
+        __syncthreads();
+        if (sc >= chunk) continue;
+        for (u32 col = lane; col < images * w; col += 32) {
+            u32 i = fdiv(col, f_w), xx = col - i * w;
+            const float* column = tile + (i * chunk + sc) * padded + xx;
+            const float* dy_column = dy + (((u64)e * batch + b0 + i) * c_out + oq) * plane + xx;
+            float win[3][3];
+            for (int ky = 0; ky < 2; ++ky)
+                for (int kx = 0; kx < 3; ++kx) win[ky][kx] = column[ky * wp + kx];
+            for (u32 yy = 0; yy < h; ++yy) {
+                for (int kx = 0; kx < 3; ++kx) win[2][kx] = column[(yy + 2) * wp + kx];
+                float d[4];
+                for (int o = 0; o < 4; ++o) d[o] = oq + o < c_out ? dy_column[(u64)o * plane + yy * w] : 0.0f;
+#pragma unroll
+                for (int o = 0; o < 4; ++o)
+#pragma unroll
+                    for (int tap = 0; tap < 9; ++tap) acc[o][tap] = fmaf(d[o], win[tap / 3][tap % 3], acc[o][tap]);
+                for (int kx = 0; kx < 3; ++kx) {
+                    win[0][kx] = win[1][kx];
+                    win[1][kx] = win[2][kx];
+                }
+            }
+        }
+    }
+
+    // The lanes' sums in lane order: warp v's 36 values of lane l at tile[(v·36 + k)·32 + l].
+    __syncthreads();
+    for (int o = 0; o < 4; ++o)
+        for (int tap = 0; tap < 9; ++tap) tile[(warp * 36 + o * 9 + tap) * 32 + lane] = acc[o][tap];
+    __syncthreads();
+    for (u32 k = t; k < 8 * 36; k += 256) {
+        u32 v = k / 36, r = k % 36, o = 4 * (v % 2) + r / 9, c = v / 2, tap = r % 9;
+        if (c >= chunk || o0 + o >= c_out) continue;
+        float sum = 0.0f;
+        for (u32 l = 0; l < 32; ++l) sum += tile[k * 32 + l];
+        partial[(((u64)e * runs + run) * c_out + o0 + o) * c_in * 9 + (s0 + c) * 9 + tap] = sum;
+    }
+}
+
 // ---- The weight gradient as an implicit GEMM: per env dW (c_out × K) = Σ over the B·P columns of
 // dy (c_out × columns) · colᵀ, the column matrix again read straight from x. The columns are cut into
 // `chunks` runs (enough blocks to fill the GPU: the output is small, the sum long); each block sums its

@@ -1,7 +1,8 @@
 // Runs kernels of kernels/cuda/ on the CPU through shim.hpp and checks them against slow references
 // written here from their definitions: the direct 3×3 convolution and the implicit GEMM (forward and
-// input gradient, bit for bit: one fmaf chain per output over j = s·9 + ky·3 + kx from +0), and batch
-// norm's split reductions (to 1e-6 of a double two-pass sum). `bash scripts/kernel-emulator/run.sh`.
+// input gradient, bit for bit: one fmaf chain per output over j = s·9 + ky·3 + kx from +0), the direct
+// weight gradient (to 1e-5 of the largest, against a double sum), and batch norm's split reductions
+// (to 1e-6 of a double two-pass sum). `bash scripts/kernel-emulator/run.sh`.
 #include "shim.hpp"
 
 typedef unsigned char u8;
@@ -92,6 +93,47 @@ static void check_conv(unsigned envs, unsigned batch, unsigned c_in, unsigned c_
     }
 }
 
+// The direct weight gradient over `per_run` image groups a run, against a double sum.
+static void check_wgrad(unsigned envs, unsigned batch, unsigned c_in, unsigned c_out, unsigned h, unsigned w,
+                        unsigned per_run) {
+    auto x = values((size_t)envs * batch * c_in * h * w, -1.0f, 1.0f);
+    auto dy = values((size_t)envs * batch * c_out * h * w, -1.0f, 1.0f);
+    size_t depth = (size_t)c_in * 9, per_env = c_out * depth;
+    std::vector<double> want(envs * per_env, 0.0);
+    for (unsigned e = 0; e < envs; ++e)
+        for (unsigned b = 0; b < batch; ++b)
+            for (unsigned o = 0; o < c_out; ++o)
+                for (unsigned s = 0; s < c_in; ++s)
+                    for (unsigned tap = 0; tap < 9; ++tap)
+                        for (unsigned yy = 0; yy < h; ++yy)
+                            for (unsigned xx = 0; xx < w; ++xx) {
+                                int iy = (int)yy + (int)(tap / 3) - 1, ix = (int)xx + (int)(tap % 3) - 1;
+                                if (iy < 0 || iy >= (int)h || ix < 0 || ix >= (int)w) continue;
+                                double g = dy[((((size_t)e * batch + b) * c_out + o) * h + yy) * w + xx];
+                                double v = x[((((size_t)e * batch + b) * c_in + s) * h + iy) * w + ix];
+                                want[e * per_env + (o * c_in + s) * 9 + tap] += g * v;
+                            }
+    unsigned per_block = 1024 / (h * w), groups = (batch + per_block - 1) / per_block;
+    unsigned runs = (groups + per_run - 1) / per_run;
+    std::vector<float> partial((size_t)envs * runs * per_env, NAN), dw(envs * per_env, NAN);
+    unsigned tiles = ((c_in + 3) / 4) * ((c_out + 7) / 8);
+    launch({runs, tiles, envs}, {256, 1, 1}, [&] {
+        conv3x3_wgrad_direct_f32(x.data(), dy.data(), partial.data(), batch, c_in, c_out, h, w, runs, per_run);
+    });
+    launch({1, 1, 1}, {256, 1, 1}, [&] {
+        conv2d_wgrad_reduce_f32(partial.data(), dw.data(), envs, runs, (unsigned)per_env);
+    });
+    double largest = 0.0, worst = 0.0;
+    for (double v : want) largest = std::max(largest, std::fabs(v));
+    for (size_t i = 0; i < dw.size(); ++i)
+        worst = std::max(worst, std::isnan(dw[i]) ? INFINITY : std::fabs(dw[i] - want[i]) / largest);
+    char what[160], detail[160];
+    std::snprintf(what, sizeof what, "conv3x3_wgrad_direct_f32 E%u B%u %u→%u %u×%u, %u runs", envs, batch, c_in,
+                  c_out, h, w, runs);
+    std::snprintf(detail, sizeof detail, "max diff %.2e of the largest (tolerance 1e-5)", worst);
+    report(what, worst <= 1e-5, detail);
+}
+
 static void check_batch_norm(unsigned envs, unsigned batch, unsigned channels, unsigned plane, unsigned splits,
                              float lo, float hi) {
     size_t count = (size_t)batch * plane, pairs = (size_t)envs * channels;
@@ -162,6 +204,14 @@ int main() {
     check_conv(1, 17, 32, 32, 8, 8);
     check_conv(2, 22, 5, 12, 6, 8);
     check_conv(1, 70, 6, 8, 4, 4);
+    // The direct weight gradient: the same shapes, one run and several (the last short).
+    check_wgrad(2, 3, 3, 8, 32, 32, 1);
+    check_wgrad(1, 3, 8, 8, 32, 32, 2);
+    check_wgrad(2, 5, 8, 16, 16, 16, 1);
+    check_wgrad(1, 37, 32, 32, 8, 8, 1);
+    check_wgrad(2, 22, 5, 12, 6, 8, 1);
+    check_wgrad(1, 140, 6, 8, 4, 4, 1);
+    check_wgrad(1, 140, 6, 8, 4, 4, 2);
     // Batch norm: one run, several (the last short), and a mean far from zero.
     check_batch_norm(3, 4, 5, 49, 1, -2.0f, 3.0f);
     check_batch_norm(2, 41, 3, 225, 4, 40.0f, 44.0f);

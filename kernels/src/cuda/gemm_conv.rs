@@ -69,8 +69,8 @@ pub struct GemmConv {
     /// gradient's partial sums and `rows` nothing. Off with `ESPER_CUDA_CONV=im2col` (to measure the two
     /// against each other) or [`Self::set_implicit`].
     implicit: bool,
-    /// With `implicit`: the 3×3 convolutions' forward and input gradient by `conv3x3_direct_f32` where
-    /// [`direct_fits`] (the rest stays implicit). On with `ESPER_CUDA_CONV=direct` or
+    /// With `implicit`: the 3×3 convolutions by `conv3x3_direct_f32` (forward, input gradient) and
+    /// `conv3x3_wgrad_direct_f32` (weight gradient) where [`direct_fits`] (the rest stays implicit). On with `ESPER_CUDA_CONV=direct` or
     /// [`Self::set_direct`]; off by default until an H100 has measured it against the implicit GEMM.
     direct: bool,
     /// The lengths `col` and `rows` need for the im2col + GEMM form of the largest convolutions, and
@@ -127,7 +127,9 @@ impl GemmConv {
         let choice = std::env::var("ESPER_CUDA_CONV").ok();
         let implicit = device.precision() == Precision::F32 && choice.as_deref() != Some("im2col");
         let direct = implicit && choice.as_deref() == Some("direct");
-        let (im2col_lens, implicit_col_len) = ((col, rows), most(wgrad_partial_len));
+        // Either weight gradient's partial sums (the direct one's when `ESPER_CUDA_CONV=direct`).
+        let partial_len = |d: &Conv2dShape| wgrad_partial_len(d).max(direct_wgrad_partial_len(d));
+        let (im2col_lens, implicit_col_len) = ((col, rows), most(partial_len));
         // The implicit GEMMs write no column matrix: at W16 that is gigabytes of device memory the
         // scratch no longer takes (a seed's 3×3 convolution at 32×32: 16 · 72 · 512 · 1024 floats).
         let (col, rows) = if implicit { (implicit_col_len, 1) } else { im2col_lens };
@@ -288,6 +290,9 @@ impl GemmConv {
         grad_weight: &mut CudaSlice<f32>,
     ) -> Result<(), ParityError> {
         self.check(d);
+        if self.direct && direct_fits(d) {
+            return direct_weight_grad(device, d, x, dy, &mut self.col, grad_weight);
+        }
         if self.implicit {
             return implicit_weight_grad(device, d, x, dy, &mut self.col, grad_weight);
         }
@@ -501,6 +506,66 @@ pub(super) fn direct_conv(
     Ok(())
 }
 
+/// How [`direct_weight_grad`] cuts `d`'s image groups (`1024 / (h·w)` images each) into runs, one block
+/// per run, input-channel chunk of 4 and output group of 8: (runs, groups per run). About
+/// [`WGRAD_TARGET_BLOCKS`] blocks in all, every run non-empty.
+fn direct_wgrad_runs(d: &Conv2dShape) -> (usize, usize) {
+    let groups = d.batch.div_ceil(1024 / (d.h * d.w)).max(1);
+    let wanted = WGRAD_TARGET_BLOCKS.div_ceil(direct_tiles(d) * d.envs.max(1)).clamp(1, groups);
+    let per_run = groups.div_ceil(wanted);
+    (groups.div_ceil(per_run), per_run)
+}
+
+/// The direct kernels' (input-channel chunk, output group) tiles of `d`: 4 input by 8 output channels.
+fn direct_tiles(d: &Conv2dShape) -> usize {
+    d.c_in.div_ceil(4) * d.c_out.div_ceil(8)
+}
+
+/// Room for [`direct_weight_grad`]'s partial sums of `d`, `[E, runs, c_out, K]`, at the most runs
+/// [`direct_wgrad_runs`] cuts whatever the batch (0 where [`direct_fits`] does not take `d`).
+fn direct_wgrad_partial_len(d: &Conv2dShape) -> usize {
+    if !direct_fits(d) {
+        return 0;
+    }
+    let most_runs = WGRAD_TARGET_BLOCKS.div_ceil(direct_tiles(d) * d.envs.max(1)).max(1);
+    d.envs * most_runs * d.c_out * col_rows(d)
+}
+
+/// `d`'s weight gradient (overwritten), direct: `conv3x3_wgrad_direct_f32` sums each run of image
+/// groups into `partial` (sized by [`direct_wgrad_partial_len`]), then `conv2d_wgrad_reduce_f32` adds
+/// the runs in order.
+pub(super) fn direct_weight_grad(
+    device: &Device,
+    d: &Conv2dShape,
+    x: &CudaSlice<f32>,
+    dy: &CudaSlice<f32>,
+    partial: &mut CudaSlice<f32>,
+    grad_weight: &mut CudaSlice<f32>,
+) -> R {
+    assert!(direct_fits(d), "conv3x3_wgrad_direct_f32 does not take {d:?}");
+    let (runs, per_run) = direct_wgrad_runs(d);
+    let depth = col_rows(d);
+    assert!(
+        d.envs * runs * d.c_out * depth <= partial.len(),
+        "direct weight gradient: partial sums exceed the scratch"
+    );
+    assert!(
+        d.envs <= 65_535 && direct_tiles(d) <= 65_535,
+        "direct weight gradient: grid exceeds the device's"
+    );
+    let dims = [d.batch, d.c_in, d.c_out, d.h, d.w, runs, per_run].map(|v| v as u32);
+    let mut launch = device.stream.launch_builder(device.function("conv3x3_wgrad_direct_f32"));
+    launch.arg(x).arg(dy).arg(&mut *partial);
+    push_dims(&mut launch, &dims);
+    let grid = (runs as u32, direct_tiles(d) as u32, d.envs as u32);
+    unsafe { launch.launch(LaunchConfig { grid_dim: grid, block_dim: (256, 1, 1), shared_mem_bytes: 0 }) }?;
+    let (envs, runs32, per_env) = (d.envs as u32, runs as u32, (d.c_out * depth) as u32);
+    let mut launch = device.stream.launch_builder(device.function("conv2d_wgrad_reduce_f32"));
+    launch.arg(&*partial).arg(grad_weight).arg(&envs).arg(&runs32).arg(&per_env);
+    unsafe { launch.launch(elementwise(d.envs * d.c_out * depth)) }?;
+    Ok(())
+}
+
 /// One GEMM per env over `envs` densely packed column-major matrices, `C (m × n) = op(A) (m × k) ·
 /// op(B) (k × n)` (`op` transposes when `trans` is `CUBLAS_OP_T`): the leading dimensions and strides
 /// follow from the shape.
@@ -640,6 +705,32 @@ mod tests {
             }
         }
         assert_eq!(checked, 3 * 8 * 6 * 6);
+    }
+
+    /// The direct weight gradient's runs cover every image group once, none empty, and fit the scratch
+    /// sized for the shape at its largest batch at every smaller batch.
+    #[test]
+    fn direct_weight_gradient_runs_cover_the_images_and_fit_the_scratch() {
+        let mut checked = 0;
+        for envs in [1, 16, 256] {
+            for (c_in, c_out) in [(3, 8), (8, 8), (8, 16), (16, 32), (32, 32), (5, 12)] {
+                for (h, w) in [(32, 32), (16, 16), (8, 8), (4, 4), (6, 8)] {
+                    let shape =
+                        |batch| Conv2dShape { envs, batch, c_in, c_out, h, w, k: 3, pad: 1, groups: 1 };
+                    let room = direct_wgrad_partial_len(&shape(512));
+                    for batch in [1, 3, 22, 64, 100, 512] {
+                        let d = shape(batch);
+                        let groups = batch.div_ceil(1024 / (h * w));
+                        let (runs, per_run) = direct_wgrad_runs(&d);
+                        assert!(runs >= 1 && per_run >= 1, "{d:?}");
+                        assert!(runs * per_run >= groups && (runs - 1) * per_run < groups, "{d:?}: cover");
+                        assert!(envs * runs * c_out * c_in * 9 <= room, "{d:?}: scratch");
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(checked, 3 * 6 * 5 * 6);
     }
 
     /// Every plane `direct_fits` takes fits the kernel's block: its images' threads within 256 and its

@@ -1776,8 +1776,9 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
             ));
         }
 
-        // The direct 3×3 convolution (`ESPER_CUDA_CONV=direct`): the same fmaf chains in the same
-        // order, so bit for bit too (overwriting junk).
+        // The direct 3×3 convolution (`ESPER_CUDA_CONV=direct`): the forward and input gradient in the
+        // same fmaf chains in the same order, so bit for bit too (overwriting junk), and its weight
+        // gradient.
         if direct_fits(&c) {
             let mut gemm = GemmConv::new(device, &[c])?;
             gemm.set_implicit(device, true)?;
@@ -1803,6 +1804,18 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
                 dx_cpu.len(),
                 max_diff(&dx_direct, &dx_cpu),
                 0.0,
+            ));
+            // The weight gradient sums in f32 in another order than the CPU's lanes: to 1e-5 of the
+            // largest value, as the implicit GEMM's (overwriting NaN).
+            let mut dw_dev = stream.clone_htod(&vec![f32::NAN; dw_cpu.len()])?;
+            gemm.backward_weight(device, &c, &x_dev, &dy_dev, &mut dw_dev)?;
+            let dw_direct = stream.clone_dtoh(&dw_dev)?;
+            rows.push(ParityRow::new(
+                "conv3x3_wgrad_direct_f32 + conv2d_wgrad_reduce_f32",
+                "ops::conv::conv2d_backward_weight",
+                dw_cpu.len(),
+                max_diff_of_tensor(&dw_direct, &dw_cpu),
+                1e-5,
             ));
         }
 

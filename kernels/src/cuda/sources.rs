@@ -75,6 +75,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "conv2d_wgrad_m32_f32",
             "conv2d_wgrad_reduce_f32",
             "conv3x3_direct_f32",
+            "conv3x3_wgrad_direct_f32",
         ],
     },
     KernelFile {
