@@ -58,12 +58,17 @@ step bench-w16-none 120 "$BIN" bench --device cuda --seeds none --envs 16 "${W16
 step bench-w16-seeded 120 "$BIN" bench --device cuda --envs 16 "${W16[@]}" --json "$LOGS/bench-w16-seeded.json"
 # The direct 3×3 convolution (ESPER_CUDA_CONV=direct, off by default until measured): its own selftest
 # (the full step's parity then runs on it too), then W16 with it; a failure skips its benches only.
+DIRECT_OK=0
 if step selftest-direct 200 env ESPER_CUDA_CONV=direct "$BIN" selftest --device cuda; then
+    DIRECT_OK=1
     step bench-w16-none-direct 120 env ESPER_CUDA_CONV=direct "$BIN" bench --device cuda --seeds none --envs 16 \
         "${W16[@]}" --json "$LOGS/bench-w16-none-direct.json"
     step bench-w16-seeded-direct 120 env ESPER_CUDA_CONV=direct "$BIN" bench --device cuda --envs 16 "${W16[@]}" \
         --json "$LOGS/bench-w16-seeded-direct.json"
 fi
+# Every test batch padded to the training batch again (the validation's work before trimming).
+step bench-w16-seeded-untrimmed 120 env ESPER_CUDA_TRIM_TEST=0 "$BIN" bench --device cuda --envs 16 "${W16[@]}" \
+    --json "$LOGS/bench-w16-seeded-untrimmed.json"
 step bench-w16-none-im2col 120 env ESPER_CUDA_CONV=im2col "$BIN" bench --device cuda --seeds none --envs 16 "${W16[@]}" \
     --json "$LOGS/bench-w16-none-im2col.json"
 step bench-w16-seeded-im2col 120 env ESPER_CUDA_CONV=im2col "$BIN" bench --device cuda --envs 16 "${W16[@]}" \
@@ -85,4 +90,8 @@ step bench-sweep-none 150 "$BIN" bench --device cuda --seeds none --envs 1,4,16,
 NCU_BIN=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 step ncu-w16-seeded 150 "$NCU_BIN" --metrics gpu__time_duration.sum --csv --print-units base \
     "$BIN" bench --device cuda "${NCU[@]}" --json /tmp/gpu-session/ncu.json
+if [ "$DIRECT_OK" = 1 ]; then
+    step ncu-w16-seeded-direct 150 env ESPER_CUDA_CONV=direct "$NCU_BIN" --metrics gpu__time_duration.sum --csv \
+        --print-units base "$BIN" bench --device cuda "${NCU[@]}" --json /tmp/gpu-session/ncu-direct.json
+fi
 exit 0

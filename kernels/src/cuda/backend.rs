@@ -124,6 +124,11 @@ pub struct CudaHostBackend {
     report: DeviceReport,
     /// The read-backs of [`HostBackend::param_fingerprints`] (which only borrows the backend).
     fingerprint_syncs: AtomicU64,
+    /// Each test batch's evaluation runs over as many images per env as its largest share holds, not
+    /// the training batch: W16's 625 test images per env are a batch of 512 and one of 113, which
+    /// padded to 512 would be 39 % of the validation's work. Off with `ESPER_CUDA_TRIM_TEST=0` (to
+    /// measure it); the results are the same bits either way.
+    trim_test_batches: bool,
 }
 
 /// An epoch whose results are still on the device: what to read back and how to form it.
@@ -218,6 +223,7 @@ impl CudaHostBackend {
             validate_events: (timing_event(&device)?, timing_event(&device)?),
             report: DeviceReport::default(),
             fingerprint_syncs: AtomicU64::new(0),
+            trim_test_batches: std::env::var("ESPER_CUDA_TRIM_TEST").map_or(true, |v| v != "0"),
             host,
             device,
         })
@@ -344,17 +350,21 @@ impl CudaHostBackend {
         let stream = self.device.stream.clone();
         let d = self.data.as_ref().expect("uploaded before the pass");
         let combined = envs * batch;
-        let (envs32, batch32) = (envs as u32, batch as u32);
+        let envs32 = envs as u32;
         let (image_len, classes) = (self.arch.image_len() as u32, self.arch.num_classes as u32);
         debug_assert_eq!(PAD_LABEL, 255, "gather_test_f32 pads with label 255");
-        let image_values = self.images.len();
         for b in 0..shape.test_batches {
             let first = (b * combined) as u64;
-            let len = combined.min(shape.n_test - first as usize) as u32;
+            let len = combined.min(shape.n_test - first as usize);
+            // The envs' shares of the batch differ by at most one image (Sharding::test_chunk): the
+            // largest is ⌈len / E⌉, and the batch's evaluation runs over that many rows per env.
+            let rows = if self.trim_test_batches { len.div_ceil(envs).clamp(1, batch) } else { batch };
+            self.host.set_rows(rows);
+            let (rows32, len32) = (rows as u32, len as u32);
             let mut launch = stream.launch_builder(self.device.function("gather_test_f32"));
             launch.arg(&d.test_images).arg(&d.test_labels).arg(&mut self.images).arg(&mut self.labels);
-            launch.arg(&mut self.counts).arg(&first).arg(&len).arg(&envs32).arg(&batch32).arg(&image_len);
-            unsafe { launch.launch(elementwise(image_values)) }?;
+            launch.arg(&mut self.counts).arg(&first).arg(&len32).arg(&envs32).arg(&rows32).arg(&image_len);
+            unsafe { launch.launch(elementwise(envs * rows * self.arch.image_len())) }?;
 
             for &(j, start) in &shape.order {
                 self.host.forward_eval_from(&self.device, &self.images, &self.labels, j, start)?;
@@ -362,10 +372,11 @@ impl CudaHostBackend {
                 let mut sums = self.val_sums.slice_mut(4 * j * envs..);
                 let mut launch = stream.launch_builder(self.device.function("validation_accumulate_f32"));
                 launch.arg(self.host.logits_on_device()).arg(&self.labels).arg(&self.counts);
-                launch.arg(&mut sums).arg(&envs32).arg(&batch32).arg(&classes);
+                launch.arg(&mut sums).arg(&envs32).arg(&rows32).arg(&classes);
                 unsafe { launch.launch(per_env_block(envs)) }?;
             }
         }
+        self.host.set_rows(batch);
         Ok(())
     }
 
@@ -436,6 +447,12 @@ impl CudaHostBackend {
         }
         captured?;
         Ok(graph?.ok_or("the capture recorded no work")?)
+    }
+
+    /// Short test batches evaluated over their rows only (`on`, the default) or padded to the training
+    /// batch (`ESPER_CUDA_TRIM_TEST=0`): the same bits either way.
+    pub fn set_trim_test_batches(&mut self, on: bool) {
+        self.trim_test_batches = on;
     }
 
     /// Whether training epochs and validation passes may run from CUDA graphs (on by default; the
@@ -650,6 +667,7 @@ impl CudaHostBackend {
             sums_len: self.val_sums.len(),
             data_uploads: self.data_uploads,
             slots: self.host.slots().map(DeviceSlot::eval_launch_key).collect(),
+            trim_test_batches: self.trim_test_batches,
         };
         let run = |b: &mut Self| b.validation_batches(&shape);
         let (used, _) = self.run_stage(

@@ -49,6 +49,8 @@ pub struct ValidationShape {
     pub data_uploads: u64,
     /// Every slot's evaluation launch key ([`super::slot::DeviceSlot::eval_launch_key`]).
     pub slots: Vec<EvalLaunchKey>,
+    /// Whether short test batches run over their rows only (the launches' shapes differ).
+    pub trim_test_batches: bool,
 }
 
 /// How the coming epoch (or validation pass) runs.

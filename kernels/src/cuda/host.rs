@@ -81,7 +81,11 @@ enum Pass {
 pub struct DeviceHost {
     arch: HostArch,
     envs: usize,
+    /// The images per env every launch runs over: `capacity`, or fewer for an evaluation forward of a
+    /// short test batch ([`Self::set_rows`]).
     batch: usize,
+    /// The images per env the buffers hold.
+    capacity: usize,
     blocks: Vec<DeviceBlock>,
     /// The convolutions, as GEMMs.
     conv: GemmConv,
@@ -183,6 +187,7 @@ impl DeviceHost {
             arch,
             envs,
             batch,
+            capacity: batch,
             blocks,
             conv: GemmConv::new(device, &conv_dims_all)?,
             params: device_params,
@@ -209,10 +214,29 @@ impl DeviceHost {
     fn check_batch(&self, images: &CudaSlice<f32>, labels: &CudaSlice<u8>) {
         assert_eq!(
             images.len(),
-            self.envs * self.batch * self.arch.image_len(),
+            self.envs * self.capacity * self.arch.image_len(),
             "device images [E, B, C, H, W]"
         );
-        assert_eq!(labels.len(), self.envs * self.batch, "device labels [E, B]");
+        assert_eq!(labels.len(), self.envs * self.capacity, "device labels [E, B]");
+    }
+
+    /// Runs the launches that follow over the first `rows` images per env (`[E, rows, …]` packed densely
+    /// at the start of every buffer), up to the batch the buffers hold: an evaluation forward of a test
+    /// batch whose envs hold fewer images than a training batch, without the padding rows. Each image's
+    /// evaluation is its own (running statistics, per-image group norms and pools, per-row heads), so
+    /// its results are the same bits either way. `set_rows(capacity)` goes back; a training step needs it.
+    pub fn set_rows(&mut self, rows: usize) {
+        assert!(
+            (1..=self.capacity).contains(&rows),
+            "{rows} rows per env: the buffers hold 1 to {}",
+            self.capacity
+        );
+        self.batch = rows;
+        for block in &mut self.blocks {
+            for slot in [&mut block.r0, &mut block.r1].into_iter().flatten() {
+                slot.set_rows(rows);
+            }
+        }
     }
 
     /// Block `b`'s forward: conv, batch norm with the ReLU fused — this batch's statistics (running
@@ -411,6 +435,7 @@ impl DeviceHost {
         collect: bool,
     ) -> Result<(), ParityError> {
         self.check_batch(images, labels);
+        assert_eq!(self.batch, self.capacity, "a training step runs the whole batch (set_rows)");
         for b in 0..self.arch.n_blocks {
             self.block_forward(device, b, images, Pass::Train, None)?;
         }
@@ -559,9 +584,10 @@ impl DeviceHost {
         )
     }
 
-    /// The env count and the images per env of a batch.
+    /// The env count and the images per env of a batch (the buffers' batch, whatever [`Self::set_rows`]
+    /// set).
     pub fn shape(&self) -> (usize, usize) {
-        (self.envs, self.batch)
+        (self.envs, self.capacity)
     }
 
     /// The last forward's logits `[E, B, K]`, on the device.

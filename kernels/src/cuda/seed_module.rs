@@ -61,7 +61,10 @@ impl DeviceSeedShape for SeedShape {
 /// One blueprint's parameters, gradients and saved activations for every env of a batch.
 pub struct DeviceSeed {
     pub bp: CnnBlueprint,
+    /// The activations the launches run over (the batch [`Self::set_rows`] set), and the batch the
+    /// buffers hold.
     dims: SeedShape,
+    capacity: usize,
     /// Parameters, gradients, momentum (tensor-major), snapshots and gradient statistics.
     pub rows: TensorRows,
     /// What the backward reads, written by the forward (per blueprint; see each forward).
@@ -98,11 +101,23 @@ impl DeviceSeed {
         Ok(Self {
             bp,
             dims,
+            capacity: dims.batch,
             rows: TensorRows::new(device, seeds::layout(bp, dims.channels), dims.envs)?,
             saved: alloc(&saved)?,
             stats: alloc(&stats)?,
             temp: alloc(&temp)?,
         })
+    }
+
+    /// Runs the launches that follow over the first `rows` images per env, up to the buffers' batch (see
+    /// [`DeviceHost::set_rows`](super::host::DeviceHost::set_rows)).
+    pub fn set_rows(&mut self, rows: usize) {
+        assert!(
+            (1..=self.capacity).contains(&rows),
+            "{rows} rows per env: the seed holds 1 to {}",
+            self.capacity
+        );
+        self.dims.batch = rows;
     }
 
     /// `y = bp(x)` for every env (`x`, `y`: `[E, B, C, H, W]`), keeping what [`Self::backward`] needs.

@@ -38,7 +38,10 @@ fn mode_code(mode: SeedMode) -> u8 {
 
 /// A slot's seeds, their per-env controls and its activations on the device.
 pub struct DeviceSlot {
+    /// The activations the launches run over: `capacity` images per env, or fewer ([`Self::set_rows`]).
     dims: SeedShape,
+    /// The images per env the buffers hold.
+    capacity: usize,
     /// By `CnnBlueprint as usize − 1`, made at the first germination of that blueprint.
     modules: Vec<Option<DeviceSeed>>,
     /// The GatedBlend gates, made at the first gate's birth, and the gate's gradient per sample.
@@ -217,6 +220,7 @@ impl DeviceSlot {
         let n = CnnBlueprint::ALL.len() * envs;
         Ok(Self {
             dims,
+            capacity: dims.batch,
             modules: CnnBlueprint::ALL.iter().map(|_| None).collect(),
             gate: None,
             dg: stream.alloc_zeros::<f32>(envs * dims.batch)?,
@@ -250,6 +254,28 @@ impl DeviceSlot {
         self.dims
     }
 
+    /// The buffers' shape, whatever [`Self::set_rows`] set.
+    fn full_dims(&self) -> SeedShape {
+        SeedShape { batch: self.capacity, ..self.dims }
+    }
+
+    /// Runs the launches that follow over the first `rows` images per env, up to the buffers' batch (see
+    /// [`DeviceHost::set_rows`](super::host::DeviceHost::set_rows)), in the seeds and the gate too.
+    pub fn set_rows(&mut self, rows: usize) {
+        assert!(
+            (1..=self.capacity).contains(&rows),
+            "{rows} rows per env: the slot holds 1 to {}",
+            self.capacity
+        );
+        self.dims.batch = rows;
+        for module in self.modules.iter_mut().flatten() {
+            module.set_rows(rows);
+        }
+        if let Some(gate) = &mut self.gate {
+            gate.set_rows(rows);
+        }
+    }
+
     /// Env `env`'s seed state this epoch (its mode decides what the forward and backward do).
     pub fn set_state(&mut self, env: usize, state: SeedEnvState) {
         mode_code(state.mode);
@@ -271,9 +297,12 @@ impl DeviceSlot {
     /// A germinated seed: env `env`'s row of `bp` (drawn on the host, packed as the layout) and its
     /// momentum zeroed; the blueprint's module is made at its first germination.
     pub fn germinate(&mut self, device: &Device, env: usize, bp: CnnBlueprint, row: &[f32]) -> R {
+        let (full, rows) = (self.full_dims(), self.dims.batch);
         let slot = &mut self.modules[bp as usize - 1];
         if slot.is_none() {
-            *slot = Some(DeviceSeed::new(device, bp, self.dims)?);
+            let mut module = DeviceSeed::new(device, bp, full)?;
+            module.set_rows(rows);
+            *slot = Some(module);
         }
         slot.as_mut().expect("made above").rows.upload_env_row(device, env, row)
     }
@@ -281,7 +310,9 @@ impl DeviceSlot {
     /// A new gate for env `env` (drawn on the host, packed as the gate's layout), momentum zeroed.
     pub fn create_gate(&mut self, device: &Device, env: usize, row: &[f32]) -> R {
         if self.gate.is_none() {
-            self.gate = Some(DeviceGate::new(device, self.dims)?);
+            let mut gate = DeviceGate::new(device, self.full_dims())?;
+            gate.set_rows(self.dims.batch);
+            self.gate = Some(gate);
         }
         self.gate.as_mut().expect("made above").rows.upload_env_row(device, env, row)
     }
