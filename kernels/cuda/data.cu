@@ -32,7 +32,8 @@ extern "C" __global__ void gather_train_f32(
 }
 
 // Test batch: the `len` test images from `first` on, split over the envs as Sharding::test_chunk does
-// (the first len mod E envs get one more); env e's rows past its chunk are zero images labelled
+// (the first len mod E envs get one more), into [E, batch] — the training batch, or as few rows as the
+// largest chunk (a trimmed validation); env e's rows past its chunk are zero images labelled
 // PAD_LABEL; counts[e] = its chunk's length.
 extern "C" __global__ void gather_test_f32(
     const float* images, const u8* labels, float* out, u8* out_labels, u32* counts, u64 first, u32 len,

@@ -127,7 +127,9 @@ pub struct CudaHostBackend {
     /// Each test batch's evaluation runs over as many images per env as its largest share holds, not
     /// the training batch: W16's 625 test images per env are a batch of 512 and one of 113, which
     /// padded to 512 would be 39 % of the validation's work. Off with `ESPER_CUDA_TRIM_TEST=0` (to
-    /// measure it); the results are the same bits either way.
+    /// measure it); the results are the same bits either way with the f32 implicit or direct
+    /// convolutions (cuBLAS, at tf32 / bf16 or `ESPER_CUDA_CONV=im2col`, may sum a smaller matrix in
+    /// another order).
     trim_test_batches: bool,
 }
 
@@ -346,6 +348,16 @@ impl CudaHostBackend {
     /// envs, then every configuration pass in `shape.order` from its start, each added into its rows
     /// of the read-back. Copies nothing from the host, so it can be captured.
     fn validation_batches(&mut self, shape: &ValidationShape) -> Result<(), ParityError> {
+        let result = self.validation_batches_trimmed(shape);
+        // The launches that follow (training) run the whole batch, whatever happened.
+        let (_, batch) = self.host.shape();
+        self.host.set_rows(batch);
+        result
+    }
+
+    /// [`Self::validation_batches`]' launches, each test batch over its rows ([`Self::trim_test_batches`]),
+    /// leaving the host at the last batch's.
+    fn validation_batches_trimmed(&mut self, shape: &ValidationShape) -> Result<(), ParityError> {
         let (envs, batch) = self.host.shape();
         let stream = self.device.stream.clone();
         let d = self.data.as_ref().expect("uploaded before the pass");
@@ -376,7 +388,6 @@ impl CudaHostBackend {
                 unsafe { launch.launch(per_env_block(envs)) }?;
             }
         }
-        self.host.set_rows(batch);
         Ok(())
     }
 
@@ -450,7 +461,8 @@ impl CudaHostBackend {
     }
 
     /// Short test batches evaluated over their rows only (`on`, the default) or padded to the training
-    /// batch (`ESPER_CUDA_TRIM_TEST=0`): the same bits either way.
+    /// batch (`ESPER_CUDA_TRIM_TEST=0`): the same bits either way with the f32 implicit or direct
+    /// convolutions.
     pub fn set_trim_test_batches(&mut self, on: bool) {
         self.trim_test_batches = on;
     }

@@ -224,7 +224,8 @@ impl DeviceHost {
     /// at the start of every buffer), up to the batch the buffers hold: an evaluation forward of a test
     /// batch whose envs hold fewer images than a training batch, without the padding rows. Each image's
     /// evaluation is its own (running statistics, per-image group norms and pools, per-row heads), so
-    /// its results are the same bits either way. `set_rows(capacity)` goes back; a training step needs it.
+    /// its results are the same bits either way with the f32 implicit or direct convolutions (cuBLAS may
+    /// sum a smaller matrix in another order). `set_rows(capacity)` goes back; a training step needs it.
     pub fn set_rows(&mut self, rows: usize) {
         assert!(
             (1..=self.capacity).contains(&rows),
@@ -590,7 +591,7 @@ impl DeviceHost {
         (self.envs, self.capacity)
     }
 
-    /// The last forward's logits `[E, B, K]`, on the device.
+    /// The last forward's logits `[E, B, K]` (B the rows [`Self::set_rows`] set), on the device.
     pub fn logits_on_device(&self) -> &CudaSlice<f32> {
         &self.logits
     }

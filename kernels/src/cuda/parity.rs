@@ -723,13 +723,13 @@ fn host_train_check(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) 
 
 /// The batch gathers and the epoch / validation sums (`data.cu`) against the CPU's batcher and
 /// `accumulate_validation`, on a small synthetic set with the reference's crop-and-flip augmentation:
-/// 3 envs × 8 images, a training batch of the second epoch, and the last, short test batch (22 images:
-/// 8, 7, 7 rows and padding). Gathers copy or fill, so bit for bit; the validation sums in f64 on both
+/// 3 envs × 8 images, a training batch of the second epoch, and the last, short test batch (7 images:
+/// 3, 2, 2 rows and padding; also packed over 3 rows an env, as a trimmed validation gathers it). Gathers copy or fill, so bit for bit; the validation sums in f64 on both
 /// sides (exp / ln of the device against Rust's: 1e-12), counts exactly.
 fn data_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
     let stream = &device.stream;
     let data =
-        synthetic::generate(&SyntheticSpec { n_train: 200, n_test: 46, ..SyntheticSpec::with_seed(3) })?;
+        synthetic::generate(&SyntheticSpec { n_train: 200, n_test: 31, ..SyntheticSpec::with_seed(3) })?;
     let (envs, batch) = (3usize, 8usize);
     let (slots, image_len) = (envs * batch, data.image_len());
     let mut batcher = Batcher::new(&data, 9, envs, batch)?;
@@ -782,6 +782,35 @@ fn data_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
         images_cpu.len(),
         match counts_gpu == counts_cpu {
             true => max_diff(&images_gpu, &images_cpu).max(max_diff(&labels_gpu, &labels_cpu)),
+            false => f64::INFINITY,
+        },
+        0.0,
+    ));
+    // The same batch packed over its largest share only, as a trimmed validation gathers it: each env's
+    // first `rows` rows of the padded batch, densely.
+    let packed_rows = (len as usize).div_ceil(envs);
+    let rows32 = packed_rows as u32;
+    let (mut packed_images, mut packed_labels) =
+        (stream.alloc_zeros::<f32>(slots * image_len)?, stream.alloc_zeros::<u8>(slots)?);
+    let mut launch = stream.launch_builder(device.function("gather_test_f32"));
+    launch.arg(&test_images).arg(&test_labels).arg(&mut packed_images).arg(&mut packed_labels);
+    launch.arg(&mut counts_dev).arg(&first).arg(&len).arg(&envs32).arg(&rows32).arg(&image_len32);
+    unsafe { launch.launch(elementwise(envs * packed_rows * image_len)) }?;
+    let packed_gpu = stream.clone_dtoh(&packed_images)?;
+    let packed_labels_gpu = stream.clone_dtoh(&packed_labels)?;
+    let counts_packed: Vec<usize> = stream.clone_dtoh(&counts_dev)?.into_iter().map(|c| c as usize).collect();
+    let (row_len, per_env) = (packed_rows * image_len, batch * image_len);
+    let want_images: Vec<f32> =
+        (0..envs).flat_map(|e| images_cpu[e * per_env..e * per_env + row_len].to_vec()).collect();
+    let want_labels: Vec<u8> =
+        (0..envs).flat_map(|e| labels_cpu[e * batch..e * batch + packed_rows].to_vec()).collect();
+    rows.push(ParityRow::new(
+        format!("gather_test_f32 ({packed_rows} rows an env)"),
+        "data::Batcher::fill_test (short last batch, its first rows)",
+        want_images.len(),
+        match counts_packed == counts_cpu && packed_rows < batch {
+            true => max_diff(&packed_gpu[..want_images.len()], &want_images)
+                .max(max_diff(&packed_labels_gpu[..want_labels.len()], &want_labels)),
             false => f64::INFINITY,
         },
         0.0,
@@ -1042,17 +1071,20 @@ fn graph_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), P
     let (envs, batch, seed) = (3usize, 8usize, 7u64);
     let slot_ids = [(0u8, 0u8), (0, 1), (0, 2), (1, 0), (1, 1)];
     let data =
-        synthetic::generate(&SyntheticSpec { n_train: 96, n_test: 50, ..SyntheticSpec::with_seed(seed) })?;
+        synthetic::generate(&SyntheticSpec { n_train: 96, n_test: 56, ..SyntheticSpec::with_seed(seed) })?;
     let mut batcher = Batcher::new(&data, seed, envs, batch)?;
     let [on, off] = devices;
     let mut graphed = CudaHostBackend::new(on, arch, &slot_ids, envs, batch, seed, 0)?;
     let mut eager = CudaHostBackend::new(off, arch, &slot_ids, envs, batch, seed, 0)?;
     graphed.set_graphs(true);
     eager.set_graphs(false);
-    // The eager one also pads its short test batches (the last of each validation: 2 images over 3
-    // envs) to the training batch, the graphed one runs them over their rows: the same bits.
+    // The eager one also pads its short test batches (the last of each validation: 8 images over 3
+    // envs, 3, 3 and 2) to the training batch, the graphed one runs them over 3 rows: the same bits with
+    // the f32 implicit or direct convolutions (cuBLAS, under ESPER_CUDA_CONV=im2col, may sum a smaller
+    // matrix in another order: both trim then).
+    let cublas = std::env::var("ESPER_CUDA_CONV").as_deref() == Ok("im2col");
     graphed.set_trim_test_batches(true);
-    eager.set_trim_test_batches(false);
+    eager.set_trim_test_batches(cublas);
     let mut plan = seeded_plan();
     let fossilized = vec![vec![false; envs]; slot_ids.len()];
     let validation = ValidationPlan { fossilized: &fossilized, ablate_fossils: false };
@@ -1247,7 +1279,7 @@ fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), 
     // The bench's three slots, r1c0 after block 0's pool, and r1c1 where a frozen seed collects alone.
     let slot_ids = [(0u8, 0u8), (0, 1), (0, 2), (1, 0), (1, 1)];
     let data =
-        synthetic::generate(&SyntheticSpec { n_train: 96, n_test: 50, ..SyntheticSpec::with_seed(seed) })?;
+        synthetic::generate(&SyntheticSpec { n_train: 96, n_test: 56, ..SyntheticSpec::with_seed(seed) })?;
     let mut batcher = Batcher::new(&data, seed, envs, batch)?;
     let mut cpu = CpuHostBackend::new(arch, &slot_ids, envs, batch, seed, 0);
     let mut gpu = CudaHostBackend::new(device, arch, &slot_ids, envs, batch, seed, 0)?;
