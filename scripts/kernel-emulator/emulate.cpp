@@ -1,7 +1,7 @@
 // Runs kernels of kernels/cuda/ on the CPU through shim.hpp and checks them against slow references
 // written here from their definitions: the direct 3×3 convolution and the implicit GEMM (forward and
 // input gradient, bit for bit: one fmaf chain per output over j = s·9 + ky·3 + kx from +0), the direct
-// weight gradient (to 1e-5 of the largest, against a double sum), and batch norm's split reductions
+// and implicit weight gradients (to 1e-5 of the largest, against a double sum), and batch norm's split reductions
 // (to 1e-6 of a double two-pass sum). `bash scripts/kernel-emulator/run.sh`.
 #include "shim.hpp"
 
@@ -113,25 +113,50 @@ static void check_wgrad(unsigned envs, unsigned batch, unsigned c_in, unsigned c
                                 double v = x[((((size_t)e * batch + b) * c_in + s) * h + iy) * w + ix];
                                 want[e * per_env + (o * c_in + s) * 9 + tap] += g * v;
                             }
-    unsigned per_block = 1024 / (h * w), groups = (batch + per_block - 1) / per_block;
-    unsigned runs = (groups + per_run - 1) / per_run;
-    std::vector<float> partial((size_t)envs * runs * per_env, NAN), dw(envs * per_env, NAN);
-    unsigned tiles = ((c_in + 3) / 4) * ((c_out + 7) / 8);
-    launch({runs, tiles, envs}, {256, 1, 1}, [&] {
-        conv3x3_wgrad_direct_f32(x.data(), dy.data(), partial.data(), batch, c_in, c_out, h, w, runs, per_run);
-    });
-    launch({1, 1, 1}, {256, 1, 1}, [&] {
-        conv2d_wgrad_reduce_f32(partial.data(), dw.data(), envs, runs, (unsigned)per_env);
-    });
-    double largest = 0.0, worst = 0.0;
+    double largest = 0.0;
     for (double v : want) largest = std::max(largest, std::fabs(v));
-    for (size_t i = 0; i < dw.size(); ++i)
-        worst = std::max(worst, std::isnan(dw[i]) ? INFINITY : std::fabs(dw[i] - want[i]) / largest);
+    auto worst_of = [&](const std::vector<float>& dw) {
+        double worst = 0.0;
+        for (size_t i = 0; i < dw.size(); ++i)
+            worst = std::max(worst, std::isnan(dw[i]) ? INFINITY : std::fabs(dw[i] - want[i]) / largest);
+        return worst;
+    };
     char what[160], detail[160];
-    std::snprintf(what, sizeof what, "conv3x3_wgrad_direct_f32 E%u B%u %u→%u %u×%u, %u runs", envs, batch, c_in,
-                  c_out, h, w, runs);
-    std::snprintf(detail, sizeof detail, "max diff %.2e of the largest (tolerance 1e-5)", worst);
-    report(what, worst <= 1e-5, detail);
+    {
+        unsigned per_block = 1024 / (h * w), groups = (batch + per_block - 1) / per_block;
+        unsigned runs = (groups + per_run - 1) / per_run;
+        std::vector<float> partial((size_t)envs * runs * per_env, NAN), dw(envs * per_env, NAN);
+        unsigned tiles = ((c_in + 3) / 4) * ((c_out + 7) / 8);
+        launch({runs, tiles, envs}, {256, 1, 1}, [&] {
+            conv3x3_wgrad_direct_f32(x.data(), dy.data(), partial.data(), batch, c_in, c_out, h, w, runs, per_run);
+        });
+        launch({1, 1, 1}, {256, 1, 1}, [&] {
+            conv2d_wgrad_reduce_f32(partial.data(), dw.data(), envs, runs, (unsigned)per_env);
+        });
+        double worst = worst_of(dw);
+        std::snprintf(what, sizeof what, "conv3x3_wgrad_direct_f32 E%u B%u %u→%u %u×%u, %u runs", envs, batch,
+                      c_in, c_out, h, w, runs);
+        std::snprintf(detail, sizeof detail, "max diff %.2e of the largest (tolerance 1e-5)", worst);
+        report(what, worst <= 1e-5, detail);
+    }
+    {
+        // The implicit GEMM's weight gradient (checked on an H100 before): two runs of columns of 16.
+        unsigned columns = batch * h * w, chunk_len = ((columns + 1) / 2 + 15) / 16 * 16;
+        unsigned chunks = (columns + chunk_len - 1) / chunk_len;
+        std::vector<float> partial((size_t)envs * chunks * per_env, NAN), dw(envs * per_env, NAN);
+        launch({(unsigned)((depth + 63) / 64), (c_out + 7) / 8, envs * chunks}, {256, 1, 1}, [&] {
+            conv2d_wgrad_m8_f32(x.data(), dy.data(), partial.data(), batch, c_in, c_out, h, w, 3, 1, chunks,
+                                chunk_len);
+        });
+        launch({1, 1, 1}, {256, 1, 1}, [&] {
+            conv2d_wgrad_reduce_f32(partial.data(), dw.data(), envs, chunks, (unsigned)per_env);
+        });
+        double worst = worst_of(dw);
+        std::snprintf(what, sizeof what, "conv2d_wgrad_m8_f32 E%u B%u %u→%u %u×%u, %u runs", envs, batch, c_in,
+                      c_out, h, w, chunks);
+        std::snprintf(detail, sizeof detail, "max diff %.2e of the largest (tolerance 1e-5)", worst);
+        report(what, worst <= 1e-5, detail);
+    }
 }
 
 static void check_batch_norm(unsigned envs, unsigned batch, unsigned channels, unsigned plane, unsigned splits,
