@@ -487,6 +487,24 @@ IG_KERNEL(32)
 // of 6×6) and ≤ 9216 floats for every plane the launcher accepts (h, w ≥ 4).
 #define DC_TILE 9216
 
+// Stage input channels s0 .. s0 + chunk − 1 of images b0 .. b0 + images − 1 (of env e) zero-padded into
+// the block's tile: tile[(i·chunk + c)·padded + yy·wp + xx] = x[b0 + i][s0 + c][yy − 1][xx − 1], zero
+// outside the plane (padded = (h + 2)·(w + 2), wp = w + 2; f_* their FastDivs and chunk's).
+__device__ __forceinline__ void dc_stage(
+    float* tile, const float* x, u32 e, u32 batch, u32 c_in, u32 s0, u32 chunk, u32 b0, u32 images, u32 h,
+    u32 w, const FastDiv& f_padded, const FastDiv& f_wp, const FastDiv& f_chunk) {
+    u32 padded = f_padded.d, wp = f_wp.d, plane = h * w;
+    u32 staged = images * chunk * padded;
+    for (u32 l = threadIdx.x; l < staged; l += 256) {
+        u32 pl = fdiv(l, f_padded), r = l - pl * padded, yy = fdiv(r, f_wp), xx = r - yy * wp;
+        u32 i = fdiv(pl, f_chunk), c = pl - i * chunk;
+        float v = 0.0f;
+        if (yy >= 1 && yy <= h && xx >= 1 && xx <= w)
+            v = x[(((u64)e * batch + b0 + i) * c_in + s0 + c) * plane + (yy - 1) * w + (xx - 1)];
+        tile[l] = v;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(256) conv3x3_direct_f32(
     const float* x, const float* weight, float* y, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, int flip) {
     __shared__ float tile[DC_TILE];
@@ -508,17 +526,7 @@ extern "C" __global__ void __launch_bounds__(256) conv3x3_direct_f32(
         u32 chunk = min((u32)DC_CHUNK, c_in - s0);
         FastDiv f_chunk = fast_div(chunk);
         __syncthreads();  // the previous chunk's reads are done
-        // Stage channels s0 .. s0 + chunk − 1 of the block's images: tile[(i·chunk + sc)·padded + yy·wp + xx]
-        // = x[b0 + i][s0 + sc][yy − 1][xx − 1], zero outside the plane.
-        u32 staged = images * chunk * padded;
-        for (u32 l = t; l < staged; l += 256) {
-            u32 pl = fdiv(l, f_padded), r = l - pl * padded, yy = fdiv(r, f_wp), xx = r - yy * wp;
-            u32 i = fdiv(pl, f_chunk), sc = pl - i * chunk;
-            float v = 0.0f;
-            if (yy >= 1 && yy <= h && xx >= 1 && xx <= w)
-                v = x[(((u64)e * batch + b0 + i) * c_in + s0 + sc) * plane + (yy - 1) * w + (xx - 1)];
-            tile[l] = v;
-        }
+        dc_stage(tile, x, e, batch, c_in, s0, chunk, b0, images, h, w, f_padded, f_wp, f_chunk);
         for (u32 l = t; l < DC_CHUNK * 9 * DC_OUT; l += 256) {
             u32 sc = l / (9 * DC_OUT), tap = (l / DC_OUT) % 9, o = o0 + l % DC_OUT, s = s0 + sc;
             float v = 0.0f;
@@ -592,15 +600,7 @@ extern "C" __global__ void __launch_bounds__(256) conv3x3_wgrad_direct_f32(
     for (u32 g = first; g < last; ++g) {
         u32 b0 = g * per_block, images = min(per_block, batch - b0);
         __syncthreads();  // the previous group's reads are done
-        u32 staged = images * chunk * padded;
-        for (u32 l = t; l < staged; l += 256) {
-            u32 pl = fdiv(l, f_padded), r = l - pl * padded, yy = fdiv(r, f_wp), xx = r - yy * wp;
-            u32 i = fdiv(pl, f_chunk), c = pl - i * chunk;
-            float v = 0.0f;
-            if (yy >= 1 && yy <= h && xx >= 1 && xx <= w)
-                v = x[(((u64)e * batch + b0 + i) * c_in + s0 + c) * plane + (yy - 1) * w + (xx - 1)];
-            tile[l] = v;
-        }
+        dc_stage(tile, x, e, batch, c_in, s0, chunk, b0, images, h, w, f_padded, f_wp, f_chunk);
         __syncthreads();
         if (sc >= chunk) continue;
         for (u32 col = lane; col < images * w; col += 32) {

@@ -418,10 +418,23 @@ pub(super) fn implicit_weight_grad(
     push_dims(&mut launch, &dims);
     let grid = (depth.div_ceil(64) as u32, d.c_out.div_ceil(rows) as u32, (d.envs * chunks) as u32);
     unsafe { launch.launch(LaunchConfig { grid_dim: grid, block_dim: (256, 1, 1), shared_mem_bytes: 0 }) }?;
-    let (envs, chunks32, per_env) = (d.envs as u32, chunks as u32, (d.c_out * depth) as u32);
+    reduce_runs(device, d, chunks, partial, grad_weight)
+}
+
+/// `conv2d_wgrad_reduce_f32`: `d`'s weight gradient (overwritten) from the `runs` partial sums
+/// `[E, runs, c_out, K]` a weight-gradient kernel wrote, added in order.
+fn reduce_runs(
+    device: &Device,
+    d: &Conv2dShape,
+    runs: usize,
+    partial: &CudaSlice<f32>,
+    grad_weight: &mut CudaSlice<f32>,
+) -> R {
+    let per_env = d.c_out * col_rows(d);
+    let (envs, runs32, per_env32) = (d.envs as u32, runs as u32, per_env as u32);
     let mut launch = device.stream.launch_builder(device.function("conv2d_wgrad_reduce_f32"));
-    launch.arg(&*partial).arg(grad_weight).arg(&envs).arg(&chunks32).arg(&per_env);
-    unsafe { launch.launch(elementwise(d.envs * d.c_out * depth)) }?;
+    launch.arg(partial).arg(grad_weight).arg(&envs).arg(&runs32).arg(&per_env32);
+    unsafe { launch.launch(elementwise(d.envs * per_env)) }?;
     Ok(())
 }
 
@@ -559,11 +572,7 @@ pub(super) fn direct_weight_grad(
     push_dims(&mut launch, &dims);
     let grid = (runs as u32, direct_tiles(d) as u32, d.envs as u32);
     unsafe { launch.launch(LaunchConfig { grid_dim: grid, block_dim: (256, 1, 1), shared_mem_bytes: 0 }) }?;
-    let (envs, runs32, per_env) = (d.envs as u32, runs as u32, (d.c_out * depth) as u32);
-    let mut launch = device.stream.launch_builder(device.function("conv2d_wgrad_reduce_f32"));
-    launch.arg(&*partial).arg(grad_weight).arg(&envs).arg(&runs32).arg(&per_env);
-    unsafe { launch.launch(elementwise(d.envs * d.c_out * depth)) }?;
-    Ok(())
+    reduce_runs(device, d, runs, partial, grad_weight)
 }
 
 /// One GEMM per env over `envs` densely packed column-major matrices, `C (m × n) = op(A) (m × k) ·
