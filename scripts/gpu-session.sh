@@ -53,7 +53,11 @@ E256=(--task cifar_baseline --batch-per-env 64 --train-batches 3 --test-per-env 
 NCU=(--task cifar_baseline --batch-per-env 512 --train-batches 1 --test-per-env 625 --envs 16 --reps 1 --warmup 0
     --cuda-graphs off)
 nvidia-smi >"$LOGS/nvidia-smi.log" 2>&1 && head -n 15 "$LOGS/nvidia-smi.log"
-step selftest 200 "$BIN" selftest --device cuda || exit 1
+if ! step selftest 200 "$BIN" selftest --device cuda; then
+    # Which part failed, in the same call: the selftest again with the test batches padded as before.
+    step selftest-untrimmed 200 env ESPER_CUDA_TRIM_TEST=0 "$BIN" selftest --device cuda
+    exit 1
+fi
 step bench-w16-none 120 "$BIN" bench --device cuda --seeds none --envs 16 "${W16[@]}" --json "$LOGS/bench-w16-none.json"
 step bench-w16-seeded 120 "$BIN" bench --device cuda --envs 16 "${W16[@]}" --json "$LOGS/bench-w16-seeded.json"
 # The direct 3×3 convolution (ESPER_CUDA_CONV=direct, off by default until measured): its own selftest
