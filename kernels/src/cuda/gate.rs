@@ -16,10 +16,9 @@ type R = Result<(), ParityError>;
 
 /// A slot's gates, one per env.
 pub struct DeviceGate {
-    /// The activations the launches run over (the batch [`Self::set_rows`] set), and the batch the
-    /// buffers hold.
+    /// The activations the launches run over (the batch [`Self::set_rows`] set; the buffers hold the
+    /// batch it was made with).
     dims: SeedShape,
-    capacity: usize,
     /// Parameters, gradients, momentum (tensor-major), snapshots and gradient statistics.
     pub rows: TensorRows,
     /// `GAP(x)` `[E·B, C]`, the hidden ReLU output `[E·B, hidden]`, the gate `g` `[E·B]`.
@@ -41,7 +40,6 @@ impl DeviceGate {
         let alloc = |n: usize| stream.alloc_zeros::<f32>(n.max(1));
         Ok(Self {
             dims,
-            capacity: dims.batch,
             rows: TensorRows::new(device, gate_layout(dims.channels), dims.envs)?,
             pooled: alloc(samples * dims.channels)?,
             hidden: alloc(samples * hidden)?,
@@ -52,14 +50,10 @@ impl DeviceGate {
         })
     }
 
-    /// Runs the launches that follow over the first `rows` images per env, up to the buffers' batch (see
-    /// [`DeviceHost::set_rows`](super::host::DeviceHost::set_rows)).
-    pub fn set_rows(&mut self, rows: usize) {
-        assert!(
-            (1..=self.capacity).contains(&rows),
-            "{rows} rows per env: the gate holds 1 to {}",
-            self.capacity
-        );
+    /// Runs the launches that follow over the first `rows` images per env: set by its slot
+    /// ([`DeviceSlot::set_rows`](super::slot::DeviceSlot::set_rows), which checks `rows` against the
+    /// batch the buffers hold).
+    pub(super) fn set_rows(&mut self, rows: usize) {
         self.dims.batch = rows;
     }
 

@@ -18,9 +18,9 @@
 use cudarc::cublas::sys::cublasOperation_t::{self, CUBLAS_OP_N, CUBLAS_OP_T};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasMath_t, cudaDataType_t};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 
-use super::parity::{Device, ParityError, elementwise, push_dims};
+use super::parity::{Device, ParityError, blocks_of_256, elementwise, push_dims};
 use crate::ops::Conv2dShape;
 use crate::ops::precision::Precision;
 
@@ -417,7 +417,7 @@ pub(super) fn implicit_weight_grad(
     launch.arg(x).arg(dy).arg(&mut *partial);
     push_dims(&mut launch, &dims);
     let grid = (depth.div_ceil(64) as u32, d.c_out.div_ceil(rows) as u32, (d.envs * chunks) as u32);
-    unsafe { launch.launch(LaunchConfig { grid_dim: grid, block_dim: (256, 1, 1), shared_mem_bytes: 0 }) }?;
+    unsafe { launch.launch(blocks_of_256(grid)) }?;
     reduce_runs(device, d, chunks, partial, grad_weight)
 }
 
@@ -472,7 +472,7 @@ pub(super) fn implicit_conv(
     push_dims(&mut launch, &dims);
     launch.arg(&flip);
     let grid = (columns.div_ceil(128) as u32, c_out.div_ceil(block_rows) as u32, d.envs as u32);
-    unsafe { launch.launch(LaunchConfig { grid_dim: grid, block_dim: (256, 1, 1), shared_mem_bytes: 0 }) }?;
+    unsafe { launch.launch(blocks_of_256(grid)) }?;
     Ok(())
 }
 
@@ -502,8 +502,7 @@ pub(super) fn direct_conv(
 ) -> R {
     assert!(direct_fits(d), "conv3x3_direct_f32 does not take {d:?}");
     let (c_in, c_out) = if input_grad { (d.c_out, d.c_in) } else { (d.c_in, d.c_out) };
-    let per_block = 1024 / (d.h * d.w);
-    let image_blocks = d.batch.div_ceil(per_block);
+    let image_blocks = d.batch.div_ceil(direct_images_per_block(d));
     assert!(
         d.envs <= 65_535 && c_out.div_ceil(8) <= 65_535 && image_blocks <= i32::MAX as usize,
         "direct conv: grid exceeds the device's"
@@ -515,7 +514,7 @@ pub(super) fn direct_conv(
     push_dims(&mut launch, &dims);
     launch.arg(&flip);
     let grid = (image_blocks as u32, c_out.div_ceil(8) as u32, d.envs as u32);
-    unsafe { launch.launch(LaunchConfig { grid_dim: grid, block_dim: (256, 1, 1), shared_mem_bytes: 0 }) }?;
+    unsafe { launch.launch(blocks_of_256(grid)) }?;
     Ok(())
 }
 
@@ -523,15 +522,25 @@ pub(super) fn direct_conv(
 /// per run, input-channel chunk of 4 and output group of 8: (runs, groups per run). About
 /// [`WGRAD_TARGET_BLOCKS`] blocks in all, every run non-empty.
 fn direct_wgrad_runs(d: &Conv2dShape) -> (usize, usize) {
-    let groups = d.batch.div_ceil(1024 / (d.h * d.w)).max(1);
-    let wanted = WGRAD_TARGET_BLOCKS.div_ceil(direct_tiles(d) * d.envs.max(1)).clamp(1, groups);
-    let per_run = groups.div_ceil(wanted);
+    let groups = d.batch.div_ceil(direct_images_per_block(d)).max(1);
+    let per_run = groups.div_ceil(direct_wgrad_most_runs(d).min(groups));
     (groups.div_ceil(per_run), per_run)
+}
+
+/// The images a direct kernel's block takes: 256 threads of four outputs each, `1024 / (h·w)`.
+fn direct_images_per_block(d: &Conv2dShape) -> usize {
+    1024 / (d.h * d.w)
 }
 
 /// The direct kernels' (input-channel chunk, output group) tiles of `d`: 4 input by 8 output channels.
 fn direct_tiles(d: &Conv2dShape) -> usize {
     d.c_in.div_ceil(4) * d.c_out.div_ceil(8)
+}
+
+/// The most runs [`direct_wgrad_runs`] cuts, whatever the batch: its share of
+/// [`WGRAD_TARGET_BLOCKS`] per tile and env.
+fn direct_wgrad_most_runs(d: &Conv2dShape) -> usize {
+    WGRAD_TARGET_BLOCKS.div_ceil(direct_tiles(d) * d.envs.max(1)).max(1)
 }
 
 /// Room for [`direct_weight_grad`]'s partial sums of `d`, `[E, runs, c_out, K]`, at the most runs
@@ -540,8 +549,7 @@ fn direct_wgrad_partial_len(d: &Conv2dShape) -> usize {
     if !direct_fits(d) {
         return 0;
     }
-    let most_runs = WGRAD_TARGET_BLOCKS.div_ceil(direct_tiles(d) * d.envs.max(1)).max(1);
-    d.envs * most_runs * d.c_out * col_rows(d)
+    d.envs * direct_wgrad_most_runs(d) * d.c_out * col_rows(d)
 }
 
 /// `d`'s weight gradient (overwritten), direct: `conv3x3_wgrad_direct_f32` sums each run of image
@@ -571,7 +579,7 @@ pub(super) fn direct_weight_grad(
     launch.arg(x).arg(dy).arg(&mut *partial);
     push_dims(&mut launch, &dims);
     let grid = (runs as u32, direct_tiles(d) as u32, d.envs as u32);
-    unsafe { launch.launch(LaunchConfig { grid_dim: grid, block_dim: (256, 1, 1), shared_mem_bytes: 0 }) }?;
+    unsafe { launch.launch(blocks_of_256(grid)) }?;
     reduce_runs(device, d, runs, partial, grad_weight)
 }
 

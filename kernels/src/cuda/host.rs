@@ -181,7 +181,6 @@ impl DeviceHost {
         let samples = envs * batch;
         let bn_partial =
             (0..arch.n_blocks).map(|b| ops::batch_norm_partial_len(&block_norm(arch, envs, batch, b))).max();
-        let bn_partial = bn_partial.unwrap_or(1);
         conv_dims_all.extend((0..arch.n_blocks).map(|b| conv_dims(arch, envs, batch, b)));
         Ok(Self {
             arch,
@@ -202,7 +201,7 @@ impl DeviceHost {
             grad_a: stream.alloc_zeros::<f32>(largest)?,
             grad_b: stream.alloc_zeros::<f32>(largest)?,
             norm_partial: stream.alloc_zeros::<f64>(envs * NORM_BLOCKS_PER_ENV as usize)?,
-            bn_partial: stream.alloc_zeros::<f64>(bn_partial.max(1))?,
+            bn_partial: stream.alloc_zeros::<f64>(bn_partial.unwrap_or(0).max(1))?,
             sq_norms: stream.alloc_zeros::<f64>(envs)?,
             clip: stream.alloc_zeros::<f64>(envs)?,
             sq_norms_collected: stream.alloc_zeros::<f64>(envs)?,

@@ -7,7 +7,7 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelA
 use crate::ops::{LinearShape, NormShape};
 use crate::optim::{MAX_GRAD_NORM, SgdConfig};
 
-use super::parity::{Device, ParityError, elementwise};
+use super::parity::{Device, ParityError, blocks_of_256, elementwise, push_dims};
 
 type R = Result<(), ParityError>;
 
@@ -96,8 +96,6 @@ const BN_TARGET_BLOCKS: usize = 2048;
 /// The fewest values a run of a batch-norm reduction sums, and the most runs a pair is cut into.
 const BN_MIN_RUN: usize = 2048;
 const BN_MAX_SPLITS: usize = 64;
-/// Threads of a reduction block (the kernels' `REDUCE_THREADS`).
-const REDUCE_THREADS: u32 = 256;
 
 /// How batch norm's reductions over `d` cut each (env, channel)'s `B·H·W` values: (runs, values per
 /// run), every run non-empty. Enough runs for about [`BN_TARGET_BLOCKS`] blocks, each at least
@@ -122,8 +120,7 @@ fn batch_norm_reduction(d: &NormShape, partial: &CudaSlice<f64>) -> ([u32; 5], L
     let count = d.batch * d.plane();
     assert!(count > 1, "batch norm needs more than one value per channel");
     assert!(count <= u32::MAX as usize, "batch norm: a channel's values exceed u32");
-    let grid = (d.params_len() as u32, splits as u32, 1);
-    let config = LaunchConfig { grid_dim: grid, block_dim: (REDUCE_THREADS, 1, 1), shared_mem_bytes: 0 };
+    let config = blocks_of_256((d.params_len() as u32, splits as u32, 1));
     ([d.batch, d.channels, d.plane(), splits, run].map(|v| v as u32), config)
 }
 
@@ -142,10 +139,11 @@ pub fn batch_norm_train_stats(
     running_mean: &mut CudaSlice<f32>,
     running_var: &mut CudaSlice<f32>,
 ) -> R {
-    let ([batch, channels, plane, splits, run], config) = batch_norm_reduction(d, partial);
+    let (dims, config) = batch_norm_reduction(d, partial);
+    let [batch, channels, plane, splits, _] = dims;
     let mut launch = device.stream.launch_builder(device.function("batch_norm_stats_partial_f32"));
     launch.arg(x).arg(&mut *partial);
-    launch.arg(&batch).arg(&channels).arg(&plane).arg(&splits).arg(&run);
+    push_dims(&mut launch, &dims);
     unsafe { launch.launch(config) }?;
     let pairs = d.params_len() as u32;
     let mut launch = device.stream.launch_builder(device.function("batch_norm_stats_finish_f32"));
@@ -170,10 +168,11 @@ pub fn batch_norm_backward_params(
     grad_gamma: &mut CudaSlice<f32>,
     grad_beta: &mut CudaSlice<f32>,
 ) -> R {
-    let ([batch, channels, plane, splits, run], config) = batch_norm_reduction(d, partial);
+    let (dims, config) = batch_norm_reduction(d, partial);
+    let splits = dims[3];
     let mut launch = device.stream.launch_builder(device.function("batch_norm_backward_params_partial_f32"));
     launch.arg(x).arg(dy).arg(save_mean).arg(&mut *partial);
-    launch.arg(&batch).arg(&channels).arg(&plane).arg(&splits).arg(&run);
+    push_dims(&mut launch, &dims);
     unsafe { launch.launch(config) }?;
     let pairs = d.params_len() as u32;
     let mut launch = device.stream.launch_builder(device.function("batch_norm_backward_params_finish_f32"));

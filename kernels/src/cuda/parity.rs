@@ -152,7 +152,13 @@ fn values(s: &mut Stream, n: usize, lo: f64, hi: f64) -> Vec<f32> {
 /// One block of 256 threads (REDUCE_THREADS in common.cuh) per env: the kernels that reduce an env's
 /// rows with block_sum.
 pub(super) fn per_env_block(envs: usize) -> LaunchConfig {
-    LaunchConfig { grid_dim: (envs as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+    blocks_of_256((envs as u32, 1, 1))
+}
+
+/// A grid of 256-thread blocks: the block reductions (REDUCE_THREADS in common.cuh) and the tiled
+/// convolution kernels, which are written for that block size.
+pub(super) fn blocks_of_256(grid: (u32, u32, u32)) -> LaunchConfig {
+    LaunchConfig { grid_dim: grid, block_dim: (256, 1, 1), shared_mem_bytes: 0 }
 }
 
 /// Appends a kernel's shape arguments (`u32` each, in the kernel's parameter order) to a launch.
@@ -1781,89 +1787,33 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
             ));
         }
 
-        // The implicit GEMM the host and seeds run their forward and input gradient with at f32: the
-        // twins' fmaf chains in their order, so bit for bit (overwriting junk).
+        // The implicit GEMM the host and seeds run with at f32, and the direct 3×3 convolution
+        // (`ESPER_CUDA_CONV=direct`): the forward and input gradient in the twins' fmaf chains in their
+        // order, so bit for bit; the weight gradient to 1e-5.
+        let mut dx_cpu = vec![0.0f32; c.input_len()];
+        conv2d_backward_input(c, &dy, &w, &mut dx_cpu);
+        let devs = [&x_dev, &w_dev, &dy_dev];
         if c.groups == 1 {
             let mut gemm = GemmConv::new(device, &[c])?;
             gemm.set_implicit(device, true)?;
             gemm.set_direct(false);
-            let mut y_dev = stream.clone_htod(&values(s, y_cpu.len(), -1.0, 1.0))?;
-            gemm.forward(device, &c, &x_dev, &w_dev, &mut y_dev)?;
-            let y_implicit = stream.clone_dtoh(&y_dev)?;
-            rows.push(ParityRow::new(
+            let names = [
                 "GemmConv::forward (implicit GEMM)",
-                "ops::conv::conv2d_forward",
-                y_cpu.len(),
-                max_diff(&y_implicit, &y_cpu),
-                0.0,
-            ));
-            let mut dx_cpu = vec![0.0f32; c.input_len()];
-            conv2d_backward_input(c, &dy, &w, &mut dx_cpu);
-            let mut dx_dev = stream.clone_htod(&values(s, c.input_len(), -1.0, 1.0))?;
-            gemm.backward_input(device, &c, &dy_dev, &w_dev, &mut dx_dev)?;
-            let dx_implicit = stream.clone_dtoh(&dx_dev)?;
-            rows.push(ParityRow::new(
                 "GemmConv::backward_input (implicit GEMM)",
-                "ops::conv::conv2d_backward_input",
-                dx_cpu.len(),
-                max_diff(&dx_implicit, &dx_cpu),
-                0.0,
-            ));
-            // The weight gradient sums runs of columns in f32 and adds the runs: another order than
-            // the CPU's lanes, so to 1e-5 of the largest value, as the SGEMM (overwriting NaN).
-            let mut dw_dev = stream.clone_htod(&vec![f32::NAN; dw_cpu.len()])?;
-            gemm.backward_weight(device, &c, &x_dev, &dy_dev, &mut dw_dev)?;
-            let dw_implicit = stream.clone_dtoh(&dw_dev)?;
-            rows.push(ParityRow::new(
                 "GemmConv::backward_weight (implicit GEMM)",
-                "ops::conv::conv2d_backward_weight",
-                dw_cpu.len(),
-                max_diff_of_tensor(&dw_implicit, &dw_cpu),
-                1e-5,
-            ));
+            ];
+            fmaf_conv_rows(device, s, &mut gemm, c, devs, [&y_cpu, &dx_cpu, &dw_cpu], names, rows)?;
         }
-
-        // The direct 3×3 convolution (`ESPER_CUDA_CONV=direct`): the forward and input gradient in the
-        // same fmaf chains in the same order, so bit for bit too (overwriting junk), and its weight
-        // gradient.
         if direct_fits(&c) {
             let mut gemm = GemmConv::new(device, &[c])?;
             gemm.set_implicit(device, true)?;
             gemm.set_direct(true);
-            let mut y_dev = stream.clone_htod(&values(s, y_cpu.len(), -1.0, 1.0))?;
-            gemm.forward(device, &c, &x_dev, &w_dev, &mut y_dev)?;
-            let y_direct = stream.clone_dtoh(&y_dev)?;
-            rows.push(ParityRow::new(
+            let names = [
                 "conv3x3_direct_f32 (forward)",
-                "ops::conv::conv2d_forward",
-                y_cpu.len(),
-                max_diff(&y_direct, &y_cpu),
-                0.0,
-            ));
-            let mut dx_cpu = vec![0.0f32; c.input_len()];
-            conv2d_backward_input(c, &dy, &w, &mut dx_cpu);
-            let mut dx_dev = stream.clone_htod(&values(s, c.input_len(), -1.0, 1.0))?;
-            gemm.backward_input(device, &c, &dy_dev, &w_dev, &mut dx_dev)?;
-            let dx_direct = stream.clone_dtoh(&dx_dev)?;
-            rows.push(ParityRow::new(
                 "conv3x3_direct_f32 (input gradient)",
-                "ops::conv::conv2d_backward_input",
-                dx_cpu.len(),
-                max_diff(&dx_direct, &dx_cpu),
-                0.0,
-            ));
-            // The weight gradient sums in f32 in another order than the CPU's lanes: to 1e-5 of the
-            // largest value, as the implicit GEMM's (overwriting NaN).
-            let mut dw_dev = stream.clone_htod(&vec![f32::NAN; dw_cpu.len()])?;
-            gemm.backward_weight(device, &c, &x_dev, &dy_dev, &mut dw_dev)?;
-            let dw_direct = stream.clone_dtoh(&dw_dev)?;
-            rows.push(ParityRow::new(
                 "conv3x3_wgrad_direct_f32 + conv2d_wgrad_reduce_f32",
-                "ops::conv::conv2d_backward_weight",
-                dw_cpu.len(),
-                max_diff_of_tensor(&dw_direct, &dw_cpu),
-                1e-5,
-            ));
+            ];
+            fmaf_conv_rows(device, s, &mut gemm, c, devs, [&y_cpu, &dx_cpu, &dw_cpu], names, rows)?;
         }
 
         // The im2col + cuBLAS form (one group only) the tf32 and bf16 multiplies take, here at f32:
@@ -1891,8 +1841,6 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
                 max_diff_of_tensor(&dw_gemm, &dw_cpu),
                 1e-5,
             ));
-            let mut dx_cpu = vec![0.0f32; c.input_len()];
-            conv2d_backward_input(c, &dy, &w, &mut dx_cpu);
             // Start from junk: the GEMM form overwrites.
             let mut dx_dev = stream.clone_htod(&values(s, c.input_len(), -1.0, 1.0))?;
             gemm.backward_input(device, &c, &dy_dev, &w_dev, &mut dx_dev)?;
@@ -1907,6 +1855,49 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
             gemm_precision_checks(device, c, [&x, &w, &dy], [&x_dev, &w_dev, &dy_dev], rows)?;
         }
     }
+    Ok(())
+}
+
+/// `gemm`'s convolutions of shape `c` from the device inputs `[x, w, dy]` against the CPU's `[y, dx, dw]`,
+/// rows named `names`: the forward and input gradient overwriting junk, bit for bit (the twins' fmaf
+/// chains in their order); the weight gradient overwriting NaN, to 1e-5 of the largest value (runs
+/// summed in f32 in another order than the CPU's lanes).
+#[allow(clippy::too_many_arguments)]
+fn fmaf_conv_rows(
+    device: &Device,
+    s: &mut Stream,
+    gemm: &mut GemmConv,
+    c: Conv2dShape,
+    [x_dev, w_dev, dy_dev]: [&CudaSlice<f32>; 3],
+    [y_cpu, dx_cpu, dw_cpu]: [&[f32]; 3],
+    [forward, input_grad, weight_grad]: [&'static str; 3],
+    rows: &mut Vec<ParityRow>,
+) -> Result<(), ParityError> {
+    let stream = &device.stream;
+    let mut y_dev = stream.clone_htod(&values(s, y_cpu.len(), -1.0, 1.0))?;
+    gemm.forward(device, &c, x_dev, w_dev, &mut y_dev)?;
+    let y = stream.clone_dtoh(&y_dev)?;
+    rows.push(ParityRow::new(forward, "ops::conv::conv2d_forward", y.len(), max_diff(&y, y_cpu), 0.0));
+    let mut dx_dev = stream.clone_htod(&values(s, dx_cpu.len(), -1.0, 1.0))?;
+    gemm.backward_input(device, &c, dy_dev, w_dev, &mut dx_dev)?;
+    let dx = stream.clone_dtoh(&dx_dev)?;
+    rows.push(ParityRow::new(
+        input_grad,
+        "ops::conv::conv2d_backward_input",
+        dx.len(),
+        max_diff(&dx, dx_cpu),
+        0.0,
+    ));
+    let mut dw_dev = stream.clone_htod(&vec![f32::NAN; dw_cpu.len()])?;
+    gemm.backward_weight(device, &c, x_dev, dy_dev, &mut dw_dev)?;
+    let dw = stream.clone_dtoh(&dw_dev)?;
+    rows.push(ParityRow::new(
+        weight_grad,
+        "ops::conv::conv2d_backward_weight",
+        dw.len(),
+        max_diff_of_tensor(&dw, dw_cpu),
+        1e-5,
+    ));
     Ok(())
 }
 

@@ -61,10 +61,9 @@ impl DeviceSeedShape for SeedShape {
 /// One blueprint's parameters, gradients and saved activations for every env of a batch.
 pub struct DeviceSeed {
     pub bp: CnnBlueprint,
-    /// The activations the launches run over (the batch [`Self::set_rows`] set), and the batch the
-    /// buffers hold.
+    /// The activations the launches run over (the batch [`Self::set_rows`] set; the buffers hold the
+    /// batch it was made with).
     dims: SeedShape,
-    capacity: usize,
     /// Parameters, gradients, momentum (tensor-major), snapshots and gradient statistics.
     pub rows: TensorRows,
     /// What the backward reads, written by the forward (per blueprint; see each forward).
@@ -101,7 +100,6 @@ impl DeviceSeed {
         Ok(Self {
             bp,
             dims,
-            capacity: dims.batch,
             rows: TensorRows::new(device, seeds::layout(bp, dims.channels), dims.envs)?,
             saved: alloc(&saved)?,
             stats: alloc(&stats)?,
@@ -109,14 +107,10 @@ impl DeviceSeed {
         })
     }
 
-    /// Runs the launches that follow over the first `rows` images per env, up to the buffers' batch (see
-    /// [`DeviceHost::set_rows`](super::host::DeviceHost::set_rows)).
-    pub fn set_rows(&mut self, rows: usize) {
-        assert!(
-            (1..=self.capacity).contains(&rows),
-            "{rows} rows per env: the seed holds 1 to {}",
-            self.capacity
-        );
+    /// Runs the launches that follow over the first `rows` images per env: set by its slot
+    /// ([`DeviceSlot::set_rows`](super::slot::DeviceSlot::set_rows), which checks `rows` against the
+    /// batch the buffers hold).
+    pub(super) fn set_rows(&mut self, rows: usize) {
         self.dims.batch = rows;
     }
 
