@@ -2,7 +2,7 @@
 # One device session's checks, in the order that teaches the most if the time runs out: the selftest
 # (every kernel and composed piece against its CPU twin), the W16 bench without and with seeds, the same
 # with the direct 3×3 convolution (after its own selftest), with the im2col + SGEMM convolutions (the baseline of the implicit GEMM, on the same machine), the
-# tensor-core precisions, the issue's 256-env workload, a short heuristic train run (the whole step's
+# tensor-core precisions (TF32's 3×3 convolutions on the tensor-core kernels and through cuBLAS), the issue's 256-env workload, a short heuristic train run (the whole step's
 # systems, copies back per step, the profile's device column), the env sweep, and the per-kernel device
 # times of one W16 epoch (ncu). The selftest must pass for the rest to run.
 #
@@ -79,8 +79,16 @@ step bench-w16-seeded-im2col 120 env ESPER_CUDA_CONV=im2col "$BIN" bench --devic
     --json "$LOGS/bench-w16-seeded-im2col.json"
 step bench-w16-seeded-bf16 120 "$BIN" bench --device cuda --envs 16 --precision bf16 "${W16[@]}" \
     --json "$LOGS/bench-w16-seeded-bf16.json"
+# TF32: the 3×3 convolutions on the tensor cores (conv3x3_tc_*), and through cuBLAS (ESPER_CUDA_CONV=im2col)
+# as before, to compare on one machine; a short train run at TF32 (does it learn as f32 does).
+step bench-w16-none-tf32 120 "$BIN" bench --device cuda --seeds none --envs 16 --precision tf32 "${W16[@]}" \
+    --json "$LOGS/bench-w16-none-tf32.json"
 step bench-w16-seeded-tf32 120 "$BIN" bench --device cuda --envs 16 --precision tf32 "${W16[@]}" \
     --json "$LOGS/bench-w16-seeded-tf32.json"
+step bench-w16-seeded-tf32-cublas 120 env ESPER_CUDA_CONV=im2col "$BIN" bench --device cuda --envs 16 \
+    --precision tf32 "${W16[@]}" --json "$LOGS/bench-w16-seeded-tf32-cublas.json"
+step train-heuristic-tf32 120 "$BIN" train --device cuda --envs 16 --epochs 4 --policy heuristic --precision tf32 \
+    --count-syncs --out /tmp/gpu-session/train-heuristic-tf32 --force --quiet
 step bench-w16-none-nographs 120 "$BIN" bench --device cuda --seeds none --envs 16 --cuda-graphs off "${W16[@]}" \
     --json "$LOGS/bench-w16-none-nographs.json"
 step bench-256-none 150 "$BIN" bench --device cuda --seeds none --envs 16,256 "${E256[@]}" --json "$LOGS/bench-256-none.json"
@@ -94,6 +102,8 @@ step bench-sweep-none 150 "$BIN" bench --device cuda --seeds none --envs 1,4,16,
 NCU_BIN=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 step ncu-w16-seeded 150 "$NCU_BIN" --metrics gpu__time_duration.sum --csv --print-units base \
     "$BIN" bench --device cuda "${NCU[@]}" --json /tmp/gpu-session/ncu.json
+step ncu-w16-seeded-tf32 150 "$NCU_BIN" --metrics gpu__time_duration.sum --csv --print-units base \
+    "$BIN" bench --device cuda --precision tf32 "${NCU[@]}" --json /tmp/gpu-session/ncu-tf32.json
 if [ "$DIRECT_OK" = 1 ]; then
     step ncu-w16-seeded-direct 150 env ESPER_CUDA_CONV=direct "$NCU_BIN" --metrics gpu__time_duration.sum --csv \
         --print-units base "$BIN" bench --device cuda "${NCU[@]}" --json /tmp/gpu-session/ncu-direct.json

@@ -487,12 +487,39 @@ IG_KERNEL(32)
 // of 6×6) and ≤ 9216 floats for every plane the launcher accepts (h, w ≥ 4).
 #define DC_TILE 9216
 
+// ---- TF32 on the tensor cores (`--precision tf32`; the kernel emulator brings its own versions of these
+// two). tf32_round: x rounded to TF32 (10 mantissa bits; to nearest, ties away from zero: `cvt.rna`),
+// kept in an f32 whose low 13 bits are zero. CPU twin: ops::precision::round_to_tf32.
+#ifndef ESPER_KERNEL_EMULATOR
+__device__ __forceinline__ float tf32_round(float x) {
+    u32 r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return __uint_as_float(r);
+}
+
+// d += A · B for one warp: A 16 × 8 (row-major), B 8 × 8 (column-major), d 16 × 8, f32 sums of TF32
+// products (mma.sync.aligned.m16n8k8). Lane l = 4·g + t holds a = (A[g][t], A[g + 8][t], A[g][t + 4],
+// A[g + 8][t + 4]), b = (B[t][g], B[t + 4][g]) and d = (D[g][2t], D[g][2t + 1], D[g + 8][2t],
+// D[g + 8][2t + 1]) (the PTX ISA's fragment layout for .m16n8k8 with .tf32).
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const float (&a)[4], const float (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(__float_as_uint(a[0])), "r"(__float_as_uint(a[1])), "r"(__float_as_uint(a[2])),
+          "r"(__float_as_uint(a[3])), "r"(__float_as_uint(b[0])), "r"(__float_as_uint(b[1])));
+}
+#endif
+
 // Stage input channels s0 .. s0 + chunk − 1 of images b0 .. b0 + images − 1 (of env e) zero-padded into
-// the block's tile: tile[(i·chunk + c)·padded + yy·wp + xx] = x[b0 + i][s0 + c][yy − 1][xx − 1], zero
-// outside the plane (padded = (h + 2)·(w + 2), wp = w + 2; f_* their FastDivs and chunk's).
+// the block's tile: tile[(i·stride + c)·padded + yy·wp + xx] = x[b0 + i][s0 + c][yy − 1][xx − 1], zero
+// outside the plane (padded = (h + 2)·(w + 2), wp = w + 2; f_* their FastDivs and chunk's). `stride`
+// is the channels an image takes in the tile: `chunk` (packed), or DC_CHUNK so that a pixel's place
+// does not move when the last chunk is short. With `tf32` the values are stored rounded to TF32
+// (tf32_round), as the tensor cores multiply them.
 __device__ __forceinline__ void dc_stage(
-    float* tile, const float* x, u32 e, u32 batch, u32 c_in, u32 s0, u32 chunk, u32 b0, u32 images, u32 h,
-    u32 w, const FastDiv& f_padded, const FastDiv& f_wp, const FastDiv& f_chunk) {
+    float* tile, const float* x, u32 e, u32 batch, u32 c_in, u32 s0, u32 chunk, u32 stride, u32 b0, u32 images,
+    u32 h, u32 w, const FastDiv& f_padded, const FastDiv& f_wp, const FastDiv& f_chunk, bool tf32) {
     u32 padded = f_padded.d, wp = f_wp.d, plane = h * w;
     u32 staged = images * chunk * padded;
     for (u32 l = threadIdx.x; l < staged; l += 256) {
@@ -501,7 +528,7 @@ __device__ __forceinline__ void dc_stage(
         float v = 0.0f;
         if (yy >= 1 && yy <= h && xx >= 1 && xx <= w)
             v = x[(((u64)e * batch + b0 + i) * c_in + s0 + c) * plane + (yy - 1) * w + (xx - 1)];
-        tile[l] = v;
+        tile[(i * stride + c) * padded + r] = tf32 ? tf32_round(v) : v;
     }
 }
 
@@ -526,7 +553,7 @@ extern "C" __global__ void __launch_bounds__(256) conv3x3_direct_f32(
         u32 chunk = min((u32)DC_CHUNK, c_in - s0);
         FastDiv f_chunk = fast_div(chunk);
         __syncthreads();  // the previous chunk's reads are done
-        dc_stage(tile, x, e, batch, c_in, s0, chunk, b0, images, h, w, f_padded, f_wp, f_chunk);
+        dc_stage(tile, x, e, batch, c_in, s0, chunk, chunk, b0, images, h, w, f_padded, f_wp, f_chunk, false);
         for (u32 l = t; l < DC_CHUNK * 9 * DC_OUT; l += 256) {
             u32 sc = l / (9 * DC_OUT), tap = (l / DC_OUT) % 9, o = o0 + l % DC_OUT, s = s0 + sc;
             float v = 0.0f;
@@ -600,7 +627,7 @@ extern "C" __global__ void __launch_bounds__(256) conv3x3_wgrad_direct_f32(
     for (u32 g = first; g < last; ++g) {
         u32 b0 = g * per_block, images = min(per_block, batch - b0);
         __syncthreads();  // the previous group's reads are done
-        dc_stage(tile, x, e, batch, c_in, s0, chunk, b0, images, h, w, f_padded, f_wp, f_chunk);
+        dc_stage(tile, x, e, batch, c_in, s0, chunk, chunk, b0, images, h, w, f_padded, f_wp, f_chunk, false);
         __syncthreads();
         if (sc >= chunk) continue;
         for (u32 col = lane; col < images * w; col += 32) {
@@ -756,3 +783,244 @@ extern "C" __global__ void __launch_bounds__(1024) conv2d_wgrad_reduce_f32(
         grad_weight[i] = sum;
     }
 }
+
+// ---- The 3×3 convolutions (padding 1) on the tensor cores, at `--precision tf32`: the direct kernels'
+// staging (DC_CHUNK input channels of a block's images, zero-padded, in shared memory; here rounded to
+// TF32 as they are staged) with the multiply-adds as mma.sync.m16n8k8 (TF32 inputs, f32 sums). The
+// forward per env is Y (pixels × c_out) = A (pixels × K) · W (K × c_out), K = (channel, tap): a row of
+// A is one output pixel's 3×3 windows, read from the staged tile at the pixel's place plus the
+// (channel, tap)'s offset, so the column matrix is never formed. Not bit for bit: the inputs are
+// rounded to TF32 and the tensor cores sum in their own order (checked against ops::conv on inputs
+// rounded by ops::precision::round_to_tf32, to a tolerance).
+//
+// K runs chunk by chunk: DC_CHUNK·9 = 36 (channel, tap) rows a chunk, padded to TC_K = 40 (five k-steps
+// of 8; the padding rows read as 0).
+#define TC_K ((DC_CHUNK * 9 + 7) / 8 * 8)
+#define TC_PIXELS 1024
+#define TC_TILES_PER_WARP (TC_PIXELS / 16 / 8)
+
+// Where (channel, tap) row k of a chunk reads relative to a pixel's place in the tile, or −1 for the
+// padding rows past the chunk's `valid` = chunk·9.
+__device__ __forceinline__ int tc_row_offset(u32 k, u32 valid, u32 padded, u32 wp) {
+    return k < valid ? (int)((k / 9) * padded + (k % 9) / 3 * wp + k % 3) : -1;
+}
+
+// The forward, and with flip != 0 the input gradient (the forward over the transposed, flipped weights,
+// as conv3x3_direct_f32's flip). Block: 256 threads (8 warps) over TC_PIXELS output pixels = 1024 /
+// (h·w) whole images of one env, and NT·8 output channels (NT n-tiles of 8); warp v takes the m-tiles
+// (16 pixels each) 8v .. 8v + 7, each with all NT n-tiles; m-tiles wholly past the block's images are
+// skipped, pixels past them read the tile (finite or not, their rows are not written). Grid (⌈B /
+// images per block⌉, ⌈c_out / (8·NT)⌉, envs).
+template <int NT>
+__device__ __forceinline__ void conv3x3_tc(
+    const float* x, const float* weight, float* y, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, int flip) {
+    __shared__ float tile[DC_TILE];
+    __shared__ float wt[TC_K][NT * 8];  // [chunk row k][output channel], TF32
+    __shared__ int row_offset[TC_K];
+    u32 t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane / 4, tg = lane % 4;
+    u32 e = blockIdx.z, o0 = blockIdx.y * (NT * 8);
+    u32 plane = h * w, per_block = TC_PIXELS / plane;
+    u32 b0 = blockIdx.x * per_block, images = min(per_block, batch - b0), pixels = images * plane;
+    u32 wp = w + 2, padded = (h + 2) * wp;
+    FastDiv f_wp = fast_div(wp), f_padded = fast_div(padded), f_plane = fast_div(plane), f_w = fast_div(w);
+    u32 first = warp * TC_TILES_PER_WARP * 16;
+    u32 tiles = first >= pixels ? 0 : min((u32)TC_TILES_PER_WARP, (pixels - first + 15) / 16);
+
+    // The places in the tile of this lane's pixels: rows g and g + 8 of each m-tile.
+    int place[TC_TILES_PER_WARP][2];
+#pragma unroll
+    for (int mt = 0; mt < TC_TILES_PER_WARP; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            u32 p = first + mt * 16 + g + 8 * half;
+            p = p < pixels ? p : 0;
+            u32 i = fdiv(p, f_plane), q = p - i * plane, yy = fdiv(q, f_w), xx = q - yy * w;
+            place[mt][half] = (int)(i * DC_CHUNK * padded + yy * wp + xx);
+        }
+
+    float acc[TC_TILES_PER_WARP][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < TC_TILES_PER_WARP; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[mt][nt][q] = 0.0f;
+
+    for (u32 s0 = 0; s0 < c_in; s0 += DC_CHUNK) {
+        u32 chunk = min((u32)DC_CHUNK, c_in - s0), valid = chunk * 9;
+        FastDiv f_chunk = fast_div(chunk);
+        __syncthreads();  // the previous chunk's reads are done
+        dc_stage(tile, x, e, batch, c_in, s0, chunk, DC_CHUNK, b0, images, h, w, f_padded, f_wp, f_chunk, true);
+        for (u32 l = t; l < TC_K * NT * 8; l += 256) {
+            u32 k = l / (NT * 8), n = l % (NT * 8), o = o0 + n, s = s0 + k / 9, tap = k % 9;
+            float v = 0.0f;
+            if (k < valid && o < c_out)
+                v = flip ? weight[(((u64)e * c_in + s) * c_out + o) * 9 + (8 - tap)]
+                         : weight[(((u64)e * c_out + o) * c_in + s) * 9 + tap];
+            wt[k][n] = tf32_round(v);
+        }
+        if (t < TC_K) row_offset[t] = tc_row_offset(t, valid, padded, wp);
+        __syncthreads();
+        for (u32 k0 = 0; k0 < valid; k0 += 8) {
+            int lo = row_offset[k0 + tg], hi = row_offset[k0 + tg + 4];
+            float b[NT][2];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                b[nt][0] = wt[k0 + tg][nt * 8 + g];
+                b[nt][1] = wt[k0 + tg + 4][nt * 8 + g];
+            }
+#pragma unroll
+            for (int mt = 0; mt < TC_TILES_PER_WARP; ++mt) {
+                if ((u32)mt >= tiles) break;  // the same for the whole warp
+                float a[4];
+                a[0] = lo >= 0 ? tile[place[mt][0] + lo] : 0.0f;
+                a[1] = lo >= 0 ? tile[place[mt][1] + lo] : 0.0f;
+                a[2] = hi >= 0 ? tile[place[mt][0] + hi] : 0.0f;
+                a[3] = hi >= 0 ? tile[place[mt][1] + hi] : 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) mma_tf32(acc[mt][nt], a, b[nt]);
+            }
+        }
+    }
+
+#pragma unroll
+    for (int mt = 0; mt < TC_TILES_PER_WARP; ++mt) {
+        if ((u32)mt >= tiles) break;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            u32 p = first + mt * 16 + g + 8 * half;
+            if (p >= pixels) continue;
+            u32 i = fdiv(p, f_plane), q = p - i * plane;
+            float* out = y + ((u64)e * batch + b0 + i) * c_out * plane + q;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    u32 o = o0 + nt * 8 + 2 * tg + j;
+                    if (o < c_out) out[(u64)o * plane] = acc[mt][nt][2 * half + j];
+                }
+        }
+    }
+}
+
+// The weight gradient on the tensor cores: per env dWᵀ (K × c_out) = Σ over pixels of A (K × pixels) ·
+// dY (pixels × c_out), A's column for a pixel its 3×3 windows (the forward's rows, transposed) read
+// from the staged tile. Block (run, (s-chunk, o-group), env) as conv3x3_wgrad_direct_f32's, with
+// output groups of NT·8 channels: its run of image groups (1024 / (h·w) images each) staged group by
+// group; m-tiles are the chunk's (channel, tap) rows (36 → three of 16), n-tiles the output channels,
+// and each k-step 8 pixels, warp v taking the k-steps v, v + 8, …; dy read from global memory, rounded
+// to TF32. Pixels past the group's images read 0 on both sides. Then the 8 warps' sums are added in
+// warp order through shared memory and the block writes partial[e][run][o][s·9 + tap];
+// conv2d_wgrad_reduce_f32 adds the runs in order.
+#define TC_WG_TILES ((DC_CHUNK * 9 + 15) / 16)
+template <int NT>
+__device__ __forceinline__ void conv3x3_wgrad_tc(
+    const float* x, const float* dy, float* partial, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, u32 runs,
+    u32 groups_per_run) {
+    __shared__ float tile[DC_TILE];
+    u32 t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane / 4, tg = lane % 4;
+    u32 e = blockIdx.z, run = blockIdx.x;
+    u32 o_groups = (c_out + NT * 8 - 1) / (NT * 8);
+    u32 s0 = (blockIdx.y / o_groups) * DC_CHUNK, o0 = (blockIdx.y % o_groups) * (NT * 8);
+    u32 chunk = min((u32)DC_CHUNK, c_in - s0), valid = chunk * 9;
+    u32 plane = h * w, per_block = TC_PIXELS / plane;
+    u32 wp = w + 2, padded = (h + 2) * wp;
+    FastDiv f_wp = fast_div(wp), f_padded = fast_div(padded), f_chunk = fast_div(chunk);
+    FastDiv f_plane = fast_div(plane), f_w = fast_div(w);
+    u32 groups = (batch + per_block - 1) / per_block;
+    u32 first = run * groups_per_run, last = min(first + groups_per_run, groups);
+    u32 m_tiles = (valid + 15) / 16;
+
+    // This lane's rows of A: (channel, tap) rows g and g + 8 of each m-tile (past `valid`: read at the
+    // pixel's own place, finite-or-not, and never written).
+    int row[TC_WG_TILES][2];
+#pragma unroll
+    for (int mt = 0; mt < TC_WG_TILES; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) row[mt][half] = max(tc_row_offset(mt * 16 + g + 8 * half, valid, padded, wp), 0);
+
+    float acc[TC_WG_TILES][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < TC_WG_TILES; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[mt][nt][q] = 0.0f;
+
+    for (u32 gi = first; gi < last; ++gi) {
+        u32 b0 = gi * per_block, images = min(per_block, batch - b0), pixels = images * plane;
+        __syncthreads();  // the previous group's reads are done
+        dc_stage(tile, x, e, batch, c_in, s0, chunk, DC_CHUNK, b0, images, h, w, f_padded, f_wp, f_chunk, true);
+        __syncthreads();
+        for (u32 k0 = warp * 8; k0 < pixels; k0 += 64) {
+            // This lane's two pixels (k rows tg and tg + 4): their place in the tile and in dy.
+            int place[2];
+            const float* dy_at[2];
+            bool ok[2];
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                u32 p = k0 + tg + 4 * half;
+                ok[half] = p < pixels;
+                p = ok[half] ? p : 0;
+                u32 i = fdiv(p, f_plane), q = p - i * plane, yy = fdiv(q, f_w), xx = q - yy * w;
+                place[half] = (int)(i * DC_CHUNK * padded + yy * wp + xx);
+                dy_at[half] = dy + ((u64)e * batch + b0 + i) * c_out * plane + q;
+            }
+            float b[NT][2];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                u32 o = o0 + nt * 8 + g;
+#pragma unroll
+                for (int half = 0; half < 2; ++half)
+                    b[nt][half] = ok[half] && o < c_out ? tf32_round(dy_at[half][(u64)o * plane]) : 0.0f;
+            }
+#pragma unroll
+            for (int mt = 0; mt < TC_WG_TILES; ++mt) {
+                if ((u32)mt >= m_tiles) break;  // the same for the whole block
+                float a[4];
+                a[0] = ok[0] ? tile[place[0] + row[mt][0]] : 0.0f;
+                a[1] = ok[0] ? tile[place[0] + row[mt][1]] : 0.0f;
+                a[2] = ok[1] ? tile[place[1] + row[mt][0]] : 0.0f;
+                a[3] = ok[1] ? tile[place[1] + row[mt][1]] : 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) mma_tf32(acc[mt][nt], a, b[nt]);
+            }
+        }
+    }
+
+    // The warps' sums in warp order: warp v's value for (row j, channel n) at tile[(v·16·TC_WG_TILES + j)·NT·8 + n].
+    constexpr u32 ROWS = 16 * TC_WG_TILES, COLS = NT * 8;
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < TC_WG_TILES; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                u32 j = mt * 16 + g + 8 * (q / 2), n = nt * 8 + 2 * tg + q % 2;
+                tile[(warp * ROWS + j) * COLS + n] = acc[mt][nt][q];
+            }
+    __syncthreads();
+    for (u32 l = t; l < ROWS * COLS; l += 256) {
+        u32 j = l / COLS, n = l % COLS, o = o0 + n;
+        if (j >= valid || o >= c_out) continue;
+        float sum = 0.0f;
+        for (u32 v = 0; v < 8; ++v) sum += tile[(v * ROWS + j) * COLS + n];
+        partial[(((u64)e * runs + run) * c_out + o) * c_in * 9 + s0 * 9 + j] = sum;
+    }
+}
+
+// n8: output channels in one n-tile (c_out ≤ 8), n16: two (more blocks past 16). __launch_bounds__(256,
+// 2): two blocks an SM, so at most 128 registers a thread.
+#define TC_KERNELS(N, NT)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(256, 2) conv3x3_tc_n##N##_tf32(                               \
+        const float* x, const float* weight, float* y, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, int flip) { \
+        conv3x3_tc<NT>(x, weight, y, batch, c_in, c_out, h, w, flip);                                           \
+    }                                                                                                           \
+    extern "C" __global__ void __launch_bounds__(256, 2) conv3x3_wgrad_tc_n##N##_tf32(                         \
+        const float* x, const float* dy, float* partial, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, u32 runs, \
+        u32 groups_per_run) {                                                                                   \
+        conv3x3_wgrad_tc<NT>(x, dy, partial, batch, c_in, c_out, h, w, runs, groups_per_run);                   \
+    }
+TC_KERNELS(8, 1)
+TC_KERNELS(16, 2)

@@ -1,7 +1,8 @@
 // Runs kernels of kernels/cuda/ on the CPU through shim.hpp and checks them against slow references
 // written here from their definitions: the direct 3×3 convolution and the implicit GEMM (forward and
 // input gradient, bit for bit: one fmaf chain per output over j = s·9 + ky·3 + kx from +0), the direct
-// and implicit weight gradients (to 1e-5 of the largest, against a double sum), and batch norm's split reductions
+// and implicit weight gradients (to 1e-5 of the largest, against a double sum), the tensor-core (TF32)
+// 3×3 convolutions (on inputs rounded to TF32, to 1e-5), and batch norm's split reductions
 // (to 1e-6 of a double two-pass sum). `bash scripts/kernel-emulator/run.sh`.
 #include "shim.hpp"
 
@@ -93,12 +94,10 @@ static void check_conv(unsigned envs, unsigned batch, unsigned c_in, unsigned c_
     }
 }
 
-// The direct weight gradient over `per_run` image groups a run, against a double sum.
-static void check_wgrad(unsigned envs, unsigned batch, unsigned c_in, unsigned c_out, unsigned h, unsigned w,
-                        unsigned per_run) {
-    auto x = values((size_t)envs * batch * c_in * h * w, -1.0f, 1.0f);
-    auto dy = values((size_t)envs * batch * c_out * h * w, -1.0f, 1.0f);
-    size_t depth = (size_t)c_in * 9, per_env = c_out * depth;
+// The 3×3 (padding 1) weight gradient [E, c_out, c_in, 3, 3] of x and dy, summed in double.
+static std::vector<double> wgrad_reference(const std::vector<float>& x, const std::vector<float>& dy, unsigned envs,
+                                           unsigned batch, unsigned c_in, unsigned c_out, unsigned h, unsigned w) {
+    size_t per_env = (size_t)c_out * c_in * 9;
     std::vector<double> want(envs * per_env, 0.0);
     for (unsigned e = 0; e < envs; ++e)
         for (unsigned b = 0; b < batch; ++b)
@@ -113,14 +112,39 @@ static void check_wgrad(unsigned envs, unsigned batch, unsigned c_in, unsigned c
                                 double v = x[((((size_t)e * batch + b) * c_in + s) * h + iy) * w + ix];
                                 want[e * per_env + (o * c_in + s) * 9 + tap] += g * v;
                             }
-    double largest = 0.0;
-    for (double v : want) largest = std::max(largest, std::fabs(v));
-    auto worst_of = [&](const std::vector<float>& dw) {
-        double worst = 0.0;
-        for (size_t i = 0; i < dw.size(); ++i)
-            worst = std::max(worst, std::isnan(dw[i]) ? INFINITY : std::fabs(dw[i] - want[i]) / largest);
-        return worst;
-    };
+    return want;
+}
+
+// TF32 as cvt.rna makes it, written from its definition: to the nearest multiple of 2^(exponent − 10),
+// halves away from zero (std::round). Finite values only.
+static float tf32_reference(float x) {
+    if (x == 0.0f) return x;
+    double ulp = std::ldexp(1.0, std::ilogb(x) - 10);
+    return (float)(std::round(x / ulp) * ulp);
+}
+static std::vector<float> tf32_all(std::vector<float> v) {
+    for (auto& x : v) x = tf32_reference(x);
+    return v;
+}
+
+// The largest difference of `got` from `want`, relative to want's largest magnitude (NaN: infinite).
+template <typename T>
+static double diff_of_largest(const std::vector<float>& got, const std::vector<T>& want) {
+    double largest = 0.0, worst = 0.0;
+    for (T v : want) largest = std::max(largest, std::fabs((double)v));
+    for (size_t i = 0; i < got.size(); ++i)
+        worst = std::max(worst, std::isnan(got[i]) ? INFINITY : std::fabs(got[i] - (double)want[i]) / largest);
+    return worst;
+}
+
+// The direct weight gradient over `per_run` image groups a run, against a double sum.
+static void check_wgrad(unsigned envs, unsigned batch, unsigned c_in, unsigned c_out, unsigned h, unsigned w,
+                        unsigned per_run) {
+    auto x = values((size_t)envs * batch * c_in * h * w, -1.0f, 1.0f);
+    auto dy = values((size_t)envs * batch * c_out * h * w, -1.0f, 1.0f);
+    size_t depth = (size_t)c_in * 9, per_env = c_out * depth;
+    auto want = wgrad_reference(x, dy, envs, batch, c_in, c_out, h, w);
+    auto worst_of = [&](const std::vector<float>& dw) { return diff_of_largest(dw, want); };
     char what[160], detail[160];
     {
         unsigned per_block = 1024 / (h * w), groups = (batch + per_block - 1) / per_block;
@@ -157,6 +181,54 @@ static void check_wgrad(unsigned envs, unsigned batch, unsigned c_in, unsigned c
         std::snprintf(detail, sizeof detail, "max diff %.2e of the largest (tolerance 1e-5)", worst);
         report(what, worst <= 1e-5, detail);
     }
+}
+
+// The tensor-core (TF32) 3×3 convolutions: forward and input gradient against the fmaf reference on the
+// same inputs rounded to TF32 (tf32_reference), the weight gradient against the double sum of the
+// rounded inputs, `per_run` image groups a run; to 1e-5 of the largest value. Each also against the
+// unrounded inputs, where it must differ by more than 1e-5 (the rounding happened).
+static void check_tc(unsigned envs, unsigned batch, unsigned c_in, unsigned c_out, unsigned h, unsigned w,
+                     unsigned per_run) {
+    char what[160], detail[160];
+    unsigned per_block = 1024 / (h * w), groups = (batch + per_block - 1) / per_block;
+    for (int flip = 0; flip < 2; ++flip) {
+        unsigned k_in = flip ? c_out : c_in, k_out = flip ? c_in : c_out, nt = k_out <= 8 ? 1 : 2;
+        auto x = values((size_t)envs * batch * k_in * h * w, -1.0f, 1.0f);
+        auto weight = values((size_t)envs * c_out * c_in * 9, -0.5f, 0.5f);
+        auto want = conv_reference(tf32_all(x), tf32_all(weight), envs, batch, k_in, k_out, h, w, flip);
+        auto plain = conv_reference(x, weight, envs, batch, k_in, k_out, h, w, flip);
+        std::vector<float> y(want.size(), NAN);
+        launch({groups, (k_out + 8 * nt - 1) / (8 * nt), envs}, {256, 1, 1}, [&] {
+            if (nt == 1) conv3x3_tc_n8_tf32(x.data(), weight.data(), y.data(), batch, k_in, k_out, h, w, flip);
+            else conv3x3_tc_n16_tf32(x.data(), weight.data(), y.data(), batch, k_in, k_out, h, w, flip);
+        });
+        double worst = diff_of_largest(y, want), unrounded = diff_of_largest(y, plain);
+        std::snprintf(what, sizeof what, "conv3x3_tc_n%u_tf32 %s E%u B%u %u→%u %u×%u", 8 * nt, flip ? "dx" : "y ",
+                      envs, batch, k_in, k_out, h, w);
+        std::snprintf(detail, sizeof detail, "max diff %.2e of the largest (1e-5; unrounded %.1e)", worst, unrounded);
+        report(what, worst <= 1e-5 && unrounded > 1e-5, detail);
+    }
+    unsigned nt = c_out <= 8 ? 1 : 2;
+    auto x = values((size_t)envs * batch * c_in * h * w, -1.0f, 1.0f);
+    auto dy = values((size_t)envs * batch * c_out * h * w, -1.0f, 1.0f);
+    auto want = wgrad_reference(tf32_all(x), tf32_all(dy), envs, batch, c_in, c_out, h, w);
+    auto plain = wgrad_reference(x, dy, envs, batch, c_in, c_out, h, w);
+    size_t per_env = (size_t)c_out * c_in * 9;
+    unsigned runs = (groups + per_run - 1) / per_run;
+    std::vector<float> partial((size_t)envs * runs * per_env, NAN), dw(envs * per_env, NAN);
+    unsigned tiles = ((c_in + 3) / 4) * ((c_out + 8 * nt - 1) / (8 * nt));
+    launch({runs, tiles, envs}, {256, 1, 1}, [&] {
+        if (nt == 1) conv3x3_wgrad_tc_n8_tf32(x.data(), dy.data(), partial.data(), batch, c_in, c_out, h, w, runs, per_run);
+        else conv3x3_wgrad_tc_n16_tf32(x.data(), dy.data(), partial.data(), batch, c_in, c_out, h, w, runs, per_run);
+    });
+    launch({1, 1, 1}, {256, 1, 1}, [&] {
+        conv2d_wgrad_reduce_f32(partial.data(), dw.data(), envs, runs, (unsigned)per_env);
+    });
+    double worst = diff_of_largest(dw, want), unrounded = diff_of_largest(dw, plain);
+    std::snprintf(what, sizeof what, "conv3x3_wgrad_tc_n%u_tf32 E%u B%u %u→%u %u×%u, %u runs", 8 * nt, envs, batch,
+                  c_in, c_out, h, w, runs);
+    std::snprintf(detail, sizeof detail, "max diff %.2e of the largest (1e-5; unrounded %.1e)", worst, unrounded);
+    report(what, worst <= 1e-5 && unrounded > 1e-5, detail);
 }
 
 static void check_batch_norm(unsigned envs, unsigned batch, unsigned channels, unsigned plane, unsigned splits,
@@ -237,6 +309,15 @@ int main() {
     check_wgrad(2, 22, 5, 12, 6, 8, 1);
     check_wgrad(1, 140, 6, 8, 4, 4, 1);
     check_wgrad(1, 140, 6, 8, 4, 4, 2);
+    // The tensor-core convolutions: the host's blocks and seeds, one n-tile and two (and a second block
+    // of two: 40 channels), a short last chunk (5 and 6 channels), partial m-tiles (6×8: 21 images of 48
+    // pixels a block), several runs.
+    check_tc(2, 3, 3, 8, 32, 32, 1);
+    check_tc(1, 3, 8, 16, 16, 16, 2);
+    check_tc(1, 17, 32, 32, 8, 8, 1);
+    check_tc(2, 22, 5, 12, 6, 8, 1);
+    check_tc(1, 70, 6, 40, 4, 4, 1);
+    check_tc(1, 140, 6, 8, 4, 4, 2);
     // Batch norm: one run, several (the last short), and a mean far from zero.
     check_batch_norm(3, 4, 5, 49, 1, -2.0f, 3.0f);
     check_batch_norm(2, 41, 3, 225, 4, 40.0f, 44.0f);

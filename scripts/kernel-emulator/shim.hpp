@@ -2,7 +2,9 @@
 // block's threads are real threads (a block at a time), __syncthreads a barrier, __shared__ a static
 // (one block at a time, so every thread of the block sees the same one). It runs the kernels' own source,
 // so a session without a GPU can check a kernel's index math, barriers and operation order against a
-// slow reference; it says nothing about speed, and warp-level intrinsics (__shfl_sync) are not emulated.
+// slow reference; it says nothing about speed. Of the warp-level operations only mma.sync (m16n8k8,
+// TF32) is emulated: the warp's 32 threads meet at a barrier of their own and exchange their fragments;
+// __shfl_sync is not.
 #pragma once
 #include <pthread.h>
 
@@ -22,12 +24,17 @@ struct dim3 {
 inline thread_local dim3 threadIdx;
 inline dim3 blockIdx, blockDim, gridDim;
 inline pthread_barrier_t block_barrier;
+// One barrier per warp of the block (blocks of a multiple of 32 threads), for mma_tf32.
+inline pthread_barrier_t warp_barriers[32];
+
+// conv.cu takes tf32_round and mma_tf32 from here instead of its inline PTX.
+#define ESPER_KERNEL_EMULATOR 1
 
 #define __global__
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
 
 inline void __syncthreads() { pthread_barrier_wait(&block_barrier); }
@@ -37,6 +44,11 @@ inline unsigned __float_as_uint(float f) {
     unsigned u;
     std::memcpy(&u, &f, 4);
     return u;
+}
+inline float __uint_as_float(unsigned u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
 }
 inline float __shfl_sync(unsigned, float, int, int) {
     std::fprintf(stderr, "kernel emulator: __shfl_sync is not emulated\n");
@@ -67,6 +79,46 @@ inline T max(T a, T b) {
     return a < b ? b : a;
 }
 
+// cvt.rna.tf32.f32: to 10 mantissa bits, to nearest, ties away from zero (half an ulp of TF32 added to
+// the magnitude, then the low 13 bits cleared); NaN and infinity pass through.
+inline float tf32_round(float x) {
+    unsigned u = __float_as_uint(x);
+    if ((u & 0x7f800000u) == 0x7f800000u) return x;
+    return __uint_as_float((u + 0x1000u) & ~0x1fffu);
+}
+
+// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 for the calling thread's warp, fragments in the PTX
+// ISA's layout (lane l = 4·g + t: a = A[g][t], A[g + 8][t], A[g][t + 4], A[g + 8][t + 4]; b = B[t][g],
+// B[t + 4][g]; d = D[g][2t], D[g][2t + 1], D[g + 8][2t], D[g + 8][2t + 1]). The tensor cores ignore an
+// input's low 13 bits (cleared here) and sum the exact products in at least f32; here in double, once
+// rounded to f32 per mma.
+struct WarpFragments {
+    float a[32][4], b[32][2];
+};
+inline WarpFragments warp_fragments[32];
+inline void mma_tf32(float (&d)[4], const float (&a)[4], const float (&b)[2]) {
+    unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    WarpFragments& f = warp_fragments[warp];
+    for (int i = 0; i < 4; ++i) f.a[lane][i] = a[i];
+    for (int i = 0; i < 2; ++i) f.b[lane][i] = b[i];
+    pthread_barrier_wait(&warp_barriers[warp]);
+    float A[16][8], B[8][8];
+    for (unsigned l = 0; l < 32; ++l) {
+        unsigned g = l / 4, t = l % 4;
+        A[g][t] = f.a[l][0], A[g + 8][t] = f.a[l][1], A[g][t + 4] = f.a[l][2], A[g + 8][t + 4] = f.a[l][3];
+        B[t][g] = f.b[l][0], B[t + 4][g] = f.b[l][1];
+    }
+    pthread_barrier_wait(&warp_barriers[warp]);  // every lane has read before any writes again
+    auto bits = [](float v) { return __uint_as_float(__float_as_uint(v) & ~0x1fffu); };
+    unsigned g = lane / 4, t = lane % 4;
+    for (int q = 0; q < 4; ++q) {
+        unsigned row = g + 8 * (q / 2), col = 2 * t + q % 2;
+        double sum = d[q];
+        for (int k = 0; k < 8; ++k) sum += (double)bits(A[row][k]) * (double)bits(B[k][col]);
+        d[q] = (float)sum;
+    }
+}
+
 // Runs `body()` as every thread of every block of the grid, a block at a time.
 template <typename Body>
 void launch(dim3 grid, dim3 block, Body body) {
@@ -78,6 +130,7 @@ void launch(dim3 grid, dim3 block, Body body) {
             for (unsigned x = 0; x < grid.x; ++x) {
                 blockIdx = {x, y, z};
                 pthread_barrier_init(&block_barrier, nullptr, threads);
+                for (unsigned v = 0; v < threads / 32; ++v) pthread_barrier_init(&warp_barriers[v], nullptr, 32);
                 std::vector<std::thread> pool;
                 pool.reserve(threads);
                 for (unsigned t = 0; t < threads; ++t)
@@ -87,5 +140,6 @@ void launch(dim3 grid, dim3 block, Body body) {
                     });
                 for (auto& th : pool) th.join();
                 pthread_barrier_destroy(&block_barrier);
+                for (unsigned v = 0; v < threads / 32; ++v) pthread_barrier_destroy(&warp_barriers[v]);
             }
 }

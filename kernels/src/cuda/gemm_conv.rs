@@ -13,7 +13,10 @@
 //! SGEMM in cuBLAS's tensor-core math mode); or bf16, where the column matrix, the output gradient's
 //! rows and the weights are written as bfloat16 (`im2col_bf16`, `swap_middle_axes_to_bf16`,
 //! `round_to_bf16`) and one `cublasGemmStridedBatchedEx` sums their products into f32. The results,
-//! the gradients and the weights the optimizer keeps stay f32.
+//! the gradients and the weights the optimizer keeps stay f32. At TF32 the 3×3 convolutions that
+//! [`direct_fits`] takes (every host block and 3×3 seed) skip cuBLAS and its column matrix: they run on
+//! the tensor cores from input tiles staged in shared memory (`conv3x3_tc_*_tf32`,
+//! `conv3x3_wgrad_tc_*_tf32`; `ESPER_CUDA_CONV=im2col` sends them to cuBLAS too, to compare).
 
 use cudarc::cublas::sys::cublasOperation_t::{self, CUBLAS_OP_N, CUBLAS_OP_T};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasMath_t, cudaDataType_t};
@@ -73,6 +76,12 @@ pub struct GemmConv {
     /// `conv3x3_wgrad_direct_f32` (weight gradient) where [`direct_fits`] (the rest stays implicit). On with `ESPER_CUDA_CONV=direct` or
     /// [`Self::set_direct`]; off by default until an H100 has measured it against the implicit GEMM.
     direct: bool,
+    /// TF32 multiplies: the 3×3 convolutions [`direct_fits`] takes on the tensor cores
+    /// (`conv3x3_tc_*_tf32`, `conv3x3_wgrad_tc_*_tf32`), the rest through cuBLAS. On at TF32 unless
+    /// `ESPER_CUDA_CONV=im2col`, or by [`Self::set_tensor_cores`].
+    tensor_cores: bool,
+    /// The tensor-core weight gradient's partial sums (sized by [`staged_wgrad_partial_len`]).
+    tc_partial: CudaSlice<f32>,
     /// The lengths `col` and `rows` need for the im2col + GEMM form of the largest convolutions, and
     /// the length `col` needs for the implicit weight gradient's partial sums.
     im2col_lens: (usize, usize),
@@ -127,8 +136,12 @@ impl GemmConv {
         let choice = std::env::var("ESPER_CUDA_CONV").ok();
         let implicit = device.precision() == Precision::F32 && choice.as_deref() != Some("im2col");
         let direct = implicit && choice.as_deref() == Some("direct");
+        let tensor_cores = device.precision() == Precision::Tf32 && choice.as_deref() != Some("im2col");
+        let tc_partial_len = |d: &Conv2dShape| staged_wgrad_partial_len(d, Staged::TensorCores);
+        let tc_partial = stream.alloc_zeros::<f32>(if tensor_cores { most(tc_partial_len) } else { 1 })?;
         // Either weight gradient's partial sums (the direct one's when `ESPER_CUDA_CONV=direct`).
-        let partial_len = |d: &Conv2dShape| wgrad_partial_len(d).max(direct_wgrad_partial_len(d));
+        let partial_len =
+            |d: &Conv2dShape| wgrad_partial_len(d).max(staged_wgrad_partial_len(d, Staged::Direct));
         let (im2col_lens, implicit_col_len) = ((col, rows), most(partial_len));
         // The implicit GEMMs write no column matrix: at W16 that is gigabytes of device memory the
         // scratch no longer takes (a seed's 3×3 convolution at 32×32: 16 · 72 · 512 · 1024 floats).
@@ -143,6 +156,8 @@ impl GemmConv {
             bf16,
             implicit,
             direct,
+            tensor_cores,
+            tc_partial,
             im2col_lens,
             implicit_col_len,
             precision,
@@ -173,6 +188,32 @@ impl GemmConv {
     pub(super) fn set_direct(&mut self, on: bool) {
         assert!(!on || self.implicit, "the direct convolution replaces the implicit GEMM");
         self.direct = on;
+    }
+
+    /// At TF32: the 3×3 convolutions [`direct_fits`] takes on the tensor cores (`on`) or through cuBLAS,
+    /// growing the weight gradient's scratch to `largest`'s.
+    pub(super) fn set_tensor_cores(&mut self, device: &Device, on: bool, largest: &[Conv2dShape]) -> R {
+        assert!(!on || self.precision == Precision::Tf32, "the tensor-core convolutions multiply in TF32");
+        let len = largest.iter().map(|d| staged_wgrad_partial_len(d, Staged::TensorCores)).max().unwrap_or(1);
+        if on && self.tc_partial.len() < len {
+            self.tc_partial = device.stream.alloc_zeros::<f32>(len)?;
+        }
+        self.tensor_cores = on;
+        Ok(())
+    }
+
+    /// The staged 3×3 kernel that runs `d`, if one does: the tensor-core one at TF32, the direct one
+    /// when chosen at f32.
+    fn staged(&self, d: &Conv2dShape) -> Option<Staged> {
+        if !direct_fits(d) {
+            None
+        } else if self.tensor_cores {
+            Some(Staged::TensorCores)
+        } else if self.direct {
+            Some(Staged::Direct)
+        } else {
+            None
+        }
     }
 
     fn check(&self, d: &Conv2dShape) {
@@ -259,8 +300,8 @@ impl GemmConv {
         y: &mut CudaSlice<f32>,
     ) -> Result<(), ParityError> {
         self.check(d);
-        if self.direct && direct_fits(d) {
-            return direct_conv(device, d, x, weight, y, false);
+        if let Some(kernel) = self.staged(d) {
+            return staged_conv(device, kernel, d, x, weight, y, false);
         }
         if self.implicit {
             return implicit_conv(device, d, x, weight, y, false);
@@ -290,8 +331,22 @@ impl GemmConv {
         grad_weight: &mut CudaSlice<f32>,
     ) -> Result<(), ParityError> {
         self.check(d);
-        if self.direct && direct_fits(d) {
-            return direct_weight_grad(device, d, x, dy, &mut self.col, grad_weight);
+        match self.staged(d) {
+            Some(Staged::TensorCores) => {
+                return staged_weight_grad(
+                    device,
+                    Staged::TensorCores,
+                    d,
+                    x,
+                    dy,
+                    &mut self.tc_partial,
+                    grad_weight,
+                );
+            }
+            Some(Staged::Direct) => {
+                return staged_weight_grad(device, Staged::Direct, d, x, dy, &mut self.col, grad_weight);
+            }
+            None => {}
         }
         if self.implicit {
             return implicit_weight_grad(device, d, x, dy, &mut self.col, grad_weight);
@@ -320,8 +375,8 @@ impl GemmConv {
         dx: &mut CudaSlice<f32>,
     ) -> Result<(), ParityError> {
         self.check(d);
-        if self.direct && direct_fits(d) {
-            return direct_conv(device, d, dy, weight, dx, true);
+        if let Some(kernel) = self.staged(d) {
+            return staged_conv(device, kernel, d, dy, weight, dx, true);
         }
         if self.implicit {
             return implicit_conv(device, d, dy, weight, dx, true);
@@ -489,96 +544,140 @@ pub(super) fn direct_fits(d: &Conv2dShape) -> bool {
         && d.h * d.w <= 1024
 }
 
-/// `conv3x3_direct_f32`: the forward `y = conv(x, weight)` of `d`, or with `input_grad` its input
-/// gradient `dx` (overwritten) from the output gradient passed as `x`. Blocks of 256 threads over
-/// `1024 / (h·w)` images of one env and 8 output channels, each thread four adjacent outputs.
-pub(super) fn direct_conv(
+/// The 3×3 kernels that stage zero-padded input tiles (4 input channels of `1024 / (h·w)` images) in
+/// shared memory, for the shapes [`direct_fits`] takes: forward and input gradient (one kernel, `flip`)
+/// and weight gradient, with the same arguments and grids whichever runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Staged {
+    /// f32 multiply-adds in the twins' order (`conv3x3_direct_f32`, `conv3x3_wgrad_direct_f32`).
+    Direct,
+    /// TF32 on the tensor cores (`conv3x3_tc_n{8,16}_tf32`, `conv3x3_wgrad_tc_n{8,16}_tf32`).
+    TensorCores,
+}
+
+impl Staged {
+    /// The output channels a block takes when there are `c_out` (the kernel's view): 8, or for the
+    /// tensor cores two n-tiles of 8 above 8.
+    fn outputs(self, c_out: usize) -> usize {
+        match self {
+            Staged::TensorCores if c_out > 8 => 16,
+            _ => 8,
+        }
+    }
+
+    /// The forward / input-gradient kernel for `c_out` output channels (the kernel's view).
+    fn conv_kernel(self, c_out: usize) -> &'static str {
+        match (self, self.outputs(c_out)) {
+            (Staged::Direct, _) => "conv3x3_direct_f32",
+            (Staged::TensorCores, 8) => "conv3x3_tc_n8_tf32",
+            (Staged::TensorCores, _) => "conv3x3_tc_n16_tf32",
+        }
+    }
+
+    /// The weight-gradient kernel for `c_out` output channels.
+    fn wgrad_kernel(self, c_out: usize) -> &'static str {
+        match (self, self.outputs(c_out)) {
+            (Staged::Direct, _) => "conv3x3_wgrad_direct_f32",
+            (Staged::TensorCores, 8) => "conv3x3_wgrad_tc_n8_tf32",
+            (Staged::TensorCores, _) => "conv3x3_wgrad_tc_n16_tf32",
+        }
+    }
+}
+
+/// `kernel`'s forward `y = conv(x, weight)` of `d`, or with `input_grad` its input gradient `dx`
+/// (overwritten) from the output gradient passed as `x`. Blocks of 256 threads over `1024 / (h·w)`
+/// images of one env and [`Staged::outputs`] output channels.
+pub(super) fn staged_conv(
     device: &Device,
+    kernel: Staged,
     d: &Conv2dShape,
     x: &CudaSlice<f32>,
     weight: &CudaSlice<f32>,
     y: &mut CudaSlice<f32>,
     input_grad: bool,
 ) -> R {
-    assert!(direct_fits(d), "conv3x3_direct_f32 does not take {d:?}");
+    assert!(direct_fits(d), "the staged 3×3 kernels do not take {d:?}");
     let (c_in, c_out) = if input_grad { (d.c_out, d.c_in) } else { (d.c_in, d.c_out) };
     let image_blocks = d.batch.div_ceil(direct_images_per_block(d));
+    let outputs = kernel.outputs(c_out);
     assert!(
-        d.envs <= 65_535 && c_out.div_ceil(8) <= 65_535 && image_blocks <= i32::MAX as usize,
-        "direct conv: grid exceeds the device's"
+        d.envs <= 65_535 && c_out.div_ceil(outputs) <= 65_535 && image_blocks <= i32::MAX as usize,
+        "staged conv: grid exceeds the device's"
     );
     let dims = [d.batch, c_in, c_out, d.h, d.w].map(|v| v as u32);
     let flip = i32::from(input_grad);
-    let mut launch = device.stream.launch_builder(device.function("conv3x3_direct_f32"));
+    let mut launch = device.stream.launch_builder(device.function(kernel.conv_kernel(c_out)));
     launch.arg(x).arg(weight).arg(y);
     push_dims(&mut launch, &dims);
     launch.arg(&flip);
-    let grid = (image_blocks as u32, c_out.div_ceil(8) as u32, d.envs as u32);
+    let grid = (image_blocks as u32, c_out.div_ceil(outputs) as u32, d.envs as u32);
     unsafe { launch.launch(blocks_of_256(grid)) }?;
     Ok(())
 }
 
-/// How [`direct_weight_grad`] cuts `d`'s image groups (`1024 / (h·w)` images each) into runs, one block
-/// per run, input-channel chunk of 4 and output group of 8: (runs, groups per run). About
+/// How [`staged_weight_grad`] cuts `d`'s image groups (`1024 / (h·w)` images each) into runs, one block
+/// per run, input-channel chunk of 4 and output group: (runs, groups per run). About
 /// [`WGRAD_TARGET_BLOCKS`] blocks in all, every run non-empty.
-fn direct_wgrad_runs(d: &Conv2dShape) -> (usize, usize) {
+fn staged_wgrad_runs(d: &Conv2dShape, kernel: Staged) -> (usize, usize) {
     let groups = d.batch.div_ceil(direct_images_per_block(d)).max(1);
-    let per_run = groups.div_ceil(direct_wgrad_most_runs(d).min(groups));
+    let per_run = groups.div_ceil(staged_wgrad_most_runs(d, kernel).min(groups));
     (groups.div_ceil(per_run), per_run)
 }
 
-/// The images a direct kernel's block takes: 256 threads of four outputs each, `1024 / (h·w)`.
+/// The images a staged kernel's block takes: 1 024 output positions, `1024 / (h·w)` images.
 fn direct_images_per_block(d: &Conv2dShape) -> usize {
     1024 / (d.h * d.w)
 }
 
-/// The direct kernels' (input-channel chunk, output group) tiles of `d`: 4 input by 8 output channels.
-fn direct_tiles(d: &Conv2dShape) -> usize {
-    d.c_in.div_ceil(4) * d.c_out.div_ceil(8)
+/// The staged weight gradients' (input-channel chunk, output group) tiles of `d`: 4 input channels by
+/// [`Staged::outputs`] output channels.
+fn staged_tiles(d: &Conv2dShape, kernel: Staged) -> usize {
+    d.c_in.div_ceil(4) * d.c_out.div_ceil(kernel.outputs(d.c_out))
 }
 
-/// The most runs [`direct_wgrad_runs`] cuts, whatever the batch: its share of
-/// [`WGRAD_TARGET_BLOCKS`] per tile and env.
-fn direct_wgrad_most_runs(d: &Conv2dShape) -> usize {
-    WGRAD_TARGET_BLOCKS.div_ceil(direct_tiles(d) * d.envs.max(1)).max(1)
+/// The most runs [`staged_wgrad_runs`] cuts, whatever the batch: its share of [`WGRAD_TARGET_BLOCKS`]
+/// per tile and env.
+fn staged_wgrad_most_runs(d: &Conv2dShape, kernel: Staged) -> usize {
+    WGRAD_TARGET_BLOCKS.div_ceil(staged_tiles(d, kernel) * d.envs.max(1)).max(1)
 }
 
-/// Room for [`direct_weight_grad`]'s partial sums of `d`, `[E, runs, c_out, K]`, at the most runs
-/// [`direct_wgrad_runs`] cuts whatever the batch (0 where [`direct_fits`] does not take `d`).
-fn direct_wgrad_partial_len(d: &Conv2dShape) -> usize {
+/// Room for [`staged_weight_grad`]'s partial sums of `d`, `[E, runs, c_out, K]`, at the most runs
+/// [`staged_wgrad_runs`] cuts whatever the batch (0 where [`direct_fits`] does not take `d`).
+fn staged_wgrad_partial_len(d: &Conv2dShape, kernel: Staged) -> usize {
     if !direct_fits(d) {
         return 0;
     }
-    d.envs * direct_wgrad_most_runs(d) * d.c_out * col_rows(d)
+    d.envs * staged_wgrad_most_runs(d, kernel) * d.c_out * col_rows(d)
 }
 
-/// `d`'s weight gradient (overwritten), direct: `conv3x3_wgrad_direct_f32` sums each run of image
-/// groups into `partial` (sized by [`direct_wgrad_partial_len`]), then `conv2d_wgrad_reduce_f32` adds
-/// the runs in order.
-pub(super) fn direct_weight_grad(
+/// `d`'s weight gradient (overwritten) by a staged kernel: it sums each run of image groups into
+/// `partial` (sized by [`staged_wgrad_partial_len`]), then `conv2d_wgrad_reduce_f32` adds the runs in
+/// order.
+pub(super) fn staged_weight_grad(
     device: &Device,
+    kernel: Staged,
     d: &Conv2dShape,
     x: &CudaSlice<f32>,
     dy: &CudaSlice<f32>,
     partial: &mut CudaSlice<f32>,
     grad_weight: &mut CudaSlice<f32>,
 ) -> R {
-    assert!(direct_fits(d), "conv3x3_wgrad_direct_f32 does not take {d:?}");
-    let (runs, per_run) = direct_wgrad_runs(d);
+    assert!(direct_fits(d), "the staged 3×3 weight gradients do not take {d:?}");
+    let (runs, per_run) = staged_wgrad_runs(d, kernel);
     let depth = col_rows(d);
     assert!(
         d.envs * runs * d.c_out * depth <= partial.len(),
-        "direct weight gradient: partial sums exceed the scratch"
+        "staged weight gradient: partial sums exceed the scratch"
     );
     assert!(
-        d.envs <= 65_535 && direct_tiles(d) <= 65_535,
-        "direct weight gradient: grid exceeds the device's"
+        d.envs <= 65_535 && staged_tiles(d, kernel) <= 65_535,
+        "staged weight gradient: grid exceeds the device's"
     );
     let dims = [d.batch, d.c_in, d.c_out, d.h, d.w, runs, per_run].map(|v| v as u32);
-    let mut launch = device.stream.launch_builder(device.function("conv3x3_wgrad_direct_f32"));
+    let mut launch = device.stream.launch_builder(device.function(kernel.wgrad_kernel(d.c_out)));
     launch.arg(x).arg(dy).arg(&mut *partial);
     push_dims(&mut launch, &dims);
-    let grid = (runs as u32, direct_tiles(d) as u32, d.envs as u32);
+    let grid = (runs as u32, staged_tiles(d, kernel) as u32, d.envs as u32);
     unsafe { launch.launch(blocks_of_256(grid)) }?;
     reduce_runs(device, d, runs, partial, grad_weight)
 }
@@ -724,30 +823,50 @@ mod tests {
         assert_eq!(checked, 3 * 8 * 6 * 6);
     }
 
-    /// The direct weight gradient's runs cover every image group once, none empty, and fit the scratch
+    /// Both staged weight gradients' runs cover every image group once, none empty, and fit the scratch
     /// sized for the shape at its largest batch at every smaller batch.
     #[test]
-    fn direct_weight_gradient_runs_cover_the_images_and_fit_the_scratch() {
+    fn staged_weight_gradient_runs_cover_the_images_and_fit_the_scratch() {
         let mut checked = 0;
-        for envs in [1, 16, 256] {
-            for (c_in, c_out) in [(3, 8), (8, 8), (8, 16), (16, 32), (32, 32), (5, 12)] {
-                for (h, w) in [(32, 32), (16, 16), (8, 8), (4, 4), (6, 8)] {
-                    let shape =
-                        |batch| Conv2dShape { envs, batch, c_in, c_out, h, w, k: 3, pad: 1, groups: 1 };
-                    let room = direct_wgrad_partial_len(&shape(512));
-                    for batch in [1, 3, 22, 64, 100, 512] {
-                        let d = shape(batch);
-                        let groups = batch.div_ceil(1024 / (h * w));
-                        let (runs, per_run) = direct_wgrad_runs(&d);
-                        assert!(runs >= 1 && per_run >= 1, "{d:?}");
-                        assert!(runs * per_run >= groups && (runs - 1) * per_run < groups, "{d:?}: cover");
-                        assert!(envs * runs * c_out * c_in * 9 <= room, "{d:?}: scratch");
-                        checked += 1;
+        for kernel in [Staged::Direct, Staged::TensorCores] {
+            for envs in [1, 16, 256] {
+                for (c_in, c_out) in [(3, 8), (8, 8), (8, 16), (16, 32), (32, 32), (5, 12), (6, 40)] {
+                    for (h, w) in [(32, 32), (16, 16), (8, 8), (4, 4), (6, 8)] {
+                        let shape =
+                            |batch| Conv2dShape { envs, batch, c_in, c_out, h, w, k: 3, pad: 1, groups: 1 };
+                        let room = staged_wgrad_partial_len(&shape(512), kernel);
+                        for batch in [1, 3, 22, 64, 100, 512] {
+                            let d = shape(batch);
+                            let groups = batch.div_ceil(1024 / (h * w));
+                            let (runs, per_run) = staged_wgrad_runs(&d, kernel);
+                            assert!(runs >= 1 && per_run >= 1, "{d:?}");
+                            assert!(
+                                runs * per_run >= groups && (runs - 1) * per_run < groups,
+                                "{d:?}: cover"
+                            );
+                            assert!(envs * runs * c_out * c_in * 9 <= room, "{d:?}: scratch");
+                            checked += 1;
+                        }
                     }
                 }
             }
         }
-        assert_eq!(checked, 3 * 6 * 5 * 6);
+        assert_eq!(checked, 2 * 3 * 7 * 5 * 6);
+    }
+
+    /// The tensor-core kernels take blocks of one n-tile of 8 output channels up to 8 and two above, the
+    /// direct ones 8, each with its own kernel names.
+    #[test]
+    fn staged_kernels_take_their_output_groups_by_channel_count() {
+        let tc = Staged::TensorCores;
+        assert_eq!([1, 8, 9, 16, 40].map(|c| tc.outputs(c)), [8, 8, 16, 16, 16]);
+        assert_eq!([1, 8, 9, 40].map(|c| Staged::Direct.outputs(c)), [8; 4]);
+        assert_eq!((tc.conv_kernel(8), tc.conv_kernel(12)), ("conv3x3_tc_n8_tf32", "conv3x3_tc_n16_tf32"));
+        assert_eq!(tc.wgrad_kernel(32), "conv3x3_wgrad_tc_n16_tf32");
+        assert_eq!(Staged::Direct.conv_kernel(32), "conv3x3_direct_f32");
+        let d = Conv2dShape { envs: 2, batch: 5, c_in: 9, c_out: 40, h: 8, w: 8, k: 3, pad: 1, groups: 1 };
+        // 3 input chunks of 4 by 5 output groups of 8 (direct) or 3 of 16 (tensor cores).
+        assert_eq!((staged_tiles(&d, Staged::Direct), staged_tiles(&d, tc)), (15, 9));
     }
 
     /// Every plane `direct_fits` takes fits the kernel's block: its images' threads within 256 and its
@@ -761,6 +880,9 @@ mod tests {
             line.and_then(|l| l.split_whitespace().nth(2)).and_then(|v| v.parse().ok()).expect(name)
         };
         let (tile, chunk) = (define("DC_TILE"), define("DC_CHUNK"));
+        // The tensor-core kernels' block takes TC_PIXELS output positions: as many images as
+        // direct_images_per_block says.
+        assert_eq!(define("TC_PIXELS"), 1024);
         let shape =
             |h, w| Conv2dShape { envs: 1, batch: 1, c_in: 8, c_out: 8, h, w, k: 3, pad: 1, groups: 1 };
         let mut taken = 0;

@@ -41,7 +41,7 @@ use crate::ops::pool::{
     PoolShape, global_avg_pool_backward, global_avg_pool_backward_accumulate, global_avg_pool_forward,
     max_pool2x2_backward, max_pool2x2_forward,
 };
-use crate::ops::precision::{Precision, round_to_bf16};
+use crate::ops::precision::{Precision, round_to_bf16, round_to_tf32};
 use crate::optim::{SgdConfig, accumulate_sq_norms, clip_coefficient, scale_per_env, sgd_step};
 use crate::rng::{Purpose, Stream, StreamKey};
 use crate::seeds::SeedShape;
@@ -1908,7 +1908,9 @@ fn fmaf_conv_rows(
 /// sums differ, and the tensor cores' accumulation may truncate rather than round: 1e-4 of the largest
 /// value (sums of up to a few thousand terms). TF32: cuBLAS rounds the inputs to a
 /// 10-bit mantissa inside the multiply, against the CPU's f32 result: 4e-3 of the largest value (two
-/// roundings of 2⁻¹¹ per product, in sums of up to a few hundred terms of either sign).
+/// roundings of 2⁻¹¹ per product, in sums of up to a few hundred terms of either sign). TF32 on the
+/// tensor-core 3×3 kernels (the shapes `direct_fits` takes): they round their inputs as
+/// `ops::precision::round_to_tf32` does, so against the CPU on those rounded inputs, to 1e-4 as bf16.
 fn gemm_precision_checks(
     device: &Device,
     c: Conv2dShape,
@@ -1917,36 +1919,45 @@ fn gemm_precision_checks(
     rows: &mut Vec<ParityRow>,
 ) -> Result<(), ParityError> {
     let stream = &device.stream;
-    for precision in [Precision::Tf32, Precision::Bf16] {
+    let mut forms = vec![(Precision::Tf32, false), (Precision::Bf16, false)];
+    if direct_fits(&c) {
+        forms.insert(0, (Precision::Tf32, true));
+    }
+    for (precision, tensor_cores) in forms {
         let on = device.clone().with_precision(precision);
         let mut gemm = GemmConv::new(&on, &[c])?;
-        let (round, tolerance): (fn(f32) -> f32, f64) = match precision {
-            Precision::Bf16 => (round_to_bf16, 1e-4),
-            _ => (|v| v, 4e-3),
+        if precision == Precision::Tf32 {
+            gemm.set_tensor_cores(&on, tensor_cores, &[c])?;
+        }
+        let (round, tolerance, form): (fn(f32) -> f32, f64, &str) = match (precision, tensor_cores) {
+            (Precision::Bf16, _) => (round_to_bf16, 1e-4, "bf16"),
+            (_, true) => (round_to_tf32, 1e-4, "tf32, tensor-core 3×3"),
+            _ => (|v| v, 4e-3, "tf32, cuBLAS"),
         };
         let rounded = |v: &[f32]| v.iter().map(|&v| round(v)).collect::<Vec<f32>>();
         let (x, w, dy) = (rounded(x), rounded(w), rounded(dy));
-        let twin = |name: &str| format!("ops::conv::{name} on {} inputs", precision.name());
+        let inputs = if tensor_cores || precision == Precision::Bf16 { precision.name() } else { "f32" };
+        let twin = |name: &str| format!("ops::conv::{name} on {inputs} inputs");
         let mut y_cpu = vec![0.0f32; c.output_len()];
         conv2d_forward(c, &x, &w, &mut y_cpu);
         let mut y_dev = stream.alloc_zeros::<f32>(y_cpu.len())?;
         gemm.forward(&on, &c, x_dev, w_dev, &mut y_dev)?;
         let diff = max_diff_of_tensor(&stream.clone_dtoh(&y_dev)?, &y_cpu);
-        let kernel = format!("GemmConv::forward ({})", precision.name());
+        let kernel = format!("GemmConv::forward ({form})");
         rows.push(ParityRow::new(kernel, twin("conv2d_forward"), y_cpu.len(), diff, tolerance));
         let mut dw_cpu = vec![0.0f32; c.weight_len()];
         conv2d_backward_weight(c, &x, &dy, &mut dw_cpu);
         let mut dw_dev = stream.alloc_zeros::<f32>(dw_cpu.len())?;
         gemm.backward_weight(&on, &c, x_dev, dy_dev, &mut dw_dev)?;
         let diff = max_diff_of_tensor(&stream.clone_dtoh(&dw_dev)?, &dw_cpu);
-        let kernel = format!("GemmConv::backward_weight ({})", precision.name());
+        let kernel = format!("GemmConv::backward_weight ({form})");
         rows.push(ParityRow::new(kernel, twin("conv2d_backward_weight"), dw_cpu.len(), diff, tolerance));
         let mut dx_cpu = vec![0.0f32; c.input_len()];
         conv2d_backward_input(c, &dy, &w, &mut dx_cpu);
         let mut dx_dev = stream.alloc_zeros::<f32>(dx_cpu.len())?;
         gemm.backward_input(&on, &c, dy_dev, w_dev, &mut dx_dev)?;
         let diff = max_diff_of_tensor(&stream.clone_dtoh(&dx_dev)?, &dx_cpu);
-        let kernel = format!("GemmConv::backward_input ({})", precision.name());
+        let kernel = format!("GemmConv::backward_input ({form})");
         rows.push(ParityRow::new(kernel, twin("conv2d_backward_input"), dx_cpu.len(), diff, tolerance));
     }
     Ok(())

@@ -76,6 +76,10 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "conv2d_wgrad_reduce_f32",
             "conv3x3_direct_f32",
             "conv3x3_wgrad_direct_f32",
+            "conv3x3_tc_n8_tf32",
+            "conv3x3_tc_n16_tf32",
+            "conv3x3_wgrad_tc_n8_tf32",
+            "conv3x3_wgrad_tc_n16_tf32",
         ],
     },
     KernelFile {

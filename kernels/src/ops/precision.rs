@@ -5,7 +5,9 @@
 //! scaler to tune. The CPU always computes in f32.
 //!
 //! [`round_to_bf16`] is the CPU twin of the device's rounding (`round_to_bf16` in `kernels/cuda/conv.cu`),
-//! with which the selftest builds the exact inputs a bf16 GEMM multiplies.
+//! with which the selftest builds the exact inputs a bf16 GEMM multiplies; [`round_to_tf32`] the twin
+//! of `tf32_round` there (`cvt.rna.tf32.f32`), which the tensor-core 3×3 convolutions apply to their
+//! inputs as they stage them.
 
 /// The convolutions' matrix precision on a GPU.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -54,6 +56,17 @@ pub fn bf16_bits(x: f32) -> u16 {
     (rounded >> 16) as u16
 }
 
+/// `x` rounded to TF32 as `cvt.rna.tf32.f32` rounds it: to 10 stored mantissa bits, to nearest, ties
+/// away from zero (half a TF32 step added to the magnitude, the low 13 bits cleared). The carry may
+/// run into the exponent, up to infinity. NaN and infinities pass through.
+pub fn round_to_tf32(x: f32) -> f32 {
+    let u = x.to_bits();
+    if u & 0x7f80_0000 == 0x7f80_0000 {
+        return x;
+    }
+    f32::from_bits(u.wrapping_add(0x1000) & !0x1fff)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,6 +112,34 @@ mod tests {
         for _ in 0..1000 {
             let r = round_to_bf16(x);
             assert!(((r - x) / x).abs() <= 2f32.powi(-8), "{x} → {r}");
+            x *= 1.0137;
+        }
+    }
+
+    /// Hand-derived: TF32 keeps 11 significant bits (10 stored), so between 1 and 2 its step is 2⁻¹⁰;
+    /// halves go away from zero (not to even, as bf16's do).
+    #[test]
+    fn tf32_rounds_to_nearest_with_ties_away_from_zero() {
+        let step = 2f32.powi(-10);
+        for x in [0.0f32, -0.0, 1.0, -2.5, 1.0 + step, 3.0 * 2f32.powi(-100)] {
+            assert_eq!(round_to_tf32(x).to_bits(), x.to_bits(), "{x}");
+        }
+        assert_eq!(round_to_tf32(1.0 + 0.49 * step), 1.0);
+        assert_eq!(round_to_tf32(1.0 + 0.51 * step), 1.0 + step);
+        // Ties: 1 + ½ step → 1 + step (away from zero, though 1 is the even neighbour), and the same
+        // below zero; 1 + 1½ steps → 1 + 2 steps.
+        assert_eq!(round_to_tf32(1.0 + 0.5 * step), 1.0 + step);
+        assert_eq!(round_to_tf32(-(1.0 + 0.5 * step)), -(1.0 + step));
+        assert_eq!(round_to_tf32(1.0 + 1.5 * step), 1.0 + 2.0 * step);
+        assert_eq!(round_to_tf32(2.0 - 0.25 * step), 2.0);
+        assert_eq!(round_to_tf32(f32::INFINITY), f32::INFINITY);
+        assert!(round_to_tf32(f32::NAN).is_nan());
+        assert_eq!(round_to_tf32(f32::MAX), f32::INFINITY);
+        let mut x = 0.1f32;
+        for _ in 0..1000 {
+            let r = round_to_tf32(x);
+            assert!(((r - x) / x).abs() <= 2f32.powi(-11), "{x} → {r}");
+            assert_eq!(r.to_bits() & 0x1fff, 0, "{x} → {r}: low bits left");
             x *= 1.0137;
         }
     }
