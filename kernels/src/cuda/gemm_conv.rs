@@ -16,7 +16,10 @@
 //! the gradients and the weights the optimizer keeps stay f32. At TF32 the 3×3 convolutions that
 //! [`direct_fits`] takes (every host block and 3×3 seed) skip cuBLAS and its column matrix: they run on
 //! the tensor cores from input tiles staged in shared memory (`conv3x3_tc_*_tf32`,
-//! `conv3x3_wgrad_tc_*_tf32`; `ESPER_CUDA_CONV=im2col` sends them to cuBLAS too, to compare).
+//! `conv3x3_wgrad_tc_*_tf32`), and the rest (the seeds' 1×1 convolutions) by the f32
+//! implicit GEMM, which beat cuBLAS's TF32 GEMMs on these thin shapes as a whole (W16 with seeds on
+//! an H100: 254 ms at f32 against 378 ms at cuBLAS TF32). `ESPER_CUDA_CONV=im2col` sends them all to
+//! cuBLAS, to compare.
 
 use cudarc::cublas::sys::cublasOperation_t::{self, CUBLAS_OP_N, CUBLAS_OP_T};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasMath_t, cudaDataType_t};
@@ -67,18 +70,19 @@ pub struct GemmConv {
     rows: CudaSlice<f32>,
     /// With bf16 multiplies: the GEMMs' inputs as bfloat16 bits.
     bf16: Option<Bf16Scratch>,
-    /// f32 multiplies: the forward, the input gradient and the weight gradient as implicit GEMMs
-    /// (`conv2d_implicit_*`, `conv2d_wgrad_*`), no column matrix: `col` then holds only the weight
-    /// gradient's partial sums and `rows` nothing. Off with `ESPER_CUDA_CONV=im2col` (to measure the two
-    /// against each other) or [`Self::set_implicit`].
+    /// f32 multiplies (and at TF32 the convolutions the tensor-core kernels do not take): the forward,
+    /// the input gradient and the weight gradient as implicit GEMMs (`conv2d_implicit_*`,
+    /// `conv2d_wgrad_*`), no column matrix: `col` then holds only the weight gradient's partial sums
+    /// and `rows` nothing. Off with `ESPER_CUDA_CONV=im2col` (to measure the two against each other)
+    /// or [`Self::set_implicit`].
     implicit: bool,
     /// With `implicit`: the 3×3 convolutions by `conv3x3_direct_f32` (forward, input gradient) and
     /// `conv3x3_wgrad_direct_f32` (weight gradient) where [`direct_fits`] (the rest stays implicit). On with `ESPER_CUDA_CONV=direct` or
     /// [`Self::set_direct`]; off by default until an H100 has measured it against the implicit GEMM.
     direct: bool,
     /// TF32 multiplies: the 3×3 convolutions [`direct_fits`] takes on the tensor cores
-    /// (`conv3x3_tc_*_tf32`, `conv3x3_wgrad_tc_*_tf32`), the rest through cuBLAS. On at TF32 unless
-    /// `ESPER_CUDA_CONV=im2col`, or by [`Self::set_tensor_cores`].
+    /// (`conv3x3_tc_*_tf32`, `conv3x3_wgrad_tc_*_tf32`), the rest as implicit GEMMs (with `implicit`).
+    /// On at TF32 unless `ESPER_CUDA_CONV=im2col` (all through cuBLAS), or by [`Self::set_tensor_cores`].
     tensor_cores: bool,
     /// The tensor-core weight gradient's partial sums (sized by [`staged_wgrad_partial_len`]).
     tc_partial: CudaSlice<f32>,
@@ -86,7 +90,7 @@ pub struct GemmConv {
     /// the length `col` needs for the implicit weight gradient's partial sums.
     im2col_lens: (usize, usize),
     implicit_col_len: usize,
-    /// The implicit GEMMs multiply in f32 only.
+    /// The implicit GEMMs multiply in f32, and run at f32 and TF32.
     precision: Precision,
 }
 
@@ -134,9 +138,9 @@ impl GemmConv {
             }),
         };
         let choice = std::env::var("ESPER_CUDA_CONV").ok();
-        let implicit = device.precision() == Precision::F32 && choice.as_deref() != Some("im2col");
-        let direct = implicit && choice.as_deref() == Some("direct");
-        let tensor_cores = device.precision() == Precision::Tf32 && choice.as_deref() != Some("im2col");
+        let implicit = device.precision() != Precision::Bf16 && choice.as_deref() != Some("im2col");
+        let direct = device.precision() == Precision::F32 && implicit && choice.as_deref() == Some("direct");
+        let tensor_cores = device.precision() == Precision::Tf32 && implicit;
         let tc_partial_len = |d: &Conv2dShape| staged_wgrad_partial_len(d, Staged::TensorCores);
         let tc_partial = stream.alloc_zeros::<f32>(if tensor_cores { most(tc_partial_len) } else { 1 })?;
         // Either weight gradient's partial sums (the direct one's when `ESPER_CUDA_CONV=direct`).
@@ -164,10 +168,10 @@ impl GemmConv {
         })
     }
 
-    /// Runs the convolutions as implicit GEMMs (`on`, f32 multiplies only) or as im2col + GEMM, growing
-    /// the scratch to what the chosen form needs.
+    /// Runs the convolutions as implicit GEMMs (`on`, at f32 or TF32) or as im2col + GEMM, growing the
+    /// scratch to what the chosen form needs.
     pub(super) fn set_implicit(&mut self, device: &Device, on: bool) -> R {
-        assert!(!on || self.precision == Precision::F32, "the implicit GEMM multiplies in f32");
+        assert!(!on || self.precision != Precision::Bf16, "the bf16 GEMMs take the column matrix");
         if on && self.col.len() < self.implicit_col_len {
             self.col = device.stream.alloc_zeros::<f32>(self.implicit_col_len)?;
         }
@@ -190,14 +194,15 @@ impl GemmConv {
         self.direct = on;
     }
 
-    /// At TF32: the 3×3 convolutions [`direct_fits`] takes on the tensor cores (`on`) or through cuBLAS,
-    /// growing the weight gradient's scratch to `largest`'s.
+    /// At TF32: the 3×3 convolutions [`direct_fits`] takes on the tensor cores and the rest as implicit
+    /// GEMMs (`on`), or all through cuBLAS, growing the scratch to `largest`'s.
     pub(super) fn set_tensor_cores(&mut self, device: &Device, on: bool, largest: &[Conv2dShape]) -> R {
         assert!(!on || self.precision == Precision::Tf32, "the tensor-core convolutions multiply in TF32");
         let len = largest.iter().map(|d| staged_wgrad_partial_len(d, Staged::TensorCores)).max().unwrap_or(1);
         if on && self.tc_partial.len() < len {
             self.tc_partial = device.stream.alloc_zeros::<f32>(len)?;
         }
+        self.set_implicit(device, on)?;
         self.tensor_cores = on;
         Ok(())
     }
