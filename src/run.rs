@@ -500,7 +500,8 @@ pub fn train_session(
     let trace_path = plan.trace_path();
     let writer = TraceWriter::create(&trace_path, &trace_header(plan))
         .map_err(|e| io_error(&partial_path(&trace_path).display().to_string(), e))?;
-    session.world.insert_resource(TraceSink::new(Box::new(writer)));
+    // On a device the checksums of a step's record are read with the next step's read-back.
+    session.world.insert_resource(TraceSink::deferring(Box::new(writer)));
     let first_round = session.first_round;
     let rounds_left = (cfg.rounds as u64).saturating_sub(first_round) as usize;
     let progress = (!plan.quiet).then(|| progress_bar(rounds_left * cfg.epochs));
@@ -589,6 +590,11 @@ pub fn train_session(
     }
     if let Some(bar) = progress {
         bar.finish_and_clear();
+    }
+    // The last step's record, if it waits for its checksums (the one copy back the run adds).
+    session.world.resource_scope(|world, mut sink: Mut<TraceSink>| sink.flush(&*world.resource::<Hosts>().0));
+    if let Some(err) = session.world.resource::<TraceSink>().error() {
+        return Err(RunError(err.to_string()));
     }
     let writer = session
         .world

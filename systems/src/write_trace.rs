@@ -6,6 +6,11 @@
 //! backend for every env in one call. The record lives in the system's `Local` and is refilled in
 //! place, so a step allocates nothing here once the first one has sized it; the sink encodes it.
 //!
+//! On a device that would have to wait for those checksums (a second copy back in the step), a
+//! [`TraceSink::deferring`] sink lets the record wait a step: its parameters are copied without
+//! waiting and hashed at the next step's Record, when the step's one read-back has waited for the
+//! device anyway; [`TraceSink::flush`] writes the last one when the run ends.
+//!
 //! Nothing in a record depends on wall-clock time or on the thread count: the same config run twice
 //! gives the same records.
 
@@ -18,7 +23,7 @@ use esper_components::{
     EnvIndex, FactoredAction, HostMetrics, LifecycleOp, OpOutcome, SeedAlpha, SeedStage, SlotEvents,
     SlotIndex, Stage,
 };
-use esper_kernels::host::ParamPrint;
+use esper_kernels::host::{HostBackend, ParamPrint};
 use serde::{Deserialize, Serialize};
 
 /// One env's step.
@@ -79,11 +84,55 @@ pub trait StepSink: Send + Sync + 'static {
 pub struct TraceSink {
     out: Box<dyn StepSink>,
     error: Option<String>,
+    /// Whether a record may wait a step for its checksums (see [`Self::deferring`]).
+    defer: bool,
+    /// The last step's record, its parameters queued for checksums, not yet written; and the
+    /// allocation of the one before, reused for the next.
+    pending: Option<StepRecord>,
+    spare: StepRecord,
+    /// The `[E]` checksums and `[E, 1 + S]` prints a deferred record is completed with.
+    checksums: Vec<u64>,
+    prints: Vec<ParamPrint>,
 }
 
 impl TraceSink {
+    /// A sink that gets every step's record at that step's Record (the replay compares each at once).
     pub fn new(out: Box<dyn StepSink>) -> Self {
-        Self { out, error: None }
+        Self {
+            out,
+            error: None,
+            defer: false,
+            pending: None,
+            spare: StepRecord::default(),
+            checksums: Vec::new(),
+            prints: Vec::new(),
+        }
+    }
+
+    /// A sink whose records may wait a step for their checksums where taking them would make the device
+    /// wait (`HostBackend::fingerprints_wait`): the parameters are queued for copying at Record and
+    /// the record written at the next step's Record or at [`Self::flush`]. The same records, each one
+    /// step later; what `train` writes its `trace.bin` with. A run killed outright (not interrupted,
+    /// which ends with the flush) loses the step whose record was waiting.
+    pub fn deferring(out: Box<dyn StepSink>) -> Self {
+        Self { defer: true, ..Self::new(out) }
+    }
+
+    /// Writes the record still waiting for its checksums, if any (waiting for its copies if they have
+    /// not finished). The run calls it before it finishes the sink.
+    pub fn flush(&mut self, hosts: &dyn HostBackend) {
+        let Some(mut record) = self.pending.take() else { return };
+        if self.error.is_none() {
+            let groups = 1 + hosts.slot_ids().len();
+            self.checksums.resize(record.envs.len(), 0);
+            self.prints.resize(record.envs.len() * groups, ParamPrint::default());
+            hosts.queued_param_fingerprints(&mut self.checksums, &mut self.prints);
+            add_fingerprints(&mut record, &self.checksums, &self.prints, groups);
+            if let Err(err) = self.out.write_step(&record) {
+                self.error = Some(format!("trace: {err}"));
+            }
+        }
+        self.spare = record;
     }
 
     /// The first write error, if any (nothing is recorded after it).
@@ -127,10 +176,15 @@ pub fn write_trace(
         return;
     }
     let n_slots = hosts.slot_ids().len();
+    let deferred = sink.defer && hosts.0.fingerprints_wait();
+    if deferred {
+        // The last step's record: its copies finished with this step's read-back.
+        sink.flush(&*hosts.0);
+        if sink.error.is_some() {
+            return;
+        }
+    }
     let TraceScratch { record, checksums, prints } = &mut *scratch;
-    checksums.resize(n_envs.0, 0);
-    prints.resize(n_envs.0 * (1 + n_slots), ParamPrint::default());
-    hosts.param_fingerprints(checksums, prints);
     record.round = clock.round;
     record.epoch = clock.epoch;
     record.step = clock.step;
@@ -145,9 +199,6 @@ pub fn write_trace(
         env.stages.resize(n_slots, SeedStage::Dormant);
         env.alphas.resize(n_slots, 0.0);
         env.events.resize(n_slots, 0);
-        env.checksum = checksums[e];
-        env.fingerprint.clear();
-        env.fingerprint.extend_from_slice(&prints[e * (1 + n_slots)..(e + 1) * (1 + n_slots)]);
     }
     for (env, m) in &envs {
         let r = &mut record.envs[env.0 as usize];
@@ -166,7 +217,28 @@ pub fn write_trace(
             + u8::from(events.pruned) * EVENT_PRUNED;
     }
     let sink = &mut *sink;
+    if deferred {
+        // Copied now, hashed at the next Record: the record waits in the sink, and the scratch takes
+        // the allocation of the record written before it (no allocation once both are sized).
+        hosts.queue_param_fingerprints();
+        std::mem::swap(record, &mut sink.spare);
+        sink.pending = Some(std::mem::take(&mut sink.spare));
+        return;
+    }
+    checksums.resize(n_envs.0, 0);
+    prints.resize(n_envs.0 * (1 + n_slots), ParamPrint::default());
+    hosts.param_fingerprints(checksums, prints);
+    add_fingerprints(record, checksums, prints, 1 + n_slots);
     if let Err(err) = sink.out.write_step(record) {
         sink.error = Some(format!("trace: {err}"));
+    }
+}
+
+/// Each env's checksum and its `groups` prints (`[E]`, `[E, groups]`) into `record`.
+fn add_fingerprints(record: &mut StepRecord, checksums: &[u64], prints: &[ParamPrint], groups: usize) {
+    for (e, env) in record.envs.iter_mut().enumerate() {
+        env.checksum = checksums[e];
+        env.fingerprint.clear();
+        env.fingerprint.extend_from_slice(&prints[e * groups..(e + 1) * groups]);
     }
 }

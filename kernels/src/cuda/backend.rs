@@ -10,10 +10,11 @@
 //! env's own stream, exactly as the CPU backend draws them, and their rows uploaded.
 
 use std::any::Any;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaEvent, CudaSlice, PushKernelArg};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaView, PinnedHostSlice, PushKernelArg};
 
 use super::epoch_graph::{CapturedEpoch, EpochGraphs, EpochRun, EpochShape, ValidationShape};
 use super::host::DeviceHost;
@@ -124,6 +125,8 @@ pub struct CudaHostBackend {
     report: DeviceReport,
     /// The read-backs of [`HostBackend::param_fingerprints`] (which only borrows the backend).
     fingerprint_syncs: AtomicU64,
+    /// A trace's parameter copies in flight (behind a lock: the trace only borrows the backend).
+    queued: Mutex<QueuedFingerprints>,
     /// Each test batch's evaluation runs over as many images per env as its largest share holds, not
     /// the training batch: W16's 625 test images per env are a batch of 512 and one of 113, which
     /// padded to 512 would be 39 % of the validation's work. Off with `ESPER_CUDA_TRIM_TEST=0` (to
@@ -178,6 +181,128 @@ fn on_device<T>(result: Result<T, ParityError>) -> T {
     result.unwrap_or_else(|e| panic!("CUDA host backend: {e}"))
 }
 
+/// What a trace's checksums read besides the host (see [`CudaHostBackend::fingerprint_plan`]): per
+/// slot, each env's seed state, the blueprints some env holds (with their layouts) and, when some env's
+/// seed is in GATE mode, the gate's layout.
+struct FingerprintPlan {
+    slots: Vec<SlotPrintPlan>,
+}
+
+/// A slot's planned seed rows `[E, P]` by blueprint, and the gate's.
+type SlotRows = (Vec<(CnnBlueprint, Vec<f32>)>, Option<Vec<f32>>);
+
+struct SlotPrintPlan {
+    states: Vec<SeedEnvState>,
+    seeds: Vec<(CnnBlueprint, ParamLayout)>,
+    gate: Option<ParamLayout>,
+}
+
+/// A trace's parameter copies in flight ([`HostBackend::queue_param_fingerprints`]): page-locked
+/// buffers, one per copied device buffer (kept from step to step while the lengths stay), and the
+/// last queue's plan, buffer count and the event recorded after its copies.
+#[derive(Default)]
+struct QueuedFingerprints {
+    pinned: Vec<PinnedHostSlice<f32>>,
+    copied: Option<(FingerprintPlan, usize, CudaEvent)>,
+}
+
+impl CudaHostBackend {
+    /// Which seed rows the checksums read now.
+    fn fingerprint_plan(&self) -> FingerprintPlan {
+        let envs = self.n_envs();
+        let slots = self
+            .host
+            .slots()
+            .map(|slot| {
+                let states: Vec<SeedEnvState> = (0..envs).map(|e| slot.state(e)).collect();
+                let seeds = CnnBlueprint::ALL
+                    .into_iter()
+                    .filter(|&bp| states.iter().any(|s| s.blueprint == Some(bp)))
+                    .map(|bp| (bp, *slot.module(bp).expect("a held blueprint").rows.layout()))
+                    .collect();
+                let gated = states.iter().any(|s| s.mode == SeedMode::Gate);
+                let gate = gated.then(|| *slot.gate().expect("a GATE seed has its gate").rows.layout());
+                SlotPrintPlan { states, seeds, gate }
+            })
+            .collect();
+        FingerprintPlan { slots }
+    }
+
+    /// The device buffers the checksums read, in order: the host's state ([`DeviceHost::state`]), then
+    /// per slot each planned blueprint's parameter tensors and the gate's.
+    fn fingerprint_sources(&self, plan: &FingerprintPlan) -> Vec<CudaView<'_, f32>> {
+        let mut sources: Vec<CudaView<'_, f32>> = self.host.state().map(|t| t.slice(..)).collect();
+        for (slot, p) in self.host.slots().zip(&plan.slots) {
+            for (bp, _) in &p.seeds {
+                sources.extend(slot.module(*bp).expect("a held blueprint").rows.param_tensors());
+            }
+            if p.gate.is_some() {
+                sources.extend(slot.gate().expect("a GATE seed has its gate").rows.param_tensors());
+            }
+        }
+        sources
+    }
+
+    /// [`HostBackend::param_fingerprints`] from `values`, the buffers of [`Self::fingerprint_sources`]
+    /// for `plan` on the host: each env's host rows, then per slot its seed's row and, in GATE mode, its
+    /// gate row, as the CPU backend hashes them.
+    fn fingerprints_from(
+        &self,
+        plan: &FingerprintPlan,
+        values: &[&[f32]],
+        checksums: &mut [u64],
+        prints: &mut [ParamPrint],
+    ) {
+        let (envs, groups) = (self.n_envs(), 1 + self.slot_ids.len());
+        assert_eq!((checksums.len(), prints.len()), (envs, envs * groups), "[E] and [E, 1 + S]");
+        let mut params = HostParams::zeros(self.arch, envs);
+        let mut values = values.iter();
+        {
+            let HostParams { weights, running_mean, running_var, .. } = &mut params;
+            let rows =
+                weights.tensors.iter_mut().chain(running_mean.iter_mut()).chain(running_var.iter_mut());
+            for dst in rows {
+                dst.copy_from_slice(values.next().expect("a host buffer"));
+            }
+        }
+        // Each module's tensors, one after another, back into rows `[E, P]`.
+        let mut rows_of_module = |layout: &ParamLayout| {
+            let tensor_major: Vec<f32> = layout
+                .tensors()
+                .iter()
+                .flat_map(|_| values.next().expect("a module tensor").iter().copied())
+                .collect();
+            crate::cuda::rows::rows_of(layout, envs, &tensor_major)
+        };
+        let slots: Vec<SlotRows> = plan
+            .slots
+            .iter()
+            .map(|p| {
+                let seeds = p.seeds.iter().map(|(bp, layout)| (*bp, rows_of_module(layout))).collect();
+                (seeds, p.gate.as_ref().map(&mut rows_of_module))
+            })
+            .collect();
+        assert!(values.next().is_none(), "every copied buffer is hashed");
+        for (env, (checksum, prints)) in checksums.iter_mut().zip(prints.chunks_mut(groups)).enumerate() {
+            prints.fill(ParamPrint::default());
+            let mut hash = host_fingerprint(&params, env, &mut prints[0]);
+            for ((p, (seeds, gate)), print) in plan.slots.iter().zip(&slots).zip(&mut prints[1..]) {
+                let state = p.states[env];
+                let Some(bp) = state.blueprint else { continue };
+                let rows = &seeds.iter().find(|(b, _)| *b == bp).expect("planned above").1;
+                let n = rows.len() / envs;
+                hash = print.add_hashed(hash, &rows[env * n..(env + 1) * n]);
+                if state.mode == SeedMode::Gate {
+                    let rows = gate.as_ref().expect("planned above");
+                    let n = rows.len() / envs;
+                    hash = print.add_hashed(hash, &rows[env * n..(env + 1) * n]);
+                }
+            }
+            *checksum = hash;
+        }
+    }
+}
+
 impl CudaHostBackend {
     /// Fresh hosts on `device` ([`Device::open`]) for round `round` of run `seed`: `n_envs` envs of
     /// `batch` images per batch, initialised exactly as [`crate::host::CpuHostBackend`] initialises them.
@@ -225,6 +350,7 @@ impl CudaHostBackend {
             validate_events: (timing_event(&device)?, timing_event(&device)?),
             report: DeviceReport::default(),
             fingerprint_syncs: AtomicU64::new(0),
+            queued: Mutex::new(QueuedFingerprints::default()),
             trim_test_batches: std::env::var("ESPER_CUDA_TRIM_TEST").map_or(true, |v| v != "0"),
             host,
             device,
@@ -847,52 +973,59 @@ impl HostBackend for CudaHostBackend {
     }
 
     fn param_fingerprints(&self, checksums: &mut [u64], prints: &mut [ParamPrint]) {
-        let groups = 1 + self.slot_ids.len();
-        assert_eq!(
-            (checksums.len(), prints.len()),
-            (self.n_envs(), self.n_envs() * groups),
-            "[E] and [E, 1 + S]"
-        );
-        let mut params = HostParams::zeros(self.arch, self.n_envs());
-        on_device(self.host.download(&self.device, &mut params));
-        // Copies of every state buffer; the first waits for the device, the rest find it idle.
+        let plan = self.fingerprint_plan();
+        // Copies of every buffer; the first waits for the device, the rest find it idle.
         self.fingerprint_syncs.fetch_add(1, Ordering::Relaxed);
-        // Every held blueprint's and gate's rows of every env in one download each (not a copy per
-        // env and slot), then each env's rows as the CPU backend hashes them.
-        let envs = self.n_envs();
-        let rows_of = |rows: &crate::cuda::rows::TensorRows| on_device(rows.download_rows(&self.device));
-        let slots = self
-            .host
-            .slots()
-            .map(|slot| {
-                let held = |bp: CnnBlueprint| (0..envs).any(|e| slot.state(e).blueprint == Some(bp));
-                let seeds = CnnBlueprint::ALL
-                    .into_iter()
-                    .map(|bp| held(bp).then(|| rows_of(&slot.module(bp).expect("a held blueprint").rows)))
-                    .collect();
-                let gated = (0..envs).any(|e| slot.state(e).mode == SeedMode::Gate);
-                let gate = gated.then(|| rows_of(&slot.gate().expect("a GATE seed has its gate").rows));
-                (slot, seeds, gate)
-            })
-            .collect::<Vec<(_, Vec<_>, _)>>();
-        for (env, (checksum, prints)) in checksums.iter_mut().zip(prints.chunks_mut(groups)).enumerate() {
-            prints.fill(ParamPrint::default());
-            let mut hash = host_fingerprint(&params, env, &mut prints[0]);
-            // Then each slot's seed row and, in GATE mode, its gate row, as the CPU backend continues it.
-            for ((slot, seeds, gate), print) in slots.iter().zip(&mut prints[1..]) {
-                let state = slot.state(env);
-                let Some(bp) = state.blueprint else { continue };
-                let rows = seeds[bp as usize - 1].as_ref().expect("downloaded above");
-                let p = rows.len() / envs;
-                hash = print.add_hashed(hash, &rows[env * p..(env + 1) * p]);
-                if state.mode == SeedMode::Gate {
-                    let rows = gate.as_ref().expect("downloaded above");
-                    let p = rows.len() / envs;
-                    hash = print.add_hashed(hash, &rows[env * p..(env + 1) * p]);
+        let values: Vec<Vec<f32>> = self
+            .fingerprint_sources(&plan)
+            .iter()
+            .map(|src| on_device(self.device.stream.clone_dtoh(src).map_err(Into::into)))
+            .collect();
+        let values: Vec<&[f32]> = values.iter().map(Vec::as_slice).collect();
+        self.fingerprints_from(&plan, &values, checksums, prints);
+    }
+
+    fn fingerprints_wait(&self) -> bool {
+        true
+    }
+
+    fn queue_param_fingerprints(&self) {
+        let plan = self.fingerprint_plan();
+        let sources = self.fingerprint_sources(&plan);
+        let mut queue = self.queued.lock().unwrap_or_else(|e| e.into_inner());
+        let ctx = self.device.stream.context().clone();
+        for (i, src) in sources.iter().enumerate() {
+            if queue.pinned.get(i).is_none_or(|p| p.len() != src.len()) {
+                // Page-locked (so the copy runs without the host), not write-combined (the host reads it).
+                // Safety: every value is written by the copy below before it is read.
+                let buffer = on_device(
+                    unsafe { ctx.alloc_pinned_with_flags::<f32>(src.len(), 0) }.map_err(Into::into),
+                );
+                if i < queue.pinned.len() {
+                    queue.pinned[i] = buffer;
+                } else {
+                    queue.pinned.push(buffer);
                 }
             }
-            *checksum = hash;
+            on_device(self.device.stream.memcpy_dtoh(src, &mut queue.pinned[i]).map_err(Into::into));
         }
+        let done = on_device(self.device.stream.record_event(None).map_err(Into::into));
+        queue.copied = Some((plan, sources.len(), done));
+    }
+
+    fn queued_param_fingerprints(&self, checksums: &mut [u64], prints: &mut [ParamPrint]) {
+        let mut queue = self.queued.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((plan, count, done)) = queue.copied.take() else {
+            drop(queue);
+            return self.param_fingerprints(checksums, prints);
+        };
+        if !done.is_complete() {
+            // Not finished with a later read-back (the run's last step): this read waits.
+            self.fingerprint_syncs.fetch_add(1, Ordering::Relaxed);
+        }
+        let values: Vec<&[f32]> =
+            queue.pinned[..count].iter().map(|p| on_device(p.as_slice().map_err(Into::into))).collect();
+        self.fingerprints_from(&plan, &values, checksums, prints);
     }
 
     fn peek_device_report(&self) -> Option<DeviceReport> {

@@ -607,7 +607,7 @@ impl DeviceHost {
 
     /// Every buffer an env's state lives in, in [`HostParams::env_rows`]' order: the weight tensors, then
     /// the running means and the running variances block by block; each is `[E, n]`.
-    fn state(&self) -> impl Iterator<Item = &CudaSlice<f32>> {
+    pub(super) fn state(&self) -> impl Iterator<Item = &CudaSlice<f32>> {
         let means = self.blocks.iter().map(|b| &b.running_mean);
         let vars = self.blocks.iter().map(|b| &b.running_var);
         self.params.iter().chain(means).chain(vars)

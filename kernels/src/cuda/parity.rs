@@ -1422,7 +1422,30 @@ fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), 
         gpu.train_epoch(&data, &batcher);
         epoch_diffs(cpu, gpu).0
     };
+    // A trace's fingerprints queued now and read after the next epoch (which moves every parameter):
+    // the parameters as they were when queued, the same bits as param_fingerprints gave then.
+    let fingerprints = |b: &CudaHostBackend, queued: bool| {
+        let (mut sums, mut prints) = (vec![0u64; envs], vec![ParamPrint::default(); envs * groups]);
+        match queued {
+            true => b.queued_param_fingerprints(&mut sums, &mut prints),
+            false => b.param_fingerprints(&mut sums, &mut prints),
+        }
+        (sums, prints)
+    };
+    gpu.queue_param_fingerprints();
+    let at_queue = fingerprints(&gpu, false);
     let mut after = epoch_diff(&mut cpu, &mut gpu, 0, 3);
+    let (queued, now) = (fingerprints(&gpu, true), fingerprints(&gpu, false));
+    let differing = at_queue.0.iter().zip(&queued.0).filter(|(a, b)| a != b).count()
+        + at_queue.1.iter().zip(&queued.1).filter(|(a, b)| a != b).count();
+    let moved = now.0.iter().zip(&queued.0).filter(|(a, b)| a != b).count();
+    rows.push(ParityRow::new(
+        "queued fingerprints, read an epoch later",
+        "param_fingerprints when queued (same bits; the epoch moved all)",
+        envs * (1 + groups),
+        if differing == 0 && moved == envs { 0.0 } else { f64::INFINITY },
+        0.0,
+    ));
     for env in [0, 1] {
         cpu.restore_snapshot(env);
         gpu.restore_snapshot(env);

@@ -6,7 +6,7 @@
 //! Rows go in and out here: at germination (one env), for snapshots (a device copy of one env's rows),
 //! and for checksums and checks (every env's at once).
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaView};
 
 use super::ops;
 use super::parity::{Device, ParityError};
@@ -79,9 +79,12 @@ impl TensorRows {
         for (spec, t) in self.layout.tensors().iter().zip(tensors) {
             tensor_major.extend(device.stream.clone_dtoh(&t.slice(..self.envs * spec.len))?);
         }
-        let mut rows = vec![0.0f32; tensor_major.len()];
-        self.layout.tensors_to_rows(self.envs, &tensor_major, &mut rows);
-        Ok(rows)
+        Ok(rows_of(&self.layout, self.envs, &tensor_major))
+    }
+
+    /// The parameters' `[E, len]` buffers in layout order (what [`rows_of`] puts back into rows).
+    pub fn param_tensors(&self) -> impl Iterator<Item = CudaView<'_, f32>> {
+        self.layout.tensors().iter().zip(&self.params).map(|(spec, t)| t.slice(..self.envs * spec.len))
     }
 
     /// The parameters as rows `[E, P]`.
@@ -149,4 +152,11 @@ impl TensorRows {
         }
         Ok(())
     }
+}
+
+/// Every env's row `[E, P]` of `layout` from its tensors one after another, each `[E, len]`.
+pub fn rows_of(layout: &ParamLayout, envs: usize, tensor_major: &[f32]) -> Vec<f32> {
+    let mut rows = vec![0.0f32; tensor_major.len()];
+    layout.tensors_to_rows(envs, tensor_major, &mut rows);
+    rows
 }

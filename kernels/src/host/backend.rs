@@ -239,6 +239,22 @@ pub trait HostBackend: Send + Sync + 'static {
     /// GATE mode, its gate row) and `prints[e·(1 + S)..]` (`[E, 1 + S]`) a [`ParamPrint`] of its host
     /// and of each slot's seed (zeros for an empty slot).
     fn param_fingerprints(&self, checksums: &mut [u64], prints: &mut [ParamPrint]);
+    /// Whether [`Self::param_fingerprints`] makes the device wait (a GPU backend reads the parameters
+    /// back for it: a second copy in the step). A trace that can wait a step for its checksums then
+    /// takes them with [`Self::queue_param_fingerprints`] and [`Self::queued_param_fingerprints`].
+    fn fingerprints_wait(&self) -> bool {
+        false
+    }
+    /// Starts copying every env's parameters as they are now (and which seed each slot holds), without
+    /// waiting for the device: the copies finish with the device's queued work, at the latest by the
+    /// next step's read-back. A backend whose [`Self::fingerprints_wait`] is false queues nothing.
+    fn queue_param_fingerprints(&self) {}
+    /// [`Self::param_fingerprints`] of the parameters as the last [`Self::queue_param_fingerprints`]
+    /// found them (waiting for its copies only if they have not finished); with none queued, of the
+    /// parameters now.
+    fn queued_param_fingerprints(&self, checksums: &mut [u64], prints: &mut [ParamPrint]) {
+        self.param_fingerprints(checksums, prints)
+    }
     /// A device backend's counters since the last call (then reset): copies back that waited for the
     /// device, and each stage's device time. None on the CPU.
     fn take_device_report(&mut self) -> Option<DeviceReport> {
