@@ -29,7 +29,7 @@ use esper_components::{
     AlphaAlgorithm, AlphaController, BlendId, BlendStyle, Blueprint, BlueprintAction, SeedAlpha, SeedStage,
     SlotEvents, SlotIndex, SlotState, TaskPreset,
 };
-use esper_kernels::host::{DeviceReport, GraphCounts};
+use esper_kernels::host::{DeviceReport, GraphCounts, HostArch};
 use esper_kernels::ops::precision::Precision;
 use esper_kernels::seeds::{CnnBlueprint, forward_macs};
 use esper_systems::host_resources::{Hosts, StepClock};
@@ -273,6 +273,34 @@ pub struct StepWork {
     /// The validation pass: each configuration a whole forward of every test image (an upper bound:
     /// a configuration runs from the first slot it changes).
     pub validate_gflop: f64,
+    /// The host's activation traffic, f32 (see [`host_bytes_per_image`]): the training epoch's, and
+    /// the validation pass's with each configuration a whole forward, GB (10⁹ bytes). Beside the
+    /// GFLOP, the floor memory bandwidth sets for unfused kernels.
+    pub train_host_gbytes: f64,
+    pub validate_host_gbytes: f64,
+}
+
+/// Bytes of activations one image moves through the host's kernels as the GPU backend runs them
+/// unfused, f32, each tensor counted once per kernel that reads or writes it (weights, the seeds, the
+/// head and max-pool's argmax left out): `(training, evaluation)`. Per block of `i` input and `o`
+/// output values (`p` after the pool): training forward — the convolution reads `i` and writes `o`,
+/// batch norm's statistics read `o`, its normalisation with the ReLU reads and writes `o`, the pool
+/// reads `o` and writes `p` (`i + 5o + p`); backward — the pool's backward reads `p` and writes `o`,
+/// the ReLU's reads two `o` and writes one, batch norm's parameter gradients read two, its input
+/// gradient reads two and writes one, the weight gradient reads `i` and `o`, and past the first block
+/// the input gradient reads `o` and writes `i` (`p + 10o + i`, `+ o + i`). Evaluation: `i + 4o + p`.
+pub fn host_bytes_per_image(arch: &HostArch) -> (u64, u64) {
+    let (mut train, mut eval) = (0u64, 0u64);
+    for b in 0..arch.n_blocks {
+        let (size, out_size) = (arch.block_size(b) as u64, arch.block_output_size(b) as u64);
+        let i = arch.block_in_channels(b) as u64 * size * size;
+        let o = arch.block_channels(b) as u64 * size * size;
+        let p = arch.block_channels(b) as u64 * out_size * out_size;
+        let input_grad = if b > 0 { o + i } else { 0 };
+        train += (i + 5 * o + p) + (p + 10 * o + i) + input_grad;
+        eval += i + 4 * o + p;
+    }
+    (4 * train, 4 * eval)
 }
 
 impl StepWork {
@@ -297,6 +325,7 @@ impl StepWork {
                 .sum(),
         };
         let host_macs_per_image = arch.forward_macs();
+        let (train_bytes, eval_bytes) = host_bytes_per_image(&arch);
         let forward_gflop = 2.0 * (host_macs_per_image + seed_macs_per_image) as f64 / 1e9;
         let envs = plan.config.envs;
         let train_images = (envs * config.batch_per_env * config.train_batches) as f64;
@@ -308,6 +337,8 @@ impl StepWork {
             configurations: configs,
             train_gflop: 3.0 * forward_gflop * train_images,
             validate_gflop: forward_gflop * test_images * configs.max(1) as f64,
+            train_host_gbytes: train_bytes as f64 * train_images / 1e9,
+            validate_host_gbytes: eval_bytes as f64 * test_images * configs.max(1) as f64 / 1e9,
         }
     }
 }
@@ -549,6 +580,11 @@ fn bench_envs(
         work.seed_macs_per_image,
         work.configurations
     ));
+    on_line(&format!(
+        "        host activation traffic per step: {:.1} GB training + {:.1} GB validation (f32, each tensor \
+         once per unfused kernel; seeds left out)",
+        work.train_host_gbytes, work.validate_host_gbytes
+    ));
     Ok((tiers, boundary, work, resident_bytes()))
 }
 
@@ -732,6 +768,21 @@ mod tests {
         assert_eq!(none.seed_macs_per_image, 0);
         // ≈ 255 GFLOP per step without seeds.
         assert!((none.train_gflop + none.validate_gflop - 255.5).abs() < 0.1, "{none:?}");
+        // 974 848 training and 268 288 evaluation bytes per image (host_bytes_per_image's test):
+        // 49 152 training images, 10 000 test images.
+        assert!((none.train_host_gbytes - 974_848.0 * 49_152.0 / 1e9).abs() < 1e-9, "{none:?}");
+        assert!((none.validate_host_gbytes - 268_288.0 * 10_000.0 / 1e9).abs() < 1e-9, "{none:?}");
+        assert!((seeded.validate_host_gbytes - 8.0 * none.validate_host_gbytes).abs() < 1e-9);
+    }
+
+    /// Hand-derived for cifar_baseline (3 → 8 channels at 32×32, 8 → 16 at 16×16, 16 → 32 at 8×8, each
+    /// pooled): per block i, o, p values of 3072, 8192, 2048; 2048, 4096, 1024; 1024, 2048, 512.
+    /// Training 2i + 15o + 2p, plus o + i past the first block: 133 120 + 73 728 + 36 864 floats;
+    /// evaluation i + 4o + p: 37 888 + 19 456 + 9 728 floats.
+    #[test]
+    fn host_bytes_per_image_counts_the_unfused_kernels_tensors() {
+        let arch = HostArch::CIFAR_BASELINE;
+        assert_eq!(host_bytes_per_image(&arch), (4 * 243_712, 4 * 67_072));
     }
 
     #[test]
