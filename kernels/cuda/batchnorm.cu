@@ -126,6 +126,12 @@ extern "C" __global__ void batch_norm_stats_finish_f32(
     }
 }
 
+// The normalisation's scale of (env, channel) p: inv_std · γ in training (the batch's statistics),
+// γ / sqrt(running_var + eps) in evaluation.
+__device__ __forceinline__ float bn_scale(const float* inv_std_or_var, const float* gamma, u32 p, int eval) {
+    return eval ? gamma[p] / sqrtf(inv_std_or_var[p] + (float)NORM_EPS) : inv_std_or_var[p] * gamma[p];
+}
+
 // y = act((x − mean)·scale + shift) per element, with (mean, scale, shift) of its (env, channel):
 // training (eval == 0): (save_mean, save_inv_std·γ, β); eval: (running_mean, γ/sqrt(running_var + eps),
 // β). relu != 0 fuses the ReLU that follows every host batch norm (NaN passes, as relu_forward).
@@ -135,10 +141,40 @@ extern "C" __global__ void __launch_bounds__(1024) batch_norm_apply_f32(
     BnParamIndex ix = bn_param_index(envs, batch, channels, plane);
     FOR_EACH(i, (u64)envs * batch * channels * plane) {
         u32 p = bn_param(i, ix);
-        float scale = eval ? gamma[p] / sqrtf(inv_std_or_var[p] + (float)NORM_EPS) : inv_std_or_var[p] * gamma[p];
+        float scale = bn_scale(inv_std_or_var, gamma, p, eval);
         float v = (x[i] - mean[p]) * scale + beta[p];
         if (relu) v = !(v <= 0.0f) ? v : 0.0f;
         y[i] = v;
+    }
+}
+
+// batch_norm_apply_f32 with the ReLU, then max_pool2x2_forward_f32, in one pass where nothing runs
+// between them (no seed at the block's r0 slot): one thread per 2x2 window normalises its four values,
+// writes them to `act` (the ReLU's output the backward and later validation passes read) and pools
+// them into `pooled` / `argmax`; the same values as the two kernels, without reading `act` back. Even
+// planes only (every window whole: no dropped row or column left for another thread).
+extern "C" __global__ void __launch_bounds__(1024) batch_norm_relu_pool_f32(
+    const float* x, float* act, float* pooled, u8* argmax, const float* mean, const float* inv_std_or_var,
+    const float* gamma, const float* beta, u32 envs, u32 batch, u32 channels, u32 h, u32 w, int eval) {
+    u32 ho = h / 2, wo = w / 2;
+    FOR_EACH(o, (u64)envs * batch * channels * ho * wo) {
+        u64 plane_index = o / ((u64)ho * wo);
+        u32 r = (u32)(o % ((u64)ho * wo)), oy = r / wo, ox = r % wo;
+        u32 c = (u32)(plane_index % channels), e = (u32)(plane_index / ((u64)batch * channels));
+        u32 p = e * channels + c;
+        float scale = bn_scale(inv_std_or_var, gamma, p, eval), m = mean[p], shift = beta[p];
+        u64 top = (plane_index * h + 2 * oy) * w + 2 * ox;
+        u64 at[4] = {top, top + 1, top + w, top + w + 1};
+        float window[4];
+        for (int j = 0; j < 4; ++j) {
+            float v = (x[at[j]] - m) * scale + shift;
+            v = !(v <= 0.0f) ? v : 0.0f;
+            act[at[j]] = v;
+            window[j] = v;
+        }
+        u32 k;
+        pooled[o] = max_pool_window(window, &k);
+        argmax[o] = (u8)k;
     }
 }
 

@@ -93,3 +93,20 @@ __device__ __forceinline__ float lanes8_total(float v) {
     float a0 = l0 + l4, a1 = l1 + l5, a2 = l2 + l6, a3 = l3 + l7;
     return (a0 + a2) + (a1 + a3);
 }
+
+// The 2x2 max-pool's choice over a window in row-major order: its maximum, and in *k its index 0..4.
+// Strictly greater replaces, so ties keep the first maximum; a NaN wins and stays (PyTorch propagates
+// NaN through max-pool). Shared by max_pool2x2_forward_f32 and the fused batch_norm_relu_pool_f32.
+__device__ __forceinline__ float max_pool_window(const float (&window)[4], u32* k) {
+    float best = window[0];
+    *k = 0;
+    for (u32 j = 1; j < 4; ++j) {
+        float v = window[j];
+        bool take = !isnan(best) && (v > best || isnan(v));
+        if (take) {
+            best = v;
+            *k = j;
+        }
+    }
+    return best;
+}

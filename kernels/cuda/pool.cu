@@ -12,13 +12,8 @@ extern "C" __global__ void max_pool2x2_forward_f32(
         u32 oy = r / wo, ox = r % wo;
         const float* top = x + (p * h + 2 * oy) * w + 2 * ox;
         float window[4] = {top[0], top[1], top[w], top[w + 1]};
-        float best = window[0];
-        u32 k = 0;
-        for (u32 j = 1; j < 4; ++j) {
-            float v = window[j];
-            bool take = !isnan(best) && (v > best || isnan(v));
-            if (take) { best = v; k = j; }
-        }
+        u32 k;
+        float best = max_pool_window(window, &k);
         y[o] = best;
         argmax[o] = (u8)k;
     }
@@ -41,6 +36,28 @@ extern "C" __global__ void max_pool2x2_backward_f32(
             if (argmax[o] == k) g = dy[o];
         }
         dx[i] = g;
+    }
+}
+
+// max_pool2x2_backward_f32 then relu_backward_f32 in one pass, where nothing runs between them (no seed
+// at the block's r0 slot): dx[i] = act[i] > 0 ? (the pooled gradient routed to i, or 0) : 0, from the
+// ReLU's output `act`; the same values as the two kernels, without writing and reading the routed
+// gradient.
+extern "C" __global__ void max_pool2x2_relu_backward_f32(
+    const float* dy, const u8* argmax, const float* act, float* dx, u64 planes, u32 h, u32 w) {
+    u32 ho = h / 2, wo = w / 2;
+    FOR_EACH(i, planes * h * w) {
+        u64 p = i / ((u64)h * w);
+        u32 r = (u32)(i % ((u64)h * w));
+        u32 iy = r / w, ix = r % w;
+        u32 oy = iy / 2, ox = ix / 2;
+        float g = 0.0f;
+        if (oy < ho && ox < wo) {
+            u64 o = (p * ho + oy) * wo + ox;
+            u32 k = (iy % 2) * 2 + (ix % 2);
+            if (argmax[o] == k) g = dy[o];
+        }
+        dx[i] = act[i] > 0.0f ? g : 0.0f;
     }
 }
 

@@ -3,13 +3,16 @@
 // input gradient, bit for bit: one fmaf chain per output over j = s·9 + ky·3 + kx from +0), the direct
 // and implicit weight gradients (to 1e-5 of the largest, against a double sum), the tensor-core (TF32)
 // 3×3 convolutions (on inputs rounded to TF32, to 1e-5), and batch norm's split reductions
-// (to 1e-6 of a double two-pass sum). `bash scripts/kernel-emulator/run.sh`.
+// (to 1e-6 of a double two-pass sum), and the fused normalisation + ReLU + pool and pool + ReLU
+// backwards against the kernels one by one (bit for bit). `bash scripts/kernel-emulator/run.sh`.
 #include "shim.hpp"
 
 typedef unsigned char u8;
 #include "../../kernels/cuda/common.cuh"
 #include "../../kernels/cuda/conv.cu"
 #include "../../kernels/cuda/batchnorm.cu"
+#include "../../kernels/cuda/pool.cu"
+#include "../../kernels/cuda/activation.cu"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static float uniform(float lo, float hi) {
@@ -231,6 +234,52 @@ static void check_tc(unsigned envs, unsigned batch, unsigned c_in, unsigned c_ou
     report(what, worst <= 1e-5 && unrounded > 1e-5, detail);
 }
 
+// The fused passes against the kernels they replace, run one by one (bit for bit): batch_norm_relu_pool_f32
+// against batch_norm_apply_f32 (ReLU) + max_pool2x2_forward_f32, in training and evaluation, and
+// max_pool2x2_relu_backward_f32 against max_pool2x2_backward_f32 + relu_backward_f32.
+static void check_fused_pool(unsigned envs, unsigned batch, unsigned channels, unsigned h, unsigned w) {
+    size_t n = (size_t)envs * batch * channels * h * w, windows = n / 4, pairs = (size_t)envs * channels;
+    auto x = values(n, -2.0f, 2.0f);
+    auto mean = values(pairs, -0.5f, 0.5f), scale = values(pairs, 0.5f, 2.0f);
+    auto gamma = values(pairs, 0.5f, 1.5f), beta = values(pairs, -0.5f, 0.5f);
+    u64 planes = (u64)envs * batch * channels;
+    for (int eval = 0; eval < 2; ++eval) {
+        std::vector<float> act(n, NAN), pooled(windows, NAN), act1(n, NAN), pooled1(windows, NAN);
+        std::vector<u8> arg(windows, 9), arg1(windows, 9);
+        launch({64, 1, 1}, {256, 1, 1}, [&] {
+            batch_norm_relu_pool_f32(x.data(), act.data(), pooled.data(), arg.data(), mean.data(), scale.data(),
+                                     gamma.data(), beta.data(), envs, batch, channels, h, w, eval);
+        });
+        launch({64, 1, 1}, {256, 1, 1}, [&] {
+            batch_norm_apply_f32(x.data(), act1.data(), mean.data(), scale.data(), gamma.data(), beta.data(), envs,
+                                 batch, channels, h * w, eval, 1);
+        });
+        launch({64, 1, 1}, {256, 1, 1}, [&] { max_pool2x2_forward_f32(act1.data(), pooled1.data(), arg1.data(), planes, h, w); });
+        size_t wrong = 0;
+        for (size_t i = 0; i < n; ++i) wrong += !same_bits(act[i], act1[i]);
+        for (size_t i = 0; i < windows; ++i) wrong += !same_bits(pooled[i], pooled1[i]) + (arg[i] != arg1[i]);
+        char what[160], detail[160];
+        std::snprintf(what, sizeof what, "batch_norm_relu_pool_f32 %s E%u B%u C%u %u×%u", eval ? "eval " : "train", envs,
+                      batch, channels, h, w);
+        std::snprintf(detail, sizeof detail, "%zu of %zu values differ in bits", wrong, n + 2 * windows);
+        report(what, wrong == 0, detail);
+        if (eval) continue;
+        auto dy = values(windows, -1.0f, 1.0f);
+        std::vector<float> dx(n, NAN), routed(n, NAN), dx1(n, NAN);
+        launch({64, 1, 1}, {256, 1, 1}, [&] {
+            max_pool2x2_relu_backward_f32(dy.data(), arg.data(), act.data(), dx.data(), planes, h, w);
+        });
+        launch({64, 1, 1}, {256, 1, 1}, [&] { max_pool2x2_backward_f32(dy.data(), arg.data(), routed.data(), planes, h, w); });
+        launch({64, 1, 1}, {256, 1, 1}, [&] { relu_backward_f32(act.data(), routed.data(), dx1.data(), (u64)n); });
+        wrong = 0;
+        size_t cut = 0;
+        for (size_t i = 0; i < n; ++i) wrong += !same_bits(dx[i], dx1[i]), cut += act[i] == 0.0f;
+        std::snprintf(what, sizeof what, "max_pool2x2_relu_backward_f32 E%u B%u C%u %u×%u", envs, batch, channels, h, w);
+        std::snprintf(detail, sizeof detail, "%zu of %zu values differ in bits (%zu cut by the ReLU)", wrong, n, cut);
+        report(what, wrong == 0 && cut > 0, detail);
+    }
+}
+
 static void check_batch_norm(unsigned envs, unsigned batch, unsigned channels, unsigned plane, unsigned splits,
                              float lo, float hi) {
     size_t count = (size_t)batch * plane, pairs = (size_t)envs * channels;
@@ -318,6 +367,9 @@ int main() {
     check_tc(2, 22, 5, 12, 6, 8, 1);
     check_tc(1, 70, 6, 40, 4, 4, 1);
     check_tc(1, 140, 6, 8, 4, 4, 2);
+    // The fused normalisation + ReLU + pool and its backward: square and oblong even planes.
+    check_fused_pool(2, 3, 4, 8, 8);
+    check_fused_pool(1, 5, 3, 8, 6);
     // Batch norm: one run, several (the last short), and a mean far from zero.
     check_batch_norm(3, 4, 5, 49, 1, -2.0f, 3.0f);
     check_batch_norm(2, 41, 3, 225, 4, 40.0f, 44.0f);

@@ -50,6 +50,10 @@ inline float __uint_as_float(unsigned u) {
     std::memcpy(&f, &u, 4);
     return f;
 }
+inline double __shfl_down_sync(unsigned, double, unsigned, int = 32) {
+    std::fprintf(stderr, "kernel emulator: __shfl_down_sync is not emulated\n");
+    std::abort();
+}
 inline float __shfl_sync(unsigned, float, int, int) {
     std::fprintf(stderr, "kernel emulator: __shfl_sync is not emulated\n");
     std::abort();

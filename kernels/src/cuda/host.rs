@@ -89,6 +89,11 @@ pub struct DeviceHost {
     blocks: Vec<DeviceBlock>,
     /// The convolutions, as GEMMs.
     conv: GemmConv,
+    /// Where no seed runs at a block's r0 slot: batch norm's normalisation, the ReLU and the pool in one
+    /// pass (`batch_norm_relu_pool_f32`), and the pool's and ReLU's backwards in one
+    /// (`max_pool2x2_relu_backward_f32`); the same bits as the kernels one by one. Off with
+    /// `ESPER_CUDA_FUSE=0` (to measure the gain) or [`Self::set_fuse`].
+    fuse: bool,
     params: Vec<CudaSlice<f32>>,
     grads: Vec<CudaSlice<f32>>,
     momentum: Vec<CudaSlice<f32>>,
@@ -187,6 +192,7 @@ impl DeviceHost {
             envs,
             batch,
             capacity: batch,
+            fuse: std::env::var("ESPER_CUDA_FUSE").map_or(true, |v| v != "0"),
             blocks,
             conv: GemmConv::new(device, &conv_dims_all)?,
             params: device_params,
@@ -217,6 +223,11 @@ impl DeviceHost {
             "device images [E, B, C, H, W]"
         );
         assert_eq!(labels.len(), self.envs * self.capacity, "device labels [E, B]");
+    }
+
+    /// Fuses the normalisation, ReLU and pool where no r0 seed runs (`on`), or runs them one by one.
+    pub fn set_fuse(&mut self, on: bool) {
+        self.fuse = on;
     }
 
     /// Runs the launches that follow over the first `rows` images per env (`[E, rows, …]` packed densely
@@ -286,7 +297,20 @@ impl DeviceHost {
             false => (&block.running_mean, &block.running_var),
         };
         let (eval, relu) = (i32::from(!train), 1i32);
-        if from_row.is_none() {
+        let from_r1 = from_row == Some(1);
+        // With no seed at r0 in this forward, the normalisation, ReLU and pool run as one pass.
+        let r0_runs = !from_r1 && block.r0.as_ref().is_some_and(|slot| slot.runs(train));
+        let fused_pool =
+            self.fuse && from_row.is_none() && !r0_runs && block.pooled.is_some() && size.is_multiple_of(2);
+        if fused_pool {
+            let (pooled, argmax) = block.pooled.as_mut().expect("checked above");
+            let windows = pooled.len();
+            let mut launch = stream.launch_builder(device.function("batch_norm_relu_pool_f32"));
+            launch.arg(&block.conv_out).arg(&mut block.act).arg(&mut *pooled).arg(&mut *argmax);
+            launch.arg(mean).arg(scale).arg(gamma).arg(beta);
+            launch.arg(&envs).arg(&batch).arg(&c_out).arg(&size).arg(&size).arg(&eval);
+            unsafe { launch.launch(elementwise(windows)) }?;
+        } else if from_row.is_none() {
             let mut launch = stream.launch_builder(device.function("batch_norm_apply_f32"));
             launch.arg(&block.conv_out).arg(&mut block.act).arg(mean).arg(scale).arg(gamma).arg(beta);
             launch.arg(&envs).arg(&batch).arg(&c_out).arg(&plane).arg(&eval).arg(&relu);
@@ -298,7 +322,6 @@ impl DeviceHost {
             Pass::Train => None,
             Pass::Eval(k) => Some(k),
         };
-        let from_r1 = from_row == Some(1);
         if !from_r1 {
             block.r0_ran = false;
             if let Some(slot) = block.r0.as_mut().filter(|slot| slot.runs(train)) {
@@ -312,7 +335,7 @@ impl DeviceHost {
                 (Some(slot), true) => &slot.out,
                 _ => &block.act,
             };
-            if !from_r1 {
+            if !from_r1 && !fused_pool {
                 let planes = (self.envs * self.batch * arch.block_channels(b)) as u64;
                 let mut launch = stream.launch_builder(device.function("max_pool2x2_forward_f32"));
                 let windows = pooled.len();
@@ -502,7 +525,16 @@ impl DeviceHost {
                 slot.backward(device, &mut self.conv, pooled, &self.grad_a, &mut self.grad_b)?;
                 std::mem::swap(&mut self.grad_a, &mut self.grad_b);
             }
-            if let Some((_, argmax)) = &block.pooled {
+            // With no seed at r0, the pool's and the ReLU's backwards run as one pass: grad_a (pooled)
+            // → grad_b (batch norm's output gradient).
+            let fused_relu = self.fuse && !block.r0_ran && block.pooled.is_some();
+            if let (Some((_, argmax)), true) = (&block.pooled, fused_relu) {
+                let planes = (self.envs * self.batch * arch.block_channels(b)) as u64;
+                let mut launch = stream.launch_builder(device.function("max_pool2x2_relu_backward_f32"));
+                launch.arg(&self.grad_a).arg(argmax).arg(&block.act).arg(&mut self.grad_b);
+                launch.arg(&planes).arg(&size).arg(&size);
+                unsafe { launch.launch(elementwise(act_len)) }?;
+            } else if let Some((_, argmax)) = &block.pooled {
                 // grad_a (pooled) → grad_b (the ReLU's output), then the two trade places.
                 let planes = (self.envs * self.batch * arch.block_channels(b)) as u64;
                 let mut launch = stream.launch_builder(device.function("max_pool2x2_backward_f32"));
@@ -516,11 +548,13 @@ impl DeviceHost {
                 std::mem::swap(&mut self.grad_a, &mut self.grad_b);
             }
             let block = &self.blocks[b];
-            // The ReLU: grad_b = grad_a where the activation is positive (batch norm's output gradient).
-            let act_len64 = act_len as u64;
-            let mut launch = stream.launch_builder(device.function("relu_backward_f32"));
-            launch.arg(&block.act).arg(&self.grad_a).arg(&mut self.grad_b).arg(&act_len64);
-            unsafe { launch.launch(elementwise(act_len)) }?;
+            if !fused_relu {
+                // The ReLU: grad_b = grad_a where the activation is positive (batch norm's output gradient).
+                let act_len64 = act_len as u64;
+                let mut launch = stream.launch_builder(device.function("relu_backward_f32"));
+                launch.arg(&block.act).arg(&self.grad_a).arg(&mut self.grad_b).arg(&act_len64);
+                unsafe { launch.launch(elementwise(act_len)) }?;
+            }
 
             // Batch norm: dγ, dβ, then the conv output's gradient into grad_a.
             let plane = size * size;

@@ -382,6 +382,9 @@ fn elementwise_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>
     let split = NormShape { envs: 2, batch: 41, channels: 3, h: 15, w: 15 };
     assert_eq!(device_ops::batch_norm_splits(&split).0, 4, "the split shape must split");
     batch_norm_checks(device, s, rows, split, (40.0, 44.0))?;
+    // And over even planes (8×6, not square): the normalisation fused with the ReLU and the pool.
+    let even = NormShape { envs: 2, batch: 3, channels: 4, h: 8, w: 6 };
+    batch_norm_checks(device, s, rows, even, (-2.0, 3.0))?;
 
     // The head: linear 32 → 10 over [E=3, B=7], softmax cross-entropy and correct counts.
     let lin = LinearShape { envs: 3, batch: 7, in_features: 32, out_features: 10 };
@@ -1474,6 +1477,81 @@ fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), 
     Ok(())
 }
 
+/// The fused passes where no seed sits between batch norm and the pool, over `bn` (even planes) from
+/// the device input `x`: `batch_norm_relu_pool_f32` in training (the CPU's statistics `[mean, inv_std]`)
+/// and evaluation (`[running_mean, running_var]`) against `relu_cpu` (the normalisation + ReLU's CPU
+/// result in each) pooled by `ops::pool::max_pool2x2_forward` — the activation, the pooled values and
+/// the argmax, bit for bit — and `max_pool2x2_relu_backward_f32` against `max_pool2x2_backward` then
+/// `relu_backward`, bit for bit.
+#[allow(clippy::too_many_arguments)]
+fn fused_pool_checks(
+    device: &Device,
+    s: &mut Stream,
+    rows: &mut Vec<ParityRow>,
+    bn: NormShape,
+    x_dev: &CudaSlice<f32>,
+    [mean, inv_std, running_mean, running_var]: [&CudaSlice<f32>; 4],
+    [gamma, beta]: [&CudaSlice<f32>; 2],
+    relu_cpu: [&[f32]; 2],
+) -> Result<(), ParityError> {
+    let stream = &device.stream;
+    let pool = PoolShape { envs: bn.envs, batch: bn.batch, channels: bn.channels, h: bn.h, w: bn.w };
+    let dims = [bn.envs, bn.batch, bn.channels, bn.h, bn.w].map(|d| d as u32);
+    let windows = pool.max_pool_output_len();
+    for (eval, act_cpu) in [(0i32, relu_cpu[0]), (1, relu_cpu[1])] {
+        let (mut pooled_cpu, mut idx_cpu) = (vec![0.0f32; windows], vec![0u8; windows]);
+        max_pool2x2_forward(pool, act_cpu, &mut pooled_cpu, &mut idx_cpu);
+        let mut act_dev = stream.clone_htod(&vec![f32::NAN; bn.len()])?;
+        let mut pooled_dev = stream.alloc_zeros::<f32>(windows)?;
+        let mut idx_dev = stream.clone_htod(&vec![9u8; windows])?;
+        let (m, v) = if eval == 1 { (running_mean, running_var) } else { (mean, inv_std) };
+        let mut launch = stream.launch_builder(device.function("batch_norm_relu_pool_f32"));
+        launch.arg(x_dev).arg(&mut act_dev).arg(&mut pooled_dev).arg(&mut idx_dev);
+        launch.arg(m).arg(v).arg(gamma).arg(beta);
+        push_dims(&mut launch, &dims);
+        launch.arg(&eval);
+        unsafe { launch.launch(elementwise(windows)) }?;
+        let (act, pooled, idx) =
+            (stream.clone_dtoh(&act_dev)?, stream.clone_dtoh(&pooled_dev)?, stream.clone_dtoh(&idx_dev)?);
+        let diff = if idx != idx_cpu {
+            f64::INFINITY
+        } else {
+            max_diff(&act, act_cpu).max(max_diff(&pooled, &pooled_cpu))
+        };
+        let twin = match eval {
+            0 => "batch_norm_apply_f32 (train, ReLU) + max_pool2x2_forward",
+            _ => "batch_norm_apply_f32 (eval, ReLU) + max_pool2x2_forward",
+        };
+        rows.push(ParityRow::new("batch_norm_relu_pool_f32", twin, bn.len() + 2 * windows, diff, 0.0));
+        if eval == 1 {
+            continue;
+        }
+        let dy = values(s, windows, -1.0, 1.0);
+        let mut routed = vec![0.0f32; bn.len()];
+        max_pool2x2_backward(pool, &dy, &idx_cpu, &mut routed);
+        let mut dx_cpu = vec![0.0f32; bn.len()];
+        relu_backward(act_cpu, &routed, &mut dx_cpu);
+        let dy_dev = stream.clone_htod(&dy)?;
+        let mut dx_dev = stream.clone_htod(&vec![f32::NAN; bn.len()])?;
+        let planes = (bn.envs * bn.batch * bn.channels) as u64;
+        let (h, w) = (bn.h as u32, bn.w as u32);
+        let mut launch = stream.launch_builder(device.function("max_pool2x2_relu_backward_f32"));
+        launch.arg(&dy_dev).arg(&idx_dev).arg(&act_dev).arg(&mut dx_dev).arg(&planes).arg(&h).arg(&w);
+        unsafe { launch.launch(elementwise(bn.len())) }?;
+        let dx = stream.clone_dtoh(&dx_dev)?;
+        let zeros = act_cpu.iter().filter(|&&a| a == 0.0).count();
+        rows.push(ParityRow::new(
+            "max_pool2x2_relu_backward_f32",
+            "ops::pool::max_pool2x2_backward + ops::activation::relu_backward",
+            bn.len(),
+            // Inputs where the ReLU cut must be present, or the row checks nothing of its mask.
+            if zeros > 0 { max_diff(&dx, &dx_cpu) } else { f64::INFINITY },
+            0.0,
+        ));
+    }
+    Ok(())
+}
+
 /// Batch norm over `bn` with inputs drawn from `x_range`: the statistics (a few ulps: f64 sums here, f32
 /// lanes there), then the element-wise passes fed the CPU's statistics (the same f32 operations: the
 /// same bits), the parameter gradients and the input gradient.
@@ -1563,6 +1641,20 @@ fn batch_norm_checks(
             max_diff: max_diff(&gpu, cpu),
             tolerance: 0.0,
         });
+    }
+    if bn.h.is_multiple_of(2) && bn.w.is_multiple_of(2) {
+        let mut eval_relu_cpu = eval_cpu.clone();
+        relu_forward_in_place(&mut eval_relu_cpu);
+        fused_pool_checks(
+            device,
+            s,
+            rows,
+            bn,
+            &x_dev,
+            [&mean_exact, &inv_exact, &rm_exact, &rv_exact],
+            [&gamma_dev, &beta_dev],
+            [&relu_cpu, &eval_relu_cpu],
+        )?;
     }
     let dy = values(s, bn.len(), -1.0, 1.0);
     let mut dx_cpu = vec![0.0f32; bn.len()];
