@@ -219,6 +219,9 @@ pub fn run(
     group("data", &mut rows, &mut |rows| data_checks(&device, &mut s, rows));
     group("seed modules", &mut rows, &mut |rows| seed_module_checks(&device, &mut s, rows));
     group("backend (seedless)", &mut rows, &mut |rows| backend_checks(Device::open(ordinal, cache)?, rows));
+    group("backend at TF32", &mut rows, &mut |rows| {
+        tf32_backend_check(Device::open(ordinal, cache)?.with_precision(Precision::Tf32), rows)
+    });
     group("backend (seeded)", &mut rows, &mut |rows| {
         backend_seed_checks(Device::open(ordinal, cache)?, rows)
     });
@@ -872,6 +875,46 @@ fn epoch_diffs(cpu: &mut CpuHostBackend, gpu: &mut CudaHostBackend) -> (f64, f64
 fn copies_back_beyond_one(gpu: &mut CudaHostBackend) -> f64 {
     let syncs = gpu.take_device_report().expect("a device backend reports").syncs;
     (syncs as f64 - 1.0).abs()
+}
+
+/// The seedless run of [`backend_checks`] (two epochs, a validation pass after each) at `--precision
+/// tf32`, where the host's convolutions run on the tensor-core 3×3 kernels, against the CPU in f32:
+/// inputs rounded to TF32 move the losses by about 10⁻³ of themselves over two epochs, a wrong
+/// fragment or index by far more, so the training and validation losses to 1e-2 — and not all equal
+/// to the CPU's bits, or the TF32 path did not run.
+fn tf32_backend_check(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
+    let arch = HostArch::CIFAR_BASELINE;
+    let (envs, batch, seed) = (3usize, 8usize, 5u64);
+    let data =
+        synthetic::generate(&SyntheticSpec { n_train: 96, n_test: 50, ..SyntheticSpec::with_seed(seed) })?;
+    let mut batcher = Batcher::new(&data, seed, envs, batch)?;
+    let slot_ids = [(0u8, 0u8), (0, 1), (0, 2)];
+    let mut cpu = CpuHostBackend::new(arch, &slot_ids, envs, batch, seed, 0);
+    let mut gpu = CudaHostBackend::new(device, arch, &slot_ids, envs, batch, seed, 0)?;
+    let fossilized = vec![vec![false; envs]; slot_ids.len()];
+    let plan = ValidationPlan { fossilized: &fossilized, ablate_fossils: false };
+    let (mut worst, mut differing) = (0.0f64, 0usize);
+    for epoch in 1..=2 {
+        batcher.begin_epoch(0, epoch);
+        cpu.train_epoch(&data, &batcher);
+        gpu.train_epoch(&data, &batcher);
+        let val_cpu: Vec<f64> = cpu.validate(&data, &batcher, plan).iter().map(|v| v.val_loss).collect();
+        let val_gpu: Vec<f64> = gpu.validate(&data, &batcher, plan).iter().map(|v| v.val_loss).collect();
+        let train_cpu: Vec<f64> = cpu.epoch_train().iter().map(|t| t.loss).collect();
+        let train_gpu: Vec<f64> = gpu.epoch_train().iter().map(|t| t.loss).collect();
+        for (g, c) in val_gpu.iter().chain(&train_gpu).zip(val_cpu.iter().chain(&train_cpu)) {
+            worst = worst.max(max_diff(&[*g], &[*c]));
+            differing += usize::from(g != c);
+        }
+    }
+    rows.push(ParityRow::new(
+        "backend epochs at --precision tf32: losses",
+        "host::CpuHostBackend (f32)",
+        4 * envs,
+        if differing > 0 { worst } else { f64::INFINITY },
+        1e-2,
+    ));
+    Ok(())
 }
 
 /// One seedless run on [`CudaHostBackend`] against [`CpuHostBackend`] through the seam the systems use:
