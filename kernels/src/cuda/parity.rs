@@ -17,7 +17,7 @@ use super::host::DeviceHost;
 use super::ops as device_ops;
 use super::seed_module::{DeviceSeed, DeviceSeedShape};
 use super::{DEFAULT_ARCH, KERNEL_FILES, KernelCache};
-use crate::data::{Batcher, SyntheticSpec, synthetic};
+use crate::data::{Batcher, Dataset, SyntheticSpec, synthetic};
 use crate::host::train::{Trainer, ValTotals, accumulate_validation};
 use crate::host::{
     CpuHostBackend, FossilRow, GraphCounts, HostArch, HostBackend, HostParams, HostWorkspace, ParamPrint,
@@ -877,21 +877,40 @@ fn copies_back_beyond_one(gpu: &mut CudaHostBackend) -> f64 {
     (syncs as f64 - 1.0).abs()
 }
 
+/// The bench's slots, every seed off: the validation has the main configuration alone.
+const SEEDLESS_SLOTS: [(u8, u8); 3] = [(0, 0), (0, 1), (0, 2)];
+
+/// The seedless backends [`backend_checks`] and [`tf32_backend_check`] compare: 3 envs of 8 images a
+/// batch from a small synthetic set (96 training, 50 test images), run seed 5, on the CPU and on
+/// `device`.
+struct Seedless {
+    data: Dataset,
+    batcher: Batcher,
+    cpu: CpuHostBackend,
+    gpu: CudaHostBackend,
+    envs: usize,
+    seed: u64,
+}
+
+fn seedless(device: Device) -> Result<Seedless, ParityError> {
+    let arch = HostArch::CIFAR_BASELINE;
+    let (envs, batch, seed) = (3usize, 8usize, 5u64);
+    let data =
+        synthetic::generate(&SyntheticSpec { n_train: 96, n_test: 50, ..SyntheticSpec::with_seed(seed) })?;
+    let batcher = Batcher::new(&data, seed, envs, batch)?;
+    let cpu = CpuHostBackend::new(arch, &SEEDLESS_SLOTS, envs, batch, seed, 0);
+    let gpu = CudaHostBackend::new(device, arch, &SEEDLESS_SLOTS, envs, batch, seed, 0)?;
+    Ok(Seedless { data, batcher, cpu, gpu, envs, seed })
+}
+
 /// The seedless run of [`backend_checks`] (two epochs, a validation pass after each) at `--precision
 /// tf32`, where the host's convolutions run on the tensor-core 3×3 kernels, against the CPU in f32:
 /// inputs rounded to TF32 move the losses by about 10⁻³ of themselves over two epochs, a wrong
 /// fragment or index by far more, so the training and validation losses to 1e-2 — and not all equal
 /// to the CPU's bits, or the TF32 path did not run.
 fn tf32_backend_check(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
-    let arch = HostArch::CIFAR_BASELINE;
-    let (envs, batch, seed) = (3usize, 8usize, 5u64);
-    let data =
-        synthetic::generate(&SyntheticSpec { n_train: 96, n_test: 50, ..SyntheticSpec::with_seed(seed) })?;
-    let mut batcher = Batcher::new(&data, seed, envs, batch)?;
-    let slot_ids = [(0u8, 0u8), (0, 1), (0, 2)];
-    let mut cpu = CpuHostBackend::new(arch, &slot_ids, envs, batch, seed, 0);
-    let mut gpu = CudaHostBackend::new(device, arch, &slot_ids, envs, batch, seed, 0)?;
-    let fossilized = vec![vec![false; envs]; slot_ids.len()];
+    let Seedless { data, mut batcher, mut cpu, mut gpu, envs, .. } = seedless(device)?;
+    let fossilized = vec![vec![false; envs]; SEEDLESS_SLOTS.len()];
     let plan = ValidationPlan { fossilized: &fossilized, ablate_fossils: false };
     let (mut worst, mut differing) = (0.0f64, 0usize);
     for epoch in 1..=2 {
@@ -924,15 +943,8 @@ fn tf32_backend_check(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), P
 /// prints to 1e-5 (the statistics' f64 sums against the CPU's f32 lanes, through two epochs of SGD);
 /// accuracies are counts of arg-maxes, which a few ulps only change on a near-tie, so exactly.
 fn backend_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
-    let arch = HostArch::CIFAR_BASELINE;
-    let (envs, batch, seed) = (3usize, 8usize, 5u64);
-    let data =
-        synthetic::generate(&SyntheticSpec { n_train: 96, n_test: 50, ..SyntheticSpec::with_seed(seed) })?;
-    let mut batcher = Batcher::new(&data, seed, envs, batch)?;
-    // The bench's slots, every seed off: the validation has the main configuration alone.
-    let slot_ids = [(0u8, 0u8), (0, 1), (0, 2)];
-    let mut cpu = CpuHostBackend::new(arch, &slot_ids, envs, batch, seed, 0);
-    let mut gpu = CudaHostBackend::new(device, arch, &slot_ids, envs, batch, seed, 0)?;
+    let Seedless { data, mut batcher, mut cpu, mut gpu, envs, seed } = seedless(device)?;
+    let slot_ids = SEEDLESS_SLOTS;
     let fossilized = vec![vec![false; envs]; slot_ids.len()];
     let plan = ValidationPlan { fossilized: &fossilized, ablate_fossils: false };
     let (mut loss_diff, mut acc_diff, mut syncs_diff) = (0.0f64, 0.0f64, 0.0f64);
