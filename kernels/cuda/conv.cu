@@ -490,11 +490,18 @@ IG_KERNEL(32)
 // ---- TF32 on the tensor cores (`--precision tf32`; the kernel emulator brings its own versions of these
 // two). tf32_round: x rounded to TF32 (10 mantissa bits; to nearest, ties away from zero: `cvt.rna`),
 // kept in an f32 whose low 13 bits are zero. CPU twin: ops::precision::round_to_tf32.
+// Both need sm_80 or later; below that (no build compiles for it today) they trap rather than make the
+// module fail to load, which would take the file's f32 kernels down with them.
 #ifndef ESPER_KERNEL_EMULATOR
 __device__ __forceinline__ float tf32_round(float x) {
+#if __CUDA_ARCH__ >= 800
     u32 r;
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
     return __uint_as_float(r);
+#else
+    asm volatile("trap;");
+    return x;
+#endif
 }
 
 // d += A · B for one warp: A 16 × 8 (row-major), B 8 × 8 (column-major), d 16 × 8, f32 sums of TF32
@@ -502,12 +509,16 @@ __device__ __forceinline__ float tf32_round(float x) {
 // A[g + 8][t + 4]), b = (B[t][g], B[t + 4][g]) and d = (D[g][2t], D[g][2t + 1], D[g + 8][2t],
 // D[g + 8][2t + 1]) (the PTX ISA's fragment layout for .m16n8k8 with .tf32).
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const float (&a)[4], const float (&b)[2]) {
+#if __CUDA_ARCH__ < 800
+    asm volatile("trap;");
+#else
     asm volatile(
         "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(__float_as_uint(a[0])), "r"(__float_as_uint(a[1])), "r"(__float_as_uint(a[2])),
           "r"(__float_as_uint(a[3])), "r"(__float_as_uint(b[0])), "r"(__float_as_uint(b[1])));
+#endif
 }
 #endif
 
@@ -815,7 +826,10 @@ template <int NT>
 __device__ __forceinline__ void conv3x3_tc(
     const float* x, const float* weight, float* y, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, int flip) {
     __shared__ float tile[DC_TILE];
-    __shared__ float wt[TC_K][NT * 8];  // [chunk row k][output channel], TF32
+    // [chunk row k][output channel], TF32; rows of 24 floats for two n-tiles, so that a k-step's four
+    // rows (lanes' tg) × eight channels (g) fall in 32 different banks.
+    constexpr int WT_STRIDE = NT == 1 ? 8 : 24;
+    __shared__ float wt[TC_K][WT_STRIDE];
     __shared__ int row_offset[TC_K];
     u32 t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane / 4, tg = lane % 4;
     u32 e = blockIdx.z, o0 = blockIdx.y * (NT * 8);

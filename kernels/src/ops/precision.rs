@@ -58,7 +58,9 @@ pub fn bf16_bits(x: f32) -> u16 {
 
 /// `x` rounded to TF32 as `cvt.rna.tf32.f32` rounds it: to 10 stored mantissa bits, to nearest, ties
 /// away from zero (half a TF32 step added to the magnitude, the low 13 bits cleared). The carry may
-/// run into the exponent, up to infinity. NaN and infinities pass through.
+/// run into the exponent, up to infinity. NaN and infinities pass through (the device may clear a
+/// NaN's low payload bits, which can turn it into an infinity: non-finite either way; the selftest
+/// compares finite inputs).
 pub fn round_to_tf32(x: f32) -> f32 {
     let u = x.to_bits();
     if u & 0x7f80_0000 == 0x7f80_0000 {
