@@ -198,12 +198,14 @@ struct SlotPrintPlan {
 }
 
 /// A trace's parameter copies in flight ([`HostBackend::queue_param_fingerprints`]): page-locked
-/// buffers, one per copied device buffer (kept from step to step while the lengths stay), and the
-/// last queue's plan, buffer count and the event recorded after its copies.
+/// buffers, and the last queue's plan, the buffer each copied device buffer went to (in source order)
+/// and the event recorded after its copies. The buffers are kept for the run and reused by length, so
+/// that a change of which seeds are held allocates at most new ones and never frees one mid-run
+/// (freeing page-locked memory waits for the device).
 #[derive(Default)]
 struct QueuedFingerprints {
     pinned: Vec<PinnedHostSlice<f32>>,
-    copied: Option<(FingerprintPlan, usize, CudaEvent)>,
+    copied: Option<(FingerprintPlan, Vec<usize>, CudaEvent)>,
 }
 
 impl CudaHostBackend {
@@ -994,28 +996,32 @@ impl HostBackend for CudaHostBackend {
         let sources = self.fingerprint_sources(&plan);
         let mut queue = self.queued.lock().unwrap_or_else(|e| e.into_inner());
         let ctx = self.device.stream.context().clone();
-        for (i, src) in sources.iter().enumerate() {
-            if queue.pinned.get(i).is_none_or(|p| p.len() != src.len()) {
-                // Page-locked (so the copy runs without the host), not write-combined (the host reads it).
-                // Safety: every value is written by the copy below before it is read.
-                let buffer = on_device(
-                    unsafe { ctx.alloc_pinned_with_flags::<f32>(src.len(), 0) }.map_err(Into::into),
-                );
-                if i < queue.pinned.len() {
-                    queue.pinned[i] = buffer;
-                } else {
-                    queue.pinned.push(buffer);
+        let mut used = vec![false; queue.pinned.len()];
+        let mut targets = Vec::with_capacity(sources.len());
+        for src in &sources {
+            let free = (0..queue.pinned.len()).find(|&i| !used[i] && queue.pinned[i].len() == src.len());
+            let i = match free {
+                Some(i) => i,
+                None => {
+                    // Page-locked (the copy runs without the host), not write-combined (the host reads it).
+                    // Safety: every value is written by the copy below before it is read.
+                    let buffer = unsafe { ctx.alloc_pinned_with_flags::<f32>(src.len(), 0) };
+                    queue.pinned.push(on_device(buffer.map_err(Into::into)));
+                    used.push(false);
+                    queue.pinned.len() - 1
                 }
-            }
+            };
+            used[i] = true;
             on_device(self.device.stream.memcpy_dtoh(src, &mut queue.pinned[i]).map_err(Into::into));
+            targets.push(i);
         }
         let done = on_device(self.device.stream.record_event(None).map_err(Into::into));
-        queue.copied = Some((plan, sources.len(), done));
+        queue.copied = Some((plan, targets, done));
     }
 
     fn queued_param_fingerprints(&self, checksums: &mut [u64], prints: &mut [ParamPrint]) {
         let mut queue = self.queued.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((plan, count, done)) = queue.copied.take() else {
+        let Some((plan, targets, done)) = queue.copied.take() else {
             drop(queue);
             return self.param_fingerprints(checksums, prints);
         };
@@ -1024,7 +1030,7 @@ impl HostBackend for CudaHostBackend {
             self.fingerprint_syncs.fetch_add(1, Ordering::Relaxed);
         }
         let values: Vec<&[f32]> =
-            queue.pinned[..count].iter().map(|p| on_device(p.as_slice().map_err(Into::into))).collect();
+            targets.iter().map(|&i| on_device(queue.pinned[i].as_slice().map_err(Into::into))).collect();
         self.fingerprints_from(&plan, &values, checksums, prints);
     }
 
