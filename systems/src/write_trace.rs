@@ -90,7 +90,7 @@ pub struct TraceSink {
     /// allocation of the one before, reused for the next.
     pending: Option<StepRecord>,
     spare: StepRecord,
-    /// The `[E]` checksums and `[E, 1 + S]` prints a deferred record is completed with.
+    /// The `[E]` checksums and `[E, 1 + S]` prints a record is completed with.
     checksums: Vec<u64>,
     prints: Vec<ParamPrint>,
 }
@@ -123,16 +123,31 @@ impl TraceSink {
     pub fn flush(&mut self, hosts: &dyn HostBackend) {
         let Some(mut record) = self.pending.take() else { return };
         if self.error.is_none() {
-            let groups = 1 + hosts.slot_ids().len();
-            self.checksums.resize(record.envs.len(), 0);
-            self.prints.resize(record.envs.len() * groups, ParamPrint::default());
-            hosts.queued_param_fingerprints(&mut self.checksums, &mut self.prints);
-            add_fingerprints(&mut record, &self.checksums, &self.prints, groups);
-            if let Err(err) = self.out.write_step(&record) {
-                self.error = Some(format!("trace: {err}"));
-            }
+            self.complete_and_write(&mut record, hosts, |c, p| hosts.queued_param_fingerprints(c, p));
         }
         self.spare = record;
+    }
+
+    /// Fills each env's checksum and prints into `record` from `read` (the backend's fingerprints,
+    /// `[E]` and `[E, 1 + S]`, through the sink's reused buffers), then writes it.
+    fn complete_and_write(
+        &mut self,
+        record: &mut StepRecord,
+        hosts: &dyn HostBackend,
+        read: impl FnOnce(&mut [u64], &mut [ParamPrint]),
+    ) {
+        let groups = 1 + hosts.slot_ids().len();
+        self.checksums.resize(record.envs.len(), 0);
+        self.prints.resize(record.envs.len() * groups, ParamPrint::default());
+        read(&mut self.checksums, &mut self.prints);
+        for (e, env) in record.envs.iter_mut().enumerate() {
+            env.checksum = self.checksums[e];
+            env.fingerprint.clear();
+            env.fingerprint.extend_from_slice(&self.prints[e * groups..(e + 1) * groups]);
+        }
+        if let Err(err) = self.out.write_step(record) {
+            self.error = Some(format!("trace: {err}"));
+        }
     }
 
     /// The first write error, if any (nothing is recorded after it).
@@ -146,13 +161,10 @@ impl TraceSink {
     }
 }
 
-/// The system's reused buffers: the record, and the `[E]` checksums and `[E, 1 + S]` prints the backend
-/// fills in one call.
+/// The system's reused record (the sink keeps the fingerprints' buffers).
 #[derive(Default)]
 pub struct TraceScratch {
     record: StepRecord,
-    checksums: Vec<u64>,
-    prints: Vec<ParamPrint>,
 }
 
 #[allow(clippy::too_many_arguments)] // a system: each parameter is one resource or query it touches
@@ -184,7 +196,7 @@ pub fn write_trace(
             return;
         }
     }
-    let TraceScratch { record, checksums, prints } = &mut *scratch;
+    let record = &mut scratch.record;
     record.round = clock.round;
     record.epoch = clock.epoch;
     record.step = clock.step;
@@ -225,20 +237,5 @@ pub fn write_trace(
         sink.pending = Some(std::mem::take(&mut sink.spare));
         return;
     }
-    checksums.resize(n_envs.0, 0);
-    prints.resize(n_envs.0 * (1 + n_slots), ParamPrint::default());
-    hosts.param_fingerprints(checksums, prints);
-    add_fingerprints(record, checksums, prints, 1 + n_slots);
-    if let Err(err) = sink.out.write_step(record) {
-        sink.error = Some(format!("trace: {err}"));
-    }
-}
-
-/// Each env's checksum and its `groups` prints (`[E]`, `[E, groups]`) into `record`.
-fn add_fingerprints(record: &mut StepRecord, checksums: &[u64], prints: &[ParamPrint], groups: usize) {
-    for (e, env) in record.envs.iter_mut().enumerate() {
-        env.checksum = checksums[e];
-        env.fingerprint.clear();
-        env.fingerprint.extend_from_slice(&prints[e * groups..(e + 1) * groups]);
-    }
+    sink.complete_and_write(record, &*hosts.0, |c, p| hosts.param_fingerprints(c, p));
 }

@@ -84,10 +84,8 @@ pub struct GemmConv {
     /// (`conv3x3_tc_*_tf32`, `conv3x3_wgrad_tc_*_tf32`), the rest as implicit GEMMs (with `implicit`).
     /// On at TF32 unless `ESPER_CUDA_CONV=im2col` (all through cuBLAS), or by [`Self::set_tensor_cores`].
     tensor_cores: bool,
-    /// The tensor-core weight gradient's partial sums (sized by [`staged_wgrad_partial_len`]).
-    tc_partial: CudaSlice<f32>,
     /// The lengths `col` and `rows` need for the im2col + GEMM form of the largest convolutions, and
-    /// the length `col` needs for the implicit weight gradient's partial sums.
+    /// the length `col` needs for the weight gradients' partial sums (implicit, direct or tensor-core).
     im2col_lens: (usize, usize),
     implicit_col_len: usize,
     /// The implicit GEMMs multiply in f32, and run at f32 and TF32.
@@ -141,11 +139,12 @@ impl GemmConv {
         let implicit = device.precision() != Precision::Bf16 && choice.as_deref() != Some("im2col");
         let direct = device.precision() == Precision::F32 && implicit && choice.as_deref() == Some("direct");
         let tensor_cores = device.precision() == Precision::Tf32 && implicit;
-        let tc_partial_len = |d: &Conv2dShape| staged_wgrad_partial_len(d, Staged::TensorCores);
-        let tc_partial = stream.alloc_zeros::<f32>(if tensor_cores { most(tc_partial_len) } else { 1 })?;
-        // Either weight gradient's partial sums (the direct one's when `ESPER_CUDA_CONV=direct`).
-        let partial_len =
-            |d: &Conv2dShape| wgrad_partial_len(d).max(staged_wgrad_partial_len(d, Staged::Direct));
+        // Any weight gradient's partial sums: the implicit one's, the direct one's (`ESPER_CUDA_CONV=direct`)
+        // or the tensor cores' (TF32), all in `col`.
+        let partial_len = |d: &Conv2dShape| {
+            let staged = |kernel| staged_wgrad_partial_len(d, kernel);
+            wgrad_partial_len(d).max(staged(Staged::Direct)).max(staged(Staged::TensorCores))
+        };
         let (im2col_lens, implicit_col_len) = ((col, rows), most(partial_len));
         // The implicit GEMMs write no column matrix: at W16 that is gigabytes of device memory the
         // scratch no longer takes (a seed's 3×3 convolution at 32×32: 16 · 72 · 512 · 1024 floats).
@@ -161,7 +160,6 @@ impl GemmConv {
             implicit,
             direct,
             tensor_cores,
-            tc_partial,
             im2col_lens,
             implicit_col_len,
             precision,
@@ -195,13 +193,9 @@ impl GemmConv {
     }
 
     /// At TF32: the 3×3 convolutions [`direct_fits`] takes on the tensor cores and the rest as implicit
-    /// GEMMs (`on`), or all through cuBLAS, growing the scratch to `largest`'s.
-    pub(super) fn set_tensor_cores(&mut self, device: &Device, on: bool, largest: &[Conv2dShape]) -> R {
+    /// GEMMs (`on`), or all through cuBLAS, growing the scratch to what the chosen form needs.
+    pub(super) fn set_tensor_cores(&mut self, device: &Device, on: bool) -> R {
         assert!(!on || self.precision == Precision::Tf32, "the tensor-core convolutions multiply in TF32");
-        let len = largest.iter().map(|d| staged_wgrad_partial_len(d, Staged::TensorCores)).max().unwrap_or(1);
-        if on && self.tc_partial.len() < len {
-            self.tc_partial = device.stream.alloc_zeros::<f32>(len)?;
-        }
         self.set_implicit(device, on)?;
         self.tensor_cores = on;
         Ok(())
@@ -336,22 +330,8 @@ impl GemmConv {
         grad_weight: &mut CudaSlice<f32>,
     ) -> Result<(), ParityError> {
         self.check(d);
-        match self.staged(d) {
-            Some(Staged::TensorCores) => {
-                return staged_weight_grad(
-                    device,
-                    Staged::TensorCores,
-                    d,
-                    x,
-                    dy,
-                    &mut self.tc_partial,
-                    grad_weight,
-                );
-            }
-            Some(Staged::Direct) => {
-                return staged_weight_grad(device, Staged::Direct, d, x, dy, &mut self.col, grad_weight);
-            }
-            None => {}
+        if let Some(kernel) = self.staged(d) {
+            return staged_weight_grad(device, kernel, d, x, dy, &mut self.col, grad_weight);
         }
         if self.implicit {
             return implicit_weight_grad(device, d, x, dy, &mut self.col, grad_weight);

@@ -324,7 +324,7 @@ impl DeviceHost {
         };
         if !from_r1 {
             block.r0_ran = false;
-            if let Some(slot) = block.r0.as_mut().filter(|slot| slot.runs(train)) {
+            if let (Some(slot), true) = (block.r0.as_mut(), r0_runs) {
                 slot.forward(device, &mut self.conv, &block.act, eval_pass)?;
                 block.r0_ran = true;
             }

@@ -2097,7 +2097,7 @@ fn gemm_precision_checks(
         let on = device.clone().with_precision(precision);
         let mut gemm = GemmConv::new(&on, &[c])?;
         if precision == Precision::Tf32 {
-            gemm.set_tensor_cores(&on, tensor_cores, &[c])?;
+            gemm.set_tensor_cores(&on, tensor_cores)?;
         }
         let (round, tolerance, form): (fn(f32) -> f32, f64, &str) = match (precision, tensor_cores) {
             (Precision::Bf16, _) => (round_to_bf16, 1e-4, "bf16"),
