@@ -18,6 +18,8 @@ use std::any::Any;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+mod common;
+
 /// The CPU backend asking for deferred fingerprints: `queue` hashes the parameters as they are then
 /// (what a device's queued copy holds), `queued` hands that back; immediate reads are counted.
 struct DeferringCpu {
@@ -133,18 +135,12 @@ fn a_deferring_trace_writes_the_immediate_records_one_step_later() {
     let mut plain = Session::new(&plan).unwrap();
     plain.world.insert_resource(TraceSink::new(Box::new(Collector(Arc::clone(&immediate)))));
     let mut session = Session::new(&plan).unwrap();
-    let (arch, slot_ids) = {
-        let hosts = session.world.resource::<Hosts>();
-        (hosts.arch(), hosts.slot_ids().to_vec())
-    };
-    let cpu = CpuHostBackend::new(arch, &slot_ids, 2, 16, plan.config.seed, 0);
-    let backend = DeferringCpu {
+    common::install_cpu_double(&mut session.world, &plan, |cpu| DeferringCpu {
         cpu,
         queued: Mutex::new(None),
         queues: AtomicUsize::new(0),
         immediate: AtomicUsize::new(0),
-    };
-    session.world.insert_resource(Hosts::from(backend));
+    });
     session.world.insert_resource(TraceSink::deferring(Box::new(Collector(Arc::clone(&deferred)))));
 
     let mut steps = 0;

@@ -12,8 +12,9 @@ use esper_kernels::host::{
     CpuHostBackend, DeviceReport, EnvCounterfactuals, EpochTrain, FossilRow, GraphUse, HostArch, HostBackend,
     ParamPrint, SeedTelemetry, SlotSync, ValidationPlan,
 };
-use esper_systems::host_resources::Hosts;
 use std::any::Any;
+
+mod common;
 
 /// The CPU backend, reporting a GPU's figures for every step.
 struct ReportingCpu(CpuHostBackend);
@@ -108,12 +109,7 @@ fn a_devices_time_and_graph_use_reach_the_profile_table() {
     let plan = plan(&dir);
     let guard = profile::install_chrome_trace(&trace).unwrap();
     let mut s = Session::new(&plan).unwrap();
-    let (arch, slot_ids) = {
-        let hosts = s.world.resource::<Hosts>();
-        (hosts.arch(), hosts.slot_ids().to_vec())
-    };
-    let cpu = CpuHostBackend::new(arch, &slot_ids, 2, 16, plan.config.seed, 0);
-    s.world.insert_resource(Hosts::from(ReportingCpu(cpu)));
+    common::install_cpu_double(&mut s.world, &plan, ReportingCpu);
     s.start_round(0);
     for epoch in 1..=3u64 {
         let step = tracing::info_span!(target: "esper", "step", epoch, envs = 2u64).entered();

@@ -7,8 +7,10 @@ use esper_components::{
     FactoredAction, HostMetrics, LifecycleOp, SeedAlpha, SeedStage, SlotEvents, SlotFlags, SlotIndex,
     SlotState, Stage, StageCounters,
 };
+use esper_ecs::config::RunPlan;
+use esper_kernels::host::{CpuHostBackend, HostBackend};
 use esper_systems::ActionBatch;
-use esper_systems::host_resources::StepClock;
+use esper_systems::host_resources::{Hosts, StepClock};
 use esper_systems::policy::{Observations, Policy};
 use esper_systems::slot_query::SlotLifecycle;
 
@@ -120,4 +122,21 @@ pub fn inject_validation_fault(
             m.val_accuracy = f.val_accuracy.unwrap_or(m.val_accuracy);
         }
     }
+}
+
+/// Replaces `world`'s hosts with `wrap` of a fresh CPU backend made as the run makes its own (the
+/// same arch, slots, env count, batch and seed, round 0): a test double that wraps the CPU backend runs
+/// the schedule with the same numbers.
+pub fn install_cpu_double<B: HostBackend>(
+    world: &mut World,
+    plan: &RunPlan,
+    wrap: impl FnOnce(CpuHostBackend) -> B,
+) {
+    let (arch, slot_ids) = {
+        let hosts = world.resource::<Hosts>();
+        (hosts.arch(), hosts.slot_ids().to_vec())
+    };
+    let config = &plan.config;
+    let cpu = CpuHostBackend::new(arch, &slot_ids, config.envs, config.batch_per_env, config.seed, 0);
+    world.insert_resource(Hosts::from(wrap(cpu)));
 }
