@@ -5,7 +5,7 @@
 //! a device's copy would capture the values) gives exactly the records an immediate sink gives on the
 //! plain CPU backend, each one step later, without ever reading the fingerprints immediately.
 
-use esper_ecs::config::{PolicyKind, RunConfig, RunPlan};
+use esper_ecs::config::PolicyKind;
 use esper_ecs::run::Session;
 use esper_kernels::data::{Batcher, Dataset};
 use esper_kernels::host::{
@@ -112,24 +112,10 @@ impl StepSink for Collector {
     }
 }
 
-fn plan(dir: &std::path::Path) -> RunPlan {
-    let config = RunConfig {
-        envs: 2,
-        rounds: 2,
-        epochs: 3,
-        policy: PolicyKind::Heuristic,
-        batch_per_env: 16,
-        synthetic_train_per_env: 32,
-        synthetic_test_per_env: 16,
-        ..RunConfig::default()
-    };
-    config.plan_in(dir.to_path_buf(), true).expect("a valid tiny config")
-}
-
 #[test]
 fn a_deferring_trace_writes_the_immediate_records_one_step_later() {
     let dir = std::env::temp_dir().join(format!("esper-deferred-trace-{}", std::process::id()));
-    let plan = plan(&dir);
+    let plan = common::tiny_plan(&dir, |c| (c.rounds, c.policy) = (2, PolicyKind::Heuristic));
     let (immediate, deferred) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));
 
     let mut plain = Session::new(&plan).unwrap();

@@ -4,7 +4,6 @@
 //! device time on TrainHosts' row (recorded after validation), the validation's on Validate's, and how
 //! each used graphs. One test per file: the trace writer is the process's global subscriber.
 
-use esper_ecs::config::{PolicyKind, RunConfig, RunPlan};
 use esper_ecs::profile;
 use esper_ecs::run::Session;
 use esper_kernels::data::{Batcher, Dataset};
@@ -87,26 +86,13 @@ impl HostBackend for ReportingCpu {
     }
 }
 
-fn plan(dir: &std::path::Path) -> RunPlan {
-    let config = RunConfig {
-        envs: 2,
-        epochs: 3,
-        policy: PolicyKind::Static,
-        batch_per_env: 16,
-        synthetic_train_per_env: 32,
-        synthetic_test_per_env: 16,
-        ..RunConfig::default()
-    };
-    config.plan_in(dir.to_path_buf(), true).expect("a valid tiny config")
-}
-
 #[test]
 fn a_devices_time_and_graph_use_reach_the_profile_table() {
     let dir = std::env::temp_dir().join(format!("esper-device-profile-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let trace = dir.join("trace.json");
-    let plan = plan(&dir);
+    let plan = common::tiny_plan(&dir, |_| {});
     let guard = profile::install_chrome_trace(&trace).unwrap();
     let mut s = Session::new(&plan).unwrap();
     common::install_cpu_double(&mut s.world, &plan, ReportingCpu);

@@ -7,7 +7,7 @@ use esper_components::{
     FactoredAction, HostMetrics, LifecycleOp, SeedAlpha, SeedStage, SlotEvents, SlotFlags, SlotIndex,
     SlotState, Stage, StageCounters,
 };
-use esper_ecs::config::RunPlan;
+use esper_ecs::config::{PolicyKind, RunConfig, RunPlan};
 use esper_kernels::host::{CpuHostBackend, HostBackend};
 use esper_systems::ActionBatch;
 use esper_systems::host_resources::{Hosts, StepClock};
@@ -139,4 +139,20 @@ pub fn install_cpu_double<B: HostBackend>(
     let config = &plan.config;
     let cpu = CpuHostBackend::new(arch, &slot_ids, config.envs, config.batch_per_env, config.seed, 0);
     world.insert_resource(Hosts::from(wrap(cpu)));
+}
+
+/// A tiny run in `dir` for the tests that drive the schedule by hand: 2 envs, 3 epochs, batches of 16
+/// from 32 synthetic training and 16 test images per env, the static policy; `edit` changes the rest.
+pub fn tiny_plan(dir: &std::path::Path, edit: impl FnOnce(&mut RunConfig)) -> RunPlan {
+    let mut config = RunConfig {
+        envs: 2,
+        epochs: 3,
+        policy: PolicyKind::Static,
+        batch_per_env: 16,
+        synthetic_train_per_env: 32,
+        synthetic_test_per_env: 16,
+        ..RunConfig::default()
+    };
+    edit(&mut config);
+    config.plan_in(dir.to_path_buf(), true).expect("a valid tiny config")
 }
