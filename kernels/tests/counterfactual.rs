@@ -3,6 +3,7 @@
 
 use esper_kernels::host::{
     EnvConfigs, FusedValidator, HostParams, HostWorkspace, SeedBank, SeedEnvState, SeedMode,
+    ValidationPassOrder,
 };
 use esper_kernels::rng::{Purpose, StreamKey};
 use esper_kernels::seeds::CnnBlueprint;
@@ -188,9 +189,14 @@ fn fused_validation_reads_the_main_activation_in_place_and_gives_the_same_bits()
     let (fused, in_place) = check_fused_equals_alone(envs, envs, full_world(envs));
     assert_eq!(fused.virtual_env_count(), envs * 16);
     assert_eq!(in_place, 15, "every configuration but the main one runs as one pass over the envs, in place");
+    // Every env has the same 16 configurations (every subset of the 4 slots): the passes run as a tree.
+    // In network order (r0c0, r0c1, r1c1, r0c2) the masks run as binary numbers 1 … 15, each from
+    // where it first differs from the one before (the lowest set bit of v); it reads the main pass's
+    // activation there unless an earlier pass started before it (v not a power of two): 15 − 4 = 11.
+    assert_eq!(fused.reused_passes(), 11);
     // The same plan in chunks smaller than the env count gathers every pass, with the same results.
     let (gathered, none) = check_fused_equals_alone(envs, 2, full_world(envs));
-    assert_eq!(none, 0);
+    assert_eq!((none, gathered.reused_passes()), (0, 0));
     assert_eq!(gathered.results(), fused.results());
 }
 
@@ -216,4 +222,114 @@ fn fused_validation_bits_match_alone_logits() {
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&with_zero_alpha), bits(&ws.logits), "alpha 0 is the host exactly");
     let _ = fossilized;
+}
+
+/// Three ablatable slots, one per block at r0 (the bench's seeded workload), the same in every env:
+/// hand-derived, the passes run in lexicographic order of their off-masks read in network order, each
+/// from where it first differs from the pass before it.
+#[test]
+fn validation_passes_form_a_tree_over_three_slots() {
+    let positions = [(0, 0), (1, 0), (2, 0)];
+    let configs = vec![EnvConfigs::new(&[0, 1, 2]); 2];
+    // masks: 0, {0}, {1}, {2}, {1,2}, {0,2}, {0,1}, {0,1,2} (bit k = slot k).
+    assert_eq!(configs[0].masks, vec![0, 0b001, 0b010, 0b100, 0b110, 0b101, 0b011, 0b111]);
+    let mut planner = ValidationPassOrder::default();
+    let order = planner.plan(&configs, &positions).to_vec();
+    // Network-order keys (slot 0 first): pass 3 = 001, 2 = 010, 4 = 011, 1 = 100, 5 = 101, 6 = 110, 7 = 111.
+    let expected = [
+        (0, None),
+        (3, Some((2, 0))),
+        (2, Some((1, 0))),
+        (4, Some((2, 0))),
+        (1, Some((0, 0))),
+        (5, Some((2, 0))),
+        (6, Some((1, 0))),
+        (7, Some((2, 0))),
+    ];
+    assert_eq!(order, expected);
+    // Slot segments run: 3 (main) + 1 + 2 + 1 + 3 + 1 + 2 + 1 = 14, where starting every pass at its
+    // first switched-off slot runs 3 + 4·3 + 2·2 + 1 = 20.
+    assert_eq!(segments(&order, &positions), 14);
+    assert_eq!(planner.segments(), 14);
+}
+
+/// Slot segments a pass order runs: the main pass all of them, every other pass those from its start.
+fn segments(order: &[(usize, Option<(usize, u8)>)], positions: &[(usize, u8)]) -> usize {
+    let n = positions.len();
+    let index = |start: (usize, u8)| positions.iter().filter(|&&p| p < start).count();
+    order.iter().map(|&(_, start)| n - start.map_or(0, index)).sum()
+}
+
+/// A stand-in network of slot segments: the value at each slot input folds in every choice before it,
+/// so a pass that starts from an input computed with other choices ends on another value.
+fn segment(value: u64, network_index: usize, off: bool) -> u64 {
+    let choice = 2 * network_index as u64 + if off { 1 } else { 2 };
+    value.wrapping_mul(1_000_003).wrapping_add(choice)
+}
+
+proptest::proptest! {
+    /// Any mix of envs and ablatable slots (canonical slot order is not network order): running the
+    /// passes as a device does — one stored input per slot, each pass reading its start's and
+    /// rewriting every input after it — ends every env on what its configuration computed from the
+    /// images gives, and the order never runs more segments than starting every pass at the first slot
+    /// it switches off, latest first.
+    #[test]
+    fn validation_pass_order_reads_only_inputs_its_choices_made(
+        subsets in proptest::collection::vec(proptest::collection::vec(proptest::bool::ANY, 5), 1..5),
+        n_slots in 1usize..=5,
+    ) {
+        // Canonical order is the bank's: the r0 slots by column, then the r1 slots.
+        let positions = &[(0usize, 0u8), (1, 0), (2, 0), (0, 1), (1, 1)][..n_slots];
+        let network: Vec<usize> = {
+            let mut k: Vec<usize> = (0..n_slots).collect();
+            k.sort_by_key(|&k| positions[k]);
+            k
+        };
+        let configs: Vec<EnvConfigs> = subsets
+            .iter()
+            .map(|held| EnvConfigs::new(&(0..n_slots).filter(|&k| held[k]).collect::<Vec<_>>()))
+            .collect();
+        let mut planner = ValidationPassOrder::default();
+        let order = planner.plan(&configs, positions).to_vec();
+        proptest::prop_assert_eq!(planner.segments(), segments(&order, positions));
+        let passes = configs.iter().map(|c| c.masks.len()).max().unwrap();
+        let mut seen: Vec<usize> = order.iter().map(|&(j, _)| j).collect();
+        seen.sort();
+        proptest::prop_assert_eq!(seen, (0..passes).collect::<Vec<_>>());
+        proptest::prop_assert_eq!(order[0], (0, None));
+
+        let off = |j: usize, e: usize, k: usize| configs[e].masks.get(j).is_some_and(|m| m & (1 << k) != 0);
+        let from_images = |j: usize, e: usize| {
+            network.iter().enumerate().fold(e as u64 + 17, |v, (i, &k)| segment(v, i, off(j, e, k)))
+        };
+        // stored[e][i]: the input of the i-th slot in network order; the main pass writes them all.
+        let mut stored: Vec<Vec<u64>> = (0..configs.len())
+            .map(|e| {
+                let mut v = e as u64 + 17;
+                network.iter().enumerate().map(|(i, &k)| { let input = v; v = segment(v, i, off(0, e, k)); input }).collect()
+            })
+            .collect();
+        for &(j, start) in &order[1..] {
+            let start = start.expect("every pass but the main one starts at a slot");
+            let p = network.iter().position(|&k| positions[k] == start).expect("a slot's position");
+            for (e, inputs) in stored.iter_mut().enumerate() {
+                let mut v = inputs[p];
+                for (i, &k) in network.iter().enumerate().skip(p) {
+                    if i > p {
+                        inputs[i] = v;
+                    }
+                    v = segment(v, i, off(j, e, k));
+                }
+                proptest::prop_assert_eq!(v, from_images(j, e), "pass {} env {} from {:?}", j, e, start);
+            }
+        }
+        let first_off = |j: usize| {
+            (0..configs.len())
+                .filter_map(|e| network.iter().position(|&k| off(j, e, k)))
+                .min()
+                .expect("every pass but the main one switches a slot off in some env")
+        };
+        let latest_first: usize = n_slots + (1..passes).map(|j| n_slots - first_off(j)).sum::<usize>();
+        proptest::prop_assert!(segments(&order, positions) <= latest_first);
+    }
 }

@@ -25,8 +25,8 @@ use crate::host::SeedMode;
 use crate::host::train::{SeedGradStats, ValTotals};
 use crate::host::{
     DeviceReport, EnvConfigs, EnvCounterfactuals, EpochTrain, FossilRow, GraphUse, HostArch, HostBackend,
-    HostParams, ParamPrint, SeedBank, SeedEnvState, SeedTelemetry, SlotSync, TELEMETRY_STRIDE,
-    ValidationPlan, counterfactuals_into, host_fingerprint, plan_env_configs,
+    HostParams, ParamPrint, PassStart, SeedBank, SeedEnvState, SeedTelemetry, SlotSync, TELEMETRY_STRIDE,
+    ValidationPassOrder, ValidationPlan, counterfactuals_into, host_fingerprint, plan_env_configs,
 };
 use crate::seeds::{CnnBlueprint, ParamLayout};
 
@@ -82,6 +82,8 @@ pub struct CudaHostBackend {
     snapshot_fossils: Vec<Option<FossilRow>>,
     /// This validation's configurations per env.
     configs: Vec<EnvConfigs>,
+    /// The validation passes' order and starts (a tree over the slots' choices where the envs agree).
+    pass_order: ValidationPassOrder,
     /// `[slot][env]`: the seeds' gradient health at this epoch's last collection batch (None: not
     /// collected), and per env the host's gradient norm on that batch.
     telemetry: Vec<Vec<Option<SeedGradStats>>>,
@@ -330,6 +332,7 @@ impl CudaHostBackend {
             bank,
             snapshot_fossils: vec![None; n_envs * slot_ids.len()],
             configs: Vec::new(),
+            pass_order: ValidationPassOrder::default(),
             telemetry: vec![vec![None; n_envs]; slot_ids.len()],
             host_norm_at_collection: vec![0.0; n_envs],
             data: None,
@@ -767,27 +770,12 @@ impl CudaHostBackend {
                 off,
             )?;
         }
-        // Where each pass may start: at the first slot, in network order, that it switches off in any
-        // env (before it, every env is in its main configuration). The main pass runs whole, then the
-        // others from the latest start to the earliest, so each finds the main pass's activations
-        // before its start (a pass rewrites only what lies at or after its start).
-        let position = |k: usize| {
-            let (row, col) = self.slot_ids[k];
-            (col as usize, row)
-        };
-        let mut order: Vec<(usize, Option<(usize, u8)>)> = (0..passes)
-            .map(|j| {
-                let start = self
-                    .configs
-                    .iter()
-                    .filter_map(|c| c.masks.get(j).copied())
-                    .flat_map(|mask| (0..self.slot_ids.len()).filter(move |&k| mask & (1 << k) != 0))
-                    .map(position)
-                    .min();
-                (j, if j == 0 { None } else { start })
-            })
-            .collect();
-        order[1..].sort_by_key(|pass| std::cmp::Reverse(pass.1));
+        // The passes' order and starts: each from the latest slot whose stored input its own choices
+        // made (a pass rewrites only what lies after its start), as a tree over the slots' choices
+        // where the envs agree (ValidationPassOrder).
+        let positions: Vec<(usize, u8)> =
+            self.slot_ids.iter().map(|&(row, col)| (col as usize, row)).collect();
+        let order = self.pass_order.plan(&self.configs, &positions).to_vec();
         // Four rows per pass, after two unused (where the read-back has the epoch's).
         let needed = (2 + 4 * passes) * envs;
         if self.val_sums.len() < needed {

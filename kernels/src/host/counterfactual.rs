@@ -177,6 +177,14 @@ pub struct FusedValidator<T> {
     totals: ValTotals,
     /// Passes of the last batch that read the main activation in place.
     in_place_passes: usize,
+    /// Every env has the same configurations and the workspace holds one row per env: the passes run
+    /// in place in [`ValidationPassOrder`]'s order, each from the latest slot input its own choices
+    /// made (the main pass's or an earlier counterfactual pass's).
+    tree: bool,
+    pass_order: ValidationPassOrder,
+    /// Passes of the last batch that started from an activation an earlier counterfactual pass
+    /// computed (the tree).
+    reused_passes: usize,
 }
 
 impl<T: Real> FusedValidator<T> {
@@ -224,6 +232,9 @@ impl<T: Real> FusedValidator<T> {
             chunk_totals: ValTotals::new(chunk),
             totals: ValTotals::default(),
             in_place_passes: 0,
+            tree: false,
+            pass_order: ValidationPassOrder::default(),
+            reused_passes: 0,
         }
     }
 
@@ -244,7 +255,13 @@ impl<T: Real> FusedValidator<T> {
             held.clear();
             held.reserve(n_envs);
         }
-        self.plan_passes(n_envs);
+        let configs = &self.configs;
+        self.tree = n_envs == self.chunk && configs.iter().all(|c| c.masks == configs[0].masks);
+        if self.tree {
+            self.pass_order.plan(&self.configs, &self.positions);
+        } else {
+            self.plan_passes(n_envs);
+        }
     }
 
     /// The passes: for each start slot in network order, the `j`-th virtual env of every env that has
@@ -284,6 +301,13 @@ impl<T: Real> FusedValidator<T> {
         self.in_place_passes
     }
 
+    /// How many passes of the last batch started from an activation an earlier counterfactual pass
+    /// computed rather than the main forward's (the passes ran as a tree: every env has the same
+    /// configurations).
+    pub fn reused_passes(&self) -> usize {
+        self.reused_passes
+    }
+
     /// Number of virtual envs (Σ configurations) this epoch.
     pub fn virtual_env_count(&self) -> usize {
         self.virtual_envs.len()
@@ -321,6 +345,11 @@ impl<T: Real> FusedValidator<T> {
         }
         self.chunk_totals.resize(self.chunk);
         self.in_place_passes = 0;
+        self.reused_passes = 0;
+        if self.tree {
+            self.run_tree(main, params, bank, labels, counts);
+            return;
+        }
         for p in 0..self.passes.len() {
             let Pass { start: (block, row), rows: range } = self.passes[p].clone();
             let rows = &self.pass_rows[range.clone()];
@@ -343,7 +372,7 @@ impl<T: Real> FusedValidator<T> {
                     }));
                     std::mem::swap(&mut slot.state, held);
                 }
-                self.ws.forward_eval_from_slot(block, row, h, params, &*bank);
+                self.ws.forward_eval_from_slot(block, row, Some(h), params, &*bank);
                 for (slot, held) in bank.slots_mut().zip(&mut self.held_states) {
                     std::mem::swap(&mut slot.state, held);
                 }
@@ -356,6 +385,52 @@ impl<T: Real> FusedValidator<T> {
             for (i, &v) in rows.iter().enumerate() {
                 self.totals.add_row(v, &self.chunk_totals, i);
             }
+        }
+    }
+
+    /// The counterfactual passes of a batch when every env has the same configurations (see
+    /// [`Self::tree`]): in [`ValidationPassOrder`]'s order, in place, each from the main forward's
+    /// activation at its start or, where an earlier pass rewrote it, the workspace's own.
+    fn run_tree(
+        &mut self,
+        main: &HostWorkspace<T>,
+        params: &HostParams<T>,
+        bank: &mut SeedBank<T>,
+        labels: &[u8],
+        counts: &[usize],
+    ) {
+        let (b, classes) = (self.batch, self.arch.num_classes);
+        let masks = &self.configs[0].masks;
+        // The workspace holds every slot input after the earliest start so far.
+        let mut earliest: Option<(usize, u8)> = None;
+        for &(j, start) in &self.pass_order.order()[1..] {
+            let start = start.expect("every counterfactual pass starts at a slot");
+            let (block, row) = start;
+            for (k, slot) in bank.slots_mut().enumerate() {
+                let off = masks[j] & (1 << k) != 0;
+                let held = &mut self.held_states[k];
+                held.clear();
+                held.extend(
+                    slot.state
+                        .iter()
+                        .map(|st| if off { SeedEnvState { mode: SeedMode::Off, ..*st } } else { *st }),
+                );
+                std::mem::swap(&mut slot.state, held);
+            }
+            let own = earliest.is_some_and(|first| start > first);
+            let h = (!own).then(|| main.slot_input(block, row));
+            self.ws.forward_eval_from_slot(block, row, h, params, &*bank);
+            for (slot, held) in bank.slots_mut().zip(&mut self.held_states) {
+                std::mem::swap(&mut slot.state, held);
+            }
+            self.chunk_totals.reset();
+            accumulate_validation(&self.ws.logits, b, classes, labels, counts, &mut self.chunk_totals);
+            for e in 0..main.envs {
+                self.totals.add_row(e * masks.len() + j, &self.chunk_totals, e);
+            }
+            earliest = Some(earliest.map_or(start, |first| first.min(start)));
+            self.in_place_passes += 1;
+            self.reused_passes += usize::from(own);
         }
     }
 
@@ -409,7 +484,7 @@ impl<T: Real> FusedValidator<T> {
             }
             None => dst.fill(T::ZERO),
         });
-        ws.forward_eval_from_slot(block, row, &start_input[..chunk * per_row], vparams, vbank);
+        ws.forward_eval_from_slot(block, row, Some(&start_input[..chunk * per_row]), vparams, vbank);
         accumulate_validation(&ws.logits, b, classes, vlabels, vcounts, chunk_totals);
     }
 
@@ -509,4 +584,112 @@ fn copy_slot_row<T: Real>(src: &SlotParams<T>, dst: &mut SlotParams<T>, from: us
             d.params[to * s.row_len..(to + 1) * s.row_len].copy_from_slice(s.row(from));
         }
     }
+}
+
+/// A validation pass of a [`ValidationPassOrder`]: `(pass, start)`, the pass evaluating every env's
+/// `pass`-th configuration from slot `start` (`(block, row)`; None: from the images).
+pub type PassStart = (usize, Option<(usize, u8)>);
+
+/// The order validation passes run in when one activation per slot input is kept (the device's, and
+/// the CPU's when every env has the same configurations), and where each starts. Pass 0, the main
+/// configuration, runs first and whole; pass `j ≥ 1` evaluates every env's `j`-th configuration (an
+/// env with fewer configurations its main one). A pass from slot `s` rewrites every slot input after
+/// `s`. A pass can start at a slot when, for every env, the input stored there was computed with the
+/// pass's own choices at every slot before it; each starts at the latest such slot (the first slot in
+/// network order always qualifies: nothing before it is ablated).
+///
+/// Two orders are tried and the one that runs fewer slot segments (a slot and what follows it up to the
+/// next) is kept, the first on a tie:
+/// * the passes in lexicographic order of their off-masks read in network order (first slot most
+///   significant, env by env). When every env has the same configurations, each pass then shares with
+///   the one before it the longest prefix any earlier pass shares with it: the passes form a tree over
+///   the slots' on/off choices, each branch computed once. For three ablatable slots (8 configurations)
+///   the segments run 1 + 3 + 7 times beside the main pass instead of 4 + 6 + 7;
+/// * the passes that first switch a slot off latest first, so each finds the main pass's activations
+///   where it first differs from it (the order before the tree; never worse when envs differ).
+///
+/// Planning reuses its lists: once they have reached their sizes, a replan allocates nothing.
+#[derive(Clone, Debug, Default)]
+pub struct ValidationPassOrder {
+    order: Vec<PassStart>,
+    latest_first: Vec<PassStart>,
+    /// `stored[e * n_slots + p]`: the off-mask the input of the `p`-th slot in network order was last
+    /// computed with, for env `e`.
+    stored: Vec<u16>,
+    segments: usize,
+}
+
+impl ValidationPassOrder {
+    /// Plans the passes of `configs` (every env's, from [`plan_env_configs`]); `positions[k]` is
+    /// canonical slot `k`'s `(block, row)`.
+    pub fn plan(&mut self, configs: &[EnvConfigs], positions: &[(usize, u8)]) -> &[PassStart] {
+        let n_slots = positions.len();
+        assert!(n_slots <= MAX_ABLATABLE, "at most {MAX_ABLATABLE} slots");
+        let passes = configs.iter().map(|c| c.masks.len()).max().unwrap_or(1).max(1);
+        let mut network: [usize; MAX_ABLATABLE] = std::array::from_fn(|k| k);
+        network[..n_slots].sort_by_key(|&k| positions[k]);
+        let network = &network[..n_slots];
+        let mask = |j: usize, e: usize| configs[e].masks.get(j).copied().unwrap_or(0);
+        // The off-mask as a number whose most significant bit is the first slot in network order.
+        let key = |m: u16| network.iter().fold(0u32, |acc, &k| (acc << 1) | u32::from((m >> k) & 1));
+        let keys = |j: usize| (0..configs.len()).map(move |e| key(mask(j, e)));
+        // The network index of the first slot the pass switches off in any env (n_slots: none).
+        let first_off = |j: usize| (0..configs.len()).map(|e| key(mask(j, e)).leading_zeros()).min();
+
+        self.order.clear();
+        self.order.extend((0..passes).map(|j| (j, None)));
+        // Two passes never have the same masks in every env (an env's masks are distinct), so the
+        // unstable sort is deterministic.
+        self.order[1..].sort_unstable_by(|a, b| keys(a.0).cmp(keys(b.0)));
+        let envs = configs.len();
+        let tree = place_pass_starts(&mut self.order, &mut self.stored, envs, network, positions, mask);
+        self.latest_first.clear();
+        self.latest_first.extend((0..passes).map(|j| (j, None)));
+        self.latest_first[1..].sort_unstable_by_key(|&(j, _)| (std::cmp::Reverse(first_off(j)), j));
+        let latest_first =
+            place_pass_starts(&mut self.latest_first, &mut self.stored, envs, network, positions, mask);
+        self.segments = tree.min(latest_first);
+        if latest_first < tree {
+            std::mem::swap(&mut self.order, &mut self.latest_first);
+        }
+        &self.order
+    }
+
+    /// The last plan's passes, in the order they run.
+    pub fn order(&self) -> &[PassStart] {
+        &self.order
+    }
+
+    /// Slot segments the last plan's passes run, the main pass's included.
+    pub fn segments(&self) -> usize {
+        self.segments
+    }
+}
+
+/// Gives every pass of `order` after the first (the main pass, whole) its latest start (see
+/// [`ValidationPassOrder`]); returns how many slot segments the passes run, the main pass's included.
+fn place_pass_starts(
+    order: &mut [PassStart],
+    stored: &mut Vec<u16>,
+    envs: usize,
+    network: &[usize],
+    positions: &[(usize, u8)],
+    mask: impl Fn(usize, usize) -> u16,
+) -> usize {
+    let n_slots = network.len();
+    // The main pass computed every input.
+    stored.clear();
+    stored.resize(envs * n_slots, 0);
+    let before = |p: usize| network[..p].iter().fold(0u16, |acc, &k| acc | 1 << k);
+    let mut segments = n_slots;
+    for (j, start) in order.iter_mut().skip(1) {
+        let reusable = |p: usize| (0..envs).all(|e| (stored[e * n_slots + p] ^ mask(*j, e)) & before(p) == 0);
+        let p = (0..n_slots).rev().find(|&p| reusable(p)).expect("the first slot's input is always reusable");
+        for e in 0..envs {
+            stored[e * n_slots + p + 1..(e + 1) * n_slots].fill(mask(*j, e));
+        }
+        *start = Some(positions[network[p]]);
+        segments += n_slots - p;
+    }
+    segments
 }

@@ -16,7 +16,8 @@ pub use backend::{
     SeedTelemetry, SlotSync, SnapshotStore, TELEMETRY_STRIDE, ValidationPlan, host_fingerprint,
 };
 pub use counterfactual::{
-    EnvConfigs, EnvCounterfactuals, FusedValidator, counterfactuals_into, plan_env_configs,
+    EnvConfigs, EnvCounterfactuals, FusedValidator, PassStart, ValidationPassOrder, counterfactuals_into,
+    plan_env_configs,
 };
 pub use network::HostWorkspace;
 pub use params::{HostParams, Stacked};

@@ -235,16 +235,18 @@ impl<T: Real> HostWorkspace<T> {
         self.eval_blocks_from(0, Some(images), params, bank);
     }
 
-    /// Evaluation forward from a slot on, given the host activation `h` there (`[E, B, C, H, W]`) and
-    /// with that slot's seed off in every env: block `block`'s slot at `row` passes `h` through, the rest
-    /// of the network runs as [`Self::forward_eval`] would. What an env gets is bit for bit what a full
-    /// evaluation forward with that slot off gives it, when `h` is that forward's activation there —
-    /// the same up to the slot whenever every slot before it is configured alike.
+    /// Evaluation forward from a slot on, given the host activation `h` there (`[E, B, C, H, W]`; None: this
+    /// workspace's own activation there, from its last forward, which must have kept it for every env —
+    /// see [`Self::slot_input`]) and with that slot's seed off in every env: block `block`'s slot at `row`
+    /// passes `h` through, the rest of the network runs as [`Self::forward_eval`] would. What an env gets
+    /// is bit for bit what a full evaluation forward with that slot off gives it, when `h` is that
+    /// forward's activation there — the same up to the slot whenever every slot before it is configured
+    /// alike.
     pub fn forward_eval_from_slot(
         &mut self,
         block: usize,
         row: u8,
-        h: &[T],
+        h: Option<&[T]>,
         params: &HostParams<T>,
         bank: &SeedBank<T>,
     ) {
@@ -255,28 +257,40 @@ impl<T: Real> HostWorkspace<T> {
         let off = |p: &Option<SlotParams<T>>| p.as_ref().is_none_or(|p| !p.any_active_in(false));
         let slot = if row == 0 { &bank.r0[block] } else { &bank.r1[block] };
         assert!(off(slot), "the slot a forward starts from must be off in every env");
+        let cur = &mut self.blocks[block];
+        if h.is_none() && row == 0 {
+            assert!(
+                !cur.fused && !cur.mixed,
+                "block {block} ran fused in some env: its ReLU output was not kept"
+            );
+        }
+        // The slot is off: what the block hands on is the activation at the slot.
+        for slot in [&mut cur.r0, &mut cur.r1].into_iter().skip(usize::from(row)).flatten() {
+            slot.active = false;
+        }
         if row == 0 && pools {
             let shape = self.pool_shape(block);
-            assert_eq!(h.len(), self.blocks[block].block_out.len(), "slot input must be [E, B, C, H, W]");
             let cur = &mut self.blocks[block];
+            let h = h.unwrap_or(&cur.block_out);
+            assert_eq!(h.len(), cur.block_out.len(), "slot input must be [E, B, C, H, W]");
             ops::max_pool2x2_forward(shape, h, &mut cur.pooled, &mut cur.argmax);
             // The block's own activations were not computed: nothing of it ran fused.
             cur.fused = false;
             cur.mixed = false;
             cur.fused_envs.fill(false);
-            if let Some(ws) = &mut cur.r0 {
-                ws.active = false;
-            }
             if let (Some(ws), Some(p)) = (&mut cur.r1, &bank.r1[block]) {
                 ws.forward(p, &cur.pooled, false);
             }
             self.eval_blocks_from(block + 1, None, params, bank);
         } else {
             // The slot passes `h`: it is the block's output, the next block's input.
-            let len =
-                if row == 0 { self.blocks[block].block_out.len() } else { self.blocks[block].pooled.len() };
-            assert_eq!(h.len(), len, "slot input must be [E, B, C, H, W]");
-            self.eval_blocks_from(block + 1, Some(h), params, bank);
+            let cur = &self.blocks[block];
+            let len = if row == 0 { cur.block_out.len() } else { cur.pooled.len() };
+            if let Some(h) = h {
+                assert_eq!(h.len(), len, "slot input must be [E, B, C, H, W]");
+            }
+            // None: the block's final output is the activation at the slot (its seeds after it are idle).
+            self.eval_blocks_from(block + 1, h, params, bank);
         }
     }
 
