@@ -29,7 +29,7 @@ use esper_components::{
     AlphaAlgorithm, AlphaController, BlendId, BlendStyle, Blueprint, BlueprintAction, SeedAlpha, SeedStage,
     SlotEvents, SlotIndex, SlotState, TaskPreset,
 };
-use esper_kernels::host::{DeviceReport, GraphCounts, HostArch};
+use esper_kernels::host::{DeviceReport, EnvConfigs, GraphCounts, HostArch, ValidationPassOrder};
 use esper_kernels::ops::precision::Precision;
 use esper_kernels::seeds::{CnnBlueprint, forward_macs};
 use esper_systems::host_resources::{Hosts, StepClock};
@@ -270,14 +270,16 @@ pub struct StepWork {
     pub configurations: usize,
     /// The training epoch: forward, input gradient and weight gradient, about 3× the forward.
     pub train_gflop: f64,
-    /// The validation pass: each configuration a whole forward of every test image (an upper bound:
-    /// a configuration runs from the first slot it changes).
+    /// The validation pass as its passes run ([`validation_work_per_image`]), and with every
+    /// configuration a whole forward of every test image (what running them one by one would cost).
     pub validate_gflop: f64,
+    pub validate_whole_gflop: f64,
     /// The host's activation traffic, f32 (see [`host_bytes_per_image`]): the training epoch's, and
-    /// the validation pass's with each configuration a whole forward, GB (10⁹ bytes). Beside the
-    /// GFLOP, the floor memory bandwidth sets for unfused kernels.
+    /// the validation pass's as its passes run and with every configuration a whole forward, GB (10⁹
+    /// bytes). Beside the GFLOP, the floor memory bandwidth sets for unfused kernels.
     pub train_host_gbytes: f64,
     pub validate_host_gbytes: f64,
+    pub validate_whole_host_gbytes: f64,
 }
 
 /// Bytes of activations one image moves through the host's kernels as the GPU backend runs them
@@ -292,10 +294,7 @@ pub struct StepWork {
 pub fn host_bytes_per_image(arch: &HostArch) -> (u64, u64) {
     let (mut train, mut eval) = (0u64, 0u64);
     for b in 0..arch.n_blocks {
-        let (size, out_size) = (arch.block_size(b) as u64, arch.block_output_size(b) as u64);
-        let i = arch.block_in_channels(b) as u64 * size * size;
-        let o = arch.block_channels(b) as u64 * size * size;
-        let p = arch.block_channels(b) as u64 * out_size * out_size;
+        let BlockValues { i, o, p } = BlockValues::of(arch, b);
         let input_grad = if b > 0 { o + i } else { 0 };
         train += (i + 5 * o + p) + (p + 10 * o + i) + input_grad;
         eval += i + 4 * o + p;
@@ -303,11 +302,68 @@ pub fn host_bytes_per_image(arch: &HostArch) -> (u64, u64) {
     (4 * train, 4 * eval)
 }
 
+/// One block's activation sizes per image: `i` input, `o` output and `p` pooled values.
+struct BlockValues {
+    i: u64,
+    o: u64,
+    p: u64,
+}
+
+impl BlockValues {
+    fn of(arch: &HostArch, b: usize) -> Self {
+        let (size, out_size) = (arch.block_size(b) as u64, arch.block_output_size(b) as u64);
+        let c = arch.block_channels(b) as u64;
+        Self {
+            i: arch.block_in_channels(b) as u64 * size * size,
+            o: c * size * size,
+            p: c * out_size * out_size,
+        }
+    }
+}
+
+/// One test image's validation work as the passes run ([`ValidationPassOrder`], every env with the
+/// same configurations, as the forced state has them): `(multiply-adds, activation bytes)`, host and
+/// seeds for the first, the host alone (as [`host_bytes_per_image`] counts evaluation) for the second.
+/// A pass from slot `(b, row)` runs the blocks after `b`, block `b`'s pool when it starts before it
+/// (row 0), the seeds at or after its start that its configuration leaves on, and the head.
+/// `slots`: every slot's `(block, row)` and its seed's forward multiply-adds, all ablatable (none: the
+/// main forward alone).
+pub fn validation_work_per_image(arch: &HostArch, slots: &[((usize, u8), u64)]) -> (u64, u64) {
+    let positions: Vec<(usize, u8)> = slots.iter().map(|&(position, _)| position).collect();
+    let configs = [EnvConfigs::new(&(0..slots.len()).collect::<Vec<_>>())];
+    let mut planner = ValidationPassOrder::default();
+    let (mut macs, mut floats) = (0u64, 0u64);
+    for &(j, start) in planner.plan(&configs, &positions) {
+        let mask = configs[0].masks[j];
+        for b in 0..arch.n_blocks {
+            let v = BlockValues::of(arch, b);
+            match start {
+                Some((first, _)) if b < first => {}
+                Some((first, row)) if b == first => {
+                    floats += if row == 0 && arch.pools_after(b) { v.o + v.p } else { 0 }
+                }
+                _ => {
+                    macs += arch.block_macs(b);
+                    floats += v.i + 4 * v.o + v.p;
+                }
+            }
+        }
+        macs += arch.head_macs();
+        for (k, &(position, seed_macs)) in slots.iter().enumerate() {
+            if mask & (1 << k) == 0 && start.is_none_or(|s| position >= s) {
+                macs += seed_macs;
+            }
+        }
+    }
+    (macs, 4 * floats)
+}
+
 impl StepWork {
     fn of(config: &BenchConfig, plan: &RunPlan, configs: usize) -> Self {
         let arch = crate::run::host_arch(plan);
-        let seed_macs_per_image = match config.seeds {
-            BenchSeeds::None => 0,
+        // Every slot's position and its forced seed's forward multiply-adds.
+        let seeds: Vec<((usize, u8), u64)> = match config.seeds {
+            BenchSeeds::None => vec![],
             BenchSeeds::Blending => plan
                 .slots
                 .ids()
@@ -320,12 +376,14 @@ impl StepWork {
                     let b = id.col as usize;
                     // r0 sits after the block's ReLU, r1 after its pool.
                     let size = if id.row == 0 { arch.block_size(b) } else { arch.block_output_size(b) };
-                    forward_macs(bp, arch.block_channels(b), size, size)
+                    ((b, id.row), forward_macs(bp, arch.block_channels(b), size, size))
                 })
-                .sum(),
+                .collect(),
         };
+        let seed_macs_per_image = seeds.iter().map(|&(_, macs)| macs).sum();
         let host_macs_per_image = arch.forward_macs();
         let (train_bytes, eval_bytes) = host_bytes_per_image(&arch);
+        let (validate_macs, validate_bytes) = validation_work_per_image(&arch, &seeds);
         let forward_gflop = 2.0 * (host_macs_per_image + seed_macs_per_image) as f64 / 1e9;
         let envs = plan.config.envs;
         let train_images = (envs * config.batch_per_env * config.train_batches) as f64;
@@ -336,9 +394,11 @@ impl StepWork {
             seed_macs_per_image,
             configurations: configs,
             train_gflop: 3.0 * forward_gflop * train_images,
-            validate_gflop: forward_gflop * test_images * configs.max(1) as f64,
+            validate_gflop: 2.0 * validate_macs as f64 * test_images / 1e9,
+            validate_whole_gflop: forward_gflop * test_images * configs.max(1) as f64,
             train_host_gbytes: train_bytes as f64 * train_images / 1e9,
-            validate_host_gbytes: eval_bytes as f64 * test_images * configs.max(1) as f64 / 1e9,
+            validate_host_gbytes: validate_bytes as f64 * test_images / 1e9,
+            validate_whole_host_gbytes: eval_bytes as f64 * test_images * configs.max(1) as f64 / 1e9,
         }
     }
 }
@@ -573,17 +633,18 @@ fn bench_envs(
     let work = StepWork::of(config, &plan, configs);
     on_line(&format!(
         "        work per step: {:.1} GFLOP training + {:.1} GFLOP validation ({} + {} multiply-adds per \
-         image, host + seeds; {} configurations, each a whole forward)",
+         image, host + seeds; {} configurations run as a tree of passes, {:.1} GFLOP as whole forwards)",
         work.train_gflop,
         work.validate_gflop,
         work.host_macs_per_image,
         work.seed_macs_per_image,
-        work.configurations
+        work.configurations,
+        work.validate_whole_gflop
     ));
     on_line(&format!(
         "        host activation traffic per step: {:.1} GB training + {:.1} GB validation (f32, each tensor \
-         once per unfused kernel; seeds left out)",
-        work.train_host_gbytes, work.validate_host_gbytes
+         once per unfused kernel; seeds left out; {:.1} GB as whole forwards)",
+        work.train_host_gbytes, work.validate_host_gbytes, work.validate_whole_host_gbytes
     ));
     Ok((tiers, boundary, work, resident_bytes()))
 }
@@ -762,7 +823,9 @@ mod tests {
         assert_eq!(seeded.seed_macs_per_image, 589_824 + 128 + 1_179_648);
         let forward = 2.0 * (811_328.0 + 1_769_600.0);
         assert!((seeded.train_gflop - 3.0 * forward * 16.0 * 512.0 * 6.0 / 1e9).abs() < 1e-9);
-        assert!((seeded.validate_gflop - forward * 10_000.0 * 8.0 / 1e9).abs() < 1e-9);
+        assert!((seeded.validate_whole_gflop - forward * 10_000.0 * 8.0 / 1e9).abs() < 1e-9);
+        // As the passes run (validation_work_per_image's test): 7 301 888 multiply-adds per test image.
+        assert!((seeded.validate_gflop - 2.0 * 7_301_888.0 * 10_000.0 / 1e9).abs() < 1e-9);
         let bare = BenchConfig { seeds: BenchSeeds::None, ..w16 };
         let none = StepWork::of(&bare, &plan_for(&bare, 16).unwrap(), 1);
         assert_eq!(none.seed_macs_per_image, 0);
@@ -772,7 +835,31 @@ mod tests {
         // 49 152 training images, 10 000 test images.
         assert!((none.train_host_gbytes - 974_848.0 * 49_152.0 / 1e9).abs() < 1e-9, "{none:?}");
         assert!((none.validate_host_gbytes - 268_288.0 * 10_000.0 / 1e9).abs() < 1e-9, "{none:?}");
-        assert!((seeded.validate_host_gbytes - 8.0 * none.validate_host_gbytes).abs() < 1e-9);
+        assert!((seeded.validate_whole_host_gbytes - 8.0 * none.validate_host_gbytes).abs() < 1e-9);
+        assert!((seeded.validate_host_gbytes - 585_728.0 * 10_000.0 / 1e9).abs() < 1e-9);
+    }
+
+    /// Hand-derived for the forced seeds of W16 on cifar_baseline. The segment after each slot, with
+    /// its seed on / off: r0c0, conv_light 589 824 and block 1's conv 294 912 / the conv alone; r0c1,
+    /// attention 128 and block 2's conv 294 912 / the conv; r0c2, conv_heavy 1 179 648 and the head 320
+    /// / the head. The main forward is 2 580 928. The tree's passes (as in the test
+    /// validation_passes_form_a_tree_over_three_slots), by off-mask in network order: 001 from r0c2
+    /// (320), 010 from r0c1 (294 912 and 1 179 968), 011 from r0c2 (320), 100 from r0c0 (294 912,
+    /// 295 040 and 1 179 968), 101 from r0c2 (320), 110 from r0c1 (294 912 and 1 179 968), 111 from
+    /// r0c2 (320): 4 720 960 in all. Bytes, in floats per image (evaluation i + 4o + p per block:
+    /// 37 888, 19 456, 9 728; a start at a block's r0 slot pools it, o + p: 10 240, 5 120, 2 560): the
+    /// main forward 67 072, the passes 4 · 2 560 from r0c2, 2 · (5 120 + 9 728) from r0c1 and
+    /// 10 240 + 19 456 + 9 728 from r0c0, 79 360 in all.
+    #[test]
+    fn validation_work_counts_the_tree_of_passes() {
+        let arch = HostArch::CIFAR_BASELINE;
+        let seeds = [((0, 0), 589_824), ((1, 0), 128), ((2, 0), 1_179_648)];
+        assert_eq!(validation_work_per_image(&arch, &seeds), (2_580_928 + 4_720_960, 4 * (67_072 + 79_360)));
+        // Without seeds, the main forward alone.
+        assert_eq!(
+            validation_work_per_image(&arch, &[]),
+            (arch.forward_macs(), host_bytes_per_image(&arch).1)
+        );
     }
 
     /// Hand-derived for cifar_baseline (3 → 8 channels at 32×32, 8 → 16 at 16×16, 16 → 32 at 8×8, each

@@ -76,14 +76,19 @@ impl HostArch {
     /// Multiply-adds of one image's forward: each block's k×k convolution (`c_in → c_out` at the
     /// block's size) and the head. The norms, ReLUs and pools (a few operations per value) are left out.
     pub fn forward_macs(&self) -> u64 {
+        (0..self.n_blocks).map(|b| self.block_macs(b)).sum::<u64>() + self.head_macs()
+    }
+
+    /// Multiply-adds of block `block`'s convolution for one image.
+    pub fn block_macs(&self, block: usize) -> u64 {
         let k2 = (self.kernel_size * self.kernel_size) as u64;
-        let convs: u64 = (0..self.n_blocks)
-            .map(|b| {
-                let plane = (self.block_size(b) * self.block_size(b)) as u64;
-                k2 * plane * (self.block_in_channels(b) * self.block_channels(b)) as u64
-            })
-            .sum();
-        convs + (self.head_in() * self.num_classes) as u64
+        let plane = (self.block_size(block) * self.block_size(block)) as u64;
+        k2 * plane * (self.block_in_channels(block) * self.block_channels(block)) as u64
+    }
+
+    /// Multiply-adds of the linear head for one image.
+    pub fn head_macs(&self) -> u64 {
+        (self.head_in() * self.num_classes) as u64
     }
 }
 
