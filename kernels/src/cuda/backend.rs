@@ -25,7 +25,7 @@ use crate::host::SeedMode;
 use crate::host::train::{SeedGradStats, ValTotals};
 use crate::host::{
     DeviceReport, EnvConfigs, EnvCounterfactuals, EpochTrain, FossilRow, GraphUse, HostArch, HostBackend,
-    HostParams, ParamPrint, PassStart, SeedBank, SeedEnvState, SeedTelemetry, SlotSync, TELEMETRY_STRIDE,
+    HostParams, ParamPrint, SeedBank, SeedEnvState, SeedTelemetry, SlotSync, TELEMETRY_STRIDE,
     ValidationPassOrder, ValidationPlan, counterfactuals_into, host_fingerprint, plan_env_configs,
 };
 use crate::seeds::{CnnBlueprint, ParamLayout};

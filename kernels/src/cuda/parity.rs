@@ -225,6 +225,9 @@ pub fn run(
     group("backend (seeded)", &mut rows, &mut |rows| {
         backend_seed_checks(Device::open(ordinal, cache)?, rows)
     });
+    group("backend (validation tree)", &mut rows, &mut |rows| {
+        backend_tree_checks(Device::open(ordinal, cache)?, rows)
+    });
     group("CUDA graphs", &mut rows, &mut |rows| {
         graph_checks([Device::open(ordinal, cache)?, Device::open(ordinal, cache)?], rows)
     });
@@ -1320,6 +1323,76 @@ fn seeded_plan() -> [[Option<(CnnBlueprint, SeedEnvState)>; 5]; 3] {
             Some((ConvSmall, frozen)),
         ],
     ]
+}
+
+/// The validation's passes as a tree ([`crate::host::ValidationPassOrder`]): every env holds the
+/// bench's three BLENDING seeds (conv_light, attention, conv_heavy by ADD at 0.5), so the 8
+/// configurations are the same in every env and most passes start from an input an earlier
+/// counterfactual pass wrote. After
+/// an epoch of training, every configuration's accuracy against the CPU's validator (its own tree,
+/// which the tests check against each configuration evaluated alone) exactly, the losses to 1e-4.
+fn backend_tree_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
+    use CnnBlueprint::*;
+    let arch = HostArch::CIFAR_BASELINE;
+    let (envs, batch, seed) = (3usize, 8usize, 7u64);
+    let slot_ids = [(0u8, 0u8), (0, 1), (0, 2)];
+    let data =
+        synthetic::generate(&SyntheticSpec { n_train: 48, n_test: 56, ..SyntheticSpec::with_seed(seed) })?;
+    let mut batcher = Batcher::new(&data, seed, envs, batch)?;
+    let mut cpu = CpuHostBackend::new(arch, &slot_ids, envs, batch, seed, 0);
+    let mut gpu = CudaHostBackend::new(device, arch, &slot_ids, envs, batch, seed, 0)?;
+    for e in 0..envs {
+        for (k, bp) in [ConvLight, Attention, ConvHeavy].into_iter().enumerate() {
+            let state = SeedEnvState {
+                mode: SeedMode::Add,
+                blueprint: Some(bp),
+                alpha: 0.5,
+                train_seed: true,
+                ..SeedEnvState::default()
+            };
+            let sync = SlotSync {
+                germinate: Some((bp, false)),
+                create_gate: false,
+                reset_momentum: false,
+                state,
+                draws: StreamKey::new(seed, 0, e as u64, Purpose::SeedInit),
+                counter: (k as u64) << 40 | 2,
+            };
+            cpu.sync_slot(e, k, &sync);
+            gpu.sync_slot(e, k, &sync);
+        }
+    }
+    let fossilized = vec![vec![false; envs]; slot_ids.len()];
+    let validation = ValidationPlan { fossilized: &fossilized, ablate_fossils: false };
+    batcher.begin_epoch(0, 1);
+    cpu.train_epoch(&data, &batcher);
+    gpu.train_epoch(&data, &batcher);
+    let val_cpu = cpu.validate(&data, &batcher, validation).to_vec();
+    let val_gpu = gpu.validate(&data, &batcher, validation);
+    let (mut loss_diff, mut acc_diff, mut configs) = (0.0f64, 0.0f64, 0usize);
+    for (g, c) in val_gpu.iter().zip(&val_cpu) {
+        loss_diff = loss_diff.max(max_diff(&[g.val_loss], &[c.val_loss]));
+        acc_diff = acc_diff.max(match g.config_acc.len() == 8 && c.config_acc.len() == 8 {
+            true => max_diff(&g.config_acc, &c.config_acc),
+            false => f64::INFINITY,
+        });
+        configs += c.config_acc.len();
+    }
+    rows.push(ParityRow::new(
+        "validation tree: losses",
+        "host::CpuHostBackend::validate (ValidationPassOrder)",
+        envs,
+        loss_diff,
+        1e-4,
+    ));
+    rows.push(ParityRow::new(
+        "validation tree: every configuration's accuracy",
+        "host::CpuHostBackend::validate (ValidationPassOrder)",
+        configs,
+        acc_diff,
+        0.0,
+    ));
+    Ok(())
 }
 
 /// The seeded run on [`CudaHostBackend`] against [`CpuHostBackend`]: the bench's three slots (r0c0,
