@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One device session's checks, in the order that teaches the most if the time runs out: the selftest
 # (every kernel and composed piece against its CPU twin), the W16 bench without and with seeds, the same
-# with the direct 3×3 convolution (after its own selftest), with the im2col + SGEMM convolutions (the baseline of the implicit GEMM, on the same machine), the
-# tensor-core precisions (TF32's 3×3 convolutions on the tensor-core kernels and through cuBLAS), the issue's 256-env workload, a short heuristic train run (the whole step's
-# systems, copies back per step, the profile's device column), the env sweep, and the per-kernel device
-# times of one W16 epoch (ncu). The selftest must pass for the rest to run.
+# at TF32 (the 3×3 convolutions on the tensor cores, and through cuBLAS) with a short TF32 train run,
+# the issue's 256-env workload, a short heuristic train run (the whole step's systems, copies back per
+# step, the profile's device column), the env sweep, the direct 3×3 convolution (after its own
+# selftest), the comparisons (unfused, untrimmed, im2col + SGEMM, bf16, no graphs), and the per-kernel
+# device times of one W16 epoch (ncu). The selftest must pass for the rest to run.
 #
 #   bash scripts/gpu-session.sh [BIN] [STEP ...]   # BIN: a cuda build (default gpu/esper-ecs); STEPs: the
 #                                                  # names below (default: all, in order)
@@ -60,6 +61,22 @@ if ! step selftest 200 "$BIN" selftest --device cuda; then
 fi
 step bench-w16-none 120 "$BIN" bench --device cuda --seeds none --envs 16 "${W16[@]}" --json "$LOGS/bench-w16-none.json"
 step bench-w16-seeded 120 "$BIN" bench --device cuda --envs 16 "${W16[@]}" --json "$LOGS/bench-w16-seeded.json"
+# TF32: the 3×3 convolutions on the tensor cores (conv3x3_tc_*), and through cuBLAS (ESPER_CUDA_CONV=im2col)
+# as before, to compare on one machine; a short train run at TF32 (does it learn as f32 does).
+step bench-w16-none-tf32 120 "$BIN" bench --device cuda --seeds none --envs 16 --precision tf32 "${W16[@]}" \
+    --json "$LOGS/bench-w16-none-tf32.json"
+step bench-w16-seeded-tf32 120 "$BIN" bench --device cuda --envs 16 --precision tf32 "${W16[@]}" \
+    --json "$LOGS/bench-w16-seeded-tf32.json"
+step bench-w16-seeded-tf32-cublas 120 env ESPER_CUDA_CONV=im2col "$BIN" bench --device cuda --envs 16 \
+    --precision tf32 "${W16[@]}" --json "$LOGS/bench-w16-seeded-tf32-cublas.json"
+step train-heuristic-tf32 120 "$BIN" train --device cuda --envs 16 --epochs 4 --policy heuristic --precision tf32 \
+    --count-syncs --out /tmp/gpu-session/train-heuristic-tf32 --force --quiet
+step bench-256-none 150 "$BIN" bench --device cuda --seeds none --envs 16,256 "${E256[@]}" --json "$LOGS/bench-256-none.json"
+step bench-256-seeded 150 "$BIN" bench --device cuda --envs 16,256 "${E256[@]}" --json "$LOGS/bench-256-seeded.json"
+step train-heuristic 120 "$BIN" train --device cuda --envs 16 --epochs 4 --policy heuristic --count-syncs \
+    --profile table --out /tmp/gpu-session/train-heuristic --force --quiet
+step bench-sweep-none 150 "$BIN" bench --device cuda --seeds none --envs 1,4,16,64,256 --reps 2 \
+    --json "$LOGS/bench-sweep-none.json"
 # The direct 3×3 convolution (ESPER_CUDA_CONV=direct, off by default until measured): its own selftest
 # (the full step's parity then runs on it too), then W16 with it; a failure skips its benches only.
 DIRECT_OK=0
@@ -82,24 +99,8 @@ step bench-w16-seeded-im2col 120 env ESPER_CUDA_CONV=im2col "$BIN" bench --devic
     --json "$LOGS/bench-w16-seeded-im2col.json"
 step bench-w16-seeded-bf16 120 "$BIN" bench --device cuda --envs 16 --precision bf16 "${W16[@]}" \
     --json "$LOGS/bench-w16-seeded-bf16.json"
-# TF32: the 3×3 convolutions on the tensor cores (conv3x3_tc_*), and through cuBLAS (ESPER_CUDA_CONV=im2col)
-# as before, to compare on one machine; a short train run at TF32 (does it learn as f32 does).
-step bench-w16-none-tf32 120 "$BIN" bench --device cuda --seeds none --envs 16 --precision tf32 "${W16[@]}" \
-    --json "$LOGS/bench-w16-none-tf32.json"
-step bench-w16-seeded-tf32 120 "$BIN" bench --device cuda --envs 16 --precision tf32 "${W16[@]}" \
-    --json "$LOGS/bench-w16-seeded-tf32.json"
-step bench-w16-seeded-tf32-cublas 120 env ESPER_CUDA_CONV=im2col "$BIN" bench --device cuda --envs 16 \
-    --precision tf32 "${W16[@]}" --json "$LOGS/bench-w16-seeded-tf32-cublas.json"
-step train-heuristic-tf32 120 "$BIN" train --device cuda --envs 16 --epochs 4 --policy heuristic --precision tf32 \
-    --count-syncs --out /tmp/gpu-session/train-heuristic-tf32 --force --quiet
 step bench-w16-none-nographs 120 "$BIN" bench --device cuda --seeds none --envs 16 --cuda-graphs off "${W16[@]}" \
     --json "$LOGS/bench-w16-none-nographs.json"
-step bench-256-none 150 "$BIN" bench --device cuda --seeds none --envs 16,256 "${E256[@]}" --json "$LOGS/bench-256-none.json"
-step bench-256-seeded 150 "$BIN" bench --device cuda --envs 16,256 "${E256[@]}" --json "$LOGS/bench-256-seeded.json"
-step train-heuristic 120 "$BIN" train --device cuda --envs 16 --epochs 4 --policy heuristic --count-syncs \
-    --profile table --out /tmp/gpu-session/train-heuristic --force --quiet
-step bench-sweep-none 150 "$BIN" bench --device cuda --seeds none --envs 1,4,16,64,256 --reps 2 \
-    --json "$LOGS/bench-sweep-none.json"
 # Device time of every kernel of one W16 step (training batch, validation), launch by launch; ncu ships
 # with the toolkit on the device machine.
 NCU_BIN=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
