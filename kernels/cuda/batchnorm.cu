@@ -191,6 +191,32 @@ extern "C" __global__ void batch_norm_backward_params_partial_f32(
     bn_run_sums(terms, partial, batch, channels, plane, splits, run);
 }
 
+// max_pool2x2_relu_backward_f32 and then batch_norm_backward_params_partial_f32 in one pass, where
+// nothing runs between the batch norm and the pool (no seed at the block's r0 slot): block (p, s) routes
+// the pooled gradient `dy_pooled` of run s of pair p through the pool and the ReLU into `dy` (batch
+// norm's output gradient) and sums the run's Σ dy, Σ dy·(x − mean) as the params kernel does. The
+// ReLU's mask is recomputed from batch norm's input x with the training forward's operations
+// ((x − mean)·(inv_std·γ) + β > 0, as batch_norm_apply_f32 and batch_norm_relu_pool_f32 compute it), so
+// neither the ReLU's output nor `dy` is read: the same bits as the two kernels, two activation-sized
+// reads fewer. Every element of the pair's B·H·W is one j of one run: each `dy` element is written
+// once. Grid (E·C, splits), REDUCE_THREADS threads.
+extern "C" __global__ void max_pool2x2_relu_bn_backward_partial_f32(
+    const float* dy_pooled, const u8* argmax, const float* x, const float* save_mean, const float* save_inv_std,
+    const float* gamma, const float* beta, float* dy, double* partial, u32 batch, u32 channels, u32 h, u32 w,
+    u32 splits, u32 run) {
+    u32 p = blockIdx.x;
+    float mean = save_mean[p], scale = bn_scale(save_inv_std, gamma, p, 0), shift = beta[p];
+    auto terms = [&](u64 i) {
+        float xi = x[i];
+        float v = (xi - mean) * scale + shift;
+        float g = v > 0.0f ? routed_gradient(dy_pooled, argmax, i, h, w) : 0.0f;
+        dy[i] = g;
+        double gd = (double)g;
+        return make_double2(gd, gd * (double)(xi - mean));
+    };
+    bn_run_sums(terms, partial, batch, channels, h * w, splits, run);
+}
+
 // dβ = Σ dy, dγ = Σ dy·(x − mean) · inv_std from the runs' sums, for every (env, channel) p < pairs.
 // Overwrites grad_gamma and grad_beta.
 extern "C" __global__ void batch_norm_backward_params_finish_f32(

@@ -110,3 +110,18 @@ __device__ __forceinline__ float max_pool_window(const float (&window)[4], u32* 
     }
     return best;
 }
+
+// The output gradient input element i (of planes h × w) gets from the 2x2 max-pool: its window's, if it
+// was the window's winner, else 0 (dropped odd rows and columns included). Shared by the pool's backward
+// kernels (pool.cu) and the fused max_pool2x2_relu_bn_backward_partial_f32 (batchnorm.cu).
+__device__ __forceinline__ float routed_gradient(const float* dy, const u8* argmax, u64 i, u32 h, u32 w) {
+    u32 ho = h / 2, wo = w / 2;
+    u64 p = i / ((u64)h * w);
+    u32 r = (u32)(i % ((u64)h * w));
+    u32 iy = r / w, ix = r % w;
+    u32 oy = iy / 2, ox = ix / 2;
+    if (oy >= ho || ox >= wo) return 0.0f;
+    u64 o = (p * ho + oy) * wo + ox;
+    u32 k = (iy % 2) * 2 + (ix % 2);
+    return argmax[o] == k ? dy[o] : 0.0f;
+}

@@ -19,34 +19,11 @@ extern "C" __global__ void max_pool2x2_forward_f32(
     }
 }
 
-// The output gradient input element i (of planes h × w) gets from the pool: its window's, if it was the
-// window's winner, else 0 (dropped odd rows and columns included).
-__device__ __forceinline__ float routed_gradient(const float* dy, const u8* argmax, u64 i, u32 h, u32 w) {
-    u32 ho = h / 2, wo = w / 2;
-    u64 p = i / ((u64)h * w);
-    u32 r = (u32)(i % ((u64)h * w));
-    u32 iy = r / w, ix = r % w;
-    u32 oy = iy / 2, ox = ix / 2;
-    if (oy >= ho || ox >= wo) return 0.0f;
-    u64 o = (p * ho + oy) * wo + ox;
-    u32 k = (iy % 2) * 2 + (ix % 2);
-    return argmax[o] == k ? dy[o] : 0.0f;
-}
-
 // Routes each output gradient to its window's winner; every other input element gets 0. One thread per
 // input element, so no two threads write the same place.
 extern "C" __global__ void max_pool2x2_backward_f32(
     const float* dy, const u8* argmax, float* dx, u64 planes, u32 h, u32 w) {
     FOR_EACH(i, planes * h * w) { dx[i] = routed_gradient(dy, argmax, i, h, w); }
-}
-
-// max_pool2x2_backward_f32 then relu_backward_f32 in one pass, where nothing runs between them (no seed
-// at the block's r0 slot): dx[i] = act[i] > 0 ? (the pooled gradient routed to i, or 0) : 0, from the
-// ReLU's output `act`; the same values as the two kernels, without writing and reading the routed
-// gradient.
-extern "C" __global__ void max_pool2x2_relu_backward_f32(
-    const float* dy, const u8* argmax, const float* act, float* dx, u64 planes, u32 h, u32 w) {
-    FOR_EACH(i, planes * h * w) { dx[i] = act[i] > 0.0f ? routed_gradient(dy, argmax, i, h, w) : 0.0f; }
 }
 
 // y[p] = mean of plane p (h*w values). One warp per plane; the lanes sum strided elements in double and

@@ -236,7 +236,8 @@ static void check_tc(unsigned envs, unsigned batch, unsigned c_in, unsigned c_ou
 
 // The fused passes against the kernels they replace, run one by one (bit for bit): batch_norm_relu_pool_f32
 // against batch_norm_apply_f32 (ReLU) + max_pool2x2_forward_f32, in training and evaluation, and
-// max_pool2x2_relu_backward_f32 against max_pool2x2_backward_f32 + relu_backward_f32.
+// max_pool2x2_relu_bn_backward_partial_f32 against max_pool2x2_backward_f32 + relu_backward_f32 +
+// batch_norm_backward_params_partial_f32.
 static void check_fused_pool(unsigned envs, unsigned batch, unsigned channels, unsigned h, unsigned w) {
     size_t n = (size_t)envs * batch * channels * h * w, windows = n / 4, pairs = (size_t)envs * channels;
     auto x = values(n, -2.0f, 2.0f);
@@ -264,19 +265,35 @@ static void check_fused_pool(unsigned envs, unsigned batch, unsigned channels, u
         std::snprintf(detail, sizeof detail, "%zu of %zu values differ in bits", wrong, n + 2 * windows);
         report(what, wrong == 0, detail);
         if (eval) continue;
+        // The pool's and the ReLU's backwards with batch norm's parameter sums in one pass (the ReLU's
+        // mask recomputed from x), against max_pool2x2_backward_f32, relu_backward_f32 and
+        // batch_norm_backward_params_partial_f32: runs of a third of each pair's values, the last short.
         auto dy = values(windows, -1.0f, 1.0f);
-        std::vector<float> dx(n, NAN), routed(n, NAN), dx1(n, NAN);
-        launch({64, 1, 1}, {256, 1, 1}, [&] {
-            max_pool2x2_relu_backward_f32(dy.data(), arg.data(), act.data(), dx.data(), planes, h, w);
-        });
+        std::vector<float> dx(n, NAN), routed(n, NAN);
         launch({64, 1, 1}, {256, 1, 1}, [&] { max_pool2x2_backward_f32(dy.data(), arg.data(), routed.data(), planes, h, w); });
-        launch({64, 1, 1}, {256, 1, 1}, [&] { relu_backward_f32(act.data(), routed.data(), dx1.data(), (u64)n); });
-        wrong = 0;
+        launch({64, 1, 1}, {256, 1, 1}, [&] { relu_backward_f32(act.data(), routed.data(), dx.data(), (u64)n); });
         size_t cut = 0;
-        for (size_t i = 0; i < n; ++i) wrong += !same_bits(dx[i], dx1[i]), cut += act[i] == 0.0f;
-        std::snprintf(what, sizeof what, "max_pool2x2_relu_backward_f32 E%u B%u C%u %u×%u", envs, batch, channels, h, w);
-        std::snprintf(detail, sizeof detail, "%zu of %zu values differ in bits (%zu cut by the ReLU)", wrong, n, cut);
-        report(what, wrong == 0 && cut > 0, detail);
+        for (size_t i = 0; i < n; ++i) cut += act[i] == 0.0f;
+        unsigned count = batch * h * w, run = (count + 2) / 3, splits = (count + run - 1) / run;
+        std::vector<double> sums(pairs * splits * 2, NAN), sums1(pairs * splits * 2, NAN);
+        std::vector<float> dx2(n, NAN);
+        launch({(unsigned)pairs, splits, 1}, {REDUCE_THREADS, 1, 1}, [&] {
+            max_pool2x2_relu_bn_backward_partial_f32(dy.data(), arg.data(), x.data(), mean.data(), scale.data(),
+                                                     gamma.data(), beta.data(), dx2.data(), sums.data(), batch,
+                                                     channels, h, w, splits, run);
+        });
+        launch({(unsigned)pairs, splits, 1}, {REDUCE_THREADS, 1, 1}, [&] {
+            batch_norm_backward_params_partial_f32(x.data(), dx.data(), mean.data(), sums1.data(), batch, channels,
+                                                   h * w, splits, run);
+        });
+        wrong = 0;
+        for (size_t i = 0; i < n; ++i) wrong += !same_bits(dx2[i], dx[i]);
+        for (size_t i = 0; i < sums.size(); ++i) wrong += !(sums[i] == sums1[i]);
+        std::snprintf(what, sizeof what, "max_pool2x2_relu_bn_backward_partial_f32 E%u B%u C%u %u×%u (%u runs)", envs,
+                      batch, channels, h, w, splits);
+        std::snprintf(detail, sizeof detail, "%zu of %zu values and sums differ in bits (%zu cut by the ReLU)", wrong,
+                      n + sums.size(), cut);
+        report(what, wrong == 0 && splits > 1 && cut > 0, detail);
     }
 }
 

@@ -90,8 +90,9 @@ pub struct DeviceHost {
     /// The convolutions, as GEMMs.
     conv: GemmConv,
     /// Where no seed runs at a block's r0 slot: batch norm's normalisation, the ReLU and the pool in one
-    /// pass (`batch_norm_relu_pool_f32`), and the pool's and ReLU's backwards in one
-    /// (`max_pool2x2_relu_backward_f32`); the same bits as the kernels one by one. Off with
+    /// pass (`batch_norm_relu_pool_f32`), and the pool's and ReLU's backwards with batch norm's
+    /// parameter sums in one (`max_pool2x2_relu_bn_backward_partial_f32`, the ReLU's mask recomputed from
+    /// the norm's input); the same bits as the kernels one by one. Off with
     /// `ESPER_CUDA_FUSE=0` (to measure the gain) or [`Self::set_fuse`].
     fuse: bool,
     params: Vec<CudaSlice<f32>>,
@@ -525,15 +526,27 @@ impl DeviceHost {
                 slot.backward(device, &mut self.conv, pooled, &self.grad_a, &mut self.grad_b)?;
                 std::mem::swap(&mut self.grad_a, &mut self.grad_b);
             }
-            // With no seed at r0, the pool's and the ReLU's backwards run as one pass: grad_a (pooled)
-            // → grad_b (batch norm's output gradient).
+            // With no seed at r0, the pool's and the ReLU's backwards and batch norm's parameter
+            // gradients run as one pass: grad_a (pooled) → grad_b (batch norm's output gradient), dγ, dβ.
             let fused_relu = self.fuse && !block.r0_ran && block.pooled.is_some();
+            let (conv_g, bn_g) = self.grads[3 * b..3 * b + 3].split_at_mut(1);
+            let (gamma_g, beta_g) = bn_g.split_at_mut(1);
             if let (Some((_, argmax)), true) = (&block.pooled, fused_relu) {
-                let planes = (self.envs * self.batch * arch.block_channels(b)) as u64;
-                let mut launch = stream.launch_builder(device.function("max_pool2x2_relu_backward_f32"));
-                launch.arg(&self.grad_a).arg(argmax).arg(&block.act).arg(&mut self.grad_b);
-                launch.arg(&planes).arg(&size).arg(&size);
-                unsafe { launch.launch(elementwise(act_len)) }?;
+                ops::pool_relu_batch_norm_backward_params(
+                    device,
+                    &block_norm(arch, self.envs, self.batch, b),
+                    &self.grad_a,
+                    argmax,
+                    &block.conv_out,
+                    &block.save_mean,
+                    &block.save_inv_std,
+                    &self.params[3 * b + 1],
+                    &self.params[3 * b + 2],
+                    &mut self.grad_b,
+                    &mut self.bn_partial,
+                    &mut gamma_g[0],
+                    &mut beta_g[0],
+                )?;
             } else if let Some((_, argmax)) = &block.pooled {
                 // grad_a (pooled) → grad_b (the ReLU's output), then the two trade places.
                 let planes = (self.envs * self.batch * arch.block_channels(b)) as u64;
@@ -554,23 +567,22 @@ impl DeviceHost {
                 let mut launch = stream.launch_builder(device.function("relu_backward_f32"));
                 launch.arg(&block.act).arg(&self.grad_a).arg(&mut self.grad_b).arg(&act_len64);
                 unsafe { launch.launch(elementwise(act_len)) }?;
+                // Batch norm's dγ, dβ.
+                ops::batch_norm_backward_params(
+                    device,
+                    &block_norm(arch, self.envs, self.batch, b),
+                    &block.conv_out,
+                    &self.grad_b,
+                    &block.save_mean,
+                    &block.save_inv_std,
+                    &mut self.bn_partial,
+                    &mut gamma_g[0],
+                    &mut beta_g[0],
+                )?;
             }
 
-            // Batch norm: dγ, dβ, then the conv output's gradient into grad_a.
+            // Batch norm: the conv output's gradient into grad_a.
             let plane = size * size;
-            let (conv_g, bn_g) = self.grads[3 * b..3 * b + 3].split_at_mut(1);
-            let (gamma_g, beta_g) = bn_g.split_at_mut(1);
-            ops::batch_norm_backward_params(
-                device,
-                &block_norm(arch, self.envs, self.batch, b),
-                &block.conv_out,
-                &self.grad_b,
-                &block.save_mean,
-                &block.save_inv_std,
-                &mut self.bn_partial,
-                &mut gamma_g[0],
-                &mut beta_g[0],
-            )?;
             let mut launch = stream.launch_builder(device.function("batch_norm_backward_input_f32"));
             launch.arg(&block.conv_out).arg(&self.grad_b).arg(&self.params[3 * b + 1]);
             launch.arg(&block.save_mean).arg(&block.save_inv_std).arg(&gamma_g[0]).arg(&beta_g[0]);

@@ -181,6 +181,44 @@ pub fn batch_norm_backward_params(
     Ok(())
 }
 
+/// The 2×2 max-pool's and the ReLU's backwards and batch norm's parameter gradients (overwritten) in
+/// one pass where nothing runs between them (no seed at the block's r0 slot): `dy_pooled` (the pool's
+/// output gradient) routed into `dy` (batch norm's output gradient, overwritten), the ReLU's mask
+/// recomputed from batch norm's input `x` as the training forward computed it, and `dγ`, `dβ` summed
+/// from `dy` and `x` in the same runs as [`batch_norm_backward_params`] — the same bits as
+/// `max_pool2x2_relu_backward_f32` followed by it, without reading the ReLU's output or `dy` back
+/// (`max_pool2x2_relu_bn_backward_partial_f32`). `d` is the block's norm shape (the pool's input).
+#[allow(clippy::too_many_arguments)]
+pub fn pool_relu_batch_norm_backward_params(
+    device: &Device,
+    d: &NormShape,
+    dy_pooled: &CudaSlice<f32>,
+    argmax: &CudaSlice<u8>,
+    x: &CudaSlice<f32>,
+    save_mean: &CudaSlice<f32>,
+    save_inv_std: &CudaSlice<f32>,
+    gamma: &CudaSlice<f32>,
+    beta: &CudaSlice<f32>,
+    dy: &mut CudaSlice<f32>,
+    partial: &mut CudaSlice<f64>,
+    grad_gamma: &mut CudaSlice<f32>,
+    grad_beta: &mut CudaSlice<f32>,
+) -> R {
+    let (dims, config) = batch_norm_reduction(d, partial);
+    let [batch, channels, _, splits, run] = dims;
+    let (h, w) = (d.h as u32, d.w as u32);
+    let mut launch =
+        device.stream.launch_builder(device.function("max_pool2x2_relu_bn_backward_partial_f32"));
+    launch.arg(dy_pooled).arg(argmax).arg(x).arg(save_mean).arg(save_inv_std).arg(gamma).arg(beta);
+    launch.arg(dy).arg(&mut *partial).arg(&batch).arg(&channels).arg(&h).arg(&w).arg(&splits).arg(&run);
+    unsafe { launch.launch(config) }?;
+    let pairs = d.params_len() as u32;
+    let mut launch = device.stream.launch_builder(device.function("batch_norm_backward_params_finish_f32"));
+    launch.arg(&*partial).arg(save_inv_std).arg(grad_gamma).arg(grad_beta).arg(&pairs).arg(&splits);
+    unsafe { launch.launch(elementwise(d.params_len())) }?;
+    Ok(())
+}
+
 /// Group norm forward with the statistics saved (`[E, B, G]` each).
 #[allow(clippy::too_many_arguments)]
 pub fn group_norm_forward(

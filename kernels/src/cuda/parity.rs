@@ -1609,8 +1609,9 @@ fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), 
 /// the device input `x`: `batch_norm_relu_pool_f32` in training (the CPU's statistics `[mean, inv_std]`)
 /// and evaluation (`[running_mean, running_var]`) against `relu_cpu` (the normalisation + ReLU's CPU
 /// result in each) pooled by `ops::pool::max_pool2x2_forward` — the activation, the pooled values and
-/// the argmax, bit for bit — and `max_pool2x2_relu_backward_f32` against `max_pool2x2_backward` then
-/// `relu_backward`, bit for bit.
+/// the argmax, bit for bit — and `max_pool2x2_relu_bn_backward_partial_f32`: its routed gradient
+/// against `max_pool2x2_backward` then `relu_backward` bit for bit, its dγ, dβ against the CPU's
+/// `batch_norm_backward` (1e-5) and the unfused device kernels (bit for bit).
 #[allow(clippy::too_many_arguments)]
 fn fused_pool_checks(
     device: &Device,
@@ -1661,19 +1662,80 @@ fn fused_pool_checks(
         relu_backward(act_cpu, &routed, &mut dx_cpu);
         let dy_dev = stream.clone_htod(&dy)?;
         let mut dx_dev = stream.clone_htod(&vec![f32::NAN; bn.len()])?;
-        let planes = (bn.envs * bn.batch * bn.channels) as u64;
-        let (h, w) = (bn.h as u32, bn.w as u32);
-        let mut launch = stream.launch_builder(device.function("max_pool2x2_relu_backward_f32"));
-        launch.arg(&dy_dev).arg(&idx_dev).arg(&act_dev).arg(&mut dx_dev).arg(&planes).arg(&h).arg(&w);
-        unsafe { launch.launch(elementwise(bn.len())) }?;
+        let mut partial = stream.clone_htod(&vec![f64::NAN; device_ops::batch_norm_partial_len(&bn)])?;
+        let mut dgamma_dev = stream.clone_htod(&vec![f32::NAN; bn.params_len()])?;
+        let mut dbeta_dev = stream.clone_htod(&vec![f32::NAN; bn.params_len()])?;
+        device_ops::pool_relu_batch_norm_backward_params(
+            device,
+            &bn,
+            &dy_dev,
+            &idx_dev,
+            x_dev,
+            mean,
+            inv_std,
+            gamma,
+            beta,
+            &mut dx_dev,
+            &mut partial,
+            &mut dgamma_dev,
+            &mut dbeta_dev,
+        )?;
         let dx = stream.clone_dtoh(&dx_dev)?;
+        let params = [stream.clone_dtoh(&dgamma_dev)?, stream.clone_dtoh(&dbeta_dev)?].concat();
         let zeros = act_cpu.iter().filter(|&&a| a == 0.0).count();
         rows.push(ParityRow::new(
-            "max_pool2x2_relu_backward_f32",
+            "max_pool2x2_relu_bn_backward_partial_f32 (dy)",
             "ops::pool::max_pool2x2_backward + ops::activation::relu_backward",
             bn.len(),
             // Inputs where the ReLU cut must be present, or the row checks nothing of its mask.
             if zeros > 0 { max_diff(&dx, &dx_cpu) } else { f64::INFINITY },
+            0.0,
+        ));
+        // dγ, dβ: against the CPU's from the same routed gradient (sums of B·H·W terms, the CPU's in
+        // f32 lanes: to 1e-5 of the largest), and against the unfused kernels on the device (bit for bit).
+        let (x_cpu, mean_cpu, inv_cpu) =
+            (stream.clone_dtoh(x_dev)?, stream.clone_dtoh(mean)?, stream.clone_dtoh(inv_std)?);
+        let gamma_cpu = stream.clone_dtoh(gamma)?;
+        let (mut dgamma_cpu, mut dbeta_cpu) = (vec![0.0f32; bn.params_len()], vec![0.0f32; bn.params_len()]);
+        let mut unused = vec![0.0f32; bn.len()];
+        batch_norm_backward(
+            bn,
+            &x_cpu,
+            &gamma_cpu,
+            &mean_cpu,
+            &inv_cpu,
+            &dx_cpu,
+            &mut unused,
+            &mut dgamma_cpu,
+            &mut dbeta_cpu,
+        );
+        rows.push(ParityRow::new(
+            "max_pool2x2_relu_bn_backward_partial_f32 (dγ, dβ)",
+            "ops::norm::batch_norm_backward (dγ, dβ)",
+            bn.len(),
+            max_diff_of_tensor(&params, &[dgamma_cpu, dbeta_cpu].concat()),
+            1e-5,
+        ));
+        let (mut dgamma_unfused, mut dbeta_unfused) = (dgamma_dev.clone(), dbeta_dev.clone());
+        stream.memcpy_htod(&vec![f32::NAN; bn.params_len()], &mut dgamma_unfused)?;
+        stream.memcpy_htod(&vec![f32::NAN; bn.params_len()], &mut dbeta_unfused)?;
+        device_ops::batch_norm_backward_params(
+            device,
+            &bn,
+            x_dev,
+            &dx_dev,
+            mean,
+            inv_std,
+            &mut partial,
+            &mut dgamma_unfused,
+            &mut dbeta_unfused,
+        )?;
+        let unfused = [stream.clone_dtoh(&dgamma_unfused)?, stream.clone_dtoh(&dbeta_unfused)?].concat();
+        rows.push(ParityRow::new(
+            "max_pool2x2_relu_bn_backward_partial_f32 (dγ, dβ)",
+            "batch_norm_backward_params_{partial,finish}_f32 on the routed gradient",
+            bn.len(),
+            max_diff(&params, &unfused),
             0.0,
         ));
     }

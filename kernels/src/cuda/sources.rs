@@ -25,7 +25,6 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         functions: &[
             "max_pool2x2_forward_f32",
             "max_pool2x2_backward_f32",
-            "max_pool2x2_relu_backward_f32",
             "global_avg_pool_forward_f32",
             "global_avg_pool_backward_f32",
         ],
@@ -38,6 +37,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "batch_norm_stats_finish_f32",
             "batch_norm_apply_f32",
             "batch_norm_relu_pool_f32",
+            "max_pool2x2_relu_bn_backward_partial_f32",
             "batch_norm_backward_params_partial_f32",
             "batch_norm_backward_params_finish_f32",
             "batch_norm_backward_input_f32",
