@@ -150,12 +150,14 @@ extern "C" __global__ void __launch_bounds__(1024) batch_norm_apply_f32(
 
 // batch_norm_apply_f32 with the ReLU, then max_pool2x2_forward_f32, in one pass where nothing runs
 // between them (no seed at the block's r0 slot): one thread per 2x2 window normalises its four values,
-// writes them to `act` (the ReLU's output the backward and later validation passes read) and pools
-// them into `pooled` / `argmax`; the same values as the two kernels, without reading `act` back. Even
-// planes only (every window whole: no dropped row or column left for another thread).
+// writes them to `act` when `write_act` (the ReLU's output later validation passes starting at the r0
+// slot read; a training step's backward recomputes the ReLU's mask from x instead, so training passes
+// 0) and pools them into `pooled` / `argmax`; the same values as the two kernels, without reading
+// `act` back. Even planes only (every window whole: no dropped row or column left for another thread).
 extern "C" __global__ void __launch_bounds__(1024) batch_norm_relu_pool_f32(
     const float* x, float* act, float* pooled, u8* argmax, const float* mean, const float* inv_std_or_var,
-    const float* gamma, const float* beta, u32 envs, u32 batch, u32 channels, u32 h, u32 w, int eval) {
+    const float* gamma, const float* beta, u32 envs, u32 batch, u32 channels, u32 h, u32 w, int eval,
+    int write_act) {
     u32 ho = h / 2, wo = w / 2;
     FOR_EACH(o, (u64)envs * batch * channels * ho * wo) {
         u64 plane_index = o / ((u64)ho * wo);
@@ -169,7 +171,7 @@ extern "C" __global__ void __launch_bounds__(1024) batch_norm_relu_pool_f32(
         for (int j = 0; j < 4; ++j) {
             float v = (x[at[j]] - m) * scale + shift;
             v = !(v <= 0.0f) ? v : 0.0f;
-            act[at[j]] = v;
+            if (write_act) act[at[j]] = v;
             window[j] = v;
         }
         u32 k;

@@ -306,10 +306,13 @@ impl DeviceHost {
         if fused_pool {
             let (pooled, argmax) = block.pooled.as_mut().expect("checked above");
             let windows = pooled.len();
+            // Training leaves the ReLU's output unwritten: nothing reads it (the backward recomputes the
+            // ReLU's mask from the norm's input, max_pool2x2_relu_bn_backward_partial_f32).
+            let write_act = eval;
             let mut launch = stream.launch_builder(device.function("batch_norm_relu_pool_f32"));
             launch.arg(&block.conv_out).arg(&mut block.act).arg(&mut *pooled).arg(&mut *argmax);
             launch.arg(mean).arg(scale).arg(gamma).arg(beta);
-            launch.arg(&envs).arg(&batch).arg(&c_out).arg(&size).arg(&size).arg(&eval);
+            launch.arg(&envs).arg(&batch).arg(&c_out).arg(&size).arg(&size).arg(&eval).arg(&write_act);
             unsafe { launch.launch(elementwise(windows)) }?;
         } else if from_row.is_none() {
             let mut launch = stream.launch_builder(device.function("batch_norm_apply_f32"));

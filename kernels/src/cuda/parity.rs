@@ -1638,15 +1638,33 @@ fn fused_pool_checks(
         launch.arg(x_dev).arg(&mut act_dev).arg(&mut pooled_dev).arg(&mut idx_dev);
         launch.arg(m).arg(v).arg(gamma).arg(beta);
         push_dims(&mut launch, &dims);
-        launch.arg(&eval);
+        let write_act = 1i32;
+        launch.arg(&eval).arg(&write_act);
         unsafe { launch.launch(elementwise(windows)) }?;
         let (act, pooled, idx) =
             (stream.clone_dtoh(&act_dev)?, stream.clone_dtoh(&pooled_dev)?, stream.clone_dtoh(&idx_dev)?);
-        let diff = if idx != idx_cpu {
+        let mut diff = if idx != idx_cpu {
             f64::INFINITY
         } else {
             max_diff(&act, act_cpu).max(max_diff(&pooled, &pooled_cpu))
         };
+        // As a training step runs it, without writing the activation: the same pooled values and
+        // argmax, the activation untouched.
+        let mut untouched = stream.clone_htod(&vec![f32::NAN; bn.len()])?;
+        let (mut pooled_dev2, mut idx_dev2) =
+            (stream.alloc_zeros::<f32>(windows)?, stream.clone_htod(&vec![9u8; windows])?);
+        let mut launch = stream.launch_builder(device.function("batch_norm_relu_pool_f32"));
+        launch.arg(x_dev).arg(&mut untouched).arg(&mut pooled_dev2).arg(&mut idx_dev2);
+        launch.arg(m).arg(v).arg(gamma).arg(beta);
+        push_dims(&mut launch, &dims);
+        let skip_act = 0i32;
+        launch.arg(&eval).arg(&skip_act);
+        unsafe { launch.launch(elementwise(windows)) }?;
+        let written = stream.clone_dtoh(&untouched)?.iter().filter(|v| !v.is_nan()).count();
+        if written > 0 || stream.clone_dtoh(&idx_dev2)? != idx {
+            diff = f64::INFINITY;
+        }
+        diff = diff.max(max_diff(&stream.clone_dtoh(&pooled_dev2)?, &pooled));
         let twin = match eval {
             0 => "batch_norm_apply_f32 (train, ReLU) + max_pool2x2_forward",
             _ => "batch_norm_apply_f32 (eval, ReLU) + max_pool2x2_forward",
