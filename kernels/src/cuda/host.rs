@@ -299,8 +299,14 @@ impl DeviceHost {
         };
         let (eval, relu) = (i32::from(!train), 1i32);
         let from_r1 = from_row == Some(1);
-        // With no seed at r0 in this forward, the normalisation, ReLU and pool run as one pass.
-        let r0_runs = !from_r1 && block.r0.as_ref().is_some_and(|slot| slot.runs(train));
+        let eval_pass = match pass {
+            Pass::Train => None,
+            Pass::Eval(k) => Some(k),
+        };
+        // A slot runs when some env's seed takes part in this forward (in a validation pass: is not
+        // ablated there). With no seed at r0 in this forward, the normalisation, ReLU and pool run as
+        // one pass.
+        let r0_runs = !from_r1 && block.r0.as_ref().is_some_and(|slot| slot.runs_in(eval_pass));
         let fused_pool =
             self.fuse && from_row.is_none() && !r0_runs && block.pooled.is_some() && size.is_multiple_of(2);
         if fused_pool {
@@ -322,10 +328,6 @@ impl DeviceHost {
         }
 
         // The seeds: each slot runs when some env's seed takes part in this forward.
-        let eval_pass = match pass {
-            Pass::Train => None,
-            Pass::Eval(k) => Some(k),
-        };
         if !from_r1 {
             block.r0_ran = false;
             if let (Some(slot), true) = (block.r0.as_mut(), r0_runs) {
@@ -346,7 +348,7 @@ impl DeviceHost {
                 launch.arg(pool_in).arg(&mut *pooled).arg(argmax).arg(&planes).arg(&size).arg(&size);
                 unsafe { launch.launch(elementwise(windows)) }?;
             }
-            if let Some(slot) = block.r1.as_mut().filter(|slot| slot.runs(train)) {
+            if let Some(slot) = block.r1.as_mut().filter(|slot| slot.runs_in(eval_pass)) {
                 slot.forward(device, &mut self.conv, pooled, eval_pass)?;
                 block.r1_ran = true;
             }

@@ -67,6 +67,10 @@ pub struct DeviceSlot {
     /// `[K, 7, E]`: validation pass `k`'s envs whose blending seed is `bp` and is not ablated.
     eval_holds: CudaSlice<u8>,
     eval_passes: usize,
+    /// `[K]`: the blueprints some env runs in validation pass `k` (held in a mode that runs in
+    /// evaluation and not ablated by the pass): a pass runs only those modules, and none at all (the
+    /// slot skipped, its input passed on) where that is empty.
+    eval_running: Vec<u8>,
     /// The slot's output, a seed's output, each env's own seed's output (for the backward), and the
     /// seed's output gradient, `[E, B, C, H, W]`.
     pub out: CudaSlice<f32>,
@@ -157,10 +161,6 @@ impl SlotRoles {
         }
         r
     }
-
-    fn running(&self, train: bool) -> u8 {
-        if train { self.running_train } else { self.running_eval }
-    }
 }
 
 /// What decides a slot's launches in a training step — whether it runs, which blueprints run, train
@@ -191,8 +191,8 @@ pub struct SlotLaunchKey {
 
 /// What decides a slot's launches in an evaluation forward: whether it runs, which blueprints run,
 /// whether a gate exists and runs, and the validation selections' buffer and passes (their content is
-/// uploaded by [`DeviceSlot::plan_eval`] before the pass).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// uploaded by [`DeviceSlot::plan_eval`] before the pass) with the blueprints each pass runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EvalLaunchKey {
     runs: bool,
     gated: bool,
@@ -200,6 +200,7 @@ pub struct EvalLaunchKey {
     running: u8,
     eval_holds_len: usize,
     eval_passes: usize,
+    eval_running: Vec<u8>,
 }
 
 /// What a collection batch notes on the host side of a slot ([`DeviceSlot::taken`]): whether it took
@@ -236,6 +237,7 @@ impl DeviceSlot {
             not_trains: stream.alloc_zeros::<u8>(n)?,
             eval_holds: stream.alloc_zeros::<u8>(n)?,
             eval_passes: 1,
+            eval_running: vec![0],
             out: stream.alloc_zeros::<f32>(len)?,
             s: stream.alloc_zeros::<f32>(len)?,
             s_mine: stream.alloc_zeros::<f32>(len)?,
@@ -346,9 +348,15 @@ impl DeviceSlot {
         self.modules[bp as usize - 1].as_mut()
     }
 
-    /// Any env's seed takes part in a forward (as [`crate::host::SlotParams::any_active_in`]).
-    pub fn runs(&self, train: bool) -> bool {
-        if train { self.roles.runs_train } else { self.roles.runs_eval }
+    /// Any env's seed takes part in this forward (as [`crate::host::SlotParams::any_active_in`]): a
+    /// training one (`pass` None), or validation pass `k` — some env's blending seed is not ablated
+    /// there (states changed since the plan: the main configuration's answer, as pass 0 is then).
+    pub fn runs_in(&self, pass: Option<usize>) -> bool {
+        match pass {
+            None => self.roles.runs_train,
+            Some(k) if !self.dirty && k < self.eval_running.len() => self.eval_running[k] != 0,
+            Some(_) => self.roles.runs_eval,
+        }
     }
 
     /// What decides this slot's launches in a training step (see [`SlotLaunchKey`]): its roles.
@@ -377,6 +385,7 @@ impl DeviceSlot {
             running: self.roles.running_eval,
             eval_holds_len: self.eval_holds.len(),
             eval_passes: self.eval_passes,
+            eval_running: self.eval_running.clone(),
         }
     }
 
@@ -410,6 +419,8 @@ impl DeviceSlot {
         let blending = per_blueprint(state, |s| s.mode.runs_in(false));
         upload(device, staged, blending, &mut self.eval_holds.slice_mut(..n))?;
         self.eval_passes = 1;
+        self.eval_running.clear();
+        self.eval_running.push(self.roles.running_eval);
         self.dirty = false;
         Ok(())
     }
@@ -434,6 +445,13 @@ impl DeviceSlot {
         });
         upload(device, staged, holds, &mut self.eval_holds.slice_mut(..passes * n))?;
         self.eval_passes = passes;
+        self.eval_running.clear();
+        self.eval_running.extend((0..passes).map(|k| {
+            state.iter().enumerate().fold(0u8, |mask, (e, st)| match st.blueprint {
+                Some(bp) if st.mode.runs_in(false) && !off(k, e) => mask | bit(bp),
+                _ => mask,
+            })
+        }));
         Ok(())
     }
 
@@ -448,7 +466,6 @@ impl DeviceSlot {
         pass: Option<usize>,
     ) -> R {
         self.prepare(device)?;
-        let train = pass.is_none();
         let d = self.dims;
         let len = self.out.len();
         // The rows no seed blends into are h; the select below writes the others.
@@ -470,7 +487,12 @@ impl DeviceSlot {
         if self.roles.gated {
             self.gate.as_mut().expect("a GATE seed has its gate").forward(device, h)?;
         }
-        for bp in blueprints(self.roles.running(train)) {
+        // A validation pass runs only the blueprints some env does not ablate there.
+        let running = match pass {
+            None => self.roles.running_train,
+            Some(k) => self.eval_running[k],
+        };
+        for bp in blueprints(running) {
             let module = self.modules[bp as usize - 1].as_mut().expect("a held blueprint has its module");
             module.forward(device, conv, h, &mut self.s)?;
             let at = match pass {
