@@ -174,9 +174,22 @@ pub fn batch_norm_backward_params(
     launch.arg(x).arg(dy).arg(save_mean).arg(&mut *partial);
     push_dims(&mut launch, &dims);
     unsafe { launch.launch(config) }?;
+    batch_norm_params_finish(device, d, partial, save_inv_std, grad_gamma, grad_beta, splits)
+}
+
+/// dγ, dβ (overwritten) from the runs' sums in `partial`, added in order.
+fn batch_norm_params_finish(
+    device: &Device,
+    d: &NormShape,
+    partial: &CudaSlice<f64>,
+    save_inv_std: &CudaSlice<f32>,
+    grad_gamma: &mut CudaSlice<f32>,
+    grad_beta: &mut CudaSlice<f32>,
+    splits: u32,
+) -> R {
     let pairs = d.params_len() as u32;
     let mut launch = device.stream.launch_builder(device.function("batch_norm_backward_params_finish_f32"));
-    launch.arg(&*partial).arg(save_inv_std).arg(grad_gamma).arg(grad_beta).arg(&pairs).arg(&splits);
+    launch.arg(partial).arg(save_inv_std).arg(grad_gamma).arg(grad_beta).arg(&pairs).arg(&splits);
     unsafe { launch.launch(elementwise(d.params_len())) }?;
     Ok(())
 }
@@ -185,8 +198,8 @@ pub fn batch_norm_backward_params(
 /// one pass where nothing runs between them (no seed at the block's r0 slot): `dy_pooled` (the pool's
 /// output gradient) routed into `dy` (batch norm's output gradient, overwritten), the ReLU's mask
 /// recomputed from batch norm's input `x` as the training forward computed it, and `dγ`, `dβ` summed
-/// from `dy` and `x` in the same runs as [`batch_norm_backward_params`] — the same bits as
-/// `max_pool2x2_relu_backward_f32` followed by it, without reading the ReLU's output or `dy` back
+/// from `dy` and `x` in the same runs as [`batch_norm_backward_params`] — the same bits as the pool's
+/// and the ReLU's backwards followed by it, without reading the ReLU's output or `dy` back
 /// (`max_pool2x2_relu_bn_backward_partial_f32`). `d` is the block's norm shape (the pool's input).
 #[allow(clippy::too_many_arguments)]
 pub fn pool_relu_batch_norm_backward_params(
@@ -212,11 +225,7 @@ pub fn pool_relu_batch_norm_backward_params(
     launch.arg(dy_pooled).arg(argmax).arg(x).arg(save_mean).arg(save_inv_std).arg(gamma).arg(beta);
     launch.arg(dy).arg(&mut *partial).arg(&batch).arg(&channels).arg(&h).arg(&w).arg(&splits).arg(&run);
     unsafe { launch.launch(config) }?;
-    let pairs = d.params_len() as u32;
-    let mut launch = device.stream.launch_builder(device.function("batch_norm_backward_params_finish_f32"));
-    launch.arg(&*partial).arg(save_inv_std).arg(grad_gamma).arg(grad_beta).arg(&pairs).arg(&splits);
-    unsafe { launch.launch(elementwise(d.params_len())) }?;
-    Ok(())
+    batch_norm_params_finish(device, d, partial, save_inv_std, grad_gamma, grad_beta, splits)
 }
 
 /// Group norm forward with the statistics saved (`[E, B, G]` each).

@@ -1343,23 +1343,9 @@ fn backend_tree_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), 
     let mut gpu = CudaHostBackend::new(device, arch, &slot_ids, envs, batch, seed, 0)?;
     for e in 0..envs {
         for (k, bp) in [ConvLight, Attention, ConvHeavy].into_iter().enumerate() {
-            let state = SeedEnvState {
-                mode: SeedMode::Add,
-                blueprint: Some(bp),
-                alpha: 0.5,
-                train_seed: true,
-                ..SeedEnvState::default()
-            };
-            let sync = SlotSync {
-                germinate: Some((bp, false)),
-                create_gate: false,
-                reset_momentum: false,
-                state,
-                draws: StreamKey::new(seed, 0, e as u64, Purpose::SeedInit),
-                counter: (k as u64) << 40 | 2,
-            };
-            cpu.sync_slot(e, k, &sync);
-            gpu.sync_slot(e, k, &sync);
+            let state =
+                SeedEnvState { mode: SeedMode::Add, alpha: 0.5, train_seed: true, ..SeedEnvState::default() };
+            germinate_on_both(&mut cpu, &mut gpu, seed, (e, k), bp, state);
         }
     }
     let fossilized = vec![vec![false; envs]; slot_ids.len()];
@@ -1395,6 +1381,28 @@ fn backend_tree_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), 
     Ok(())
 }
 
+/// Germinates `bp` at env `e`, slot `k` on both backends from the same draws, in `state` (a MULTIPLY
+/// seed born so, a GATE seed with its gate).
+fn germinate_on_both(
+    cpu: &mut CpuHostBackend,
+    gpu: &mut CudaHostBackend,
+    seed: u64,
+    (e, k): (usize, usize),
+    bp: CnnBlueprint,
+    state: SeedEnvState,
+) {
+    let sync = SlotSync {
+        germinate: Some((bp, state.mode == SeedMode::Multiply)),
+        create_gate: state.mode == SeedMode::Gate,
+        reset_momentum: false,
+        state: SeedEnvState { blueprint: Some(bp), ..state },
+        draws: StreamKey::new(seed, 0, e as u64, Purpose::SeedInit),
+        counter: (k as u64) << 40 | 2,
+    };
+    cpu.sync_slot(e, k, &sync);
+    gpu.sync_slot(e, k, &sync);
+}
+
 /// The seeded run on [`CudaHostBackend`] against [`CpuHostBackend`]: the bench's three slots (r0c0,
 /// r0c1, r0c2), r1c0 and r1c1, with every blueprint somewhere — env 0 the bench's BLENDING conv_light,
 /// attention, conv_heavy (ADD); env 1 norm (GATE at 0.7, its gate born with it and trained), depthwise
@@ -1424,16 +1432,7 @@ fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), 
     for (e, env_plan) in plan.iter().enumerate() {
         for (k, slot) in env_plan.iter().enumerate() {
             let Some((bp, state)) = *slot else { continue };
-            let sync = SlotSync {
-                germinate: Some((bp, state.mode == SeedMode::Multiply)),
-                create_gate: state.mode == SeedMode::Gate,
-                reset_momentum: false,
-                state: SeedEnvState { blueprint: Some(bp), ..state },
-                draws: StreamKey::new(seed, 0, e as u64, Purpose::SeedInit),
-                counter: (k as u64) << 40 | 2,
-            };
-            cpu.sync_slot(e, k, &sync);
-            gpu.sync_slot(e, k, &sync);
+            germinate_on_both(&mut cpu, &mut gpu, seed, (e, k), bp, state);
         }
     }
     let fossilized = vec![vec![false; envs]; slot_ids.len()];
