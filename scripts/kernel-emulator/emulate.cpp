@@ -307,6 +307,22 @@ static void check_fused_pool(unsigned envs, unsigned batch, unsigned channels, u
     }
 }
 
+// add_relu_f32 against relu_forward_f32 then add_f32 (bit for bit; a NaN and signed zeros in the branch).
+static void check_add_relu(size_t n) {
+    auto a = values(n, -1.0f, 1.0f), b = values(n, -2.0f, 2.0f);
+    b[3] = NAN, b[4] = 0.0f, b[5] = -0.0f;
+    std::vector<float> fused(n, 0.5f), relu(n, 0.5f), sum(n, 0.5f);
+    launch({8, 1, 1}, {128, 1, 1}, [&] { add_relu_f32(a.data(), b.data(), fused.data(), (u64)n); });
+    launch({8, 1, 1}, {128, 1, 1}, [&] { relu_forward_f32(b.data(), relu.data(), (u64)n); });
+    launch({8, 1, 1}, {128, 1, 1}, [&] { add_f32(a.data(), relu.data(), sum.data(), (u64)n); });
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; ++i) wrong += !same_bits(fused[i], sum[i]);
+    char what[160], detail[160];
+    std::snprintf(what, sizeof what, "add_relu_f32 n=%zu", n);
+    std::snprintf(detail, sizeof detail, "%zu of %zu values differ in bits", wrong, n);
+    report(what, wrong == 0, detail);
+}
+
 static void check_batch_norm(unsigned envs, unsigned batch, unsigned channels, unsigned plane, unsigned splits,
                              float lo, float hi) {
     size_t count = (size_t)batch * plane, pairs = (size_t)envs * channels;
@@ -395,6 +411,7 @@ int main() {
     check_tc(1, 70, 6, 40, 4, 4, 1);
     check_tc(1, 140, 6, 8, 4, 4, 2);
     // The fused normalisation + ReLU + pool and its backward: square and oblong even planes.
+    check_add_relu(5003);
     check_fused_pool(2, 3, 4, 8, 8);
     check_fused_pool(1, 5, 3, 8, 6);
     // Batch norm: one run, several (the last short), and a mean far from zero.

@@ -90,6 +90,18 @@ pub fn add(device: &Device, a: &CudaSlice<f32>, b: &CudaSlice<f32>, out: &mut Cu
     binary(device, "add_f32", a, b, out, n)
 }
 
+/// `out = a + relu(b)` over the first `n` values: a seed's residual add of its ReLU'd branch in one pass
+/// (the same bits as [`relu`] then [`add`]).
+pub fn add_relu(
+    device: &Device,
+    a: &CudaSlice<f32>,
+    b: &CudaSlice<f32>,
+    out: &mut CudaSlice<f32>,
+    n: usize,
+) -> R {
+    binary(device, "add_relu_f32", a, b, out, n)
+}
+
 /// Blocks batch norm's reductions aim for: about two waves of an H100 (132 SMs, eight 256-thread blocks
 /// each), whatever the number of (env, channel) pairs.
 const BN_TARGET_BLOCKS: usize = 2048;

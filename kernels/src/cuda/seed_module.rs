@@ -142,8 +142,7 @@ impl DeviceSeed {
                     mean,
                     inv_std,
                 )?;
-                ops::relu(device, gn_out, &mut t[0], a)?;
-                ops::add(device, x, &t[0], y, a)
+                ops::add_relu(device, x, gn_out, y, a)
             }
             // y = x + U2(U1(x)), Uk = relu(GN(conv3×3)): saved conv1, GN1, U1 out, conv2, GN2.
             CnnBlueprint::ConvHeavy => {
@@ -155,8 +154,7 @@ impl DeviceSeed {
                 ops::relu(device, g1, o1, a)?;
                 conv.forward(device, &cd, o1, &p[3], c2)?;
                 ops::group_norm_forward(device, &gd, c2, &p[4], &p[5], g2, m2, i2)?;
-                ops::relu(device, g2, &mut t[0], a)?;
-                ops::add(device, x, &t[0], y, a)
+                ops::add_relu(device, x, g2, y, a)
             }
             // y = x·σ(W2·relu(W1·GAP(x)) + b2): saved GAP(x), the hidden ReLU output, the scale.
             CnnBlueprint::Attention => {
@@ -196,8 +194,7 @@ impl DeviceSeed {
                     mean,
                     inv_std,
                 )?;
-                ops::relu(device, gn_out, &mut t[0], a)?;
-                ops::add(device, x, &t[0], y, a)
+                ops::add_relu(device, x, gn_out, y, a)
             }
             // y = GN(UP(relu(CONV(relu(DOWN(x)))))) + x: saved the two ReLU outputs and UP's.
             CnnBlueprint::Bottleneck => {
