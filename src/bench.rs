@@ -631,20 +631,25 @@ fn bench_envs(
     }
     let boundary = boundary.expect("the full-loop tier always runs");
     let work = StepWork::of(config, &plan, configs);
+    let (configurations, whole_bytes) = match work.configurations {
+        0 | 1 => ("the main forward alone".to_string(), String::new()),
+        n => (
+            format!(
+                "{n} configurations run as a tree of passes, {:.1} GFLOP as whole forwards",
+                work.validate_whole_gflop
+            ),
+            format!("; {:.1} GB as whole forwards", work.validate_whole_host_gbytes),
+        ),
+    };
     on_line(&format!(
         "        work per step: {:.1} GFLOP training + {:.1} GFLOP validation ({} + {} multiply-adds per \
-         image, host + seeds; {} configurations run as a tree of passes, {:.1} GFLOP as whole forwards)",
-        work.train_gflop,
-        work.validate_gflop,
-        work.host_macs_per_image,
-        work.seed_macs_per_image,
-        work.configurations,
-        work.validate_whole_gflop
+         image, host + seeds; {configurations})",
+        work.train_gflop, work.validate_gflop, work.host_macs_per_image, work.seed_macs_per_image,
     ));
     on_line(&format!(
         "        host activation traffic per step: {:.1} GB training + {:.1} GB validation (f32, each tensor \
-         once per unfused kernel; seeds left out; {:.1} GB as whole forwards)",
-        work.train_host_gbytes, work.validate_host_gbytes, work.validate_whole_host_gbytes
+         once per unfused kernel; seeds left out{whole_bytes})",
+        work.train_host_gbytes, work.validate_host_gbytes
     ));
     Ok((tiers, boundary, work, resident_bytes()))
 }
