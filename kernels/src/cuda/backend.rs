@@ -82,8 +82,10 @@ pub struct CudaHostBackend {
     snapshot_fossils: Vec<Option<FossilRow>>,
     /// This validation's configurations per env.
     configs: Vec<EnvConfigs>,
-    /// The validation passes' order and starts (a tree over the slots' choices where the envs agree).
+    /// The validation passes' order and starts (a tree over the slots' choices where the envs agree),
+    /// and every slot's `(block, row)` in the network, in `slot_ids` order.
     pass_order: ValidationPassOrder,
+    slot_positions: Vec<(usize, u8)>,
     /// `[slot][env]`: the seeds' gradient health at this epoch's last collection batch (None: not
     /// collected), and per env the host's gradient norm on that batch.
     telemetry: Vec<Vec<Option<SeedGradStats>>>,
@@ -333,6 +335,7 @@ impl CudaHostBackend {
             snapshot_fossils: vec![None; n_envs * slot_ids.len()],
             configs: Vec::new(),
             pass_order: ValidationPassOrder::default(),
+            slot_positions: slot_ids.iter().map(|&(row, col)| (col as usize, row)).collect(),
             telemetry: vec![vec![None; n_envs]; slot_ids.len()],
             host_norm_at_collection: vec![0.0; n_envs],
             data: None,
@@ -773,9 +776,7 @@ impl CudaHostBackend {
         // The passes' order and starts: each from the latest slot whose stored input its own choices
         // made (a pass rewrites only what lies after its start), as a tree over the slots' choices
         // where the envs agree (ValidationPassOrder).
-        let positions: Vec<(usize, u8)> =
-            self.slot_ids.iter().map(|&(row, col)| (col as usize, row)).collect();
-        let order = self.pass_order.plan(&self.configs, &positions).to_vec();
+        let order = self.pass_order.plan(&self.configs, &self.slot_positions).to_vec();
         // Four rows per pass, after two unused (where the read-back has the epoch's).
         let needed = (2 + 4 * passes) * envs;
         if self.val_sums.len() < needed {

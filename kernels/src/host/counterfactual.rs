@@ -363,19 +363,10 @@ impl<T: Real> FusedValidator<T> {
             if in_place {
                 self.in_place_passes += 1;
                 // Every env's own parameters and activation, in place: only the seeds' modes differ.
-                for (k, slot) in bank.slots_mut().enumerate() {
-                    let held = &mut self.held_states[k];
-                    held.clear();
-                    held.extend(slot.state.iter().zip(rows).map(|(st, &v)| {
-                        let off = self.virtual_envs[v].1 & (1 << k) != 0;
-                        if off { SeedEnvState { mode: SeedMode::Off, ..*st } } else { *st }
-                    }));
-                    std::mem::swap(&mut slot.state, held);
-                }
-                self.ws.forward_eval_from_slot(block, row, Some(h), params, &*bank);
-                for (slot, held) in bank.slots_mut().zip(&mut self.held_states) {
-                    std::mem::swap(&mut slot.state, held);
-                }
+                let virtual_envs = &self.virtual_envs;
+                let off = |k: usize, e: usize| virtual_envs[rows[e]].1 & (1 << k) != 0;
+                let (ws, held) = (&mut self.ws, &mut self.held_states);
+                forward_with_seeds_off(ws, held, bank, params, (block, row), Some(h), off);
                 let classes = self.arch.num_classes;
                 accumulate_validation(&self.ws.logits, b, classes, labels, counts, &mut self.chunk_totals);
             } else {
@@ -406,23 +397,10 @@ impl<T: Real> FusedValidator<T> {
         for &(j, start) in &self.pass_order.order()[1..] {
             let start = start.expect("every counterfactual pass starts at a slot");
             let (block, row) = start;
-            for (k, slot) in bank.slots_mut().enumerate() {
-                let off = masks[j] & (1 << k) != 0;
-                let held = &mut self.held_states[k];
-                held.clear();
-                held.extend(
-                    slot.state
-                        .iter()
-                        .map(|st| if off { SeedEnvState { mode: SeedMode::Off, ..*st } } else { *st }),
-                );
-                std::mem::swap(&mut slot.state, held);
-            }
             let own = earliest.is_some_and(|first| start > first);
             let h = (!own).then(|| main.slot_input(block, row));
-            self.ws.forward_eval_from_slot(block, row, h, params, &*bank);
-            for (slot, held) in bank.slots_mut().zip(&mut self.held_states) {
-                std::mem::swap(&mut slot.state, held);
-            }
+            let off = |k: usize, _: usize| masks[j] & (1 << k) != 0;
+            forward_with_seeds_off(&mut self.ws, &mut self.held_states, bank, params, start, h, off);
             self.chunk_totals.reset();
             accumulate_validation(&self.ws.logits, b, classes, labels, counts, &mut self.chunk_totals);
             for e in 0..main.envs {
@@ -503,6 +481,32 @@ impl<T: Real> FusedValidator<T> {
 
     pub fn slot_ids(&self) -> &[(u8, u8)] {
         &self.slot_ids
+    }
+}
+
+/// `ws`'s evaluation forward from slot `(block, row)` over `h` (None: `ws`'s own activation there) on
+/// the caller's parameters and bank, with the seed of slot `k` switched off in env `e` where `off(k, e)`
+/// for this forward only: the bank's states are swapped with `held` (one list per slot) and back.
+fn forward_with_seeds_off<T: Real>(
+    ws: &mut HostWorkspace<T>,
+    held: &mut [Vec<SeedEnvState>],
+    bank: &mut SeedBank<T>,
+    params: &HostParams<T>,
+    (block, row): (usize, u8),
+    h: Option<&[T]>,
+    off: impl Fn(usize, usize) -> bool,
+) {
+    for (k, (slot, held)) in bank.slots_mut().zip(held.iter_mut()).enumerate() {
+        held.clear();
+        held.extend(slot.state.iter().enumerate().map(|(e, st)| match off(k, e) {
+            true => SeedEnvState { mode: SeedMode::Off, ..*st },
+            false => *st,
+        }));
+        std::mem::swap(&mut slot.state, held);
+    }
+    ws.forward_eval_from_slot(block, row, h, params, &*bank);
+    for (slot, held) in bank.slots_mut().zip(held.iter_mut()) {
+        std::mem::swap(&mut slot.state, held);
     }
 }
 
