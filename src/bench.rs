@@ -276,30 +276,69 @@ pub struct StepWork {
     pub validate_whole_gflop: f64,
     /// The host's activation traffic, f32 (see [`host_bytes_per_image`]): the training epoch's, and
     /// the validation pass's as its passes run and with every configuration a whole forward, GB (10⁹
-    /// bytes). Beside the GFLOP, the floor memory bandwidth sets for unfused kernels.
+    /// bytes). Beside the GFLOP, the floor memory bandwidth sets for the GPU's kernels as they run
+    /// (the training figure for the host without seeds).
     pub train_host_gbytes: f64,
     pub validate_host_gbytes: f64,
     pub validate_whole_host_gbytes: f64,
 }
 
-/// Bytes of activations one image moves through the host's kernels as the GPU backend runs them
-/// unfused, f32, each tensor counted once per kernel that reads or writes it (weights, the seeds, the
-/// head and max-pool's argmax left out): `(training, evaluation)`. Per block of `i` input and `o`
-/// output values (`p` after the pool): training forward — the convolution reads `i` and writes `o`,
-/// batch norm's statistics read `o`, its normalisation with the ReLU reads and writes `o`, the pool
-/// reads `o` and writes `p` (`i + 5o + p`); backward — the pool's backward reads `p` and writes `o`,
-/// the ReLU's reads two `o` and writes one, batch norm's parameter gradients read two, its input
-/// gradient reads two and writes one, the weight gradient reads `i` and `o`, and past the first block
-/// the input gradient reads `o` and writes `i` (`p + 10o + i`, `+ o + i`). Evaluation: `i + 4o + p`.
+/// Bytes of activations one image moves through the host's kernels as the GPU backend runs them by
+/// default (fusion on, `ESPER_CUDA_FUSE` unset) with no seed, f32, each tensor counted once per kernel
+/// that reads or writes it (weights, the seeds, the head, batch norm's statistics and max-pool's
+/// argmax left out): `(training, evaluation)`. Per block of `i` input and `o` output values (`p` after
+/// the pool, `g` = `p` the values of the gradient arriving at the block: `o` where it does not pool).
+/// Training forward — the convolution reads `i` and writes `o`, batch norm's statistics read `o`, its
+/// normalisation + ReLU + pool reads `o` and writes `p` (one pass on even planes; apart, the
+/// normalisation + ReLU reads and writes `o` and the pool reads `o` and writes `p`): `i + 3o + p`.
+/// Backward — batch norm's parameter sums read `g` and `o` (the ReLU's and the pool's backwards
+/// recomputed inside), its input gradient reads `g` and `o` and writes `o`, the weight gradient reads
+/// `i` and `o`, and past the first block the input gradient reads `o` and writes `i`: `2g + 4o + i`,
+/// `+ o + i`. Evaluation: [`eval_block_floats`].
 pub fn host_bytes_per_image(arch: &HostArch) -> (u64, u64) {
     let (mut train, mut eval) = (0u64, 0u64);
     for b in 0..arch.n_blocks {
         let BlockValues { i, o, p } = BlockValues::of(arch, b);
+        let pools = arch.pools_after(b);
+        let norm_and_pool = match (pools, fused_pool(arch, b, false)) {
+            (true, true) => o + p,
+            (true, false) => 2 * o + o + p,
+            (false, _) => 2 * o,
+        };
+        let g = if pools { p } else { o };
         let input_grad = if b > 0 { o + i } else { 0 };
-        train += (i + 5 * o + p) + (p + 10 * o + i) + input_grad;
-        eval += i + 4 * o + p;
+        train += (i + o) + o + norm_and_pool + (2 * g + 4 * o + i) + input_grad;
+        eval += eval_block_floats(arch, b, false);
     }
     (4 * train, 4 * eval)
+}
+
+/// Whether block `b`'s normalisation, ReLU and pool run as one pass on the GPU (`batch_norm_relu_pool_f32`):
+/// it pools, on even planes, and no seed runs at its r0 slot (`r0_runs`).
+fn fused_pool(arch: &HostArch, b: usize, r0_runs: bool) -> bool {
+    arch.pools_after(b) && arch.block_size(b).is_multiple_of(2) && !r0_runs
+}
+
+/// Activation floats one image's evaluation moves through host block `b` as the GPU runs it: the
+/// convolution reads `i` and writes `o`; the normalisation + ReLU reads `o` and writes `o` (the
+/// activation a later validation pass from the r0 slot reads); then the pool reads `o` and writes `p`,
+/// or (fused, [`fused_pool`]) writes `p` from the values it normalised: `i + 3o + p`, `i + 4o + p`
+/// with a seed running at r0, `i + 3o` without a pool.
+fn eval_block_floats(arch: &HostArch, b: usize, r0_runs: bool) -> u64 {
+    let BlockValues { i, o, p } = BlockValues::of(arch, b);
+    let pool = match (arch.pools_after(b), fused_pool(arch, b, r0_runs)) {
+        (true, true) => p,
+        (true, false) => o + p,
+        (false, _) => 0,
+    };
+    i + 3 * o + pool
+}
+
+/// Bytes of activations one test image's whole forward with every seed of `slots` on moves through the
+/// host ([`eval_block_floats`]; `slots` as [`validation_work_per_image`] takes them).
+fn whole_forward_bytes(arch: &HostArch, slots: &[((usize, u8), u64)]) -> u64 {
+    let r0_runs = |b: usize| slots.iter().any(|&((sb, row), _)| sb == b && row == 0);
+    4 * (0..arch.n_blocks).map(|b| eval_block_floats(arch, b, r0_runs(b))).sum::<u64>()
 }
 
 /// One block's activation sizes per image: `i` input, `o` output and `p` pooled values.
@@ -335,6 +374,10 @@ pub fn validation_work_per_image(arch: &HostArch, slots: &[((usize, u8), u64)]) 
     let (mut macs, mut floats) = (0u64, 0u64);
     for &(j, start) in planner.plan(&configs, &positions) {
         let mask = configs[0].masks[j];
+        // Whether block b's r0 slot holds a seed this pass leaves on.
+        let r0_runs = |b: usize| {
+            slots.iter().enumerate().any(|(k, &((sb, row), _))| sb == b && row == 0 && mask & (1 << k) == 0)
+        };
         for b in 0..arch.n_blocks {
             let v = BlockValues::of(arch, b);
             match start {
@@ -344,7 +387,7 @@ pub fn validation_work_per_image(arch: &HostArch, slots: &[((usize, u8), u64)]) 
                 }
                 _ => {
                     macs += arch.block_macs(b);
-                    floats += v.i + 4 * v.o + v.p;
+                    floats += eval_block_floats(arch, b, r0_runs(b));
                 }
             }
         }
@@ -382,7 +425,7 @@ impl StepWork {
         };
         let seed_macs_per_image = seeds.iter().map(|&(_, macs)| macs).sum();
         let host_macs_per_image = arch.forward_macs();
-        let (train_bytes, eval_bytes) = host_bytes_per_image(&arch);
+        let (train_bytes, _) = host_bytes_per_image(&arch);
         let (validate_macs, validate_bytes) = validation_work_per_image(&arch, &seeds);
         let forward_gflop = 2.0 * (host_macs_per_image + seed_macs_per_image) as f64 / 1e9;
         let envs = plan.config.envs;
@@ -398,7 +441,10 @@ impl StepWork {
             validate_whole_gflop: forward_gflop * test_images * configs.max(1) as f64,
             train_host_gbytes: train_bytes as f64 * train_images / 1e9,
             validate_host_gbytes: validate_bytes as f64 * test_images / 1e9,
-            validate_whole_host_gbytes: eval_bytes as f64 * test_images * configs.max(1) as f64 / 1e9,
+            validate_whole_host_gbytes: whole_forward_bytes(&arch, &seeds) as f64
+                * test_images
+                * configs.max(1) as f64
+                / 1e9,
         }
     }
 }
@@ -648,7 +694,7 @@ fn bench_envs(
     ));
     on_line(&format!(
         "        host activation traffic per step: {:.1} GB training + {:.1} GB validation (f32, each tensor \
-         once per unfused kernel; seeds left out{whole_bytes})",
+         once per kernel as the GPU runs them; seeds left out{whole_bytes})",
         work.train_host_gbytes, work.validate_host_gbytes
     ));
     Ok((tiers, boundary, work, resident_bytes()))
@@ -836,11 +882,13 @@ mod tests {
         assert_eq!(none.seed_macs_per_image, 0);
         // ≈ 255 GFLOP per step without seeds.
         assert!((none.train_gflop + none.validate_gflop - 255.5).abs() < 0.1, "{none:?}");
-        // 974 848 training and 268 288 evaluation bytes per image (host_bytes_per_image's test):
+        // 530 432 training and 210 944 evaluation bytes per image (host_bytes_per_image's test):
         // 49 152 training images, 10 000 test images.
-        assert!((none.train_host_gbytes - 974_848.0 * 49_152.0 / 1e9).abs() < 1e-9, "{none:?}");
-        assert!((none.validate_host_gbytes - 268_288.0 * 10_000.0 / 1e9).abs() < 1e-9, "{none:?}");
-        assert!((seeded.validate_whole_host_gbytes - 8.0 * none.validate_host_gbytes).abs() < 1e-9);
+        assert!((none.train_host_gbytes - 530_432.0 * 49_152.0 / 1e9).abs() < 1e-9, "{none:?}");
+        assert!((none.validate_host_gbytes - 210_944.0 * 10_000.0 / 1e9).abs() < 1e-9, "{none:?}");
+        assert!((none.validate_whole_host_gbytes - none.validate_host_gbytes).abs() < 1e-9);
+        // With a seed at every block's r0 slot each whole forward runs unfused: 4 · 67 072 bytes.
+        assert!((seeded.validate_whole_host_gbytes - 8.0 * 268_288.0 * 10_000.0 / 1e9).abs() < 1e-9);
         assert!((seeded.validate_host_gbytes - 585_728.0 * 10_000.0 / 1e9).abs() < 1e-9);
     }
 
@@ -851,30 +899,38 @@ mod tests {
     /// validation_passes_form_a_tree_over_three_slots), by off-mask in network order: 001 from r0c2
     /// (320), 010 from r0c1 (294 912 and 1 179 968), 011 from r0c2 (320), 100 from r0c0 (294 912,
     /// 295 040 and 1 179 968), 101 from r0c2 (320), 110 from r0c1 (294 912 and 1 179 968), 111 from
-    /// r0c2 (320): 4 720 960 in all. Bytes, in floats per image (evaluation i + 4o + p per block:
-    /// 37 888, 19 456, 9 728; a start at a block's r0 slot pools it, o + p: 10 240, 5 120, 2 560): the
-    /// main forward 67 072, the passes 4 · 2 560 from r0c2, 2 · (5 120 + 9 728) from r0c1 and
-    /// 10 240 + 19 456 + 9 728 from r0c0, 79 360 in all.
+    /// r0c2 (320): 4 720 960 in all. Bytes, in floats per image (evaluation with the block's r0 seed
+    /// running i + 4o + p per block: 37 888, 19 456, 9 728 — every block a pass runs whole has its seed
+    /// on, the ablated ones lying at or before the pass's start; a start at a block's r0 slot pools it,
+    /// o + p: 10 240, 5 120, 2 560): the main forward 67 072, the passes 4 · 2 560 from r0c2, 2 ·
+    /// (5 120 + 9 728) from r0c1 and 10 240 + 19 456 + 9 728 from r0c0, 79 360 in all. Without seeds,
+    /// the main forward alone, fused: i + 3o + p per block, 52 736.
     #[test]
     fn validation_work_counts_the_tree_of_passes() {
         let arch = HostArch::CIFAR_BASELINE;
         let seeds = [((0, 0), 589_824), ((1, 0), 128), ((2, 0), 1_179_648)];
         assert_eq!(validation_work_per_image(&arch, &seeds), (2_580_928 + 4_720_960, 4 * (67_072 + 79_360)));
         // Without seeds, the main forward alone.
-        assert_eq!(
-            validation_work_per_image(&arch, &[]),
-            (arch.forward_macs(), host_bytes_per_image(&arch).1)
-        );
+        assert_eq!(validation_work_per_image(&arch, &[]), (arch.forward_macs(), 4 * 52_736));
+        assert_eq!(host_bytes_per_image(&arch).1, 4 * 52_736);
+        // One seed at r1 (after block 1's pool) leaves every block's normalisation, ReLU and pool fused.
+        assert_eq!(validation_work_per_image(&arch, &[((1, 1), 100)]).1, 4 * (52_736 + 7_680));
     }
 
     /// Hand-derived for cifar_baseline (3 → 8 channels at 32×32, 8 → 16 at 16×16, 16 → 32 at 8×8, each
     /// pooled): per block i, o, p values of 3072, 8192, 2048; 2048, 4096, 1024; 1024, 2048, 512.
-    /// Training 2i + 15o + 2p, plus o + i past the first block: 133 120 + 73 728 + 36 864 floats;
-    /// evaluation i + 4o + p: 37 888 + 19 456 + 9 728 floats.
+    /// Training (i + 3o + p) + (2p + 4o + i), plus o + i past the first block: 69 632 + 41 984 + 20 992
+    /// floats; evaluation i + 3o + p: 29 696 + 15 360 + 7 680 floats. cifar_minimal (3 → 2 → 4 → 8
+    /// channels at 32×32: 1×1 convolutions, nothing pooled): i, o of 3072, 2048; 2048, 4096; 4096, 8192;
+    /// training (i + 4o) + (6o + i) [g = o], plus o + i past the first: 26 624 + 51 200 + 102 400
+    /// floats; evaluation i + 3o: 9 216 + 14 336 + 28 672.
     #[test]
-    fn host_bytes_per_image_counts_the_unfused_kernels_tensors() {
+    fn host_bytes_per_image_counts_the_kernels_as_they_run() {
         let arch = HostArch::CIFAR_BASELINE;
-        assert_eq!(host_bytes_per_image(&arch), (4 * 243_712, 4 * 67_072));
+        assert_eq!(host_bytes_per_image(&arch), (4 * 132_608, 4 * 52_736));
+        let minimal =
+            HostArch { base_channels: 2, pool_layers: 0, kernel_size: 1, ..HostArch::CIFAR_BASELINE };
+        assert_eq!(host_bytes_per_image(&minimal), (4 * 180_224, 4 * 52_224));
     }
 
     #[test]

@@ -193,26 +193,25 @@ extern "C" __global__ void batch_norm_backward_params_partial_f32(
     bn_run_sums(terms, partial, batch, channels, plane, splits, run);
 }
 
-// max_pool2x2_relu_backward_f32 and then batch_norm_backward_params_partial_f32 in one pass, where
-// nothing runs between the batch norm and the pool (no seed at the block's r0 slot): block (p, s) routes
-// the pooled gradient `dy_pooled` of run s of pair p through the pool and the ReLU into `dy` (batch
-// norm's output gradient) and sums the run's Σ dy, Σ dy·(x − mean) as the params kernel does. The
-// ReLU's mask is recomputed from batch norm's input x with the training forward's operations
-// ((x − mean)·(inv_std·γ) + β > 0, as batch_norm_apply_f32 and batch_norm_relu_pool_f32 compute it), so
-// neither the ReLU's output nor `dy` is read: the same bits as the two kernels, two activation-sized
-// reads fewer. Every element of the pair's B·H·W is one j of one run: each `dy` element is written
-// once. Grid (E·C, splits), REDUCE_THREADS threads.
-extern "C" __global__ void max_pool2x2_relu_bn_backward_partial_f32(
-    const float* dy_pooled, const u8* argmax, const float* x, const float* save_mean, const float* save_inv_std,
-    const float* gamma, const float* beta, float* dy, double* partial, u32 batch, u32 channels, u32 h, u32 w,
-    u32 splits, u32 run) {
+// The ReLU's backward (with `pooled`, the 2x2 max-pool's before it) and then
+// batch_norm_backward_params_partial_f32 in one pass, where nothing runs between the batch norm and
+// the ReLU (the ReLU follows every host batch norm; the pool, when no seed sits at the block's r0
+// slot, follows it at once): block (p, s) sums Σ g and Σ g·(x − mean) over run s of pair p as the
+// params kernel does, g batch norm's output gradient as bn_output_grad recomputes it from x and `dy`
+// (with `pooled` the pool's output gradient, else the ReLU's). Nothing else is written: the input
+// gradient (batch_norm_backward_input_from_f32) recomputes g as well, so neither the ReLU's output nor
+// g itself is ever read or written — the same sums, bit for bit, as the unfused kernels on the g they
+// would write. Grid (E·C, splits), REDUCE_THREADS threads.
+extern "C" __global__ void relu_bn_backward_partial_f32(
+    const float* dy, const u8* argmax, const float* x, const float* save_mean, const float* save_inv_std,
+    const float* gamma, const float* beta, double* partial, u32 batch, u32 channels, u32 h, u32 w,
+    u32 splits, u32 run, int pooled) {
     u32 p = blockIdx.x;
     float mean = save_mean[p], scale = bn_scale(save_inv_std, gamma, p, 0), shift = beta[p];
+    u64 plane = (u64)h * w;
     auto terms = [&](u64 i) {
         float xi = x[i];
-        float v = (xi - mean) * scale + shift;
-        float g = v > 0.0f ? routed_gradient(dy_pooled, argmax, i, h, w) : 0.0f;
-        dy[i] = g;
+        float g = bn_output_grad(xi, mean, scale, shift, dy, argmax, pooled, i, i / plane, (u32)(i % plane), h, w);
         double gd = (double)g;
         return make_double2(gd, gd * (double)(xi - mean));
     };
@@ -220,18 +219,33 @@ extern "C" __global__ void max_pool2x2_relu_bn_backward_partial_f32(
 }
 
 // dβ = Σ dy, dγ = Σ dy·(x − mean) · inv_std from the runs' sums, for every (env, channel) p < pairs.
-// Overwrites grad_gamma and grad_beta.
+// Overwrites grad_gamma and grad_beta; where `coef` is not null, also the pair's BN_COEF coefficients of
+// the input gradient (bn_input_grad: mean, inv_std·γ, β, inv_std, dβ/N, dγ/N with N = count, the
+// values batch_norm_backward_input_f32 computes from the same tensors).
 extern "C" __global__ void batch_norm_backward_params_finish_f32(
-    const double* partial, const float* save_inv_std, float* grad_gamma, float* grad_beta, u32 pairs,
-    u32 splits) {
+    const double* partial, const float* save_mean, const float* save_inv_std, const float* gamma,
+    const float* beta, float* grad_gamma, float* grad_beta, float* coef, u32 pairs, u32 splits, u64 count) {
     FOR_EACH(p, pairs) {
         double sum_dy = 0.0, sum_dy_centered = 0.0;
         for (u32 s = 0; s < splits; ++s) {
             sum_dy += partial[(p * splits + s) * 2];
             sum_dy_centered += partial[(p * splits + s) * 2 + 1];
         }
-        grad_beta[p] = (float)sum_dy;
-        grad_gamma[p] = (float)sum_dy_centered * save_inv_std[p];
+        float inv_std = save_inv_std[p];
+        float d_beta = (float)sum_dy, d_gamma = (float)sum_dy_centered * inv_std;
+        grad_beta[p] = d_beta;
+        grad_gamma[p] = d_gamma;
+        if (coef) {
+            float n = (float)count, *c = coef + p * BN_COEF;
+            c[0] = save_mean[p];
+            c[1] = bn_scale(save_inv_std, gamma, (u32)p, 0);
+            c[2] = beta[p];
+            c[3] = inv_std;
+            c[4] = d_beta / n;
+            c[5] = d_gamma / n;
+            c[6] = 0.0f;
+            c[7] = 0.0f;
+        }
     }
 }
 
@@ -248,5 +262,36 @@ extern "C" __global__ void __launch_bounds__(1024) batch_norm_backward_input_f32
         float inv_std = save_inv_std[p];
         float x_hat = (x[i] - save_mean[p]) * inv_std;
         dx[i] = (gamma[p] * inv_std) * (dy[i] - grad_beta[p] / n - x_hat * (grad_gamma[p] / n));
+    }
+}
+
+// batch_norm_backward_input_f32 where a ReLU (and with `pooled` the 2x2 max-pool) follows the norm,
+// from what relu_bn_backward_partial_f32 read: the output gradient recomputed from x and dy
+// (bn_output_grad), the input gradient from the pair's coefficients (bn_input_grad) — the same bits
+// as the pool's, the ReLU's and batch norm's input backwards one by one, reading x and dy (the pool's
+// output gradient with `pooled`: a quarter of the values) instead of x and a written g. dx must not
+// alias dy.
+extern "C" __global__ void __launch_bounds__(1024) batch_norm_backward_input_from_f32(
+    const float* dy, const u8* argmax, const float* x, const float* coef, float* dx, u32 envs, u32 batch,
+    u32 channels, u32 h, u32 w, int pooled) {
+    u32 plane = h * w;
+    u64 n = (u64)envs * batch * channels * plane;
+    bool fits = FITS_U32(n);
+    FastDiv f_plane = fast_div(plane), f_channels = fast_div(channels), f_batch = fast_div(batch);
+    FOR_EACH(i, n) {
+        u64 plane_index;
+        u32 r, pair;
+        if (fits) {
+            u32 pi = fdiv((u32)i, f_plane), image = fdiv(pi, f_channels);
+            plane_index = pi, r = (u32)i - pi * plane;
+            pair = fdiv(image, f_batch) * channels + (pi - image * channels);
+        } else {
+            plane_index = i / plane, r = (u32)(i % plane);
+            pair = (u32)(plane_index / ((u64)channels * batch)) * channels + (u32)(plane_index % channels);
+        }
+        const float* c = coef + (u64)pair * BN_COEF;
+        float xi = x[i];
+        float g = bn_output_grad(xi, c[0], c[1], c[2], dy, argmax, pooled, i, plane_index, r, h, w);
+        dx[i] = bn_input_grad(c, xi, g);
     }
 }

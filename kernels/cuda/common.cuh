@@ -111,17 +111,53 @@ __device__ __forceinline__ float max_pool_window(const float (&window)[4], u32* 
     return best;
 }
 
-// The output gradient input element i (of planes h × w) gets from the 2x2 max-pool: its window's, if it
-// was the window's winner, else 0 (dropped odd rows and columns included). Shared by the pool's backward
-// kernels (pool.cu) and the fused max_pool2x2_relu_bn_backward_partial_f32 (batchnorm.cu).
-__device__ __forceinline__ float routed_gradient(const float* dy, const u8* argmax, u64 i, u32 h, u32 w) {
+// The output gradient element r (0 .. h·w) of plane `plane_index` (an (env, image, channel)) gets from
+// the 2x2 max-pool: its window's, if it was the window's winner, else 0 (dropped odd rows and columns
+// included).
+__device__ __forceinline__ float routed_gradient_at(
+    const float* dy, const u8* argmax, u64 plane_index, u32 r, u32 h, u32 w) {
     u32 ho = h / 2, wo = w / 2;
-    u64 p = i / ((u64)h * w);
-    u32 r = (u32)(i % ((u64)h * w));
     u32 iy = r / w, ix = r % w;
     u32 oy = iy / 2, ox = ix / 2;
     if (oy >= ho || ox >= wo) return 0.0f;
-    u64 o = (p * ho + oy) * wo + ox;
+    u64 o = (plane_index * ho + oy) * wo + ox;
     u32 k = (iy % 2) * 2 + (ix % 2);
     return argmax[o] == k ? dy[o] : 0.0f;
+}
+
+// routed_gradient_at for flat input element i (of planes h × w). Shared by the pool's backward kernels
+// (pool.cu) and the fused batch-norm backwards (batchnorm.cu).
+__device__ __forceinline__ float routed_gradient(const float* dy, const u8* argmax, u64 i, u32 h, u32 w) {
+    u64 plane = (u64)h * w;
+    return routed_gradient_at(dy, argmax, i / plane, (u32)(i % plane), h, w);
+}
+
+// ---- Batch norm's backward where a ReLU (and maybe the 2x2 max-pool) follows it, as every host block's
+// does: the gradient at the norm's output recomputed where it is needed instead of written and read back.
+//
+// The gradient at batch norm's output for element i of its input x (value xi; its (env, channel)'s
+// mean, scale = inv_std·γ and shift = β): 0 where the ReLU cut, the training forward's operations
+// recomputing it ((xi − mean)·scale + shift > 0, as batch_norm_apply_f32 and batch_norm_relu_pool_f32
+// compute the ReLU's input: the same mask as relu_backward_f32's y > 0, NaN included); elsewhere, with
+// `pooled`, the pool's output gradient dy routed to element r of plane `plane_index` (as
+// max_pool2x2_backward_f32), else the gradient dy[i] at the ReLU's output.
+__device__ __forceinline__ float bn_output_grad(
+    float xi, float mean, float scale, float shift, const float* dy, const u8* argmax, int pooled, u64 i,
+    u64 plane_index, u32 r, u32 h, u32 w) {
+    float v = (xi - mean) * scale + shift;
+    if (!(v > 0.0f)) return 0.0f;
+    return pooled ? routed_gradient_at(dy, argmax, plane_index, r, h, w) : dy[i];
+}
+
+// Per (env, channel), what the input gradient needs once the parameter gradients are summed
+// (batch_norm_backward_params_finish_f32 writes them): BN_COEF floats {mean, scale = inv_std·γ, shift
+// = β, inv_std, dβ/N, dγ/N, 0, 0}, N = B·H·W.
+#define BN_COEF 8
+
+// Batch norm's input gradient at an element of value xi whose output gradient is g, from its (env,
+// channel)'s coefficients c: γ·inv_std·(g − dβ/N − x̂·dγ/N), x̂ = (xi − mean)·inv_std — the operations
+// and order of batch_norm_backward_input_f32 (and the CPU twin's DxConsts::input_grad): the same bits.
+__device__ __forceinline__ float bn_input_grad(const float* c, float xi, float g) {
+    float x_hat = (xi - c[0]) * c[3];
+    return c[1] * (g - c[4] - x_hat * c[5]);
 }

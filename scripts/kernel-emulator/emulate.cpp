@@ -236,8 +236,8 @@ static void check_tc(unsigned envs, unsigned batch, unsigned c_in, unsigned c_ou
 
 // The fused passes against the kernels they replace, run one by one (bit for bit): batch_norm_relu_pool_f32
 // against batch_norm_apply_f32 (ReLU) + max_pool2x2_forward_f32, in training and evaluation, and
-// max_pool2x2_relu_bn_backward_partial_f32 against max_pool2x2_backward_f32 + relu_backward_f32 +
-// batch_norm_backward_params_partial_f32.
+// relu_bn_backward_partial_f32 + batch_norm_backward_input_from_f32 against max_pool2x2_backward_f32 (or
+// not) + relu_backward_f32 + batch_norm_backward_params_{partial,finish}_f32 + batch_norm_backward_input_f32.
 static void check_fused_pool(unsigned envs, unsigned batch, unsigned channels, unsigned h, unsigned w) {
     size_t n = (size_t)envs * batch * channels * h * w, windows = n / 4, pairs = (size_t)envs * channels;
     auto x = values(n, -2.0f, 2.0f);
@@ -275,35 +275,63 @@ static void check_fused_pool(unsigned envs, unsigned batch, unsigned channels, u
                       wrong, 2 * n + 4 * windows);
         report(what, wrong == 0, detail);
         if (eval) continue;
-        // The pool's and the ReLU's backwards with batch norm's parameter sums in one pass (the ReLU's
-        // mask recomputed from x), against max_pool2x2_backward_f32, relu_backward_f32 and
-        // batch_norm_backward_params_partial_f32: runs of a third of each pair's values, the last short.
-        auto dy = values(windows, -1.0f, 1.0f);
-        std::vector<float> dx(n, NAN), routed(n, NAN);
-        launch({64, 1, 1}, {256, 1, 1}, [&] { max_pool2x2_backward_f32(dy.data(), arg.data(), routed.data(), planes, h, w); });
-        launch({64, 1, 1}, {256, 1, 1}, [&] { relu_backward_f32(act.data(), routed.data(), dx.data(), (u64)n); });
-        size_t cut = 0;
-        for (size_t i = 0; i < n; ++i) cut += act[i] == 0.0f;
-        unsigned count = batch * h * w, run = (count + 2) / 3, splits = (count + run - 1) / run;
-        std::vector<double> sums(pairs * splits * 2, NAN), sums1(pairs * splits * 2, NAN);
-        std::vector<float> dx2(n, NAN);
-        launch({(unsigned)pairs, splits, 1}, {REDUCE_THREADS, 1, 1}, [&] {
-            max_pool2x2_relu_bn_backward_partial_f32(dy.data(), arg.data(), x.data(), mean.data(), scale.data(),
-                                                     gamma.data(), beta.data(), dx2.data(), sums.data(), batch,
-                                                     channels, h, w, splits, run);
-        });
-        launch({(unsigned)pairs, splits, 1}, {REDUCE_THREADS, 1, 1}, [&] {
-            batch_norm_backward_params_partial_f32(x.data(), dx.data(), mean.data(), sums1.data(), batch, channels,
-                                                   h * w, splits, run);
-        });
-        wrong = 0;
-        for (size_t i = 0; i < n; ++i) wrong += !same_bits(dx2[i], dx[i]);
-        for (size_t i = 0; i < sums.size(); ++i) wrong += !(sums[i] == sums1[i]);
-        std::snprintf(what, sizeof what, "max_pool2x2_relu_bn_backward_partial_f32 E%u B%u C%u %u×%u (%u runs)", envs,
-                      batch, channels, h, w, splits);
-        std::snprintf(detail, sizeof detail, "%zu of %zu values and sums differ in bits (%zu cut by the ReLU)", wrong,
-                      n + sums.size(), cut);
-        report(what, wrong == 0 && splits > 1 && cut > 0, detail);
+        // The ReLU's backward (and the pool's before it, or not) with batch norm's parameter sums in one
+        // pass, and batch norm's input gradient recomputing its output gradient, the ReLU's mask from x:
+        // against max_pool2x2_backward_f32, relu_backward_f32, batch_norm_backward_params_partial_f32,
+        // the finish kernel and batch_norm_backward_input_f32 one by one — runs of a third of each
+        // pair's values, the last short.
+        for (int pooled_grad = 1; pooled_grad >= 0; --pooled_grad) {
+            auto dy = values(pooled_grad ? windows : n, -1.0f, 1.0f);
+            std::vector<float> g(n, NAN), routed(n, NAN);
+            if (pooled_grad)
+                launch({64, 1, 1}, {256, 1, 1}, [&] { max_pool2x2_backward_f32(dy.data(), arg.data(), routed.data(), planes, h, w); });
+            else
+                routed = dy;
+            launch({64, 1, 1}, {256, 1, 1}, [&] { relu_backward_f32(act.data(), routed.data(), g.data(), (u64)n); });
+            size_t cut = 0;
+            for (size_t i = 0; i < n; ++i) cut += act[i] == 0.0f;
+            unsigned count = batch * h * w, run = (count + 2) / 3, splits = (count + run - 1) / run;
+            std::vector<double> sums(pairs * splits * 2, NAN), sums1(pairs * splits * 2, NAN);
+            launch({(unsigned)pairs, splits, 1}, {REDUCE_THREADS, 1, 1}, [&] {
+                relu_bn_backward_partial_f32(dy.data(), arg.data(), x.data(), mean.data(), scale.data(), gamma.data(),
+                                             beta.data(), sums.data(), batch, channels, h, w, splits, run, pooled_grad);
+            });
+            launch({(unsigned)pairs, splits, 1}, {REDUCE_THREADS, 1, 1}, [&] {
+                batch_norm_backward_params_partial_f32(x.data(), g.data(), mean.data(), sums1.data(), batch, channels,
+                                                       h * w, splits, run);
+            });
+            size_t wrong = 0;
+            for (size_t i = 0; i < sums.size(); ++i) wrong += !(sums[i] == sums1[i]);
+            // The finish with the input gradient's coefficients, and without (the same dγ, dβ).
+            std::vector<float> dgamma(pairs, NAN), dbeta(pairs, NAN), dgamma1(pairs, NAN), dbeta1(pairs, NAN);
+            std::vector<float> coef(pairs * BN_COEF, NAN);
+            launch({1, 1, 1}, {256, 1, 1}, [&] {
+                batch_norm_backward_params_finish_f32(sums.data(), mean.data(), scale.data(), gamma.data(), beta.data(),
+                                                      dgamma.data(), dbeta.data(), coef.data(), (u32)pairs, splits,
+                                                      (u64)count);
+            });
+            launch({1, 1, 1}, {256, 1, 1}, [&] {
+                batch_norm_backward_params_finish_f32(sums1.data(), mean.data(), scale.data(), gamma.data(),
+                                                      beta.data(), dgamma1.data(), dbeta1.data(), nullptr, (u32)pairs,
+                                                      splits, (u64)count);
+            });
+            for (size_t i = 0; i < pairs; ++i) wrong += !same_bits(dgamma[i], dgamma1[i]) + !same_bits(dbeta[i], dbeta1[i]);
+            std::vector<float> dx(n, NAN), dx1(n, NAN);
+            launch({64, 1, 1}, {256, 1, 1}, [&] {
+                batch_norm_backward_input_from_f32(dy.data(), arg.data(), x.data(), coef.data(), dx.data(), envs, batch,
+                                                   channels, h, w, pooled_grad);
+            });
+            launch({64, 1, 1}, {256, 1, 1}, [&] {
+                batch_norm_backward_input_f32(x.data(), g.data(), gamma.data(), mean.data(), scale.data(), dgamma1.data(),
+                                              dbeta1.data(), dx1.data(), envs, batch, channels, h * w);
+            });
+            for (size_t i = 0; i < n; ++i) wrong += !same_bits(dx[i], dx1[i]);
+            std::snprintf(what, sizeof what, "relu_bn_backward_{partial,input_from} %s E%u B%u C%u %u×%u (%u runs)",
+                          pooled_grad ? "pooled" : "relu  ", envs, batch, channels, h, w, splits);
+            std::snprintf(detail, sizeof detail, "%zu of %zu sums, parameter and input gradients differ in bits (%zu cut by the ReLU)",
+                          wrong, sums.size() + 2 * pairs + n, cut);
+            report(what, wrong == 0 && splits > 1 && cut > 0, detail);
+        }
     }
 }
 
@@ -346,8 +374,9 @@ static void check_batch_norm(unsigned envs, unsigned batch, unsigned channels, u
                                                plane, splits, run);
     });
     launch({1, 1, 1}, {256, 1, 1}, [&] {
-        batch_norm_backward_params_finish_f32(partial.data(), inv.data(), dgamma.data(), dbeta.data(),
-                                              (unsigned)pairs, splits);
+        batch_norm_backward_params_finish_f32(partial.data(), mean.data(), inv.data(), rm.data(), rv.data(),
+                                              dgamma.data(), dbeta.data(), nullptr, (unsigned)pairs, splits,
+                                              (u64)count);
     });
     double worst = 0.0, worst_grad = 0.0, largest_grad = 0.0;
     std::vector<double> want_gamma(pairs), want_beta(pairs);

@@ -90,10 +90,11 @@ pub struct DeviceHost {
     /// The convolutions, as GEMMs.
     conv: GemmConv,
     /// Where no seed runs at a block's r0 slot: batch norm's normalisation, the ReLU and the pool in one
-    /// pass (`batch_norm_relu_pool_f32`), and the pool's and ReLU's backwards with batch norm's
-    /// parameter sums in one (`max_pool2x2_relu_bn_backward_partial_f32`, the ReLU's mask recomputed from
-    /// the norm's input); the same bits as the kernels one by one. Off with
-    /// `ESPER_CUDA_FUSE=0` (to measure the gain) or [`Self::set_fuse`].
+    /// pass (`batch_norm_relu_pool_f32`). In every block's backward: batch norm's output gradient never
+    /// written — the ReLU's backward (and the pool's, where no seed runs at r0) recomputed, the ReLU's
+    /// mask from the norm's input, by the pass that sums dγ and dβ (`relu_bn_backward_partial_f32`) and
+    /// by the one that writes the input gradient (`batch_norm_backward_input_from_f32`). The same bits as
+    /// the kernels one by one. Off with `ESPER_CUDA_FUSE=0` (to measure the gain) or [`Self::set_fuse`].
     fuse: bool,
     params: Vec<CudaSlice<f32>>,
     grads: Vec<CudaSlice<f32>>,
@@ -112,6 +113,9 @@ pub struct DeviceHost {
     norm_partial: CudaSlice<f64>,
     /// Batch norm's reductions' partial sums, for the largest block.
     bn_partial: CudaSlice<f64>,
+    /// Batch norm's input-gradient coefficients per (env, channel) ([`ops::BN_COEF`] each), for the
+    /// widest block.
+    bn_coef: CudaSlice<f32>,
     sq_norms: CudaSlice<f64>,
     clip: CudaSlice<f64>,
     /// Per env: the squared host gradient norm of the last collection batch (the seed/host ratio's).
@@ -187,6 +191,7 @@ impl DeviceHost {
         let samples = envs * batch;
         let bn_partial =
             (0..arch.n_blocks).map(|b| ops::batch_norm_partial_len(&block_norm(arch, envs, batch, b))).max();
+        let widest = (0..arch.n_blocks).map(|b| arch.block_channels(b)).max().unwrap_or(0);
         conv_dims_all.extend((0..arch.n_blocks).map(|b| conv_dims(arch, envs, batch, b)));
         Ok(Self {
             arch,
@@ -209,6 +214,7 @@ impl DeviceHost {
             grad_b: stream.alloc_zeros::<f32>(largest)?,
             norm_partial: stream.alloc_zeros::<f64>(envs * NORM_BLOCKS_PER_ENV as usize)?,
             bn_partial: stream.alloc_zeros::<f64>(bn_partial.unwrap_or(0).max(1))?,
+            bn_coef: stream.alloc_zeros::<f32>(envs * widest.max(1) * ops::BN_COEF)?,
             sq_norms: stream.alloc_zeros::<f64>(envs)?,
             clip: stream.alloc_zeros::<f64>(envs)?,
             sq_norms_collected: stream.alloc_zeros::<f64>(envs)?,
@@ -531,28 +537,10 @@ impl DeviceHost {
                 slot.backward(device, &mut self.conv, pooled, &self.grad_a, &mut self.grad_b)?;
                 std::mem::swap(&mut self.grad_a, &mut self.grad_b);
             }
-            // With no seed at r0, the pool's and the ReLU's backwards and batch norm's parameter
-            // gradients run as one pass: grad_a (pooled) → grad_b (batch norm's output gradient), dγ, dβ.
-            let fused_relu = self.fuse && !block.r0_ran && block.pooled.is_some();
-            let (conv_g, bn_g) = self.grads[3 * b..3 * b + 3].split_at_mut(1);
-            let (gamma_g, beta_g) = bn_g.split_at_mut(1);
-            if let (Some((_, argmax)), true) = (&block.pooled, fused_relu) {
-                ops::pool_relu_batch_norm_backward_params(
-                    device,
-                    &block_norm(arch, self.envs, self.batch, b),
-                    &self.grad_a,
-                    argmax,
-                    &block.conv_out,
-                    &block.save_mean,
-                    &block.save_inv_std,
-                    &self.params[3 * b + 1],
-                    &self.params[3 * b + 2],
-                    &mut self.grad_b,
-                    &mut self.bn_partial,
-                    &mut gamma_g[0],
-                    &mut beta_g[0],
-                )?;
-            } else if let Some((_, argmax)) = &block.pooled {
+            // With fusion on, batch norm's output gradient is never written: the ReLU's backward (and, with
+            // no seed at r0, the pool's) runs inside batch norm's two backward passes.
+            let fuse_pool = self.fuse && !block.r0_ran && block.pooled.is_some();
+            if let (Some((_, argmax)), false) = (&block.pooled, fuse_pool) {
                 // grad_a (pooled) → grad_b (the ReLU's output), then the two trade places.
                 let planes = (self.envs * self.batch * arch.block_channels(b)) as u64;
                 let mut launch = stream.launch_builder(device.function("max_pool2x2_backward_f32"));
@@ -566,16 +554,49 @@ impl DeviceHost {
                 std::mem::swap(&mut self.grad_a, &mut self.grad_b);
             }
             let block = &self.blocks[b];
-            if !fused_relu {
+            let norm = block_norm(arch, self.envs, self.batch, b);
+            let (conv_g, bn_g) = self.grads[3 * b..3 * b + 3].split_at_mut(1);
+            let (gamma_g, beta_g) = bn_g.split_at_mut(1);
+            let (gamma, beta) = (&self.params[3 * b + 1], &self.params[3 * b + 2]);
+            if self.fuse {
+                // grad_a: the pool's output gradient (fuse_pool) or the ReLU's; dγ, dβ, then batch norm's
+                // input gradient into grad_b, and the two trade places.
+                let argmax = block.pooled.as_ref().filter(|_| fuse_pool).map(|(_, argmax)| argmax);
+                ops::relu_batch_norm_backward_params(
+                    device,
+                    &norm,
+                    &self.grad_a,
+                    argmax,
+                    &block.conv_out,
+                    &block.save_mean,
+                    &block.save_inv_std,
+                    gamma,
+                    beta,
+                    &mut self.bn_partial,
+                    &mut gamma_g[0],
+                    &mut beta_g[0],
+                    &mut self.bn_coef,
+                )?;
+                ops::batch_norm_backward_input_from(
+                    device,
+                    &norm,
+                    &self.grad_a,
+                    argmax,
+                    &block.conv_out,
+                    &self.bn_coef,
+                    &mut self.grad_b,
+                )?;
+                std::mem::swap(&mut self.grad_a, &mut self.grad_b);
+            } else {
                 // The ReLU: grad_b = grad_a where the activation is positive (batch norm's output gradient).
                 let act_len64 = act_len as u64;
                 let mut launch = stream.launch_builder(device.function("relu_backward_f32"));
                 launch.arg(&block.act).arg(&self.grad_a).arg(&mut self.grad_b).arg(&act_len64);
                 unsafe { launch.launch(elementwise(act_len)) }?;
-                // Batch norm's dγ, dβ.
+                // Batch norm's dγ, dβ, then the conv output's gradient into grad_a.
                 ops::batch_norm_backward_params(
                     device,
-                    &block_norm(arch, self.envs, self.batch, b),
+                    &norm,
                     &block.conv_out,
                     &self.grad_b,
                     &block.save_mean,
@@ -584,15 +605,13 @@ impl DeviceHost {
                     &mut gamma_g[0],
                     &mut beta_g[0],
                 )?;
+                let plane = size * size;
+                let mut launch = stream.launch_builder(device.function("batch_norm_backward_input_f32"));
+                launch.arg(&block.conv_out).arg(&self.grad_b).arg(gamma);
+                launch.arg(&block.save_mean).arg(&block.save_inv_std).arg(&gamma_g[0]).arg(&beta_g[0]);
+                launch.arg(&mut self.grad_a).arg(&envs).arg(&batch).arg(&c_out).arg(&plane);
+                unsafe { launch.launch(elementwise(act_len)) }?;
             }
-
-            // Batch norm: the conv output's gradient into grad_a.
-            let plane = size * size;
-            let mut launch = stream.launch_builder(device.function("batch_norm_backward_input_f32"));
-            launch.arg(&block.conv_out).arg(&self.grad_b).arg(&self.params[3 * b + 1]);
-            launch.arg(&block.save_mean).arg(&block.save_inv_std).arg(&gamma_g[0]).arg(&beta_g[0]);
-            launch.arg(&mut self.grad_a).arg(&envs).arg(&batch).arg(&c_out).arg(&plane);
-            unsafe { launch.launch(elementwise(act_len)) }?;
 
             // The conv: its weight gradient, and (above block 0) the gradient at its input into grad_b.
             let input = match b {

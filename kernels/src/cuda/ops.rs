@@ -186,58 +186,144 @@ pub fn batch_norm_backward_params(
     launch.arg(x).arg(dy).arg(save_mean).arg(&mut *partial);
     push_dims(&mut launch, &dims);
     unsafe { launch.launch(config) }?;
-    batch_norm_params_finish(device, d, partial, save_inv_std, grad_gamma, grad_beta, splits)
+    batch_norm_params_finish(device, d, partial, save_mean, save_inv_std, None, grad_gamma, grad_beta, splits)
 }
 
-/// dγ, dβ (overwritten) from the runs' sums in `partial`, added in order.
+/// A null device pointer, for a kernel's optional pointer argument (the kernel checks it).
+const NULL: u64 = 0;
+
+/// dγ, dβ (overwritten) from the runs' sums in `partial`, added in order; with `coef`, also each
+/// (env, channel)'s coefficients of the input gradient (`[pairs, BN_COEF]`, see
+/// [`batch_norm_backward_input_from`]) from `save_mean`, `save_inv_std`, `gamma` and `beta`.
+#[allow(clippy::too_many_arguments)]
 fn batch_norm_params_finish(
     device: &Device,
     d: &NormShape,
     partial: &CudaSlice<f64>,
+    save_mean: &CudaSlice<f32>,
     save_inv_std: &CudaSlice<f32>,
+    norm_params: Option<(&CudaSlice<f32>, &CudaSlice<f32>, &mut CudaSlice<f32>)>,
     grad_gamma: &mut CudaSlice<f32>,
     grad_beta: &mut CudaSlice<f32>,
     splits: u32,
 ) -> R {
     let pairs = d.params_len() as u32;
+    let count = (d.batch * d.plane()) as u64;
     let mut launch = device.stream.launch_builder(device.function("batch_norm_backward_params_finish_f32"));
-    launch.arg(partial).arg(save_inv_std).arg(grad_gamma).arg(grad_beta).arg(&pairs).arg(&splits);
+    launch.arg(partial).arg(save_mean).arg(save_inv_std);
+    match norm_params {
+        Some((gamma, beta, coef)) => {
+            assert!(coef.len() >= d.params_len() * BN_COEF, "batch norm: coefficients exceed their buffer");
+            launch.arg(gamma).arg(beta).arg(grad_gamma).arg(grad_beta).arg(coef);
+        }
+        None => {
+            launch.arg(&NULL).arg(&NULL).arg(grad_gamma).arg(grad_beta).arg(&NULL);
+        }
+    }
+    launch.arg(&pairs).arg(&splits).arg(&count);
     unsafe { launch.launch(elementwise(d.params_len())) }?;
     Ok(())
 }
 
-/// The 2×2 max-pool's and the ReLU's backwards and batch norm's parameter gradients (overwritten) in
-/// one pass where nothing runs between them (no seed at the block's r0 slot): `dy_pooled` (the pool's
-/// output gradient) routed into `dy` (batch norm's output gradient, overwritten), the ReLU's mask
-/// recomputed from batch norm's input `x` as the training forward computed it, and `dγ`, `dβ` summed
-/// from `dy` and `x` in the same runs as [`batch_norm_backward_params`] — the same bits as the pool's
-/// and the ReLU's backwards followed by it, without reading the ReLU's output or `dy` back
-/// (`max_pool2x2_relu_bn_backward_partial_f32`). `d` is the block's norm shape (the pool's input).
+/// Floats per (env, channel) of batch norm's input-gradient coefficients (common.cuh's `BN_COEF`).
+pub const BN_COEF: usize = 8;
+
+/// The ReLU's backward — with `argmax` the 2×2 max-pool's before it — and batch norm's parameter
+/// gradients (overwritten) in one pass, where a ReLU follows the norm at once (every host block; the
+/// pool too when no seed sits at the block's r0 slot): batch norm's output gradient is recomputed
+/// from `dy` (the pool's output gradient with `argmax`, else the ReLU's) and the norm's input `x`, the
+/// ReLU's mask as the training forward computed it, and summed into `dγ`, `dβ` in the same runs as
+/// [`batch_norm_backward_params`] (`relu_bn_backward_partial_f32`) — the same bits as the backwards one
+/// by one, without the ReLU's output or that gradient ever written. `coef` (`[E·C, BN_COEF]`) gets what
+/// [`batch_norm_backward_input_from`] needs. `d` is the block's norm shape (the pool's input).
 #[allow(clippy::too_many_arguments)]
-pub fn pool_relu_batch_norm_backward_params(
+pub fn relu_batch_norm_backward_params(
     device: &Device,
     d: &NormShape,
-    dy_pooled: &CudaSlice<f32>,
-    argmax: &CudaSlice<u8>,
+    dy: &CudaSlice<f32>,
+    argmax: Option<&CudaSlice<u8>>,
     x: &CudaSlice<f32>,
     save_mean: &CudaSlice<f32>,
     save_inv_std: &CudaSlice<f32>,
     gamma: &CudaSlice<f32>,
     beta: &CudaSlice<f32>,
-    dy: &mut CudaSlice<f32>,
     partial: &mut CudaSlice<f64>,
     grad_gamma: &mut CudaSlice<f32>,
     grad_beta: &mut CudaSlice<f32>,
+    coef: &mut CudaSlice<f32>,
 ) -> R {
     let (dims, config) = batch_norm_reduction(d, partial);
     let [batch, channels, _, splits, run] = dims;
-    let (h, w) = (d.h as u32, d.w as u32);
-    let mut launch =
-        device.stream.launch_builder(device.function("max_pool2x2_relu_bn_backward_partial_f32"));
-    launch.arg(dy_pooled).arg(argmax).arg(x).arg(save_mean).arg(save_inv_std).arg(gamma).arg(beta);
-    launch.arg(dy).arg(&mut *partial).arg(&batch).arg(&channels).arg(&h).arg(&w).arg(&splits).arg(&run);
+    let (h, w, pooled) = (d.h as u32, d.w as u32, i32::from(argmax.is_some()));
+    check_grad_source(d, dy, argmax);
+    let mut launch = device.stream.launch_builder(device.function("relu_bn_backward_partial_f32"));
+    launch.arg(dy);
+    match argmax {
+        Some(argmax) => launch.arg(argmax),
+        None => launch.arg(&NULL),
+    };
+    launch.arg(x).arg(save_mean).arg(save_inv_std).arg(gamma).arg(beta).arg(&mut *partial);
+    launch.arg(&batch).arg(&channels).arg(&h).arg(&w).arg(&splits).arg(&run).arg(&pooled);
     unsafe { launch.launch(config) }?;
-    batch_norm_params_finish(device, d, partial, save_inv_std, grad_gamma, grad_beta, splits)
+    let norm_params = Some((gamma, beta, coef));
+    batch_norm_params_finish(
+        device,
+        d,
+        partial,
+        save_mean,
+        save_inv_std,
+        norm_params,
+        grad_gamma,
+        grad_beta,
+        splits,
+    )
+}
+
+/// Batch norm's input gradient `dx` (overwritten; `[E, B, C, H, W]`) after
+/// [`relu_batch_norm_backward_params`] on the same `dy`, `argmax` and `x`: the norm's output gradient
+/// recomputed as there, then `γ·inv_std·(g − dβ/N − x̂·dγ/N)` from `coef`
+/// (`batch_norm_backward_input_from_f32`) — the same bits as `batch_norm_backward_input_f32` on the
+/// gradient the pool's and the ReLU's backwards would have written.
+pub fn batch_norm_backward_input_from(
+    device: &Device,
+    d: &NormShape,
+    dy: &CudaSlice<f32>,
+    argmax: Option<&CudaSlice<u8>>,
+    x: &CudaSlice<f32>,
+    coef: &CudaSlice<f32>,
+    dx: &mut CudaSlice<f32>,
+) -> R {
+    check_grad_source(d, dy, argmax);
+    assert!(x.len() >= d.len() && dx.len() >= d.len(), "batch norm: the input exceeds its buffers");
+    assert!(coef.len() >= d.params_len() * BN_COEF, "batch norm: coefficients exceed their buffer");
+    let dims = [d.envs, d.batch, d.channels, d.h, d.w].map(|v| v as u32);
+    let pooled = i32::from(argmax.is_some());
+    let mut launch = device.stream.launch_builder(device.function("batch_norm_backward_input_from_f32"));
+    launch.arg(dy);
+    match argmax {
+        Some(argmax) => launch.arg(argmax),
+        None => launch.arg(&NULL),
+    };
+    launch.arg(x).arg(coef).arg(dx);
+    push_dims(&mut launch, &dims);
+    launch.arg(&pooled);
+    unsafe { launch.launch(elementwise(d.len())) }?;
+    Ok(())
+}
+
+/// The gradient a fused batch-norm backward reads covers `d`: the pool's output with `argmax`, else the
+/// norm's own shape.
+fn check_grad_source(d: &NormShape, dy: &CudaSlice<f32>, argmax: Option<&CudaSlice<u8>>) {
+    match argmax {
+        Some(argmax) => {
+            let windows = d.envs * d.batch * d.channels * (d.h / 2) * (d.w / 2);
+            assert!(
+                dy.len() >= windows && argmax.len() >= windows,
+                "the pool's gradient exceeds its buffers"
+            );
+        }
+        None => assert!(dy.len() >= d.len(), "the ReLU's gradient exceeds its buffer"),
+    }
 }
 
 /// Group norm forward with the statistics saved (`[E, B, G]` each).

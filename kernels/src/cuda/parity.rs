@@ -1625,9 +1625,8 @@ fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), 
 /// the device input `x`: `batch_norm_relu_pool_f32` in training (the CPU's statistics `[mean, inv_std]`)
 /// and evaluation (`[running_mean, running_var]`) against `relu_cpu` (the normalisation + ReLU's CPU
 /// result in each) pooled by `ops::pool::max_pool2x2_forward` — the activation, the pooled values and
-/// the argmax, bit for bit — and `max_pool2x2_relu_bn_backward_partial_f32`: its routed gradient
-/// against `max_pool2x2_backward` then `relu_backward` bit for bit, its dγ, dβ against the CPU's
-/// `batch_norm_backward` (1e-5) and the unfused device kernels (bit for bit).
+/// the argmax, bit for bit — and the fused backwards behind it ([`fused_backward_checks`]), from the
+/// pool's output gradient and from the ReLU's.
 #[allow(clippy::too_many_arguments)]
 fn fused_pool_checks(
     device: &Device,
@@ -1689,90 +1688,154 @@ fn fused_pool_checks(
         if eval == 1 {
             continue;
         }
-        let dy = values(s, windows, -1.0, 1.0);
-        let mut routed = vec![0.0f32; bn.len()];
-        max_pool2x2_backward(pool, &dy, &idx_cpu, &mut routed);
-        let mut dx_cpu = vec![0.0f32; bn.len()];
-        relu_backward(act_cpu, &routed, &mut dx_cpu);
-        let dy_dev = stream.clone_htod(&dy)?;
-        let mut dx_dev = stream.clone_htod(&vec![f32::NAN; bn.len()])?;
-        let mut partial = stream.clone_htod(&vec![f64::NAN; device_ops::batch_norm_partial_len(&bn)])?;
-        let mut dgamma_dev = stream.clone_htod(&vec![f32::NAN; bn.params_len()])?;
-        let mut dbeta_dev = stream.clone_htod(&vec![f32::NAN; bn.params_len()])?;
-        device_ops::pool_relu_batch_norm_backward_params(
-            device,
-            &bn,
-            &dy_dev,
-            &idx_dev,
-            x_dev,
-            mean,
-            inv_std,
-            gamma,
-            beta,
-            &mut dx_dev,
-            &mut partial,
-            &mut dgamma_dev,
-            &mut dbeta_dev,
-        )?;
-        let dx = stream.clone_dtoh(&dx_dev)?;
-        let params = [stream.clone_dtoh(&dgamma_dev)?, stream.clone_dtoh(&dbeta_dev)?].concat();
-        let zeros = act_cpu.iter().filter(|&&a| a == 0.0).count();
-        rows.push(ParityRow::new(
-            "max_pool2x2_relu_bn_backward_partial_f32 (dy)",
-            "ops::pool::max_pool2x2_backward + ops::activation::relu_backward",
-            bn.len(),
-            // Inputs where the ReLU cut must be present, or the row checks nothing of its mask.
-            if zeros > 0 { max_diff(&dx, &dx_cpu) } else { f64::INFINITY },
-            0.0,
-        ));
-        // dγ, dβ: against the CPU's from the same routed gradient (sums of B·H·W terms, the CPU's in
-        // f32 lanes: to 1e-5 of the largest), and against the unfused kernels on the device (bit for bit).
         let (x_cpu, mean_cpu, inv_cpu) =
             (stream.clone_dtoh(x_dev)?, stream.clone_dtoh(mean)?, stream.clone_dtoh(inv_std)?);
         let gamma_cpu = stream.clone_dtoh(gamma)?;
-        let (mut dgamma_cpu, mut dbeta_cpu) = (vec![0.0f32; bn.params_len()], vec![0.0f32; bn.params_len()]);
-        let mut unused = vec![0.0f32; bn.len()];
-        batch_norm_backward(
-            bn,
-            &x_cpu,
-            &gamma_cpu,
-            &mean_cpu,
-            &inv_cpu,
-            &dx_cpu,
-            &mut unused,
-            &mut dgamma_cpu,
-            &mut dbeta_cpu,
-        );
-        rows.push(ParityRow::new(
-            "max_pool2x2_relu_bn_backward_partial_f32 (dγ, dβ)",
-            "ops::norm::batch_norm_backward (dγ, dβ)",
-            bn.len(),
-            max_diff_of_tensor(&params, &[dgamma_cpu, dbeta_cpu].concat()),
-            1e-5,
-        ));
-        let (mut dgamma_unfused, mut dbeta_unfused) = (dgamma_dev.clone(), dbeta_dev.clone());
-        stream.memcpy_htod(&vec![f32::NAN; bn.params_len()], &mut dgamma_unfused)?;
-        stream.memcpy_htod(&vec![f32::NAN; bn.params_len()], &mut dbeta_unfused)?;
-        device_ops::batch_norm_backward_params(
-            device,
-            &bn,
-            x_dev,
-            &dx_dev,
-            mean,
-            inv_std,
-            &mut partial,
-            &mut dgamma_unfused,
-            &mut dbeta_unfused,
-        )?;
-        let unfused = [stream.clone_dtoh(&dgamma_unfused)?, stream.clone_dtoh(&dbeta_unfused)?].concat();
-        rows.push(ParityRow::new(
-            "max_pool2x2_relu_bn_backward_partial_f32 (dγ, dβ)",
-            "batch_norm_backward_params_{partial,finish}_f32 on the routed gradient",
-            bn.len(),
-            max_diff(&params, &unfused),
-            0.0,
-        ));
+        let zeros = act_cpu.iter().filter(|&&a| a == 0.0).count();
+        for pooled in [true, false] {
+            fused_backward_checks(
+                device,
+                s,
+                rows,
+                bn,
+                [x_dev, mean, inv_std, gamma, beta],
+                [&x_cpu, &mean_cpu, &inv_cpu, &gamma_cpu, act_cpu],
+                pooled.then_some((&idx_dev, idx_cpu.as_slice())),
+                zeros,
+            )?;
+        }
     }
+    Ok(())
+}
+
+/// Batch norm's backward where the ReLU follows it (and with `pooled`, the pool's argmax on the device
+/// and the CPU, the pool after it): `relu_bn_backward_partial_f32` and
+/// `batch_norm_backward_input_from_f32` from the pool's (or the ReLU's) output gradient — dγ, dβ and
+/// dx against the CPU's pool and ReLU backwards then `batch_norm_backward` (dγ, dβ to 1e-5 of the
+/// largest: the CPU sums in f32 lanes; dx to 1e-5 of the largest, through them), and against the
+/// unfused device kernels on the CPU's routed gradient (bit for bit). `zeros`: the ReLU's cuts, which
+/// must be present or the rows check nothing of its mask.
+#[allow(clippy::too_many_arguments)]
+fn fused_backward_checks(
+    device: &Device,
+    s: &mut Stream,
+    rows: &mut Vec<ParityRow>,
+    bn: NormShape,
+    [x_dev, mean, inv_std, gamma, beta]: [&CudaSlice<f32>; 5],
+    [x_cpu, mean_cpu, inv_cpu, gamma_cpu, act_cpu]: [&[f32]; 5],
+    pooled: Option<(&CudaSlice<u8>, &[u8])>,
+    zeros: usize,
+) -> Result<(), ParityError> {
+    let stream = &device.stream;
+    let pool = PoolShape { envs: bn.envs, batch: bn.batch, channels: bn.channels, h: bn.h, w: bn.w };
+    let dy = values(s, if pooled.is_some() { pool.max_pool_output_len() } else { bn.len() }, -1.0, 1.0);
+    // The CPU: the gradient at batch norm's output, then batch norm's backward.
+    let mut g_cpu = vec![0.0f32; bn.len()];
+    match pooled {
+        Some((_, idx_cpu)) => {
+            let mut routed = vec![0.0f32; bn.len()];
+            max_pool2x2_backward(pool, &dy, idx_cpu, &mut routed);
+            relu_backward(act_cpu, &routed, &mut g_cpu);
+        }
+        None => relu_backward(act_cpu, &dy, &mut g_cpu),
+    }
+    let (mut dx_cpu, mut dgamma_cpu, mut dbeta_cpu) =
+        (vec![0.0f32; bn.len()], vec![0.0f32; bn.params_len()], vec![0.0f32; bn.params_len()]);
+    batch_norm_backward(
+        bn,
+        x_cpu,
+        gamma_cpu,
+        mean_cpu,
+        inv_cpu,
+        &g_cpu,
+        &mut dx_cpu,
+        &mut dgamma_cpu,
+        &mut dbeta_cpu,
+    );
+    // The device, fused.
+    let dy_dev = stream.clone_htod(&dy)?;
+    let argmax = pooled.map(|(idx_dev, _)| idx_dev);
+    let mut partial = stream.clone_htod(&vec![f64::NAN; device_ops::batch_norm_partial_len(&bn)])?;
+    let mut dgamma_dev = stream.clone_htod(&vec![f32::NAN; bn.params_len()])?;
+    let mut dbeta_dev = stream.clone_htod(&vec![f32::NAN; bn.params_len()])?;
+    let mut coef = stream.clone_htod(&vec![f32::NAN; bn.params_len() * device_ops::BN_COEF])?;
+    let mut dx_dev = stream.clone_htod(&vec![f32::NAN; bn.len()])?;
+    device_ops::relu_batch_norm_backward_params(
+        device,
+        &bn,
+        &dy_dev,
+        argmax,
+        x_dev,
+        mean,
+        inv_std,
+        gamma,
+        beta,
+        &mut partial,
+        &mut dgamma_dev,
+        &mut dbeta_dev,
+        &mut coef,
+    )?;
+    device_ops::batch_norm_backward_input_from(device, &bn, &dy_dev, argmax, x_dev, &coef, &mut dx_dev)?;
+    let params = [stream.clone_dtoh(&dgamma_dev)?, stream.clone_dtoh(&dbeta_dev)?].concat();
+    let dx = stream.clone_dtoh(&dx_dev)?;
+    // The device, unfused, on the CPU's gradient at batch norm's output.
+    let g_dev = stream.clone_htod(&g_cpu)?;
+    let mut dgamma_unfused = stream.clone_htod(&vec![f32::NAN; bn.params_len()])?;
+    let mut dbeta_unfused = stream.clone_htod(&vec![f32::NAN; bn.params_len()])?;
+    device_ops::batch_norm_backward_params(
+        device,
+        &bn,
+        x_dev,
+        &g_dev,
+        mean,
+        inv_std,
+        &mut partial,
+        &mut dgamma_unfused,
+        &mut dbeta_unfused,
+    )?;
+    let mut dx_unfused = stream.clone_htod(&vec![f32::NAN; bn.len()])?;
+    let dims = [bn.envs, bn.batch, bn.channels, bn.h * bn.w].map(|d| d as u32);
+    let mut launch = stream.launch_builder(device.function("batch_norm_backward_input_f32"));
+    launch.arg(x_dev).arg(&g_dev).arg(gamma).arg(mean).arg(inv_std).arg(&dgamma_unfused).arg(&dbeta_unfused);
+    launch.arg(&mut dx_unfused);
+    push_dims(&mut launch, &dims);
+    unsafe { launch.launch(elementwise(bn.len())) }?;
+    let unfused = [stream.clone_dtoh(&dgamma_unfused)?, stream.clone_dtoh(&dbeta_unfused)?].concat();
+    let dx_unfused = stream.clone_dtoh(&dx_unfused)?;
+
+    let (source, unfused_twin) = match pooled {
+        Some(_) => ("pool's output gradient", "max_pool2x2_backward + relu_backward + batch_norm_backward"),
+        None => ("ReLU's output gradient", "relu_backward + batch_norm_backward"),
+    };
+    let cut = |diff: f64| if zeros > 0 { diff } else { f64::INFINITY };
+    rows.push(ParityRow::new(
+        format!("relu_bn_backward_partial_f32 (dγ, dβ; {source})"),
+        format!("ops: {unfused_twin} (dγ, dβ)"),
+        bn.len(),
+        cut(max_diff_of_tensor(&params, &[dgamma_cpu, dbeta_cpu].concat())),
+        1e-5,
+    ));
+    rows.push(ParityRow::new(
+        format!("relu_bn_backward_partial_f32 (dγ, dβ; {source})"),
+        "batch_norm_backward_params_{partial,finish}_f32 on the CPU's routed gradient",
+        bn.len(),
+        cut(max_diff(&params, &unfused)),
+        0.0,
+    ));
+    rows.push(ParityRow::new(
+        format!("batch_norm_backward_input_from_f32 ({source})"),
+        format!("ops: {unfused_twin} (dx)"),
+        bn.len(),
+        cut(max_diff_of_tensor(&dx, &dx_cpu)),
+        1e-5,
+    ));
+    rows.push(ParityRow::new(
+        format!("batch_norm_backward_input_from_f32 ({source})"),
+        "batch_norm_backward_input_f32 on the CPU's routed gradient",
+        bn.len(),
+        cut(max_diff(&dx, &dx_unfused)),
+        0.0,
+    ));
     Ok(())
 }
 

@@ -37,10 +37,11 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "batch_norm_stats_finish_f32",
             "batch_norm_apply_f32",
             "batch_norm_relu_pool_f32",
-            "max_pool2x2_relu_bn_backward_partial_f32",
+            "relu_bn_backward_partial_f32",
             "batch_norm_backward_params_partial_f32",
             "batch_norm_backward_params_finish_f32",
             "batch_norm_backward_input_f32",
+            "batch_norm_backward_input_from_f32",
         ],
     },
     KernelFile {
