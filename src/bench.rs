@@ -30,6 +30,7 @@ use esper_components::{
     SlotEvents, SlotIndex, SlotState, TaskPreset,
 };
 use esper_kernels::host::{DeviceReport, EnvConfigs, GraphCounts, HostArch, ValidationPassOrder};
+use esper_kernels::ops::Conv2dShape;
 use esper_kernels::ops::precision::Precision;
 use esper_kernels::seeds::{CnnBlueprint, forward_macs};
 use esper_systems::host_resources::{Hosts, StepClock};
@@ -294,8 +295,12 @@ pub struct StepWork {
 /// Backward — batch norm's parameter sums read `g` and `o` (the ReLU's and the pool's backwards
 /// recomputed inside), its input gradient reads `g` and `o` and writes `o`, the weight gradient reads
 /// `i` and `o`, and past the first block the input gradient reads `o` and writes `i`: `2g + 4o + i`,
-/// `+ o + i`. Evaluation: [`eval_block_floats`].
-pub fn host_bytes_per_image(arch: &HostArch) -> (u64, u64) {
+/// `+ o + i`. With `staged` (`--precision tf32`: the 3×3 convolutions on the staged tensor-core
+/// kernels, which compute batch norm's input gradient as they load it, where the shape fits them):
+/// batch norm's parameter sums read `g` and `o`, the weight gradient reads `i`, `o` and `g`, and past
+/// the first block the input gradient reads `o` and `g` and writes `i`: `2g + 2o + i`, `+ g + o + i`.
+/// Evaluation: [`eval_block_floats`].
+pub fn host_bytes_per_image(arch: &HostArch, staged: bool) -> (u64, u64) {
     let (mut train, mut eval) = (0u64, 0u64);
     for b in 0..arch.n_blocks {
         let BlockValues { i, o, p } = BlockValues::of(arch, b);
@@ -306,11 +311,21 @@ pub fn host_bytes_per_image(arch: &HostArch) -> (u64, u64) {
             (false, _) => 2 * o,
         };
         let g = if pools { p } else { o };
-        let input_grad = if b > 0 { o + i } else { 0 };
-        train += (i + o) + o + norm_and_pool + (2 * g + 4 * o + i) + input_grad;
+        let (weight_grad, input_grad) = match staged && block_conv(arch, b).fits_staged_3x3() {
+            true => ((g + o) + (i + o + g), if b > 0 { o + g + i } else { 0 }),
+            false => ((g + o) + (g + 2 * o) + (i + o), if b > 0 { o + i } else { 0 }),
+        };
+        train += (i + o) + o + norm_and_pool + weight_grad + input_grad;
         eval += eval_block_floats(arch, b, false);
     }
     (4 * train, 4 * eval)
+}
+
+/// Block `b`'s convolution, one image (padding k / 2, one group).
+fn block_conv(arch: &HostArch, b: usize) -> Conv2dShape {
+    let size = arch.block_size(b);
+    let (k, c_in, c_out) = (arch.kernel_size, arch.block_in_channels(b), arch.block_channels(b));
+    Conv2dShape { envs: 1, batch: 1, c_in, c_out, h: size, w: size, k, pad: k / 2, groups: 1 }
 }
 
 /// Whether block `b`'s normalisation, ReLU and pool run as one pass on the GPU (`batch_norm_relu_pool_f32`):
@@ -425,7 +440,7 @@ impl StepWork {
         };
         let seed_macs_per_image = seeds.iter().map(|&(_, macs)| macs).sum();
         let host_macs_per_image = arch.forward_macs();
-        let (train_bytes, _) = host_bytes_per_image(&arch);
+        let (train_bytes, _) = host_bytes_per_image(&arch, config.precision == Precision::Tf32);
         let (validate_macs, validate_bytes) = validation_work_per_image(&arch, &seeds);
         let forward_gflop = 2.0 * (host_macs_per_image + seed_macs_per_image) as f64 / 1e9;
         let envs = plan.config.envs;
@@ -912,7 +927,7 @@ mod tests {
         assert_eq!(validation_work_per_image(&arch, &seeds), (2_580_928 + 4_720_960, 4 * (67_072 + 79_360)));
         // Without seeds, the main forward alone.
         assert_eq!(validation_work_per_image(&arch, &[]), (arch.forward_macs(), 4 * 52_736));
-        assert_eq!(host_bytes_per_image(&arch).1, 4 * 52_736);
+        assert_eq!(host_bytes_per_image(&arch, false).1, 4 * 52_736);
         // One seed at r1 (after block 1's pool) leaves every block's normalisation, ReLU and pool fused.
         assert_eq!(validation_work_per_image(&arch, &[((1, 1), 100)]).1, 4 * (52_736 + 7_680));
     }
@@ -927,10 +942,15 @@ mod tests {
     #[test]
     fn host_bytes_per_image_counts_the_kernels_as_they_run() {
         let arch = HostArch::CIFAR_BASELINE;
-        assert_eq!(host_bytes_per_image(&arch), (4 * 132_608, 4 * 52_736));
+        assert_eq!(host_bytes_per_image(&arch, false), (4 * 132_608, 4 * 52_736));
+        // At TF32 the staged kernels read batch norm's gradient on load: (i + 3o + p) + (2p + 2o + i),
+        // plus p + o + i past the first block: 53 248 + 34 816 + 17 408 floats.
+        assert_eq!(host_bytes_per_image(&arch, true), (4 * 105_472, 4 * 52_736));
         let minimal =
             HostArch { base_channels: 2, pool_layers: 0, kernel_size: 1, ..HostArch::CIFAR_BASELINE };
-        assert_eq!(host_bytes_per_image(&minimal), (4 * 180_224, 4 * 52_224));
+        assert_eq!(host_bytes_per_image(&minimal, false), (4 * 180_224, 4 * 52_224));
+        // 1×1 convolutions never run staged.
+        assert_eq!(host_bytes_per_image(&minimal, true), host_bytes_per_image(&minimal, false));
     }
 
     #[test]

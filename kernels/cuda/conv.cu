@@ -522,15 +522,53 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const float (&a)[4], con
 }
 #endif
 
+// ---- Batch norm's input gradient computed where a staged kernel loads its output gradient. In a host
+// block's backward the convolution's output gradient is batch norm's input gradient, an element-wise
+// function of batch norm's input x, the gradient that reached the block (the pool's output gradient
+// routed through its argmax, or the ReLU's) and per (env, channel) coefficients
+// (batch_norm_backward_params_finish_f32 writes them): the staged kernels' input gradient and weight
+// gradient compute it as they load it (load_or_bn), with the operations of
+// batch_norm_backward_input_from_f32 — the same bits as that kernel's output read back — so it is
+// never written. mode BN_LOAD_NONE reads the tensor itself.
+#define BN_LOAD_NONE 0
+#define BN_LOAD_RELU 1
+#define BN_LOAD_POOLED 2
+struct BnLoad {
+    const float* x;       // batch norm's input [E, B, C, H, W]
+    const float* dy;      // the gradient that reached the block: the pool's output's, or the ReLU's
+    const u8* argmax;     // the pool's choices (BN_LOAD_POOLED)
+    const float* coef;    // [E·C, BN_COEF]
+    int mode;
+};
+
+__device__ __forceinline__ BnLoad bn_load(const float* x, const float* dy, const u8* argmax, const float* coef, int mode) {
+    BnLoad bn;
+    bn.x = x, bn.dy = dy, bn.argmax = argmax, bn.coef = coef, bn.mode = mode;
+    return bn;
+}
+
+// Element r of plane `plane_index` ((env·B + image)·channels + c) of the tensor t (planes h × w), or
+// where bn.mode says so batch norm's input gradient there (t unread).
+__device__ __forceinline__ float load_or_bn(
+    const float* t, BnLoad bn, u32 e, u32 channels, u32 c, u64 plane_index, u32 r, u32 h, u32 w) {
+    u64 at = plane_index * h * w + r;
+    if (bn.mode == BN_LOAD_NONE) return t[at];
+    const float* cf = bn.coef + ((u64)e * channels + c) * BN_COEF;
+    float xi = bn.x[at];
+    float g = bn_output_grad(xi, cf[0], cf[1], cf[2], bn.dy, bn.argmax, bn.mode == BN_LOAD_POOLED, at, plane_index, r, h, w);
+    return bn_input_grad(cf, xi, g);
+}
+
 // Stage input channels s0 .. s0 + chunk − 1 of images b0 .. b0 + images − 1 (of env e) zero-padded into
 // the block's tile: tile[(i·stride + c)·padded + yy·wp + xx] = x[b0 + i][s0 + c][yy − 1][xx − 1], zero
 // outside the plane (padded = (h + 2)·(w + 2), wp = w + 2; f_* their FastDivs and chunk's). `stride`
 // is the channels an image takes in the tile: `chunk` (packed), or DC_CHUNK so that a pixel's place
 // does not move when the last chunk is short. With `tf32` the values are stored rounded to TF32
-// (tf32_round), as the tensor cores multiply them.
+// (tf32_round), as the tensor cores multiply them. `bn`: x's values computed on load (load_or_bn).
 __device__ __forceinline__ void dc_stage(
     float* tile, const float* x, u32 e, u32 batch, u32 c_in, u32 s0, u32 chunk, u32 stride, u32 b0, u32 images,
-    u32 h, u32 w, const FastDiv& f_padded, const FastDiv& f_wp, const FastDiv& f_chunk, bool tf32) {
+    u32 h, u32 w, const FastDiv& f_padded, const FastDiv& f_wp, const FastDiv& f_chunk, bool tf32,
+    BnLoad bn) {
     u32 padded = f_padded.d, wp = f_wp.d, plane = h * w;
     u32 staged = images * chunk * padded;
     for (u32 l = threadIdx.x; l < staged; l += 256) {
@@ -538,13 +576,19 @@ __device__ __forceinline__ void dc_stage(
         u32 i = fdiv(pl, f_chunk), c = pl - i * chunk;
         float v = 0.0f;
         if (yy >= 1 && yy <= h && xx >= 1 && xx <= w)
-            v = x[(((u64)e * batch + b0 + i) * c_in + s0 + c) * plane + (yy - 1) * w + (xx - 1)];
+            v = load_or_bn(x, bn, e, c_in, s0 + c, ((u64)e * batch + b0 + i) * c_in + s0 + c, (yy - 1) * w + (xx - 1), h, w);
         tile[(i * stride + c) * padded + r] = tf32 ? tf32_round(v) : v;
     }
 }
 
+// BN_ARGS: the last five arguments of every staged kernel, a BnLoad's fields (mode BN_LOAD_NONE and
+// null pointers where the kernel reads its tensor).
+#define BN_ARGS const float *bn_x, const float *bn_dy, const u8 *bn_argmax, const float *bn_coef, int bn_mode
+#define BN_LOAD bn_load(bn_x, bn_dy, bn_argmax, bn_coef, bn_mode)
+
 extern "C" __global__ void __launch_bounds__(256) conv3x3_direct_f32(
-    const float* x, const float* weight, float* y, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, int flip) {
+    const float* x, const float* weight, float* y, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, int flip, BN_ARGS) {
+    BnLoad bn = BN_LOAD;
     __shared__ float tile[DC_TILE];
     __shared__ __align__(16) float wt[DC_CHUNK * 9 * DC_OUT];  // [channel][tap][output]
     u32 t = threadIdx.x, e = blockIdx.z, o0 = blockIdx.y * DC_OUT;
@@ -564,7 +608,7 @@ extern "C" __global__ void __launch_bounds__(256) conv3x3_direct_f32(
         u32 chunk = min((u32)DC_CHUNK, c_in - s0);
         FastDiv f_chunk = fast_div(chunk);
         __syncthreads();  // the previous chunk's reads are done
-        dc_stage(tile, x, e, batch, c_in, s0, chunk, chunk, b0, images, h, w, f_padded, f_wp, f_chunk, false);
+        dc_stage(tile, x, e, batch, c_in, s0, chunk, chunk, b0, images, h, w, f_padded, f_wp, f_chunk, false, bn);
         for (u32 l = t; l < DC_CHUNK * 9 * DC_OUT; l += 256) {
             u32 sc = l / (9 * DC_OUT), tap = (l / DC_OUT) % 9, o = o0 + l % DC_OUT, s = s0 + sc;
             float v = 0.0f;
@@ -618,7 +662,8 @@ extern "C" __global__ void __launch_bounds__(256) conv3x3_direct_f32(
 // order than the CPU's lanes: to a tolerance, as the implicit GEMM's.
 extern "C" __global__ void __launch_bounds__(256) conv3x3_wgrad_direct_f32(
     const float* x, const float* dy, float* partial, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, u32 runs,
-    u32 groups_per_run) {
+    u32 groups_per_run, BN_ARGS) {
+    BnLoad bn = BN_LOAD, none = bn_load(nullptr, nullptr, nullptr, nullptr, BN_LOAD_NONE);
     __shared__ float tile[DC_TILE];
     u32 t = threadIdx.x, lane = t % 32, warp = t / 32, e = blockIdx.z, run = blockIdx.x;
     u32 o_groups = (c_out + DC_OUT - 1) / DC_OUT;
@@ -638,20 +683,21 @@ extern "C" __global__ void __launch_bounds__(256) conv3x3_wgrad_direct_f32(
     for (u32 g = first; g < last; ++g) {
         u32 b0 = g * per_block, images = min(per_block, batch - b0);
         __syncthreads();  // the previous group's reads are done
-        dc_stage(tile, x, e, batch, c_in, s0, chunk, chunk, b0, images, h, w, f_padded, f_wp, f_chunk, false);
+        dc_stage(tile, x, e, batch, c_in, s0, chunk, chunk, b0, images, h, w, f_padded, f_wp, f_chunk, false, none);
         __syncthreads();
         if (sc >= chunk) continue;
         for (u32 col = lane; col < images * w; col += 32) {
             u32 i = fdiv(col, f_w), xx = col - i * w;
             const float* column = tile + (i * chunk + sc) * padded + xx;
-            const float* dy_column = dy + (((u64)e * batch + b0 + i) * c_out + oq) * plane + xx;
+            u64 dy_plane = ((u64)e * batch + b0 + i) * c_out + oq;
             float win[3][3];
             for (int ky = 0; ky < 2; ++ky)
                 for (int kx = 0; kx < 3; ++kx) win[ky][kx] = column[ky * wp + kx];
             for (u32 yy = 0; yy < h; ++yy) {
                 for (int kx = 0; kx < 3; ++kx) win[2][kx] = column[(yy + 2) * wp + kx];
                 float d[4];
-                for (int o = 0; o < 4; ++o) d[o] = oq + o < c_out ? dy_column[(u64)o * plane + yy * w] : 0.0f;
+                for (int o = 0; o < 4; ++o)
+                    d[o] = oq + o < c_out ? load_or_bn(dy, bn, e, c_out, oq + o, dy_plane + o, yy * w + xx, h, w) : 0.0f;
 #pragma unroll
                 for (int o = 0; o < 4; ++o)
 #pragma unroll
@@ -824,7 +870,8 @@ __device__ __forceinline__ int tc_row_offset(u32 k, u32 valid, u32 padded, u32 w
 // images per block⌉, ⌈c_out / (8·NT)⌉, envs).
 template <int NT>
 __device__ __forceinline__ void conv3x3_tc(
-    const float* x, const float* weight, float* y, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, int flip) {
+    const float* x, const float* weight, float* y, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, int flip,
+    BnLoad bn) {
     __shared__ float tile[DC_TILE];
     // [chunk row k][output channel], TF32; rows of 24 floats for two n-tiles, so that a k-step's four
     // rows (lanes' tg) × eight channels (g) fall in 32 different banks.
@@ -864,7 +911,7 @@ __device__ __forceinline__ void conv3x3_tc(
         u32 chunk = min((u32)DC_CHUNK, c_in - s0), valid = chunk * 9;
         FastDiv f_chunk = fast_div(chunk);
         __syncthreads();  // the previous chunk's reads are done
-        dc_stage(tile, x, e, batch, c_in, s0, chunk, DC_CHUNK, b0, images, h, w, f_padded, f_wp, f_chunk, true);
+        dc_stage(tile, x, e, batch, c_in, s0, chunk, DC_CHUNK, b0, images, h, w, f_padded, f_wp, f_chunk, true, bn);
         for (u32 l = t; l < TC_K * NT * 8; l += 256) {
             u32 k = l / (NT * 8), n = l % (NT * 8), o = o0 + n, s = s0 + k / 9, tap = k % 9;
             float v = 0.0f;
@@ -930,7 +977,8 @@ __device__ __forceinline__ void conv3x3_tc(
 template <int NT>
 __device__ __forceinline__ void conv3x3_wgrad_tc(
     const float* x, const float* dy, float* partial, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, u32 runs,
-    u32 groups_per_run) {
+    u32 groups_per_run, BnLoad bn) {
+    BnLoad none = bn_load(nullptr, nullptr, nullptr, nullptr, BN_LOAD_NONE);
     __shared__ float tile[DC_TILE];
     u32 t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane / 4, tg = lane % 4;
     u32 e = blockIdx.z, run = blockIdx.x;
@@ -964,12 +1012,13 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
     for (u32 gi = first; gi < last; ++gi) {
         u32 b0 = gi * per_block, images = min(per_block, batch - b0), pixels = images * plane;
         __syncthreads();  // the previous group's reads are done
-        dc_stage(tile, x, e, batch, c_in, s0, chunk, DC_CHUNK, b0, images, h, w, f_padded, f_wp, f_chunk, true);
+        dc_stage(tile, x, e, batch, c_in, s0, chunk, DC_CHUNK, b0, images, h, w, f_padded, f_wp, f_chunk, true, none);
         __syncthreads();
         for (u32 k0 = warp * 8; k0 < pixels; k0 += 64) {
             // This lane's two pixels (k rows tg and tg + 4): their place in the tile and in dy.
             int place[2];
-            const float* dy_at[2];
+            u64 dy_plane[2];
+            u32 dy_r[2];
             bool ok[2];
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
@@ -978,7 +1027,7 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
                 p = ok[half] ? p : 0;
                 u32 i = fdiv(p, f_plane), q = p - i * plane, yy = fdiv(q, f_w), xx = q - yy * w;
                 place[half] = (int)(i * DC_CHUNK * padded + yy * wp + xx);
-                dy_at[half] = dy + ((u64)e * batch + b0 + i) * c_out * plane + q;
+                dy_plane[half] = ((u64)e * batch + b0 + i) * c_out, dy_r[half] = q;
             }
             float b[NT][2];
 #pragma unroll
@@ -986,7 +1035,9 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
                 u32 o = o0 + nt * 8 + g;
 #pragma unroll
                 for (int half = 0; half < 2; ++half)
-                    b[nt][half] = ok[half] && o < c_out ? tf32_round(dy_at[half][(u64)o * plane]) : 0.0f;
+                    b[nt][half] = ok[half] && o < c_out
+                                      ? tf32_round(load_or_bn(dy, bn, e, c_out, o, dy_plane[half] + o, dy_r[half], h, w))
+                                      : 0.0f;
             }
 #pragma unroll
             for (int mt = 0; mt < TC_WG_TILES; ++mt) {
@@ -1028,13 +1079,14 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
 // 2): two blocks an SM, so at most 128 registers a thread.
 #define TC_KERNELS(N, NT)                                                                                       \
     extern "C" __global__ void __launch_bounds__(256, 2) conv3x3_tc_n##N##_tf32(                               \
-        const float* x, const float* weight, float* y, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, int flip) { \
-        conv3x3_tc<NT>(x, weight, y, batch, c_in, c_out, h, w, flip);                                           \
+        const float* x, const float* weight, float* y, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, int flip,   \
+        BN_ARGS) {                                                                                              \
+        conv3x3_tc<NT>(x, weight, y, batch, c_in, c_out, h, w, flip, BN_LOAD);                                  \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(256, 2) conv3x3_wgrad_tc_n##N##_tf32(                         \
         const float* x, const float* dy, float* partial, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, u32 runs, \
-        u32 groups_per_run) {                                                                                   \
-        conv3x3_wgrad_tc<NT>(x, dy, partial, batch, c_in, c_out, h, w, runs, groups_per_run);                   \
+        u32 groups_per_run, BN_ARGS) {                                                                          \
+        conv3x3_wgrad_tc<NT>(x, dy, partial, batch, c_in, c_out, h, w, runs, groups_per_run, BN_LOAD);         \
     }
 TC_KERNELS(8, 1)
 TC_KERNELS(16, 2)

@@ -14,6 +14,9 @@ typedef unsigned char u8;
 #include "../../kernels/cuda/pool.cu"
 #include "../../kernels/cuda/activation.cu"
 
+// The staged kernels' batch-norm arguments where they read their tensor.
+#define NO_BN nullptr, nullptr, nullptr, nullptr, BN_LOAD_NONE
+
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static float uniform(float lo, float hi) {
     rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
@@ -73,7 +76,7 @@ static void check_conv(unsigned envs, unsigned batch, unsigned c_in, unsigned c_
         std::vector<float> y(want.size(), NAN);
         unsigned per_block = 1024 / (h * w);
         launch({(batch + per_block - 1) / per_block, (k_out + 7) / 8, envs}, {256, 1, 1}, [&] {
-            conv3x3_direct_f32(x.data(), weight.data(), y.data(), batch, k_in, k_out, h, w, flip);
+            conv3x3_direct_f32(x.data(), weight.data(), y.data(), batch, k_in, k_out, h, w, flip, NO_BN);
         });
         size_t wrong = 0;
         for (size_t i = 0; i < y.size(); ++i) wrong += !same_bits(y[i], want[i]);
@@ -155,7 +158,7 @@ static void check_wgrad(unsigned envs, unsigned batch, unsigned c_in, unsigned c
         std::vector<float> partial((size_t)envs * runs * per_env, NAN), dw(envs * per_env, NAN);
         unsigned tiles = ((c_in + 3) / 4) * ((c_out + 7) / 8);
         launch({runs, tiles, envs}, {256, 1, 1}, [&] {
-            conv3x3_wgrad_direct_f32(x.data(), dy.data(), partial.data(), batch, c_in, c_out, h, w, runs, per_run);
+            conv3x3_wgrad_direct_f32(x.data(), dy.data(), partial.data(), batch, c_in, c_out, h, w, runs, per_run, NO_BN);
         });
         launch({1, 1, 1}, {256, 1, 1}, [&] {
             conv2d_wgrad_reduce_f32(partial.data(), dw.data(), envs, runs, (unsigned)per_env);
@@ -202,8 +205,8 @@ static void check_tc(unsigned envs, unsigned batch, unsigned c_in, unsigned c_ou
         auto plain = conv_reference(x, weight, envs, batch, k_in, k_out, h, w, flip);
         std::vector<float> y(want.size(), NAN);
         launch({groups, (k_out + 8 * nt - 1) / (8 * nt), envs}, {256, 1, 1}, [&] {
-            if (nt == 1) conv3x3_tc_n8_tf32(x.data(), weight.data(), y.data(), batch, k_in, k_out, h, w, flip);
-            else conv3x3_tc_n16_tf32(x.data(), weight.data(), y.data(), batch, k_in, k_out, h, w, flip);
+            if (nt == 1) conv3x3_tc_n8_tf32(x.data(), weight.data(), y.data(), batch, k_in, k_out, h, w, flip, NO_BN);
+            else conv3x3_tc_n16_tf32(x.data(), weight.data(), y.data(), batch, k_in, k_out, h, w, flip, NO_BN);
         });
         double worst = diff_of_largest(y, want), unrounded = diff_of_largest(y, plain);
         std::snprintf(what, sizeof what, "conv3x3_tc_n%u_tf32 %s E%u B%u %u→%u %u×%u", 8 * nt, flip ? "dx" : "y ",
@@ -221,8 +224,8 @@ static void check_tc(unsigned envs, unsigned batch, unsigned c_in, unsigned c_ou
     std::vector<float> partial((size_t)envs * runs * per_env, NAN), dw(envs * per_env, NAN);
     unsigned tiles = ((c_in + 3) / 4) * ((c_out + 8 * nt - 1) / (8 * nt));
     launch({runs, tiles, envs}, {256, 1, 1}, [&] {
-        if (nt == 1) conv3x3_wgrad_tc_n8_tf32(x.data(), dy.data(), partial.data(), batch, c_in, c_out, h, w, runs, per_run);
-        else conv3x3_wgrad_tc_n16_tf32(x.data(), dy.data(), partial.data(), batch, c_in, c_out, h, w, runs, per_run);
+        if (nt == 1) conv3x3_wgrad_tc_n8_tf32(x.data(), dy.data(), partial.data(), batch, c_in, c_out, h, w, runs, per_run, NO_BN);
+        else conv3x3_wgrad_tc_n16_tf32(x.data(), dy.data(), partial.data(), batch, c_in, c_out, h, w, runs, per_run, NO_BN);
     });
     launch({1, 1, 1}, {256, 1, 1}, [&] {
         conv2d_wgrad_reduce_f32(partial.data(), dw.data(), envs, runs, (unsigned)per_env);
@@ -232,6 +235,88 @@ static void check_tc(unsigned envs, unsigned batch, unsigned c_in, unsigned c_ou
                   c_in, c_out, h, w, runs);
     std::snprintf(detail, sizeof detail, "max diff %.2e of the largest (1e-5; unrounded %.1e)", worst, unrounded);
     report(what, worst <= 1e-5 && unrounded > 1e-5, detail);
+}
+
+// The staged kernels' backwards reading batch norm's input gradient on load (BnLoad), against the same
+// kernels on that gradient written by batch_norm_backward_input_from_f32 (bit for bit): the input
+// gradient (direct and tensor-core) and the weight gradient (direct and tensor-core, `per_run` image
+// groups a run), from the pool's output gradient through its argmax or the ReLU's. Random coefficients
+// (the two sides read the same ones), shifts of either sign so the ReLU cuts.
+static void check_staged_bn(unsigned envs, unsigned batch, unsigned c_in, unsigned c_out, unsigned h, unsigned w,
+                            unsigned per_run, int mode) {
+    size_t n_out = (size_t)envs * batch * c_out * h * w, pairs = (size_t)envs * c_out;
+    size_t windows = (size_t)envs * batch * c_out * (h / 2) * (w / 2);
+    bool pooled = mode == BN_LOAD_POOLED;
+    auto xbn = values(n_out, -2.0f, 2.0f), dy = values(pooled ? windows : n_out, -1.0f, 1.0f);
+    std::vector<u8> arg(windows);
+    for (auto& a : arg) a = (u8)(uniform(0.0f, 3.999f));
+    std::vector<float> coef(pairs * BN_COEF, 0.0f);
+    for (size_t p = 0; p < pairs; ++p) {
+        float* c = coef.data() + p * BN_COEF;
+        c[0] = uniform(-0.5f, 0.5f), c[1] = uniform(0.5f, 2.0f), c[2] = uniform(-0.5f, 0.5f);
+        c[3] = uniform(0.5f, 2.0f), c[4] = uniform(-0.1f, 0.1f), c[5] = uniform(-0.1f, 0.1f);
+    }
+    std::vector<float> dconv(n_out, NAN);
+    launch({64, 1, 1}, {256, 1, 1}, [&] {
+        batch_norm_backward_input_from_f32(dy.data(), arg.data(), xbn.data(), coef.data(), dconv.data(), envs, batch, c_out,
+                                           h, w, pooled);
+    });
+    auto x = values((size_t)envs * batch * c_in * h * w, -1.0f, 1.0f);
+    auto weight = values((size_t)envs * c_out * c_in * 9, -0.5f, 0.5f);
+    unsigned per_block = 1024 / (h * w), groups = (batch + per_block - 1) / per_block;
+    size_t wrong = 0, outputs = 0;
+    // The input gradient: the kernel's view takes the c_out channels of the output gradient to c_in.
+    for (int tc = 0; tc < 2; ++tc) {
+        unsigned nt = c_in <= 8 ? 1 : 2, tiles = tc ? (c_in + 8 * nt - 1) / (8 * nt) : (c_in + 7) / 8;
+        std::vector<float> on_load((size_t)envs * batch * c_in * h * w, NAN), written(on_load.size(), NAN);
+        for (int from_bn = 0; from_bn < 2; ++from_bn) {
+            float* out = from_bn ? on_load.data() : written.data();
+            const float* src = from_bn ? nullptr : dconv.data();
+            int m = from_bn ? mode : BN_LOAD_NONE;
+            launch({groups, tiles, envs}, {256, 1, 1}, [&] {
+                if (!tc)
+                    conv3x3_direct_f32(src, weight.data(), out, batch, c_out, c_in, h, w, 1, xbn.data(), dy.data(), arg.data(), coef.data(), m);
+                else if (nt == 1)
+                    conv3x3_tc_n8_tf32(src, weight.data(), out, batch, c_out, c_in, h, w, 1, xbn.data(), dy.data(), arg.data(), coef.data(), m);
+                else
+                    conv3x3_tc_n16_tf32(src, weight.data(), out, batch, c_out, c_in, h, w, 1, xbn.data(), dy.data(), arg.data(), coef.data(), m);
+            });
+        }
+        for (size_t i = 0; i < on_load.size(); ++i) wrong += !same_bits(on_load[i], written[i]);
+        outputs += on_load.size();
+    }
+    // The weight gradient.
+    unsigned runs = (groups + per_run - 1) / per_run;
+    size_t per_env = (size_t)c_out * c_in * 9;
+    for (int tc = 0; tc < 2; ++tc) {
+        unsigned nt = c_out <= 8 ? 1 : 2, tiles = ((c_in + 3) / 4) * (tc ? (c_out + 8 * nt - 1) / (8 * nt) : (c_out + 7) / 8);
+        std::vector<float> on_load(envs * per_env, NAN), written(envs * per_env, NAN);
+        for (int from_bn = 0; from_bn < 2; ++from_bn) {
+            std::vector<float> partial((size_t)envs * runs * per_env, NAN);
+            const float* src = from_bn ? nullptr : dconv.data();
+            int m = from_bn ? mode : BN_LOAD_NONE;
+            launch({runs, tiles, envs}, {256, 1, 1}, [&] {
+                if (!tc)
+                    conv3x3_wgrad_direct_f32(x.data(), src, partial.data(), batch, c_in, c_out, h, w, runs, per_run, xbn.data(), dy.data(), arg.data(), coef.data(), m);
+                else if (nt == 1)
+                    conv3x3_wgrad_tc_n8_tf32(x.data(), src, partial.data(), batch, c_in, c_out, h, w, runs, per_run, xbn.data(), dy.data(), arg.data(), coef.data(), m);
+                else
+                    conv3x3_wgrad_tc_n16_tf32(x.data(), src, partial.data(), batch, c_in, c_out, h, w, runs, per_run, xbn.data(), dy.data(), arg.data(), coef.data(), m);
+            });
+            launch({1, 1, 1}, {256, 1, 1}, [&] {
+                conv2d_wgrad_reduce_f32(partial.data(), from_bn ? on_load.data() : written.data(), envs, runs, (unsigned)per_env);
+            });
+        }
+        for (size_t i = 0; i < on_load.size(); ++i) wrong += !same_bits(on_load[i], written[i]);
+        outputs += on_load.size();
+    }
+    size_t nans = 0;
+    for (float v : dconv) nans += std::isnan(v);
+    char what[160], detail[160];
+    std::snprintf(what, sizeof what, "staged dx, dW reading BN's gradient (%s) E%u B%u %u→%u %u×%u", pooled ? "pooled" : "relu  ",
+                  envs, batch, c_in, c_out, h, w);
+    std::snprintf(detail, sizeof detail, "%zu of %zu outputs differ in bits from the written gradient's", wrong, outputs);
+    report(what, wrong == 0 && nans == 0, detail);
 }
 
 // The fused passes against the kernels they replace, run one by one (bit for bit): batch_norm_relu_pool_f32
@@ -439,6 +524,14 @@ int main() {
     check_tc(2, 22, 5, 12, 6, 8, 1);
     check_tc(1, 70, 6, 40, 4, 4, 1);
     check_tc(1, 140, 6, 8, 4, 4, 2);
+    // The staged backwards reading batch norm's gradient on load: the host's three blocks (3 → 8 at
+    // 32×32, 8 → 16 at 16×16, 16 → 32 at 8×8, the last in two runs), an oblong plane with short chunks.
+    for (int mode : {BN_LOAD_POOLED, BN_LOAD_RELU}) {
+        check_staged_bn(2, 2, 3, 8, 32, 32, 1, mode);
+        check_staged_bn(1, 5, 8, 16, 16, 16, 1, mode);
+        check_staged_bn(1, 33, 16, 32, 8, 8, 1, mode);
+        check_staged_bn(2, 21, 5, 12, 6, 8, 1, mode);
+    }
     // The fused normalisation + ReLU + pool and its backward: square and oblong even planes.
     check_add_relu(5003);
     check_fused_pool(2, 3, 4, 8, 8);

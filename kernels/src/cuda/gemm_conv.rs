@@ -24,7 +24,7 @@
 use cudarc::cublas::sys::cublasOperation_t::{self, CUBLAS_OP_N, CUBLAS_OP_T};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasMath_t, cudaDataType_t};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchArgs, PushKernelArg};
 
 use super::parity::{Device, ParityError, blocks_of_256, elementwise, push_dims};
 use crate::ops::Conv2dShape;
@@ -300,7 +300,7 @@ impl GemmConv {
     ) -> Result<(), ParityError> {
         self.check(d);
         if let Some(kernel) = self.staged(d) {
-            return staged_conv(device, kernel, d, x, weight, y, false);
+            return staged_conv(device, kernel, d, x, weight, y, false, None);
         }
         if self.implicit {
             return implicit_conv(device, d, x, weight, y, false);
@@ -331,7 +331,7 @@ impl GemmConv {
     ) -> Result<(), ParityError> {
         self.check(d);
         if let Some(kernel) = self.staged(d) {
-            return staged_weight_grad(device, kernel, d, x, dy, &mut self.col, grad_weight);
+            return staged_weight_grad(device, kernel, d, x, dy, &mut self.col, grad_weight, None);
         }
         if self.implicit {
             return implicit_weight_grad(device, d, x, dy, &mut self.col, grad_weight);
@@ -361,7 +361,7 @@ impl GemmConv {
     ) -> Result<(), ParityError> {
         self.check(d);
         if let Some(kernel) = self.staged(d) {
-            return staged_conv(device, kernel, d, dy, weight, dx, true);
+            return staged_conv(device, kernel, d, dy, weight, dx, true, None);
         }
         if self.implicit {
             return implicit_conv(device, d, dy, weight, dx, true);
@@ -386,9 +386,105 @@ impl GemmConv {
         unsafe { launch.launch(elementwise(d.envs * d.batch * d.c_in * d.h * d.w)) }?;
         Ok(())
     }
+
+    /// Whether `d`'s backward can read its output gradient as batch norm's input gradient computed on load
+    /// ([`Self::backward_weight_from_norm`], [`Self::backward_input_from_norm`]): the staged 3×3 kernels
+    /// run it (TF32 on the tensor cores, or the direct f32 kernels).
+    pub fn reads_norm_grad(&self, d: &Conv2dShape) -> bool {
+        self.staged(d).is_some()
+    }
+
+    /// [`Self::backward_weight`] with the output gradient batch norm's input gradient, computed as the
+    /// staged kernel loads it from `grad` (never written): the same bits as `backward_weight` on that
+    /// gradient written by `ops::batch_norm_backward_input_from`. Only where [`Self::reads_norm_grad`].
+    pub fn backward_weight_from_norm(
+        &mut self,
+        device: &Device,
+        d: &Conv2dShape,
+        x: &CudaSlice<f32>,
+        grad: &BatchNormGrad,
+        grad_weight: &mut CudaSlice<f32>,
+    ) -> R {
+        self.check(d);
+        let kernel = self.staged(d).expect("backward_weight_from_norm: a staged kernel runs the shape");
+        grad.check(d);
+        staged_weight_grad(device, kernel, d, x, grad.dy, &mut self.col, grad_weight, Some(grad))
+    }
+
+    /// [`Self::backward_input`] from batch norm's input gradient computed on load, as
+    /// [`Self::backward_weight_from_norm`].
+    pub fn backward_input_from_norm(
+        &mut self,
+        device: &Device,
+        d: &Conv2dShape,
+        grad: &BatchNormGrad,
+        weight: &CudaSlice<f32>,
+        dx: &mut CudaSlice<f32>,
+    ) -> R {
+        self.check(d);
+        let kernel = self.staged(d).expect("backward_input_from_norm: a staged kernel runs the shape");
+        grad.check(d);
+        staged_conv(device, kernel, d, grad.dy, weight, dx, true, Some(grad))
+    }
 }
 
 type R = Result<(), ParityError>;
+
+/// A convolution's output gradient as batch norm's input gradient, read by the staged kernels as they
+/// load it (conv.cu's `BnLoad`): batch norm's input `x` (the convolution's output), the gradient `dy`
+/// that reached the block — the pool's output gradient with `argmax`, else the ReLU's — and the
+/// coefficients `ops::relu_batch_norm_backward_params` wrote (`[E·C, BN_COEF]`).
+pub struct BatchNormGrad<'a> {
+    pub x: &'a CudaSlice<f32>,
+    pub dy: &'a CudaSlice<f32>,
+    pub argmax: Option<&'a CudaSlice<u8>>,
+    pub coef: &'a CudaSlice<f32>,
+}
+
+/// conv.cu's `BN_LOAD_*` modes.
+const BN_LOAD_NONE: i32 = 0;
+const BN_LOAD_RELU: i32 = 1;
+const BN_LOAD_POOLED: i32 = 2;
+/// A null device pointer, for the staged kernels' unused batch-norm arguments.
+const NULL: u64 = 0;
+
+impl BatchNormGrad<'_> {
+    /// The buffers cover the convolution `d`'s output.
+    fn check(&self, d: &Conv2dShape) {
+        let out = d.output_len();
+        assert!(self.x.len() >= out, "batch norm's input is smaller than the convolution's output");
+        match self.argmax {
+            Some(argmax) => {
+                let windows = d.envs * d.batch * d.c_out * (d.h / 2) * (d.w / 2);
+                assert!(
+                    self.dy.len() >= windows && argmax.len() >= windows,
+                    "the pool's gradient is too small"
+                );
+            }
+            None => assert!(self.dy.len() >= out, "the ReLU's gradient is too small"),
+        }
+        assert!(
+            self.coef.len() >= d.envs * d.c_out * super::ops::BN_COEF,
+            "batch norm's coefficients are too few"
+        );
+    }
+}
+
+/// The staged kernels' last five arguments (`BN_ARGS`): `grad`'s buffers and mode, or none.
+fn push_bn<'a>(launch: &mut LaunchArgs<'a>, grad: Option<&'a BatchNormGrad<'a>>) {
+    match grad {
+        Some(g) => {
+            launch.arg(g.x).arg(g.dy);
+            match g.argmax {
+                Some(argmax) => launch.arg(argmax).arg(g.coef).arg(&BN_LOAD_POOLED),
+                None => launch.arg(&NULL).arg(g.coef).arg(&BN_LOAD_RELU),
+            };
+        }
+        None => {
+            launch.arg(&NULL).arg(&NULL).arg(&NULL).arg(&NULL).arg(&BN_LOAD_NONE);
+        }
+    }
+}
 
 /// The smallest block height of 8, 16 or 32 output channels that holds `c_out` (more blocks above 32),
 /// and its index in the kernels' name tables ([`IMPLICIT_KERNELS`], [`WGRAD_KERNELS`]).
@@ -516,17 +612,10 @@ pub(super) fn implicit_conv(
     Ok(())
 }
 
-/// Whether `conv3x3_direct_f32` (conv.cu) takes `d`, forward and input gradient alike: 3×3, padding 1
-/// (so the gradient's padding is 1 too), one group, planes at least 4×4, of at most 1 024 positions,
-/// rows a multiple of 4 wide (every host block and seed at the host's 32×32 down to 4×4).
+/// Whether `conv3x3_direct_f32` (conv.cu) and the other staged 3×3 kernels take `d`
+/// ([`Conv2dShape::fits_staged_3x3`]).
 pub(super) fn direct_fits(d: &Conv2dShape) -> bool {
-    d.groups == 1
-        && d.k == 3
-        && d.pad == 1
-        && d.h >= 4
-        && d.w >= 4
-        && d.w.is_multiple_of(4)
-        && d.h * d.w <= 1024
+    d.fits_staged_3x3()
 }
 
 /// The 3×3 kernels that stage zero-padded input tiles (4 input channels of `1024 / (h·w)` images) in
@@ -570,8 +659,10 @@ impl Staged {
 }
 
 /// `kernel`'s forward `y = conv(x, weight)` of `d`, or with `input_grad` its input gradient `dx`
-/// (overwritten) from the output gradient passed as `x`. Blocks of 256 threads over `1024 / (h·w)`
-/// images of one env and [`Staged::outputs`] output channels.
+/// (overwritten) from the output gradient passed as `x` — or, with `bn`, computed on load as batch
+/// norm's input gradient (`x` unread). Blocks of 256 threads over `1024 / (h·w)` images of one env and
+/// [`Staged::outputs`] output channels.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn staged_conv(
     device: &Device,
     kernel: Staged,
@@ -580,7 +671,9 @@ pub(super) fn staged_conv(
     weight: &CudaSlice<f32>,
     y: &mut CudaSlice<f32>,
     input_grad: bool,
+    bn: Option<&BatchNormGrad>,
 ) -> R {
+    assert!(bn.is_none() || input_grad, "batch norm's gradient is a backward's input");
     assert!(direct_fits(d), "the staged 3×3 kernels do not take {d:?}");
     let (c_in, c_out) = if input_grad { (d.c_out, d.c_in) } else { (d.c_in, d.c_out) };
     let image_blocks = d.batch.div_ceil(direct_images_per_block(d));
@@ -595,6 +688,7 @@ pub(super) fn staged_conv(
     launch.arg(x).arg(weight).arg(y);
     push_dims(&mut launch, &dims);
     launch.arg(&flip);
+    push_bn(&mut launch, bn);
     let grid = (image_blocks as u32, c_out.div_ceil(outputs) as u32, d.envs as u32);
     unsafe { launch.launch(blocks_of_256(grid)) }?;
     Ok(())
@@ -637,7 +731,8 @@ fn staged_wgrad_partial_len(d: &Conv2dShape, kernel: Staged) -> usize {
 
 /// `d`'s weight gradient (overwritten) by a staged kernel: it sums each run of image groups into
 /// `partial` (sized by [`staged_wgrad_partial_len`]), then `conv2d_wgrad_reduce_f32` adds the runs in
-/// order.
+/// order. With `bn` the output gradient is batch norm's input gradient computed on load (`dy` unread).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn staged_weight_grad(
     device: &Device,
     kernel: Staged,
@@ -646,6 +741,7 @@ pub(super) fn staged_weight_grad(
     dy: &CudaSlice<f32>,
     partial: &mut CudaSlice<f32>,
     grad_weight: &mut CudaSlice<f32>,
+    bn: Option<&BatchNormGrad>,
 ) -> R {
     assert!(direct_fits(d), "the staged 3×3 weight gradients do not take {d:?}");
     let (runs, per_run) = staged_wgrad_runs(d, kernel);
@@ -662,6 +758,7 @@ pub(super) fn staged_weight_grad(
     let mut launch = device.stream.launch_builder(device.function(kernel.wgrad_kernel(d.c_out)));
     launch.arg(x).arg(dy).arg(&mut *partial);
     push_dims(&mut launch, &dims);
+    push_bn(&mut launch, bn);
     let grid = (runs as u32, staged_tiles(d, kernel) as u32, d.envs as u32);
     unsafe { launch.launch(blocks_of_256(grid)) }?;
     reduce_runs(device, d, runs, partial, grad_weight)

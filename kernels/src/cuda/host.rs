@@ -12,7 +12,7 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use super::gemm_conv::GemmConv;
+use super::gemm_conv::{BatchNormGrad, GemmConv};
 use super::ops;
 use super::parity::{Device, ParityError, elementwise};
 use super::seed_module::DeviceSeedShape;
@@ -559,8 +559,8 @@ impl DeviceHost {
             let (gamma_g, beta_g) = bn_g.split_at_mut(1);
             let (gamma, beta) = (&self.params[3 * b + 1], &self.params[3 * b + 2]);
             if self.fuse {
-                // grad_a: the pool's output gradient (fuse_pool) or the ReLU's; dγ, dβ, then batch norm's
-                // input gradient into grad_b, and the two trade places.
+                // grad_a: the pool's output gradient (fuse_pool) or the ReLU's; dγ, dβ and the input
+                // gradient's coefficients, then that gradient into grad_b, and the two trade places.
                 let argmax = block.pooled.as_ref().filter(|_| fuse_pool).map(|(_, argmax)| argmax);
                 ops::relu_batch_norm_backward_params(
                     device,
@@ -577,6 +577,22 @@ impl DeviceHost {
                     &mut beta_g[0],
                     &mut self.bn_coef,
                 )?;
+                let dims = conv_dims(arch, self.envs, self.batch, b);
+                if self.conv.reads_norm_grad(&dims) {
+                    // The staged 3×3 kernels compute batch norm's input gradient as they load the conv's
+                    // output gradient: it is never written. The weight gradient, then (above block 0) the
+                    // gradient at the conv's input into grad_b, and the two trade places.
+                    let grad =
+                        BatchNormGrad { x: &block.conv_out, dy: &self.grad_a, argmax, coef: &self.bn_coef };
+                    let input = if b == 0 { images } else { self.blocks[b - 1].output() };
+                    self.conv.backward_weight_from_norm(device, &dims, input, &grad, &mut conv_g[0])?;
+                    if b > 0 {
+                        let weight = &self.params[3 * b];
+                        self.conv.backward_input_from_norm(device, &dims, &grad, weight, &mut self.grad_b)?;
+                        std::mem::swap(&mut self.grad_a, &mut self.grad_b);
+                    }
+                    continue;
+                }
                 ops::batch_norm_backward_input_from(
                     device,
                     &norm,

@@ -12,7 +12,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::backend::CudaHostBackend;
-use super::gemm_conv::{GemmConv, direct_fits};
+use super::gemm_conv::{BatchNormGrad, GemmConv, direct_fits};
 use super::host::DeviceHost;
 use super::ops as device_ops;
 use super::seed_module::{DeviceSeed, DeviceSeedShape};
@@ -2216,6 +2216,7 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
                 "conv3x3_wgrad_direct_f32 + conv2d_wgrad_reduce_f32",
             ];
             fmaf_conv_rows(device, s, &mut gemm, c, devs, [&y_cpu, &dx_cpu, &dw_cpu], names, rows)?;
+            staged_norm_grad_checks(device, s, rows, c, &x_dev, &w_dev)?;
         }
 
         // The im2col + cuBLAS form (one group only) the tf32 and bf16 multiplies take, here at f32:
@@ -2255,6 +2256,85 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
                 1e-5,
             ));
             gemm_precision_checks(device, c, [&x, &w, &dy], [&x_dev, &w_dev, &dy_dev], rows)?;
+        }
+    }
+    Ok(())
+}
+
+/// The staged 3×3 backwards of shape `c` reading their output gradient as batch norm's input gradient
+/// computed on load (`GemmConv::backward_{weight,input}_from_norm`, the host blocks' backward with
+/// fusion on), direct at f32 and on the tensor cores at TF32, against the same kernels on that
+/// gradient written by `batch_norm_backward_input_from_f32` (itself checked against the CPU in the batch
+/// norm group): bit for bit, from the pool's output gradient (even planes) and from the ReLU's. Random
+/// coefficients and argmax; shifts of either sign, so the ReLU cuts.
+fn staged_norm_grad_checks(
+    device: &Device,
+    s: &mut Stream,
+    rows: &mut Vec<ParityRow>,
+    c: Conv2dShape,
+    x_dev: &CudaSlice<f32>,
+    w_dev: &CudaSlice<f32>,
+) -> Result<(), ParityError> {
+    let stream = &device.stream;
+    let norm = NormShape { envs: c.envs, batch: c.batch, channels: c.c_out, h: c.h, w: c.w };
+    let windows = c.envs * c.batch * c.c_out * (c.h / 2) * (c.w / 2);
+    let xbn = stream.clone_htod(&values(s, c.output_len(), -2.0, 2.0))?;
+    let mut coef = vec![0.0f32; norm.params_len() * device_ops::BN_COEF];
+    for p in coef.chunks_mut(device_ops::BN_COEF) {
+        let [mean, scale, shift, inv_std, gb, gg] =
+            [(-0.5, 0.5), (0.5, 2.0), (-0.5, 0.5), (0.5, 2.0), (-0.1, 0.1), (-0.1, 0.1)]
+                .map(|(lo, hi)| values(s, 1, lo, hi)[0]);
+        p[..6].copy_from_slice(&[mean, scale, shift, inv_std, gb, gg]);
+    }
+    let coef = stream.clone_htod(&coef)?;
+    let argmax: Vec<u8> = values(s, windows, 0.0, 3.999).iter().map(|&v| v as u8).collect();
+    let argmax = stream.clone_htod(&argmax)?;
+    let even = c.h.is_multiple_of(2) && c.w.is_multiple_of(2);
+    for pooled in [true, false].into_iter().filter(|&p| !p || even) {
+        let dy = stream.clone_htod(&values(s, if pooled { windows } else { c.output_len() }, -1.0, 1.0))?;
+        let grad = BatchNormGrad { x: &xbn, dy: &dy, argmax: pooled.then_some(&argmax), coef: &coef };
+        let mut written = stream.clone_htod(&vec![f32::NAN; c.output_len()])?;
+        device_ops::batch_norm_backward_input_from(
+            device,
+            &norm,
+            &dy,
+            grad.argmax,
+            &xbn,
+            &coef,
+            &mut written,
+        )?;
+        for tensor_cores in [false, true] {
+            let on =
+                if tensor_cores { device.clone().with_precision(Precision::Tf32) } else { device.clone() };
+            let mut gemm = GemmConv::new(&on, &[c])?;
+            gemm.set_implicit(&on, true)?;
+            gemm.set_direct(!tensor_cores);
+            if tensor_cores {
+                gemm.set_tensor_cores(&on, true)?;
+            }
+            assert!(gemm.reads_norm_grad(&c), "a staged kernel runs {c:?}");
+            let junk = |s: &mut Stream, n| stream.clone_htod(&values(s, n, -1.0, 1.0));
+            let (mut dw_load, mut dw_written) = (junk(s, c.weight_len())?, junk(s, c.weight_len())?);
+            gemm.backward_weight_from_norm(&on, &c, x_dev, &grad, &mut dw_load)?;
+            gemm.backward_weight(&on, &c, x_dev, &written, &mut dw_written)?;
+            let (mut dx_load, mut dx_written) = (junk(s, c.input_len())?, junk(s, c.input_len())?);
+            gemm.backward_input_from_norm(&on, &c, &grad, w_dev, &mut dx_load)?;
+            gemm.backward_input(&on, &c, &written, w_dev, &mut dx_written)?;
+            let diff = max_diff(&stream.clone_dtoh(&dw_load)?, &stream.clone_dtoh(&dw_written)?)
+                .max(max_diff(&stream.clone_dtoh(&dx_load)?, &stream.clone_dtoh(&dx_written)?));
+            let kernels = if tensor_cores {
+                "conv3x3_{tc,wgrad_tc}_*_tf32"
+            } else {
+                "conv3x3_{direct,wgrad_direct}_f32"
+            };
+            let source = if pooled { "pool's" } else { "ReLU's" };
+            rows.push(ParityRow::new(
+                format!("{kernels} (dx, dW from BN's gradient on load, {source})"),
+                "the same on batch_norm_backward_input_from_f32's output",
+                c.input_len() + c.weight_len(),
+                diff,
+                0.0,
+            ));
         }
     }
     Ok(())

@@ -52,6 +52,20 @@ pub struct Conv2dShape {
 }
 
 impl Conv2dShape {
+    /// Whether the GPU backend's staged 3×3 kernels (`conv3x3_direct_f32` and the tensor-core ones in
+    /// kernels/cuda/conv.cu) take this shape, forward and input gradient alike: 3×3, padding 1 (so the
+    /// gradient's padding is 1 too), one group, planes at least 4×4, of at most 1 024 positions, rows a
+    /// multiple of 4 wide (every host block and seed at the host's 32×32 down to 4×4).
+    pub fn fits_staged_3x3(&self) -> bool {
+        self.groups == 1
+            && self.k == 3
+            && self.pad == 1
+            && self.h >= 4
+            && self.w >= 4
+            && self.w.is_multiple_of(4)
+            && self.h * self.w <= 1024
+    }
+
     pub fn h_out(&self) -> usize {
         self.h + 2 * self.pad + 1 - self.k
     }
