@@ -3,8 +3,9 @@
 // input gradient, bit for bit: one fmaf chain per output over j = s·9 + ky·3 + kx from +0), the direct
 // and implicit weight gradients (to 1e-5 of the largest, against a double sum), the tensor-core (TF32)
 // 3×3 convolutions (on inputs rounded to TF32, to 1e-5), and batch norm's split reductions
-// (to 1e-6 of a double two-pass sum), and the fused normalisation + ReLU + pool and pool + ReLU
-// backwards against the kernels one by one (bit for bit). `bash scripts/kernel-emulator/run.sh`.
+// (to 1e-6 of a double two-pass sum), the fused normalisation + ReLU + pool and batch norm's fused
+// backwards against the kernels one by one, and the staged backwards reading batch norm's gradient on
+// load against the same kernels on it written (bit for bit). `bash scripts/kernel-emulator/run.sh`.
 #include "shim.hpp"
 
 typedef unsigned char u8;
