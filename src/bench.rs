@@ -296,9 +296,10 @@ pub struct StepWork {
 /// recomputed inside), its input gradient reads `g` and `o` and writes `o`, the weight gradient reads
 /// `i` and `o`, and past the first block the input gradient reads `o` and writes `i`: `2g + 4o + i`,
 /// `+ o + i`. With `staged` (`--precision tf32`: the 3×3 convolutions on the staged tensor-core
-/// kernels, which compute batch norm's input gradient as they load it, where the shape fits them):
-/// batch norm's parameter sums read `g` and `o`, the weight gradient reads `i`, `o` and `g`, and past
-/// the first block the input gradient reads `o` and `g` and writes `i`: `2g + 2o + i`, `+ g + o + i`.
+/// kernels, where the shape fits them), the forward's epilogue sums batch norm's statistics (`i + 2o +
+/// p`) and the backwards compute batch norm's input gradient as they load it: batch norm's parameter
+/// sums read `g` and `o`, the weight gradient reads `i`, `o` and `g`, and past the first block the
+/// input gradient reads `o` and `g` and writes `i`: `2g + 2o + i`, `+ g + o + i`.
 /// Evaluation: [`eval_block_floats`].
 pub fn host_bytes_per_image(arch: &HostArch, staged: bool) -> (u64, u64) {
     let (mut train, mut eval) = (0u64, 0u64);
@@ -311,11 +312,14 @@ pub fn host_bytes_per_image(arch: &HostArch, staged: bool) -> (u64, u64) {
             (false, _) => 2 * o,
         };
         let g = if pools { p } else { o };
-        let (weight_grad, input_grad) = match staged && block_conv(arch, b).fits_staged_3x3() {
+        let on_tensor_cores = staged && block_conv(arch, b).fits_staged_3x3();
+        let (weight_grad, input_grad) = match on_tensor_cores {
             true => ((g + o) + (i + o + g), if b > 0 { o + g + i } else { 0 }),
             false => ((g + o) + (g + 2 * o) + (i + o), if b > 0 { o + i } else { 0 }),
         };
-        train += (i + o) + o + norm_and_pool + weight_grad + input_grad;
+        // The statistics read the conv's output, unless its epilogue summed them.
+        let stats = if on_tensor_cores { 0 } else { o };
+        train += (i + o) + stats + norm_and_pool + weight_grad + input_grad;
         eval += eval_block_floats(arch, b, false);
     }
     (4 * train, 4 * eval)
@@ -943,9 +947,10 @@ mod tests {
     fn host_bytes_per_image_counts_the_kernels_as_they_run() {
         let arch = HostArch::CIFAR_BASELINE;
         assert_eq!(host_bytes_per_image(&arch, false), (4 * 132_608, 4 * 52_736));
-        // At TF32 the staged kernels read batch norm's gradient on load: (i + 3o + p) + (2p + 2o + i),
-        // plus p + o + i past the first block: 53 248 + 34 816 + 17 408 floats.
-        assert_eq!(host_bytes_per_image(&arch, true), (4 * 105_472, 4 * 52_736));
+        // At TF32 the tensor-core kernels sum the statistics in the forward's epilogue and read batch
+        // norm's gradient on load: (i + 2o + p) + (2p + 2o + i), plus p + o + i past the first block:
+        // 45 056 + 30 720 + 15 360 floats.
+        assert_eq!(host_bytes_per_image(&arch, true), (4 * 91_136, 4 * 52_736));
         let minimal =
             HostArch { base_channels: 2, pool_layers: 0, kernel_size: 1, ..HostArch::CIFAR_BASELINE };
         assert_eq!(host_bytes_per_image(&minimal, false), (4 * 180_224, 4 * 52_224));

@@ -100,8 +100,23 @@ extern "C" __global__ void batch_norm_stats_partial_f32(
     bn_run_sums(terms, partial, batch, channels, plane, splits, run);
 }
 
-// save_mean, save_inv_std = 1/sqrt(var + eps) (biased variance) and the running statistics updated in
-// place, for every (env, channel) p < pairs, from the runs' sums.
+// Pair p's save_mean, save_inv_std = 1/sqrt(var + eps) (biased variance) and running statistics updated
+// in place from its mean and variance over `count` values, in double. Rounding can take a variance of
+// (nearly) equal values below zero; a NaN stays NaN, as the CPU's.
+__device__ __forceinline__ void bn_write_stats(
+    u64 p, double mean, double var, u64 count, float* save_mean, float* save_inv_std, float* running_mean,
+    float* running_var) {
+    if (var < 0.0) var = 0.0;
+    float m = (float)mean, v = (float)var;
+    save_mean[p] = m;
+    save_inv_std[p] = 1.0f / sqrtf(v + (float)NORM_EPS);
+    float unbiased = (float)count / (float)(count - 1);
+    running_mean[p] = (1.0f - BN_MOMENTUM) * running_mean[p] + BN_MOMENTUM * m;
+    running_var[p] = (1.0f - BN_MOMENTUM) * running_var[p] + BN_MOMENTUM * v * unbiased;
+}
+
+// save_mean, save_inv_std and the running statistics (bn_write_stats) for every (env, channel) p < pairs,
+// from the runs' sums.
 extern "C" __global__ void batch_norm_stats_finish_f32(
     const float* x, const double* partial, float* save_mean, float* save_inv_std, float* running_mean,
     float* running_var, u32 pairs, u32 batch, u32 channels, u32 plane, u32 splits) {
@@ -114,15 +129,34 @@ extern "C" __global__ void batch_norm_stats_finish_f32(
         }
         u64 count = (u64)batch * plane;
         double n = (double)count, mean_d = sum / n;
-        // Rounding can take a variance of (nearly) equal values below zero; a NaN stays NaN, as the CPU's.
-        double mean = shift + mean_d, var = sum_sq / n - mean_d * mean_d;
-        if (var < 0.0) var = 0.0;
-        float m = (float)mean, v = (float)var;
-        save_mean[p] = m;
-        save_inv_std[p] = 1.0f / sqrtf(v + (float)NORM_EPS);
-        float unbiased = (float)count / (float)(count - 1);
-        running_mean[p] = (1.0f - BN_MOMENTUM) * running_mean[p] + BN_MOMENTUM * m;
-        running_var[p] = (1.0f - BN_MOMENTUM) * running_var[p] + BN_MOMENTUM * v * unbiased;
+        bn_write_stats(p, shift + mean_d, sum_sq / n - mean_d * mean_d, count, save_mean, save_inv_std,
+                       running_mean, running_var);
+    }
+}
+
+// The same from the statistics a training convolution's epilogue summed (conv3x3_tc_n*_tf32 with
+// `stats`): per pair p, `runs` runs of (shift, Σ d, Σ d²), run r over images r·per_run .. of `plane`
+// values each. Each run's mean and sum of squared deviations, then the runs combined in order (Chan,
+// Golub & LeVeque's pairwise update), in double.
+extern "C" __global__ void batch_norm_stats_finish_runs_f32(
+    const double* stats, float* save_mean, float* save_inv_std, float* running_mean, float* running_var, u32 pairs,
+    u32 runs, u32 batch, u32 per_run, u32 plane) {
+    FOR_EACH(p, pairs) {
+        double n = 0.0, mean = 0.0, m2 = 0.0;
+        for (u32 r = 0; r < runs; ++r) {
+            const double* run = stats + (p * runs + r) * 3;
+            double nb = (double)min(per_run, batch - r * per_run) * plane;
+            double mean_b = run[0] + run[1] / nb, m2_b = run[2] - run[1] * run[1] / nb;
+            if (r == 0) {
+                n = nb, mean = mean_b, m2 = m2_b;
+                continue;
+            }
+            double total = n + nb, delta = mean_b - mean;
+            mean += delta * nb / total;
+            m2 += m2_b + delta * delta * n * nb / total;
+            n = total;
+        }
+        bn_write_stats(p, mean, m2 / n, (u64)batch * plane, save_mean, save_inv_std, running_mean, running_var);
     }
 }
 

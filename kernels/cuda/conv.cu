@@ -862,6 +862,71 @@ __device__ __forceinline__ int tc_row_offset(u32 k, u32 valid, u32 padded, u32 w
     return k < valid ? (int)((k / 9) * padded + (k % 9) / 3 * wp + k % 3) : -1;
 }
 
+// Batch norm's training statistics in the forward's epilogue (a training step's host convolution,
+// `stats` not null): the block's sums of each of its output channels' values, shifted by the block's
+// first value (its pixel 0's; 0 where not finite, as batch_norm_stats_partial_f32's shift), in double:
+// stats[((e·c_out + o)·runs + run)·3 + {0, 1, 2}] = (shift, Σ d, Σ d²), d = y − shift, run = the block's
+// image group (blockIdx.x, runs = gridDim.x). Each thread sums its values, then the 256 threads' sums
+// are added in (warp, row group) order through shared memory, so a result depends only on the shape;
+// batch_norm_stats_finish_runs_f32 combines the runs in order. `acc`, `tiles`, `first`, `pixels`,
+// `o0` as conv3x3_tc's; `tile` its shared staging tile, free once every warp is past the K loop.
+template <int NT>
+__device__ __forceinline__ void tc_block_stats(
+    const float (&acc)[TC_TILES_PER_WARP][NT][4], float* tile, u32 tiles, u32 first, u32 pixels, u32 o0, u32 c_out,
+    double* stats) {
+    u32 t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane / 4, tg = lane % 4;
+    // 256 threads × NT·2 channels × 2 sums, then NT·8 shifts.
+    double* sums = reinterpret_cast<double*>(tile);
+    float* shift = reinterpret_cast<float*>(sums + 256 * NT * 2 * 2);
+    __syncthreads();  // every warp is past the K loop: the tile is free
+    // Pixel 0 is row g = 0 of warp 0's first m-tile: lanes 0..3 hold its channels 2·tg + j of each n-tile.
+    if (warp == 0 && g == 0)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                float v = acc[0][nt][j];
+                shift[nt * 8 + 2 * tg + j] = isfinite(v) ? v : 0.0f;
+            }
+    __syncthreads();
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            double s = (double)shift[nt * 8 + 2 * tg + j], s1 = 0.0, s2 = 0.0;
+#pragma unroll
+            for (int mt = 0; mt < TC_TILES_PER_WARP; ++mt) {
+                if ((u32)mt >= tiles) break;
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    if (first + mt * 16 + g + 8 * half >= pixels) continue;
+                    double d = (double)acc[mt][nt][2 * half + j] - s;
+                    s1 += d;
+                    s2 += d * d;
+                }
+            }
+            u32 k = nt * 2 + j;
+            sums[(t * NT * 2 + k) * 2] = s1;
+            sums[(t * NT * 2 + k) * 2 + 1] = s2;
+        }
+    __syncthreads();
+    if (t < NT * 8 && o0 + t < c_out) {
+        // Channel t of the block: n-tile t / 8, held by the lanes with tg = (t % 8) / 2 as their j = t % 2.
+        u32 nt = t / 8, tgc = (t % 8) / 2, k = nt * 2 + t % 2;
+        double s1 = 0.0, s2 = 0.0;
+        for (u32 v = 0; v < 8; ++v)
+            for (u32 gg = 0; gg < 8; ++gg) {
+                u32 th = v * 32 + gg * 4 + tgc;
+                s1 += sums[(th * NT * 2 + k) * 2];
+                s2 += sums[(th * NT * 2 + k) * 2 + 1];
+            }
+        double* out = stats + (((u64)blockIdx.z * c_out + o0 + t) * gridDim.x + blockIdx.x) * 3;
+        out[0] = (double)shift[t];
+        out[1] = s1;
+        out[2] = s2;
+    }
+}
+
 // The forward, and with flip != 0 the input gradient (the forward over the transposed, flipped weights,
 // as conv3x3_direct_f32's flip). Block: 256 threads (8 warps) over TC_PIXELS output pixels = 1024 /
 // (h·w) whole images of one env, and NT·8 output channels (NT n-tiles of 8); warp v takes the m-tiles
@@ -871,8 +936,8 @@ __device__ __forceinline__ int tc_row_offset(u32 k, u32 valid, u32 padded, u32 w
 template <int NT>
 __device__ __forceinline__ void conv3x3_tc(
     const float* x, const float* weight, float* y, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, int flip,
-    BnLoad bn) {
-    __shared__ float tile[DC_TILE];
+    BnLoad bn, double* stats) {
+    __shared__ __align__(8) float tile[DC_TILE];
     // [chunk row k][output channel], TF32; rows of 24 floats for two n-tiles, so that a k-step's four
     // rows (lanes' tg) × eight channels (g) fall in 32 different banks.
     constexpr int WT_STRIDE = NT == 1 ? 8 : 24;
@@ -962,6 +1027,7 @@ __device__ __forceinline__ void conv3x3_tc(
                 }
         }
     }
+    if (stats) tc_block_stats<NT>(acc, tile, tiles, first, pixels, o0, c_out, stats);
 }
 
 // The weight gradient on the tensor cores: per env dWᵀ (K × c_out) = Σ over pixels of A (K × pixels) ·
@@ -1080,8 +1146,8 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
 #define TC_KERNELS(N, NT)                                                                                       \
     extern "C" __global__ void __launch_bounds__(256, 2) conv3x3_tc_n##N##_tf32(                               \
         const float* x, const float* weight, float* y, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, int flip,   \
-        BN_ARGS) {                                                                                              \
-        conv3x3_tc<NT>(x, weight, y, batch, c_in, c_out, h, w, flip, BN_LOAD);                                  \
+        BN_ARGS, double* stats) {                                                                               \
+        conv3x3_tc<NT>(x, weight, y, batch, c_in, c_out, h, w, flip, BN_LOAD, stats);                           \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(256, 2) conv3x3_wgrad_tc_n##N##_tf32(                         \
         const float* x, const float* dy, float* partial, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, u32 runs, \

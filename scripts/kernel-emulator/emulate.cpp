@@ -206,8 +206,8 @@ static void check_tc(unsigned envs, unsigned batch, unsigned c_in, unsigned c_ou
         auto plain = conv_reference(x, weight, envs, batch, k_in, k_out, h, w, flip);
         std::vector<float> y(want.size(), NAN);
         launch({groups, (k_out + 8 * nt - 1) / (8 * nt), envs}, {256, 1, 1}, [&] {
-            if (nt == 1) conv3x3_tc_n8_tf32(x.data(), weight.data(), y.data(), batch, k_in, k_out, h, w, flip, NO_BN);
-            else conv3x3_tc_n16_tf32(x.data(), weight.data(), y.data(), batch, k_in, k_out, h, w, flip, NO_BN);
+            if (nt == 1) conv3x3_tc_n8_tf32(x.data(), weight.data(), y.data(), batch, k_in, k_out, h, w, flip, NO_BN, nullptr);
+            else conv3x3_tc_n16_tf32(x.data(), weight.data(), y.data(), batch, k_in, k_out, h, w, flip, NO_BN, nullptr);
         });
         double worst = diff_of_largest(y, want), unrounded = diff_of_largest(y, plain);
         std::snprintf(what, sizeof what, "conv3x3_tc_n%u_tf32 %s E%u B%u %u→%u %u×%u", 8 * nt, flip ? "dx" : "y ",
@@ -236,6 +236,54 @@ static void check_tc(unsigned envs, unsigned batch, unsigned c_in, unsigned c_ou
                   c_in, c_out, h, w, runs);
     std::snprintf(detail, sizeof detail, "max diff %.2e of the largest (1e-5; unrounded %.1e)", worst, unrounded);
     report(what, worst <= 1e-5 && unrounded > 1e-5, detail);
+}
+
+// Batch norm's training statistics from the tensor-core forward's epilogue: its output the same bits as
+// without them, and batch_norm_stats_finish_runs_f32's mean, 1/sqrt(var + eps) and running statistics
+// against a double two-pass computation over that output (1e-6 relative). `offset` moves the inputs so
+// the outputs' mean lies far from zero (the shifts' reason); NaN-free.
+static void check_tc_stats(unsigned envs, unsigned batch, unsigned c_in, unsigned c_out, unsigned h, unsigned w,
+                           float offset) {
+    unsigned nt = c_out <= 8 ? 1 : 2, per_block = 1024 / (h * w), runs = (batch + per_block - 1) / per_block;
+    auto x = values((size_t)envs * batch * c_in * h * w, offset - 1.0f, offset + 1.0f);
+    auto weight = values((size_t)envs * c_out * c_in * 9, 0.0f, 0.5f);
+    size_t n = (size_t)envs * batch * c_out * h * w, pairs = (size_t)envs * c_out;
+    std::vector<float> y(n, NAN), y_stats(n, NAN);
+    std::vector<double> stats(pairs * runs * 3, NAN);
+    for (int with = 0; with < 2; ++with) {
+        float* out = with ? y_stats.data() : y.data();
+        double* st = with ? stats.data() : nullptr;
+        launch({runs, (c_out + 8 * nt - 1) / (8 * nt), envs}, {256, 1, 1}, [&] {
+            if (nt == 1) conv3x3_tc_n8_tf32(x.data(), weight.data(), out, batch, c_in, c_out, h, w, 0, NO_BN, st);
+            else conv3x3_tc_n16_tf32(x.data(), weight.data(), out, batch, c_in, c_out, h, w, 0, NO_BN, st);
+        });
+    }
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; ++i) wrong += !same_bits(y[i], y_stats[i]);
+    std::vector<float> mean(pairs, NAN), inv(pairs, NAN), rm(pairs, 0.25f), rv(pairs, 2.0f);
+    launch({1, 1, 1}, {256, 1, 1}, [&] {
+        batch_norm_stats_finish_runs_f32(stats.data(), mean.data(), inv.data(), rm.data(), rv.data(), (u32)pairs, runs,
+                                         batch, per_block, h * w);
+    });
+    double worst = 0.0;
+    size_t count = (size_t)batch * h * w;
+    for (size_t p = 0; p < pairs; ++p) {
+        size_t e = p / c_out, c = p % c_out;
+        auto at = [&](size_t j) { return ((e * batch + j / (h * w)) * c_out + c) * (h * w) + j % (h * w); };
+        double sum = 0.0, q = 0.0;
+        for (size_t j = 0; j < count; ++j) sum += y[at(j)];
+        double m = sum / count;
+        for (size_t j = 0; j < count; ++j) q += (y[at(j)] - m) * (y[at(j)] - m);
+        double var = q / count, want_inv = 1.0 / std::sqrt((double)(float)var + 1e-5);
+        double want_rm = 0.9 * 0.25 + 0.1 * m, want_rv = 0.9 * 2.0 + 0.1 * var * count / (count - 1.0);
+        worst = std::max({worst, std::fabs(mean[p] - m) / std::max(std::fabs(m), 1.0), std::fabs(inv[p] - want_inv) / want_inv,
+                          std::fabs(rm[p] - want_rm) / std::max(std::fabs(want_rm), 1.0), std::fabs(rv[p] - want_rv) / want_rv});
+    }
+    char what[160], detail[160];
+    std::snprintf(what, sizeof what, "conv3x3_tc_n%u_tf32 + BN statistics E%u B%u %u→%u %u×%u (%u runs)", 8 * nt, envs, batch,
+                  c_in, c_out, h, w, runs);
+    std::snprintf(detail, sizeof detail, "%zu outputs differ in bits; statistics max diff %.2e (1e-6)", wrong, worst);
+    report(what, wrong == 0 && worst <= 1e-6, detail);
 }
 
 // The staged kernels' backwards reading batch norm's input gradient on load (BnLoad), against the same
@@ -278,9 +326,9 @@ static void check_staged_bn(unsigned envs, unsigned batch, unsigned c_in, unsign
                 if (!tc)
                     conv3x3_direct_f32(src, weight.data(), out, batch, c_out, c_in, h, w, 1, xbn.data(), dy.data(), arg.data(), coef.data(), m);
                 else if (nt == 1)
-                    conv3x3_tc_n8_tf32(src, weight.data(), out, batch, c_out, c_in, h, w, 1, xbn.data(), dy.data(), arg.data(), coef.data(), m);
+                    conv3x3_tc_n8_tf32(src, weight.data(), out, batch, c_out, c_in, h, w, 1, xbn.data(), dy.data(), arg.data(), coef.data(), m, nullptr);
                 else
-                    conv3x3_tc_n16_tf32(src, weight.data(), out, batch, c_out, c_in, h, w, 1, xbn.data(), dy.data(), arg.data(), coef.data(), m);
+                    conv3x3_tc_n16_tf32(src, weight.data(), out, batch, c_out, c_in, h, w, 1, xbn.data(), dy.data(), arg.data(), coef.data(), m, nullptr);
             });
         }
         for (size_t i = 0; i < on_load.size(); ++i) wrong += !same_bits(on_load[i], written[i]);
@@ -525,8 +573,17 @@ int main() {
     check_tc(2, 22, 5, 12, 6, 8, 1);
     check_tc(1, 70, 6, 40, 4, 4, 1);
     check_tc(1, 140, 6, 8, 4, 4, 2);
+    // The forward's epilogue statistics: the host's three blocks (one image a block at 32×32: 3 runs; 16
+    // at 8×8: a short last run), a short last run at 6×8 with 12 channels, and a mean far from zero.
+    check_tc_stats(2, 3, 3, 8, 32, 32, 0.0f);
+    check_tc_stats(1, 9, 8, 16, 16, 16, 0.0f);
+    check_tc_stats(2, 40, 16, 32, 8, 8, 0.0f);
+    check_tc_stats(1, 43, 5, 12, 6, 8, 0.0f);
+    check_tc_stats(1, 5, 8, 16, 16, 16, 50.0f);
+    // 5×4 planes: 7 images are 140 pixels, the last m-tile partial (its rows past the images not counted).
+    check_tc_stats(1, 7, 3, 8, 5, 4, 0.0f);
     // The staged backwards reading batch norm's gradient on load: the host's three blocks (3 → 8 at
-    // 32×32, 8 → 16 at 16×16, 16 → 32 at 8×8, the last in two runs), an oblong plane with short chunks.
+    // 32×32, 8 → 16 at 16×16, 16 → 32 at 8×8, the last in three runs), an oblong plane with short chunks.
     for (int mode : {BN_LOAD_POOLED, BN_LOAD_RELU}) {
         check_staged_bn(2, 2, 3, 8, 32, 32, 1, mode);
         check_staged_bn(1, 5, 8, 16, 16, 16, 1, mode);

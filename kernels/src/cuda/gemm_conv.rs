@@ -300,7 +300,7 @@ impl GemmConv {
     ) -> Result<(), ParityError> {
         self.check(d);
         if let Some(kernel) = self.staged(d) {
-            return staged_conv(device, kernel, d, x, weight, y, false, None);
+            return staged_conv(device, kernel, d, x, weight, y, false, None, None);
         }
         if self.implicit {
             return implicit_conv(device, d, x, weight, y, false);
@@ -361,7 +361,7 @@ impl GemmConv {
     ) -> Result<(), ParityError> {
         self.check(d);
         if let Some(kernel) = self.staged(d) {
-            return staged_conv(device, kernel, d, dy, weight, dx, true, None);
+            return staged_conv(device, kernel, d, dy, weight, dx, true, None, None);
         }
         if self.implicit {
             return implicit_conv(device, d, dy, weight, dx, true);
@@ -385,6 +385,33 @@ impl GemmConv {
         launch.arg(&overwrite);
         unsafe { launch.launch(elementwise(d.envs * d.batch * d.c_in * d.h * d.w)) }?;
         Ok(())
+    }
+
+    /// Whether `d`'s forward can sum batch norm's training statistics of its output in its epilogue
+    /// ([`Self::forward_with_stats`]): the tensor-core 3×3 kernels run it.
+    pub fn sums_stats(&self, d: &Conv2dShape) -> bool {
+        self.staged(d) == Some(Staged::TensorCores)
+    }
+
+    /// [`Self::forward`], with batch norm's training statistics of `y` summed in the epilogue into
+    /// `stats` (`[E·c_out, runs, 3]`, runs = [`stats_runs`]; `ops::batch_norm_stats_finish_runs` turns
+    /// them into the statistics): `y` the same bits as `forward`'s. Only where [`Self::sums_stats`].
+    pub fn forward_with_stats(
+        &mut self,
+        device: &Device,
+        d: &Conv2dShape,
+        x: &CudaSlice<f32>,
+        weight: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+        stats: &mut CudaSlice<f64>,
+    ) -> R {
+        self.check(d);
+        assert!(self.sums_stats(d), "forward_with_stats: the tensor-core kernels run {d:?}");
+        assert!(
+            stats.len() >= d.envs * d.c_out * stats_runs(d).0 * 3,
+            "convolution statistics exceed their buffer"
+        );
+        staged_conv(device, Staged::TensorCores, d, x, weight, y, false, None, Some(stats))
     }
 
     /// Whether `d`'s backward can read its output gradient as batch norm's input gradient computed on load
@@ -424,7 +451,7 @@ impl GemmConv {
         self.check(d);
         let kernel = self.staged(d).expect("backward_input_from_norm: a staged kernel runs the shape");
         grad.check(d);
-        staged_conv(device, kernel, d, grad.dy, weight, dx, true, Some(grad))
+        staged_conv(device, kernel, d, grad.dy, weight, dx, true, Some(grad), None)
     }
 }
 
@@ -658,10 +685,19 @@ impl Staged {
     }
 }
 
+/// How the tensor-core forward of `d` (a shape [`direct_fits`] takes) cuts batch norm's statistics per
+/// (env, channel): (runs, images per run), a run per block of `1024 / (h·w)` images.
+pub fn stats_runs(d: &Conv2dShape) -> (usize, usize) {
+    assert!(direct_fits(d), "the tensor-core kernels do not take {d:?}");
+    let per_run = direct_images_per_block(d);
+    (d.batch.div_ceil(per_run), per_run)
+}
+
 /// `kernel`'s forward `y = conv(x, weight)` of `d`, or with `input_grad` its input gradient `dx`
 /// (overwritten) from the output gradient passed as `x` — or, with `bn`, computed on load as batch
-/// norm's input gradient (`x` unread). Blocks of 256 threads over `1024 / (h·w)` images of one env and
-/// [`Staged::outputs`] output channels.
+/// norm's input gradient (`x` unread). With `stats` (tensor cores, forward only) batch norm's training
+/// statistics of `y` summed in the epilogue. Blocks of 256 threads over `1024 / (h·w)` images of one env
+/// and [`Staged::outputs`] output channels.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn staged_conv(
     device: &Device,
@@ -672,7 +708,12 @@ pub(super) fn staged_conv(
     y: &mut CudaSlice<f32>,
     input_grad: bool,
     bn: Option<&BatchNormGrad>,
+    stats: Option<&mut CudaSlice<f64>>,
 ) -> R {
+    assert!(
+        stats.is_none() || (kernel == Staged::TensorCores && !input_grad),
+        "statistics are a TF32 forward's"
+    );
     assert!(bn.is_none() || input_grad, "batch norm's gradient is a backward's input");
     assert!(direct_fits(d), "the staged 3×3 kernels do not take {d:?}");
     let (c_in, c_out) = if input_grad { (d.c_out, d.c_in) } else { (d.c_in, d.c_out) };
@@ -689,6 +730,13 @@ pub(super) fn staged_conv(
     push_dims(&mut launch, &dims);
     launch.arg(&flip);
     push_bn(&mut launch, bn);
+    // The tensor-core kernels' last argument: where the epilogue sums batch norm's statistics, or null.
+    if kernel == Staged::TensorCores {
+        match stats {
+            Some(stats) => launch.arg(stats),
+            None => launch.arg(&NULL),
+        };
+    }
     let grid = (image_blocks as u32, c_out.div_ceil(outputs) as u32, d.envs as u32);
     unsafe { launch.launch(blocks_of_256(grid)) }?;
     Ok(())

@@ -12,7 +12,7 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use super::gemm_conv::{BatchNormGrad, GemmConv};
+use super::gemm_conv::{BatchNormGrad, GemmConv, stats_runs};
 use super::ops;
 use super::parity::{Device, ParityError, elementwise};
 use super::seed_module::DeviceSeedShape;
@@ -113,6 +113,9 @@ pub struct DeviceHost {
     norm_partial: CudaSlice<f64>,
     /// Batch norm's reductions' partial sums, for the largest block.
     bn_partial: CudaSlice<f64>,
+    /// Batch norm's training statistics as a tensor-core convolution's epilogue sums them
+    /// ([`GemmConv::forward_with_stats`]), for the largest block that can.
+    conv_stats: CudaSlice<f64>,
     /// Batch norm's input-gradient coefficients per (env, channel) ([`ops::BN_COEF`] each), for the
     /// widest block.
     bn_coef: CudaSlice<f32>,
@@ -192,6 +195,11 @@ impl DeviceHost {
         let bn_partial =
             (0..arch.n_blocks).map(|b| ops::batch_norm_partial_len(&block_norm(arch, envs, batch, b))).max();
         let widest = (0..arch.n_blocks).map(|b| arch.block_channels(b)).max().unwrap_or(0);
+        let conv_stats = (0..arch.n_blocks)
+            .map(|b| conv_dims(arch, envs, batch, b))
+            .filter(Conv2dShape::fits_staged_3x3)
+            .map(|d| d.envs * d.c_out * stats_runs(&d).0 * 3)
+            .max();
         conv_dims_all.extend((0..arch.n_blocks).map(|b| conv_dims(arch, envs, batch, b)));
         Ok(Self {
             arch,
@@ -215,6 +223,7 @@ impl DeviceHost {
             norm_partial: stream.alloc_zeros::<f64>(envs * NORM_BLOCKS_PER_ENV as usize)?,
             bn_partial: stream.alloc_zeros::<f64>(bn_partial.unwrap_or(0).max(1))?,
             bn_coef: stream.alloc_zeros::<f32>(envs * widest.max(1) * ops::BN_COEF)?,
+            conv_stats: stream.alloc_zeros::<f64>(conv_stats.unwrap_or(0).max(1))?,
             sq_norms: stream.alloc_zeros::<f64>(envs)?,
             clip: stream.alloc_zeros::<f64>(envs)?,
             sq_norms_collected: stream.alloc_zeros::<f64>(envs)?,
@@ -282,12 +291,33 @@ impl DeviceHost {
         // From slot r0 or r1 on (a validation pass that starts there), what lies before is the main
         // pass's, still in the buffers.
         let plane = size * size;
+        let mut stats_summed = false;
         if from_row.is_none() {
-            // The conv (padding k / 2, one group) as a GEMM; its twin is ops::conv::conv2d_forward.
+            // The conv (padding k / 2, one group) as a GEMM; its twin is ops::conv::conv2d_forward. In
+            // training on the tensor cores (with fusion on) its epilogue sums batch norm's statistics, so
+            // they need no pass of their own over its output.
             let dims = conv_dims(arch, self.envs, self.batch, b);
-            self.conv.forward(device, &dims, input, conv_w, &mut block.conv_out)?;
+            if train && self.fuse && self.conv.sums_stats(&dims) {
+                let out = &mut block.conv_out;
+                self.conv.forward_with_stats(device, &dims, input, conv_w, out, &mut self.conv_stats)?;
+                let (runs, per_run) = stats_runs(&dims);
+                ops::batch_norm_stats_finish_runs(
+                    device,
+                    &block_norm(arch, self.envs, self.batch, b),
+                    &self.conv_stats,
+                    runs,
+                    per_run,
+                    &mut block.save_mean,
+                    &mut block.save_inv_std,
+                    &mut block.running_mean,
+                    &mut block.running_var,
+                )?;
+                stats_summed = true;
+            } else {
+                self.conv.forward(device, &dims, input, conv_w, &mut block.conv_out)?;
+            }
         }
-        if from_row.is_none() && train {
+        if from_row.is_none() && train && !stats_summed {
             ops::batch_norm_train_stats(
                 device,
                 &block_norm(arch, self.envs, self.batch, b),

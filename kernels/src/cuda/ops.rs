@@ -165,6 +165,36 @@ pub fn batch_norm_train_stats(
     Ok(())
 }
 
+/// Batch norm's training statistics (as [`batch_norm_train_stats`]) from the sums a tensor-core
+/// convolution's epilogue wrote (`GemmConv::forward_with_stats`): `runs` runs of `(shift, Σ d, Σ d²)` per
+/// (env, channel), run r over images `r·per_run ..`, combined in order in double
+/// (`batch_norm_stats_finish_runs_f32`).
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm_stats_finish_runs(
+    device: &Device,
+    d: &NormShape,
+    stats: &CudaSlice<f64>,
+    runs: usize,
+    per_run: usize,
+    save_mean: &mut CudaSlice<f32>,
+    save_inv_std: &mut CudaSlice<f32>,
+    running_mean: &mut CudaSlice<f32>,
+    running_var: &mut CudaSlice<f32>,
+) -> R {
+    assert!(stats.len() >= d.params_len() * runs * 3, "batch norm: run statistics exceed their buffer");
+    assert!(
+        runs >= 1 && (runs - 1) * per_run < d.batch && runs * per_run >= d.batch,
+        "batch norm: runs do not cover the batch"
+    );
+    assert!(d.batch * d.plane() > 1, "batch norm needs more than one value per channel");
+    let dims = [d.params_len(), runs, d.batch, per_run, d.plane()].map(|v| v as u32);
+    let mut launch = device.stream.launch_builder(device.function("batch_norm_stats_finish_runs_f32"));
+    launch.arg(stats).arg(save_mean).arg(save_inv_std).arg(running_mean).arg(running_var);
+    push_dims(&mut launch, &dims);
+    unsafe { launch.launch(elementwise(d.params_len())) }?;
+    Ok(())
+}
+
 /// Batch norm's parameter gradients (overwritten): `dβ = Σ dy`, `dγ = Σ dy·(x − mean)·inv_std` per (env,
 /// channel), the twin of `ops::norm::batch_norm_backward`'s (dγ, dβ); split as
 /// [`batch_norm_train_stats`].

@@ -12,7 +12,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::backend::CudaHostBackend;
-use super::gemm_conv::{BatchNormGrad, GemmConv, direct_fits};
+use super::gemm_conv::{BatchNormGrad, GemmConv, direct_fits, stats_runs};
 use super::host::DeviceHost;
 use super::ops as device_ops;
 use super::seed_module::{DeviceSeed, DeviceSeedShape};
@@ -2427,6 +2427,9 @@ fn gemm_precision_checks(
         let diff = max_diff_of_tensor(&stream.clone_dtoh(&y_dev)?, &y_cpu);
         let kernel = format!("GemmConv::forward ({form})");
         rows.push(ParityRow::new(kernel, twin("conv2d_forward"), y_cpu.len(), diff, tolerance));
+        if tensor_cores {
+            epilogue_stats_check(&on, &mut gemm, c, [x_dev, w_dev], &stream.clone_dtoh(&y_dev)?, rows)?;
+        }
         let mut dw_cpu = vec![0.0f32; c.weight_len()];
         conv2d_backward_weight(c, &x, &dy, &mut dw_cpu);
         let mut dw_dev = stream.alloc_zeros::<f32>(dw_cpu.len())?;
@@ -2442,6 +2445,73 @@ fn gemm_precision_checks(
         let kernel = format!("GemmConv::backward_input ({form})");
         rows.push(ParityRow::new(kernel, twin("conv2d_backward_input"), dx_cpu.len(), diff, tolerance));
     }
+    Ok(())
+}
+
+/// The tensor-core forward with batch norm's training statistics summed in its epilogue
+/// (`GemmConv::forward_with_stats` + `batch_norm_stats_finish_runs_f32`), on the device inputs `[x, w]`
+/// of shape `c`: its output against `y` (the same forward without them: bit for bit), and the statistics
+/// (mean, 1/sqrt(var + eps), the running mean and variance from 0 and 1) against
+/// `ops::norm::batch_norm_train_forward`'s on `y` (the CPU sums in f32 lanes, the device in double:
+/// 1e-5, as the split reductions' row).
+fn epilogue_stats_check(
+    device: &Device,
+    gemm: &mut GemmConv,
+    c: Conv2dShape,
+    [x_dev, w_dev]: [&CudaSlice<f32>; 2],
+    y: &[f32],
+    rows: &mut Vec<ParityRow>,
+) -> Result<(), ParityError> {
+    let stream = &device.stream;
+    let bn = NormShape { envs: c.envs, batch: c.batch, channels: c.c_out, h: c.h, w: c.w };
+    let (runs, per_run) = stats_runs(&c);
+    let mut y_dev = stream.clone_htod(&vec![f32::NAN; y.len()])?;
+    let mut stats = stream.clone_htod(&vec![f64::NAN; bn.params_len() * runs * 3])?;
+    gemm.forward_with_stats(device, &c, x_dev, w_dev, &mut y_dev, &mut stats)?;
+    let pairs = bn.params_len();
+    let (mut mean, mut inv_std) = (stream.alloc_zeros::<f32>(pairs)?, stream.alloc_zeros::<f32>(pairs)?);
+    let (mut rm, mut rv) =
+        (stream.clone_htod(&vec![0.0f32; pairs])?, stream.clone_htod(&vec![1.0f32; pairs])?);
+    device_ops::batch_norm_stats_finish_runs(
+        device,
+        &bn,
+        &stats,
+        runs,
+        per_run,
+        &mut mean,
+        &mut inv_std,
+        &mut rm,
+        &mut rv,
+    )?;
+    let (gamma, beta) = (vec![1.0f32; pairs], vec![0.0f32; pairs]);
+    let (mut mean_cpu, mut inv_cpu) = (vec![0.0f32; pairs], vec![0.0f32; pairs]);
+    let (mut rm_cpu, mut rv_cpu, mut unused) =
+        (vec![0.0f32; pairs], vec![1.0f32; pairs], vec![0.0f32; y.len()]);
+    batch_norm_train_forward(
+        bn,
+        y,
+        &gamma,
+        &beta,
+        &mut unused,
+        &mut mean_cpu,
+        &mut inv_cpu,
+        &mut rm_cpu,
+        &mut rv_cpu,
+    );
+    let got = [&mean, &inv_std, &rm, &rv]
+        .into_iter()
+        .map(|d| stream.clone_dtoh(d))
+        .collect::<Result<Vec<_>, _>>()?;
+    let diff = max_diff(&got.concat(), &[mean_cpu, inv_cpu, rm_cpu, rv_cpu].concat());
+    let same_output = max_diff(&stream.clone_dtoh(&y_dev)?, y);
+    rows.push(ParityRow::new(
+        format!("conv3x3_tc_*_tf32 + batch_norm_stats_finish_runs_f32 ({runs} runs)"),
+        "ops::norm::batch_norm_train_forward (statistics) of the same output",
+        y.len(),
+        // The output must be the forward's own, bit for bit.
+        if same_output == 0.0 { diff } else { f64::INFINITY },
+        1e-5,
+    ));
     Ok(())
 }
 

@@ -35,6 +35,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         functions: &[
             "batch_norm_stats_partial_f32",
             "batch_norm_stats_finish_f32",
+            "batch_norm_stats_finish_runs_f32",
             "batch_norm_apply_f32",
             "batch_norm_relu_pool_f32",
             "relu_bn_backward_partial_f32",
