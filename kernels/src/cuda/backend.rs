@@ -601,6 +601,17 @@ impl CudaHostBackend {
         self.trim_test_batches = on;
     }
 
+    /// The host's fused passes on (the default) or off (`ESPER_CUDA_FUSE=0`): [`DeviceHost::set_fuse`].
+    pub fn set_fuse(&mut self, on: bool) {
+        self.host.set_fuse(on);
+    }
+
+    /// The host's and seeds' 3×3 convolutions at f32 on the direct kernels or not
+    /// ([`DeviceHost::set_direct_conv`]); before the first epoch.
+    pub(super) fn set_direct_conv(&mut self, on: bool) {
+        self.host.set_direct_conv(on);
+    }
+
     /// Whether training epochs and validation passes may run from CUDA graphs (on by default; the
     /// selftest compares both).
     pub fn set_graphs(&mut self, enabled: bool) {

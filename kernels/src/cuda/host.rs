@@ -241,9 +241,17 @@ impl DeviceHost {
         assert_eq!(labels.len(), self.envs * self.capacity, "device labels [E, B]");
     }
 
-    /// Fuses the normalisation, ReLU and pool where no r0 seed runs (`on`), or runs them one by one.
+    /// Fuses the normalisation, ReLU and pool where no r0 seed runs and batch norm's backward (`on`,
+    /// [`Self::fuse`]'s passes), or runs them one by one.
     pub fn set_fuse(&mut self, on: bool) {
         self.fuse = on;
+    }
+
+    /// Runs the 3×3 convolutions at f32 on the direct kernels (`on`, as `ESPER_CUDA_CONV=direct`) or the
+    /// implicit GEMM: the selftest's way to the staged kernels' paths at f32, where they give the same
+    /// bits as the kernels one by one.
+    pub(super) fn set_direct_conv(&mut self, on: bool) {
+        self.conv.set_direct(on);
     }
 
     /// Runs the launches that follow over the first `rows` images per env (`[E, rows, …]` packed densely

@@ -231,6 +231,9 @@ pub fn run(
     group("CUDA graphs", &mut rows, &mut |rows| {
         graph_checks([Device::open(ordinal, cache)?, Device::open(ordinal, cache)?], rows)
     });
+    group("backend (fusions)", &mut rows, &mut |rows| {
+        fusion_checks([Device::open(ordinal, cache)?, Device::open(ordinal, cache)?], rows)
+    });
     Ok(rows)
 }
 
@@ -1282,6 +1285,93 @@ fn graph_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), P
         format!("the validation shapes' plan (got {counts:?})"),
         8,
         if counts == (2, 4) { 0.0 } else { f64::INFINITY },
+        0.0,
+    ));
+    Ok(())
+}
+
+/// The host's fused passes against the kernels one by one (`ESPER_CUDA_FUSE=0`), two backends on the
+/// direct 3×3 convolutions at f32 (where the fused paths promise the same bits, the staged kernels'
+/// backwards reading batch norm's gradient on load included): two epochs without seeds (the pool's
+/// gradient routed inside batch norm's backward, normalisation + ReLU + pool in one pass), then
+/// [`seeded_plan`]'s seeds born and three more epochs (the ReLU's gradient behind r0 seeds, r1 seeds
+/// after the pool). Every epoch's losses and accuracies, every validation result and the parameters'
+/// checksums must be the same bits.
+fn fusion_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
+    let arch = HostArch::CIFAR_BASELINE;
+    let (envs, batch, seed) = (3usize, 8usize, 9u64);
+    let slot_ids = [(0u8, 0u8), (0, 1), (0, 2), (1, 0), (1, 1)];
+    let data =
+        synthetic::generate(&SyntheticSpec { n_train: 96, n_test: 56, ..SyntheticSpec::with_seed(seed) })?;
+    let mut batcher = Batcher::new(&data, seed, envs, batch)?;
+    let [a, b] = devices;
+    let mut fused = CudaHostBackend::new(a, arch, &slot_ids, envs, batch, seed, 0)?;
+    let mut unfused = CudaHostBackend::new(b, arch, &slot_ids, envs, batch, seed, 0)?;
+    for (backend, fuse) in [(&mut fused, true), (&mut unfused, false)] {
+        backend.set_fuse(fuse);
+        backend.set_direct_conv(true);
+    }
+    let plan = seeded_plan();
+    let fossilized = vec![vec![false; envs]; slot_ids.len()];
+    let validation = ValidationPlan { fossilized: &fossilized, ablate_fossils: false };
+    let (mut compared, mut differing) = (0usize, 0usize);
+    let mut same = |a: f64, b: f64| {
+        compared += 1;
+        differing += usize::from(a.to_bits() != b.to_bits());
+    };
+    for epoch in 1..=5u64 {
+        if epoch == 3 {
+            for (e, env_plan) in plan.iter().enumerate() {
+                for (k, slot) in env_plan.iter().enumerate() {
+                    let Some((bp, state)) = *slot else { continue };
+                    let sync = SlotSync {
+                        germinate: Some((bp, state.mode == SeedMode::Multiply)),
+                        create_gate: state.mode == SeedMode::Gate,
+                        reset_momentum: false,
+                        state: SeedEnvState { blueprint: Some(bp), ..state },
+                        draws: StreamKey::new(seed, 0, e as u64, Purpose::SeedInit),
+                        counter: (k as u64) << 40 | 2,
+                    };
+                    fused.sync_slot(e, k, &sync);
+                    unfused.sync_slot(e, k, &sync);
+                }
+            }
+        }
+        batcher.begin_epoch(0, epoch);
+        fused.train_epoch(&data, &batcher);
+        unfused.train_epoch(&data, &batcher);
+        let val_unfused = unfused.validate(&data, &batcher, validation).to_vec();
+        for (f, u) in fused.validate(&data, &batcher, validation).iter().zip(&val_unfused) {
+            same(f.val_loss, u.val_loss);
+            for (f, u) in f.config_acc.iter().zip(&u.config_acc) {
+                same(*f, *u);
+            }
+        }
+        let train_unfused = unfused.epoch_train().to_vec();
+        for (f, u) in fused.epoch_train().iter().zip(&train_unfused) {
+            same(f.loss, u.loss);
+            same(f.accuracy, u.accuracy);
+        }
+    }
+    let checksums = |b: &dyn HostBackend| {
+        let (mut sums, mut prints) =
+            (vec![0u64; envs], vec![ParamPrint::default(); envs * (1 + slot_ids.len())]);
+        b.param_fingerprints(&mut sums, &mut prints);
+        sums
+    };
+    let prints_agree = checksums(&fused) == checksums(&unfused);
+    rows.push(ParityRow::new(
+        "fused host passes: 5 epochs and validations, direct convs",
+        "the kernels one by one (ESPER_CUDA_FUSE=0; same bits)",
+        compared,
+        if compared > 0 && differing == 0 { 0.0 } else { f64::INFINITY },
+        0.0,
+    ));
+    rows.push(ParityRow::new(
+        "parameters after fused epochs (checksums)",
+        "the kernels one by one (same bits)",
+        envs,
+        if prints_agree { 0.0 } else { f64::INFINITY },
         0.0,
     ));
     Ok(())
