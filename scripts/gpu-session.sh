@@ -87,9 +87,13 @@ if step selftest-direct 200 env ESPER_CUDA_CONV=direct "$BIN" selftest --device 
     step bench-w16-seeded-direct 120 env ESPER_CUDA_CONV=direct "$BIN" bench --device cuda --envs 16 "${W16[@]}" \
         --json "$LOGS/bench-w16-seeded-direct.json"
 fi
-# Batch norm + ReLU + pool (and their backwards) as separate kernels again, to measure the fusion.
+# Batch norm + ReLU + pool (and their backwards) as separate kernels again, to measure the fusion; at
+# TF32 also the tensor-core kernels' epilogue statistics and their backwards reading batch norm's
+# gradient on load.
 step bench-w16-none-unfused 120 env ESPER_CUDA_FUSE=0 "$BIN" bench --device cuda --seeds none --envs 16 "${W16[@]}" \
     --json "$LOGS/bench-w16-none-unfused.json"
+step bench-w16-none-tf32-unfused 120 env ESPER_CUDA_FUSE=0 "$BIN" bench --device cuda --seeds none --envs 16 \
+    --precision tf32 "${W16[@]}" --json "$LOGS/bench-w16-none-tf32-unfused.json"
 # Every test batch padded to the training batch again (the validation's work before trimming).
 step bench-w16-seeded-untrimmed 120 env ESPER_CUDA_TRIM_TEST=0 "$BIN" bench --device cuda --envs 16 "${W16[@]}" \
     --json "$LOGS/bench-w16-seeded-untrimmed.json"
