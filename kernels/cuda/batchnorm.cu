@@ -14,15 +14,6 @@ __device__ __forceinline__ u64 bn_index(u32 e, u32 c, u64 j, u32 batch, u32 chan
     return (((u64)e * batch + b) * channels + c) * plane + k;
 }
 
-// bn_index with the split in 32 bits (FastDiv `fplane` of plane), for counts B·P that fit.
-__device__ __forceinline__ u64 bn_index32(u32 e, u32 c, u32 j, u32 batch, u32 channels, const FastDiv& fplane) {
-    u32 b = fdiv(j, fplane), k = j - b * fplane.d;
-    return (((u64)e * batch + b) * channels + c) * fplane.d + k;
-}
-
-// Element j of the reduction kernels' (e, c), with their `fits`, `fplane`, batch, channels, plane.
-#define BN_AT(j) (fits ? bn_index32(e, c, (u32)(j), batch, channels, fplane) : bn_index(e, c, j, batch, channels, plane))
-
 // Element i of [E, B, C, P] → e·C + c, its (env, channel)'s parameter index: with FastDivs (`fits`,
 // every index of the launch in 32 bits) or 64-bit division.
 struct BnParamIndex {
@@ -56,8 +47,9 @@ __device__ __forceinline__ u32 bn_param(u64 i, const BnParamIndex& ix) {
 // partial[(p·splits + s)·2 + {0, 1}], and a finish kernel, one thread per pair, adds the runs in order:
 // a result depends only on the shape (the env count included: it sets the runs).
 
-// Block (p, s)'s sums over run s of pair p of the two terms `terms(i)` gives for element i (a flat
-// [E, B, C, P] index), into partial.
+// Block (p, s)'s sums over run s of pair p of the two terms `terms(i, plane_index, r)` gives for element
+// i (a flat [E, B, C, P] index: element r of plane `plane_index` = (e·B + image)·C + c), into partial.
+// The split of j into image and position in 32 bits (a FastDiv) when B·P fits.
 template <typename Terms>
 __device__ __forceinline__ void bn_run_sums(
     Terms terms, double* partial, u32 batch, u32 channels, u32 plane, u32 splits, u32 run) {
@@ -69,7 +61,15 @@ __device__ __forceinline__ void bn_run_sums(
     u64 first = (u64)s * run, last = min(first + run, count);
     double s0 = 0.0, s1 = 0.0;
     for (u64 j = first + threadIdx.x; j < last; j += REDUCE_THREADS) {
-        double2 t = terms(BN_AT(j));
+        u64 b, k;
+        if (fits) {
+            u32 image = fdiv((u32)j, fplane);
+            b = image, k = (u32)j - image * plane;
+        } else {
+            b = j / plane, k = j % plane;
+        }
+        u64 plane_index = ((u64)e * batch + b) * channels + c;
+        double2 t = terms(plane_index * plane + k, plane_index, (u32)k);
         s0 += t.x;
         s1 += t.y;
     }
@@ -93,7 +93,7 @@ __device__ __forceinline__ double bn_shift(const float* x, u32 p, u32 batch, u32
 extern "C" __global__ void batch_norm_stats_partial_f32(
     const float* x, double* partial, u32 batch, u32 channels, u32 plane, u32 splits, u32 run) {
     double shift = bn_shift(x, blockIdx.x, batch, channels, plane);
-    auto terms = [&](u64 i) {
+    auto terms = [&](u64 i, u64, u32) {
         double d = (double)x[i] - shift;
         return make_double2(d, d * d);
     };
@@ -220,7 +220,7 @@ extern "C" __global__ void batch_norm_backward_params_partial_f32(
     const float* x, const float* dy, const float* save_mean, double* partial, u32 batch, u32 channels,
     u32 plane, u32 splits, u32 run) {
     float mean = save_mean[blockIdx.x];
-    auto terms = [&](u64 i) {
+    auto terms = [&](u64 i, u64, u32) {
         double g = (double)dy[i];
         return make_double2(g, g * (double)(x[i] - mean));
     };
@@ -242,10 +242,9 @@ extern "C" __global__ void relu_bn_backward_partial_f32(
     u32 splits, u32 run, int pooled) {
     u32 p = blockIdx.x;
     float mean = save_mean[p], scale = bn_scale(save_inv_std, gamma, p, 0), shift = beta[p];
-    u64 plane = (u64)h * w;
-    auto terms = [&](u64 i) {
+    auto terms = [&](u64 i, u64 plane_index, u32 r) {
         float xi = x[i];
-        float g = bn_output_grad(xi, mean, scale, shift, dy, argmax, pooled, i, i / plane, (u32)(i % plane), h, w);
+        float g = bn_output_grad(xi, mean, scale, shift, dy, argmax, pooled, i, plane_index, r, h, w);
         double gd = (double)g;
         return make_double2(gd, gd * (double)(xi - mean));
     };
