@@ -1194,14 +1194,7 @@ fn graph_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), P
                 let Some((bp, state)) = *slot else { continue };
                 // Born at epoch 1; then each epoch the alpha moves a little.
                 let alpha = (state.alpha * (0.9 + 0.02 * epoch as f32)).min(1.0);
-                let sync = SlotSync {
-                    germinate: (epoch == 1).then_some((bp, state.mode == SeedMode::Multiply)),
-                    create_gate: epoch == 1 && state.mode == SeedMode::Gate,
-                    reset_momentum: false,
-                    state: SeedEnvState { blueprint: Some(bp), alpha, ..state },
-                    draws: StreamKey::new(seed, 0, e as u64, Purpose::SeedInit),
-                    counter: (k as u64) << 40 | 2,
-                };
+                let sync = plan_sync(seed, (e, k), bp, SeedEnvState { alpha, ..state }, epoch == 1);
                 graphed.sync_slot(e, k, &sync);
                 eager.sync_slot(e, k, &sync);
             }
@@ -1242,12 +1235,7 @@ fn graph_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), P
         epochs.add(step.train_run);
         validations.add(step.validation_run);
     }
-    let checksums = |b: &dyn HostBackend| {
-        let (mut sums, mut prints) =
-            (vec![0u64; envs], vec![ParamPrint::default(); envs * (1 + slot_ids.len())]);
-        b.param_fingerprints(&mut sums, &mut prints);
-        sums
-    };
+    let checksums = |b: &dyn HostBackend| param_checksums(b, envs, slot_ids.len());
     let (sums_graphed, sums_eager) = (checksums(&graphed), checksums(&eager));
     rows.push(ParityRow::new(
         "training epochs from a CUDA graph",
@@ -1324,14 +1312,7 @@ fn fusion_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), 
             for (e, env_plan) in plan.iter().enumerate() {
                 for (k, slot) in env_plan.iter().enumerate() {
                     let Some((bp, state)) = *slot else { continue };
-                    let sync = SlotSync {
-                        germinate: Some((bp, state.mode == SeedMode::Multiply)),
-                        create_gate: state.mode == SeedMode::Gate,
-                        reset_momentum: false,
-                        state: SeedEnvState { blueprint: Some(bp), ..state },
-                        draws: StreamKey::new(seed, 0, e as u64, Purpose::SeedInit),
-                        counter: (k as u64) << 40 | 2,
-                    };
+                    let sync = plan_sync(seed, (e, k), bp, state, true);
                     fused.sync_slot(e, k, &sync);
                     unfused.sync_slot(e, k, &sync);
                 }
@@ -1353,13 +1334,8 @@ fn fusion_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), 
             same(f.accuracy, u.accuracy);
         }
     }
-    let checksums = |b: &dyn HostBackend| {
-        let (mut sums, mut prints) =
-            (vec![0u64; envs], vec![ParamPrint::default(); envs * (1 + slot_ids.len())]);
-        b.param_fingerprints(&mut sums, &mut prints);
-        sums
-    };
-    let prints_agree = checksums(&fused) == checksums(&unfused);
+    let prints_agree =
+        param_checksums(&fused, envs, slot_ids.len()) == param_checksums(&unfused, envs, slot_ids.len());
     rows.push(ParityRow::new(
         "fused host passes: 5 epochs and validations, direct convs",
         "the kernels one by one (ESPER_CUDA_FUSE=0; same bits)",
@@ -1375,6 +1351,32 @@ fn fusion_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), 
         0.0,
     ));
     Ok(())
+}
+
+/// The sync that puts `bp` in `state` at env `e`'s slot `k` (born, with its draws from the env's
+/// seed-init stream, when `born`), as the graph and fusion checks drive their backends.
+fn plan_sync(
+    seed: u64,
+    (e, k): (usize, usize),
+    bp: CnnBlueprint,
+    state: SeedEnvState,
+    born: bool,
+) -> SlotSync {
+    SlotSync {
+        germinate: born.then_some((bp, state.mode == SeedMode::Multiply)),
+        create_gate: born && state.mode == SeedMode::Gate,
+        reset_momentum: false,
+        state: SeedEnvState { blueprint: Some(bp), ..state },
+        draws: StreamKey::new(seed, 0, e as u64, Purpose::SeedInit),
+        counter: (k as u64) << 40 | 2,
+    }
+}
+
+/// `b`'s per-env parameter checksums (`envs` envs, `slots` slots).
+fn param_checksums(b: &dyn HostBackend, envs: usize, slots: usize) -> Vec<u64> {
+    let (mut sums, mut prints) = (vec![0u64; envs], vec![ParamPrint::default(); envs * (1 + slots)]);
+    b.param_fingerprints(&mut sums, &mut prints);
+    sums
 }
 
 /// The seeds of [`backend_seed_checks`], `[env][slot]`: what each env holds at each of the five slots
