@@ -244,7 +244,8 @@ extern "C" __global__ void relu_bn_backward_partial_f32(
     float mean = save_mean[p], scale = bn_scale(save_inv_std, gamma, p, 0), shift = beta[p];
     auto terms = [&](u64 i, u64 plane_index, u32 r) {
         float xi = x[i];
-        float g = bn_output_grad(xi, mean, scale, shift, dy, argmax, pooled, i, plane_index, r, h, w);
+        u32 iy = r / w;
+        float g = bn_output_grad(xi, mean, scale, shift, dy, argmax, pooled, i, plane_index, iy, r - iy * w, h, w);
         double gd = (double)g;
         return make_double2(gd, gd * (double)(xi - mean));
     };
@@ -324,7 +325,8 @@ extern "C" __global__ void __launch_bounds__(1024) batch_norm_backward_input_fro
         }
         const float* c = coef + (u64)pair * BN_COEF;
         float xi = x[i];
-        float g = bn_output_grad(xi, c[0], c[1], c[2], dy, argmax, pooled, i, plane_index, r, h, w);
+        u32 iy = r / w;
+        float g = bn_output_grad(xi, c[0], c[1], c[2], dy, argmax, pooled, i, plane_index, iy, r - iy * w, h, w);
         dx[i] = bn_input_grad(c, xi, g);
     }
 }

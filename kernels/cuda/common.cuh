@@ -111,13 +111,12 @@ __device__ __forceinline__ float max_pool_window(const float (&window)[4], u32* 
     return best;
 }
 
-// The output gradient element r (0 .. h·w) of plane `plane_index` (an (env, image, channel)) gets from
-// the 2x2 max-pool: its window's, if it was the window's winner, else 0 (dropped odd rows and columns
-// included).
+// The output gradient element (iy, ix) of plane `plane_index` (an (env, image, channel); planes h × w)
+// gets from the 2x2 max-pool: its window's, if it was the window's winner, else 0 (dropped odd rows and
+// columns included).
 __device__ __forceinline__ float routed_gradient_at(
-    const float* dy, const u8* argmax, u64 plane_index, u32 r, u32 h, u32 w) {
+    const float* dy, const u8* argmax, u64 plane_index, u32 iy, u32 ix, u32 h, u32 w) {
     u32 ho = h / 2, wo = w / 2;
-    u32 iy = r / w, ix = r % w;
     u32 oy = iy / 2, ox = ix / 2;
     if (oy >= ho || ox >= wo) return 0.0f;
     u64 o = (plane_index * ho + oy) * wo + ox;
@@ -129,7 +128,8 @@ __device__ __forceinline__ float routed_gradient_at(
 // (pool.cu) and the fused batch-norm backwards (batchnorm.cu).
 __device__ __forceinline__ float routed_gradient(const float* dy, const u8* argmax, u64 i, u32 h, u32 w) {
     u64 plane = (u64)h * w;
-    return routed_gradient_at(dy, argmax, i / plane, (u32)(i % plane), h, w);
+    u32 r = (u32)(i % plane);
+    return routed_gradient_at(dy, argmax, i / plane, r / w, r % w, h, w);
 }
 
 // ---- Batch norm's backward where a ReLU (and maybe the 2x2 max-pool) follows it, as every host block's
@@ -139,14 +139,14 @@ __device__ __forceinline__ float routed_gradient(const float* dy, const u8* argm
 // mean, scale = inv_std·γ and shift = β): 0 where the ReLU cut, the training forward's operations
 // recomputing it ((xi − mean)·scale + shift > 0, as batch_norm_apply_f32 and batch_norm_relu_pool_f32
 // compute the ReLU's input: the same mask as relu_backward_f32's y > 0, NaN included); elsewhere, with
-// `pooled`, the pool's output gradient dy routed to element r of plane `plane_index` (as
+// `pooled`, the pool's output gradient dy routed to element (iy, ix) of plane `plane_index` (as
 // max_pool2x2_backward_f32), else the gradient dy[i] at the ReLU's output.
 __device__ __forceinline__ float bn_output_grad(
     float xi, float mean, float scale, float shift, const float* dy, const u8* argmax, int pooled, u64 i,
-    u64 plane_index, u32 r, u32 h, u32 w) {
+    u64 plane_index, u32 iy, u32 ix, u32 h, u32 w) {
     float v = (xi - mean) * scale + shift;
     if (!(v > 0.0f)) return 0.0f;
-    return pooled ? routed_gradient_at(dy, argmax, plane_index, r, h, w) : dy[i];
+    return pooled ? routed_gradient_at(dy, argmax, plane_index, iy, ix, h, w) : dy[i];
 }
 
 // Per (env, channel), what the input gradient needs once the parameter gradients are summed

@@ -547,15 +547,16 @@ __device__ __forceinline__ BnLoad bn_load(const float* x, const float* dy, const
     return bn;
 }
 
-// Element r of plane `plane_index` ((env·B + image)·channels + c) of the tensor t (planes h × w), or
-// where bn.mode says so batch norm's input gradient there (t unread).
+// Element (iy, ix) of plane `plane_index` ((env·B + image)·channels + c) of the tensor t (planes h × w),
+// or where bn.mode says so batch norm's input gradient there (t unread).
 __device__ __forceinline__ float load_or_bn(
-    const float* t, BnLoad bn, u32 e, u32 channels, u32 c, u64 plane_index, u32 r, u32 h, u32 w) {
-    u64 at = plane_index * h * w + r;
+    const float* t, BnLoad bn, u32 e, u32 channels, u32 c, u64 plane_index, u32 iy, u32 ix, u32 h, u32 w) {
+    u64 at = plane_index * h * w + iy * w + ix;
     if (bn.mode == BN_LOAD_NONE) return t[at];
     const float* cf = bn.coef + ((u64)e * channels + c) * BN_COEF;
     float xi = bn.x[at];
-    float g = bn_output_grad(xi, cf[0], cf[1], cf[2], bn.dy, bn.argmax, bn.mode == BN_LOAD_POOLED, at, plane_index, r, h, w);
+    float g = bn_output_grad(xi, cf[0], cf[1], cf[2], bn.dy, bn.argmax, bn.mode == BN_LOAD_POOLED, at, plane_index,
+                             iy, ix, h, w);
     return bn_input_grad(cf, xi, g);
 }
 
@@ -576,7 +577,7 @@ __device__ __forceinline__ void dc_stage(
         u32 i = fdiv(pl, f_chunk), c = pl - i * chunk;
         float v = 0.0f;
         if (yy >= 1 && yy <= h && xx >= 1 && xx <= w)
-            v = load_or_bn(x, bn, e, c_in, s0 + c, ((u64)e * batch + b0 + i) * c_in + s0 + c, (yy - 1) * w + (xx - 1), h, w);
+            v = load_or_bn(x, bn, e, c_in, s0 + c, ((u64)e * batch + b0 + i) * c_in + s0 + c, yy - 1, xx - 1, h, w);
         tile[(i * stride + c) * padded + r] = tf32 ? tf32_round(v) : v;
     }
 }
@@ -697,7 +698,7 @@ extern "C" __global__ void __launch_bounds__(256) conv3x3_wgrad_direct_f32(
                 for (int kx = 0; kx < 3; ++kx) win[2][kx] = column[(yy + 2) * wp + kx];
                 float d[4];
                 for (int o = 0; o < 4; ++o)
-                    d[o] = oq + o < c_out ? load_or_bn(dy, bn, e, c_out, oq + o, dy_plane + o, yy * w + xx, h, w) : 0.0f;
+                    d[o] = oq + o < c_out ? load_or_bn(dy, bn, e, c_out, oq + o, dy_plane + o, yy, xx, h, w) : 0.0f;
 #pragma unroll
                 for (int o = 0; o < 4; ++o)
 #pragma unroll
@@ -1084,7 +1085,7 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
             // This lane's two pixels (k rows tg and tg + 4): their place in the tile and in dy.
             int place[2];
             u64 dy_plane[2];
-            u32 dy_r[2];
+            u32 dy_y[2], dy_x[2];
             bool ok[2];
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
@@ -1093,7 +1094,7 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
                 p = ok[half] ? p : 0;
                 u32 i = fdiv(p, f_plane), q = p - i * plane, yy = fdiv(q, f_w), xx = q - yy * w;
                 place[half] = (int)(i * DC_CHUNK * padded + yy * wp + xx);
-                dy_plane[half] = ((u64)e * batch + b0 + i) * c_out, dy_r[half] = q;
+                dy_plane[half] = ((u64)e * batch + b0 + i) * c_out, dy_y[half] = yy, dy_x[half] = xx;
             }
             float b[NT][2];
 #pragma unroll
@@ -1102,7 +1103,8 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
 #pragma unroll
                 for (int half = 0; half < 2; ++half)
                     b[nt][half] = ok[half] && o < c_out
-                                      ? tf32_round(load_or_bn(dy, bn, e, c_out, o, dy_plane[half] + o, dy_r[half], h, w))
+                                      ? tf32_round(load_or_bn(dy, bn, e, c_out, o, dy_plane[half] + o, dy_y[half],
+                                                              dy_x[half], h, w))
                                       : 0.0f;
             }
 #pragma unroll
