@@ -26,9 +26,10 @@ use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasMath_t, c
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchArgs, PushKernelArg};
 
-use super::parity::{Device, ParityError, blocks_of_256, elementwise, push_dims};
-use crate::ops::Conv2dShape;
+use super::ops;
+use super::parity::{Device, NULL, ParityError, blocks_of_256, elementwise, push_dims, push_optional};
 use crate::ops::precision::Precision;
+use crate::ops::{Conv2dShape, NormShape};
 
 /// Rows of a convolution's column matrix, `c_in·k·k` (one group).
 fn col_rows(c: &Conv2dShape) -> usize {
@@ -472,28 +473,14 @@ pub struct BatchNormGrad<'a> {
 const BN_LOAD_NONE: i32 = 0;
 const BN_LOAD_RELU: i32 = 1;
 const BN_LOAD_POOLED: i32 = 2;
-/// A null device pointer, for the staged kernels' unused batch-norm arguments.
-const NULL: u64 = 0;
 
 impl BatchNormGrad<'_> {
     /// The buffers cover the convolution `d`'s output.
     fn check(&self, d: &Conv2dShape) {
-        let out = d.output_len();
-        assert!(self.x.len() >= out, "batch norm's input is smaller than the convolution's output");
-        match self.argmax {
-            Some(argmax) => {
-                let windows = d.envs * d.batch * d.c_out * (d.h / 2) * (d.w / 2);
-                assert!(
-                    self.dy.len() >= windows && argmax.len() >= windows,
-                    "the pool's gradient is too small"
-                );
-            }
-            None => assert!(self.dy.len() >= out, "the ReLU's gradient is too small"),
-        }
-        assert!(
-            self.coef.len() >= d.envs * d.c_out * super::ops::BN_COEF,
-            "batch norm's coefficients are too few"
-        );
+        let norm = NormShape { envs: d.envs, batch: d.batch, channels: d.c_out, h: d.h, w: d.w };
+        ops::check_grad_source(&norm, self.dy, self.argmax);
+        assert!(self.x.len() >= norm.len(), "batch norm's input is smaller than the convolution's output");
+        assert!(self.coef.len() >= norm.params_len() * ops::BN_COEF, "batch norm's coefficients are too few");
     }
 }
 
@@ -502,10 +489,8 @@ fn push_bn<'a>(launch: &mut LaunchArgs<'a>, grad: Option<&'a BatchNormGrad<'a>>)
     match grad {
         Some(g) => {
             launch.arg(g.x).arg(g.dy);
-            match g.argmax {
-                Some(argmax) => launch.arg(argmax).arg(g.coef).arg(&BN_LOAD_POOLED),
-                None => launch.arg(&NULL).arg(g.coef).arg(&BN_LOAD_RELU),
-            };
+            push_optional(launch, g.argmax);
+            launch.arg(g.coef).arg(if g.argmax.is_some() { &BN_LOAD_POOLED } else { &BN_LOAD_RELU });
         }
         None => {
             launch.arg(&NULL).arg(&NULL).arg(&NULL).arg(&NULL).arg(&BN_LOAD_NONE);

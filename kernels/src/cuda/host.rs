@@ -296,16 +296,16 @@ impl DeviceHost {
         let act_len = block.act.len();
         let (conv_w, gamma, beta) = (&self.params[3 * b], &self.params[3 * b + 1], &self.params[3 * b + 2]);
 
+        let plane = size * size;
+        // The conv (padding k / 2, one group) as a GEMM; its twin is ops::conv::conv2d_forward. In training
+        // on the tensor cores (with fusion on) its epilogue sums batch norm's statistics, so they need no
+        // pass of their own over its output.
+        let dims = conv_dims(arch, self.envs, self.batch, b);
+        let stats_in_epilogue = from_row.is_none() && train && self.fuse && self.conv.sums_stats(&dims);
         // From slot r0 or r1 on (a validation pass that starts there), what lies before is the main
         // pass's, still in the buffers.
-        let plane = size * size;
-        let mut stats_summed = false;
         if from_row.is_none() {
-            // The conv (padding k / 2, one group) as a GEMM; its twin is ops::conv::conv2d_forward. In
-            // training on the tensor cores (with fusion on) its epilogue sums batch norm's statistics, so
-            // they need no pass of their own over its output.
-            let dims = conv_dims(arch, self.envs, self.batch, b);
-            if train && self.fuse && self.conv.sums_stats(&dims) {
+            if stats_in_epilogue {
                 let out = &mut block.conv_out;
                 self.conv.forward_with_stats(device, &dims, input, conv_w, out, &mut self.conv_stats)?;
                 let (runs, per_run) = stats_runs(&dims);
@@ -320,12 +320,11 @@ impl DeviceHost {
                     &mut block.running_mean,
                     &mut block.running_var,
                 )?;
-                stats_summed = true;
             } else {
                 self.conv.forward(device, &dims, input, conv_w, &mut block.conv_out)?;
             }
         }
-        if from_row.is_none() && train && !stats_summed {
+        if from_row.is_none() && train && !stats_in_epilogue {
             ops::batch_norm_train_stats(
                 device,
                 &block_norm(arch, self.envs, self.batch, b),
@@ -593,12 +592,17 @@ impl DeviceHost {
             }
             let block = &self.blocks[b];
             let norm = block_norm(arch, self.envs, self.batch, b);
+            let dims = conv_dims(arch, self.envs, self.batch, b);
             let (conv_g, bn_g) = self.grads[3 * b..3 * b + 3].split_at_mut(1);
             let (gamma_g, beta_g) = bn_g.split_at_mut(1);
             let (gamma, beta) = (&self.params[3 * b + 1], &self.params[3 * b + 2]);
+            // The conv's output gradient (batch norm's input gradient): written into grad_a, or, where the
+            // staged 3×3 kernels run the conv (with fusion on), computed from grad_a as they load it and
+            // never written (`on_load`).
+            let mut on_load = None;
             if self.fuse {
                 // grad_a: the pool's output gradient (fuse_pool) or the ReLU's; dγ, dβ and the input
-                // gradient's coefficients, then that gradient into grad_b, and the two trade places.
+                // gradient's coefficients.
                 let argmax = block.pooled.as_ref().filter(|_| fuse_pool).map(|(_, argmax)| argmax);
                 ops::relu_batch_norm_backward_params(
                     device,
@@ -615,32 +619,26 @@ impl DeviceHost {
                     &mut beta_g[0],
                     &mut self.bn_coef,
                 )?;
-                let dims = conv_dims(arch, self.envs, self.batch, b);
                 if self.conv.reads_norm_grad(&dims) {
-                    // The staged 3×3 kernels compute batch norm's input gradient as they load the conv's
-                    // output gradient: it is never written. The weight gradient, then (above block 0) the
-                    // gradient at the conv's input into grad_b, and the two trade places.
-                    let grad =
-                        BatchNormGrad { x: &block.conv_out, dy: &self.grad_a, argmax, coef: &self.bn_coef };
-                    let input = if b == 0 { images } else { self.blocks[b - 1].output() };
-                    self.conv.backward_weight_from_norm(device, &dims, input, &grad, &mut conv_g[0])?;
-                    if b > 0 {
-                        let weight = &self.params[3 * b];
-                        self.conv.backward_input_from_norm(device, &dims, &grad, weight, &mut self.grad_b)?;
-                        std::mem::swap(&mut self.grad_a, &mut self.grad_b);
-                    }
-                    continue;
+                    on_load = Some(BatchNormGrad {
+                        x: &block.conv_out,
+                        dy: &self.grad_a,
+                        argmax,
+                        coef: &self.bn_coef,
+                    });
+                } else {
+                    // The input gradient into grad_b, then the two trade places.
+                    ops::batch_norm_backward_input_from(
+                        device,
+                        &norm,
+                        &self.grad_a,
+                        argmax,
+                        &block.conv_out,
+                        &self.bn_coef,
+                        &mut self.grad_b,
+                    )?;
+                    std::mem::swap(&mut self.grad_a, &mut self.grad_b);
                 }
-                ops::batch_norm_backward_input_from(
-                    device,
-                    &norm,
-                    &self.grad_a,
-                    argmax,
-                    &block.conv_out,
-                    &self.bn_coef,
-                    &mut self.grad_b,
-                )?;
-                std::mem::swap(&mut self.grad_a, &mut self.grad_b);
             } else {
                 // The ReLU: grad_b = grad_a where the activation is positive (batch norm's output gradient).
                 let act_len64 = act_len as u64;
@@ -667,21 +665,25 @@ impl DeviceHost {
                 unsafe { launch.launch(elementwise(act_len)) }?;
             }
 
-            // The conv: its weight gradient, and (above block 0) the gradient at its input into grad_b.
-            let input = match b {
-                0 => images,
-                _ => self.blocks[b - 1].output(),
-            };
-            let dims = conv_dims(arch, self.envs, self.batch, b);
-            self.conv.backward_weight(device, &dims, input, &self.grad_a, &mut conv_g[0])?;
+            // The conv: its weight gradient, and (above block 0) the gradient at its input into grad_b, then
+            // the two trade places.
+            let input = if b == 0 { images } else { self.blocks[b - 1].output() };
+            match &on_load {
+                Some(grad) => {
+                    self.conv.backward_weight_from_norm(device, &dims, input, grad, &mut conv_g[0])?
+                }
+                None => self.conv.backward_weight(device, &dims, input, &self.grad_a, &mut conv_g[0])?,
+            }
             if b > 0 {
-                self.conv.backward_input(
-                    device,
-                    &dims,
-                    &self.grad_a,
-                    &self.params[3 * b],
-                    &mut self.grad_b,
-                )?;
+                let weight = &self.params[3 * b];
+                match &on_load {
+                    Some(grad) => {
+                        self.conv.backward_input_from_norm(device, &dims, grad, weight, &mut self.grad_b)?
+                    }
+                    None => {
+                        self.conv.backward_input(device, &dims, &self.grad_a, weight, &mut self.grad_b)?
+                    }
+                }
                 std::mem::swap(&mut self.grad_a, &mut self.grad_b);
             }
         }

@@ -7,7 +7,7 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelA
 use crate::ops::{LinearShape, NormShape};
 use crate::optim::{MAX_GRAD_NORM, SgdConfig};
 
-use super::parity::{Device, ParityError, blocks_of_256, elementwise, push_dims};
+use super::parity::{Device, NULL, ParityError, blocks_of_256, elementwise, push_dims, push_optional};
 
 type R = Result<(), ParityError>;
 
@@ -219,9 +219,6 @@ pub fn batch_norm_backward_params(
     batch_norm_params_finish(device, d, partial, save_mean, save_inv_std, None, grad_gamma, grad_beta, splits)
 }
 
-/// A null device pointer, for a kernel's optional pointer argument (the kernel checks it).
-const NULL: u64 = 0;
-
 /// dγ, dβ (overwritten) from the runs' sums in `partial`, added in order; with `coef`, also each
 /// (env, channel)'s coefficients of the input gradient (`[pairs, BN_COEF]`, see
 /// [`batch_norm_backward_input_from`]) from `save_mean`, `save_inv_std`, `gamma` and `beta`.
@@ -288,10 +285,7 @@ pub fn relu_batch_norm_backward_params(
     check_grad_source(d, dy, argmax);
     let mut launch = device.stream.launch_builder(device.function("relu_bn_backward_partial_f32"));
     launch.arg(dy);
-    match argmax {
-        Some(argmax) => launch.arg(argmax),
-        None => launch.arg(&NULL),
-    };
+    push_optional(&mut launch, argmax);
     launch.arg(x).arg(save_mean).arg(save_inv_std).arg(gamma).arg(beta).arg(&mut *partial);
     launch.arg(&batch).arg(&channels).arg(&h).arg(&w).arg(&splits).arg(&run).arg(&pooled);
     unsafe { launch.launch(config) }?;
@@ -330,10 +324,7 @@ pub fn batch_norm_backward_input_from(
     let pooled = i32::from(argmax.is_some());
     let mut launch = device.stream.launch_builder(device.function("batch_norm_backward_input_from_f32"));
     launch.arg(dy);
-    match argmax {
-        Some(argmax) => launch.arg(argmax),
-        None => launch.arg(&NULL),
-    };
+    push_optional(&mut launch, argmax);
     launch.arg(x).arg(coef).arg(dx);
     push_dims(&mut launch, &dims);
     launch.arg(&pooled);
@@ -343,7 +334,7 @@ pub fn batch_norm_backward_input_from(
 
 /// The gradient a fused batch-norm backward reads covers `d`: the pool's output with `argmax`, else the
 /// norm's own shape.
-fn check_grad_source(d: &NormShape, dy: &CudaSlice<f32>, argmax: Option<&CudaSlice<u8>>) {
+pub(super) fn check_grad_source(d: &NormShape, dy: &CudaSlice<f32>, argmax: Option<&CudaSlice<u8>>) {
     match argmax {
         Some(argmax) => {
             let windows = d.envs * d.batch * d.channels * (d.h / 2) * (d.w / 2);

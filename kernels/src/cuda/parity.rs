@@ -168,6 +168,20 @@ pub(super) fn push_dims<'a>(launch: &mut LaunchArgs<'a>, dims: &'a [u32]) {
     }
 }
 
+/// A null device pointer, for a kernel's optional pointer argument (the kernel checks it).
+pub(super) const NULL: u64 = 0;
+
+/// Appends a kernel's optional pointer argument: `slice`, or [`NULL`].
+pub(super) fn push_optional<'a, T>(launch: &mut LaunchArgs<'a>, slice: Option<&'a CudaSlice<T>>)
+where
+    LaunchArgs<'a>: PushKernelArg<&'a CudaSlice<T>> + PushKernelArg<&'a u64>,
+{
+    match slice {
+        Some(slice) => PushKernelArg::<&'a CudaSlice<T>>::arg(launch, slice),
+        None => PushKernelArg::<&'a u64>::arg(launch, &NULL),
+    };
+}
+
 /// A grid-stride launch of `n` elements (the FOR_EACH kernels), 1024 threads a block. At most 2^20
 /// threads (about four times what an H100 holds at once): a thread's loop then runs long enough that
 /// setting up its FastDiv divisors (common.cuh) costs little.
@@ -1175,12 +1189,7 @@ fn graph_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), P
     let mut plan = seeded_plan();
     let fossilized = vec![vec![false; envs]; slot_ids.len()];
     let validation = ValidationPlan { fossilized: &fossilized, ablate_fossils: false };
-    let (mut differing, mut compared) = (0usize, 0usize);
-    let mut same = |a: f64, b: f64| {
-        compared += 1;
-        differing += usize::from(a.to_bits() != b.to_bits());
-    };
-    let (mut val_differing, mut val_compared) = (0usize, 0usize);
+    let (mut trained, mut validated) = (BitCounts::default(), BitCounts::default());
     let (mut epochs, mut validations) = (GraphCounts::default(), GraphCounts::default());
     for epoch in 1..=8u64 {
         if epoch == 4 {
@@ -1201,33 +1210,23 @@ fn graph_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), P
         }
         batcher.begin_epoch(0, epoch);
         graphed.take_device_report();
-        graphed.train_epoch(&data, &batcher);
-        eager.train_epoch(&data, &batcher);
-        let val_eager = eager.validate(&data, &batcher, validation).to_vec();
-        let val_graphed = graphed.validate(&data, &batcher, validation);
-        for (g, c) in val_graphed.iter().zip(&val_eager) {
-            for (g, c) in std::iter::once((g.val_loss, c.val_loss))
-                .chain(g.config_acc.iter().copied().zip(c.config_acc.iter().copied()))
-            {
-                val_compared += 1;
-                val_differing += usize::from(g.to_bits() != c.to_bits());
-            }
-        }
-        let train_eager = eager.epoch_train().to_vec();
-        for (g, c) in graphed.epoch_train().iter().zip(&train_eager) {
-            same(g.loss, c.loss);
-            same(g.accuracy, c.accuracy);
-        }
+        epoch_on_both(
+            [&mut graphed, &mut eager],
+            &data,
+            &batcher,
+            validation,
+            [&mut trained, &mut validated],
+        );
         for k in 0..slot_ids.len() {
             for e in 0..envs {
                 match (graphed.seed_telemetry(k, e), eager.seed_telemetry(k, e)) {
                     (Some(g), Some(c)) => {
-                        same(g.stats.norm, c.stats.norm);
-                        same(g.stats.health, c.stats.health);
-                        same(g.host_norm, c.host_norm);
+                        trained.same(g.stats.norm, c.stats.norm);
+                        trained.same(g.stats.health, c.stats.health);
+                        trained.same(g.host_norm, c.host_norm);
                     }
                     (None, None) => {}
-                    _ => same(0.0, 1.0),
+                    _ => trained.same(0.0, 1.0),
                 }
             }
         }
@@ -1240,15 +1239,15 @@ fn graph_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), P
     rows.push(ParityRow::new(
         "training epochs from a CUDA graph",
         "the same epochs launch by launch (same bits)",
-        compared,
-        if compared > 0 && differing == 0 { 0.0 } else { f64::INFINITY },
+        trained.compared,
+        trained.diff(),
         0.0,
     ));
     rows.push(ParityRow::new(
         "validations from a CUDA graph, short test batches trimmed",
         "launch by launch, padded to the batch (same bits)",
-        val_compared,
-        if val_compared > 0 && val_differing == 0 { 0.0 } else { f64::INFINITY },
+        validated.compared,
+        validated.diff(),
         0.0,
     ));
     rows.push(ParityRow::new(
@@ -1302,11 +1301,7 @@ fn fusion_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), 
     let plan = seeded_plan();
     let fossilized = vec![vec![false; envs]; slot_ids.len()];
     let validation = ValidationPlan { fossilized: &fossilized, ablate_fossils: false };
-    let (mut compared, mut differing) = (0usize, 0usize);
-    let mut same = |a: f64, b: f64| {
-        compared += 1;
-        differing += usize::from(a.to_bits() != b.to_bits());
-    };
+    let mut compared = BitCounts::default();
     for epoch in 1..=5u64 {
         if epoch == 3 {
             for (e, env_plan) in plan.iter().enumerate() {
@@ -1319,28 +1314,23 @@ fn fusion_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), 
             }
         }
         batcher.begin_epoch(0, epoch);
-        fused.train_epoch(&data, &batcher);
-        unfused.train_epoch(&data, &batcher);
-        let val_unfused = unfused.validate(&data, &batcher, validation).to_vec();
-        for (f, u) in fused.validate(&data, &batcher, validation).iter().zip(&val_unfused) {
-            same(f.val_loss, u.val_loss);
-            for (f, u) in f.config_acc.iter().zip(&u.config_acc) {
-                same(*f, *u);
-            }
-        }
-        let train_unfused = unfused.epoch_train().to_vec();
-        for (f, u) in fused.epoch_train().iter().zip(&train_unfused) {
-            same(f.loss, u.loss);
-            same(f.accuracy, u.accuracy);
-        }
+        let mut validated = BitCounts::default();
+        epoch_on_both(
+            [&mut fused, &mut unfused],
+            &data,
+            &batcher,
+            validation,
+            [&mut compared, &mut validated],
+        );
+        compared.add(validated);
     }
     let prints_agree =
         param_checksums(&fused, envs, slot_ids.len()) == param_checksums(&unfused, envs, slot_ids.len());
     rows.push(ParityRow::new(
         "fused host passes: 5 epochs and validations, direct convs",
         "the kernels one by one (ESPER_CUDA_FUSE=0; same bits)",
-        compared,
-        if compared > 0 && differing == 0 { 0.0 } else { f64::INFINITY },
+        compared.compared,
+        compared.diff(),
         0.0,
     ));
     rows.push(ParityRow::new(
@@ -1351,6 +1341,55 @@ fn fusion_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), 
         0.0,
     ));
     Ok(())
+}
+
+/// Values two backends should give with the same bits: how many were compared, how many differed.
+#[derive(Clone, Copy, Default)]
+struct BitCounts {
+    compared: usize,
+    differing: usize,
+}
+
+impl BitCounts {
+    fn same(&mut self, a: f64, b: f64) {
+        self.compared += 1;
+        self.differing += usize::from(a.to_bits() != b.to_bits());
+    }
+
+    fn add(&mut self, other: BitCounts) {
+        self.compared += other.compared;
+        self.differing += other.differing;
+    }
+
+    /// A parity row's difference: 0 when something was compared and nothing differed.
+    fn diff(&self) -> f64 {
+        if self.compared > 0 && self.differing == 0 { 0.0 } else { f64::INFINITY }
+    }
+}
+
+/// One epoch on backends `[a, b]` fed the same batches, then a validation pass on each: every epoch
+/// loss and accuracy into `trained`, every validation loss and configuration accuracy into `validated`.
+fn epoch_on_both(
+    [a, b]: [&mut CudaHostBackend; 2],
+    data: &Dataset,
+    batcher: &Batcher,
+    validation: ValidationPlan,
+    [trained, validated]: [&mut BitCounts; 2],
+) {
+    a.train_epoch(data, batcher);
+    b.train_epoch(data, batcher);
+    let val_b = b.validate(data, batcher, validation).to_vec();
+    for (x, y) in a.validate(data, batcher, validation).iter().zip(&val_b) {
+        validated.same(x.val_loss, y.val_loss);
+        for (x, y) in x.config_acc.iter().zip(&y.config_acc) {
+            validated.same(*x, *y);
+        }
+    }
+    let train_b = b.epoch_train().to_vec();
+    for (x, y) in a.epoch_train().iter().zip(&train_b) {
+        trained.same(x.loss, y.loss);
+        trained.same(x.accuracy, y.accuracy);
+    }
 }
 
 /// The sync that puts `bp` in `state` at env `e`'s slot `k` (born, with its draws from the env's
