@@ -30,7 +30,6 @@ use esper_components::{
     SlotEvents, SlotIndex, SlotState, TaskPreset,
 };
 use esper_kernels::host::{DeviceReport, EnvConfigs, GraphCounts, HostArch, ValidationPassOrder};
-use esper_kernels::ops::Conv2dShape;
 use esper_kernels::ops::precision::Precision;
 use esper_kernels::seeds::{CnnBlueprint, forward_macs};
 use esper_systems::host_resources::{Hosts, StepClock};
@@ -312,7 +311,7 @@ pub fn host_bytes_per_image(arch: &HostArch, staged: bool) -> (u64, u64) {
             (false, _) => 2 * o,
         };
         let g = if pools { p } else { o };
-        let on_tensor_cores = staged && block_conv(arch, b).fits_staged_3x3();
+        let on_tensor_cores = staged && arch.block_conv(b, 1, 1).fits_staged_3x3();
         let (weight_grad, input_grad) = match on_tensor_cores {
             true => ((g + o) + (i + o + g), if b > 0 { o + g + i } else { 0 }),
             false => ((g + o) + (g + 2 * o) + (i + o), if b > 0 { o + i } else { 0 }),
@@ -323,13 +322,6 @@ pub fn host_bytes_per_image(arch: &HostArch, staged: bool) -> (u64, u64) {
         eval += eval_block_floats(arch, b, false);
     }
     (4 * train, 4 * eval)
-}
-
-/// Block `b`'s convolution, one image (padding k / 2, one group).
-fn block_conv(arch: &HostArch, b: usize) -> Conv2dShape {
-    let size = arch.block_size(b);
-    let (k, c_in, c_out) = (arch.kernel_size, arch.block_in_channels(b), arch.block_channels(b));
-    Conv2dShape { envs: 1, batch: 1, c_in, c_out, h: size, w: size, k, pad: k / 2, groups: 1 }
 }
 
 /// Whether block `b`'s normalisation, ReLU and pool run as one pass on the GPU (`batch_norm_relu_pool_f32`):

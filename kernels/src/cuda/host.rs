@@ -196,11 +196,11 @@ impl DeviceHost {
             (0..arch.n_blocks).map(|b| ops::batch_norm_partial_len(&block_norm(arch, envs, batch, b))).max();
         let widest = (0..arch.n_blocks).map(|b| arch.block_channels(b)).max().unwrap_or(0);
         let conv_stats = (0..arch.n_blocks)
-            .map(|b| conv_dims(arch, envs, batch, b))
+            .map(|b| arch.block_conv(b, envs, batch))
             .filter(Conv2dShape::fits_staged_3x3)
             .map(|d| d.envs * d.c_out * stats_runs(&d).0 * 3)
             .max();
-        conv_dims_all.extend((0..arch.n_blocks).map(|b| conv_dims(arch, envs, batch, b)));
+        conv_dims_all.extend((0..arch.n_blocks).map(|b| arch.block_conv(b, envs, batch)));
         Ok(Self {
             arch,
             envs,
@@ -300,7 +300,7 @@ impl DeviceHost {
         // The conv (padding k / 2, one group) as a GEMM; its twin is ops::conv::conv2d_forward. In training
         // on the tensor cores (with fusion on) its epilogue sums batch norm's statistics, so they need no
         // pass of their own over its output.
-        let dims = conv_dims(arch, self.envs, self.batch, b);
+        let dims = arch.block_conv(b, self.envs, self.batch);
         let stats_in_epilogue = from_row.is_none() && train && self.fuse && self.conv.sums_stats(&dims);
         // From slot r0 or r1 on (a validation pass that starts there), what lies before is the main
         // pass's, still in the buffers.
@@ -592,7 +592,7 @@ impl DeviceHost {
             }
             let block = &self.blocks[b];
             let norm = block_norm(arch, self.envs, self.batch, b);
-            let dims = conv_dims(arch, self.envs, self.batch, b);
+            let dims = arch.block_conv(b, self.envs, self.batch);
             let (conv_g, bn_g) = self.grads[3 * b..3 * b + 3].split_at_mut(1);
             let (gamma_g, beta_g) = bn_g.split_at_mut(1);
             let (gamma, beta) = (&self.params[3 * b + 1], &self.params[3 * b + 2]);
@@ -843,22 +843,6 @@ impl DeviceHost {
     /// The momentum buffers in [`HostParams`]' tensor order, copied to the host.
     pub fn momentum(&self, device: &Device) -> Result<Vec<Vec<f32>>, ParityError> {
         self.momentum.iter().map(|m| Ok(device.stream.clone_dtoh(m)?)).collect()
-    }
-}
-
-/// Block `b`'s convolution: k×k, padding k / 2, one group, the block's size in and out.
-fn conv_dims(arch: HostArch, envs: usize, batch: usize, b: usize) -> Conv2dShape {
-    let size = arch.block_size(b);
-    Conv2dShape {
-        envs,
-        batch,
-        c_in: arch.block_in_channels(b),
-        c_out: arch.block_channels(b),
-        h: size,
-        w: size,
-        k: arch.kernel_size,
-        pad: arch.kernel_size / 2,
-        groups: 1,
     }
 }
 

@@ -34,6 +34,22 @@ impl HostArch {
         self.base_channels << block
     }
 
+    /// Block `block`'s convolution over `envs` × `batch` images: k×k, padding k / 2, one group.
+    pub fn block_conv(&self, block: usize, envs: usize, batch: usize) -> crate::ops::Conv2dShape {
+        let size = self.block_size(block);
+        crate::ops::Conv2dShape {
+            envs,
+            batch,
+            c_in: self.block_in_channels(block),
+            c_out: self.block_channels(block),
+            h: size,
+            w: size,
+            k: self.kernel_size,
+            pad: self.kernel_size / 2,
+            groups: 1,
+        }
+    }
+
     /// Spatial size of block `block`'s input and output (the conv keeps it).
     pub fn block_size(&self, block: usize) -> usize {
         self.image_size >> block.min(self.pool_layers)
