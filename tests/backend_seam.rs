@@ -16,7 +16,7 @@ use esper_kernels::seeds::CnnBlueprint;
 use esper_systems::host_resources::Hosts;
 use std::any::Any;
 
-mod common;
+use crate::common;
 use common::{env_row, force_seed, slot_component};
 
 const ENVS: usize = 2;

@@ -18,7 +18,7 @@ use std::any::Any;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-mod common;
+use crate::common;
 
 /// The CPU backend asking for deferred fingerprints: `queue` hashes the parameters as they are then
 /// (what a device's queued copy holds), `queued` hands that back; immediate reads are counted.

@@ -13,7 +13,7 @@ use esper_kernels::host::{
 };
 use std::any::Any;
 
-mod common;
+use crate::common;
 
 /// The CPU backend, reporting a GPU's figures for every step.
 struct ReportingCpu(CpuHostBackend);

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
-mod common;
+use crate::common;
 use common::{ValidationFault, env_row, inject_validation_fault};
 
 fn plan(name: &str, rounds: usize, epochs: usize) -> RunPlan {

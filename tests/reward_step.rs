@@ -19,7 +19,7 @@ use esper_systems::record_train_metrics::record_train_metrics;
 use esper_systems::{OpOutcomes, ParamCounts, StepSet};
 use std::sync::atomic::AtomicBool;
 
-mod common;
+use crate::common;
 use common::{Script, ValidationFault, env_row, force_seed, inject_validation_fault, op, slot_component};
 
 fn plan(name: &str, epochs: usize, mode: RewardMode) -> RunPlan {

@@ -21,7 +21,7 @@ use esper_systems::record_train_metrics::record_train_metrics;
 use esper_systems::{ActionBatch, EffectiveOps, OpOutcomes, StepSet};
 use std::sync::atomic::AtomicBool;
 
-mod common;
+use crate::common;
 use common::{
     Script, ValidationFault, env_row, force_seed, germinate, inject_validation_fault, op, slot_component,
     slot_state,

@@ -1,7 +1,7 @@
 //! The seed lifecycle of spec kasmina §1–3 and the invariants of §8.1: transitions, gates, germinate,
 //! retarget, prune, the per-epoch tick and the exact epoch counts of the RL loop.
 
-mod common;
+use crate::common;
 use common::*;
 use esper_components::alpha::ALPHA_EPSILON;
 use esper_components::lifecycle::{self, Germination};

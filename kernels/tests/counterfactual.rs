@@ -8,7 +8,7 @@ use esper_kernels::host::{
 use esper_kernels::rng::{Purpose, StreamKey};
 use esper_kernels::seeds::CnnBlueprint;
 
-mod common;
+use crate::common;
 use common::ARCH;
 
 const SLOTS: [(u8, u8); 4] = [(0, 0), (0, 1), (0, 2), (1, 1)];

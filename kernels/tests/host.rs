@@ -4,7 +4,7 @@
 use esper_kernels::host::{HostArch, HostParams, HostWorkspace, SeedBank, Stacked, train::Trainer};
 use esper_kernels::rng::{Purpose, StreamKey};
 
-mod common;
+use crate::common;
 use common::with_threads;
 
 const TINY: HostArch = HostArch {

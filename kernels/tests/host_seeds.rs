@@ -7,7 +7,7 @@ use esper_kernels::host::{
 };
 use esper_kernels::seeds::CnnBlueprint;
 
-mod common;
+use crate::common;
 use common::{ARCH, SLOTS, randomize_pools, seed_state as state, stream, with_threads};
 
 fn random_batch(envs: usize, batch: usize, seed: u64) -> (Vec<f32>, Vec<u8>) {

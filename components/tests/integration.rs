@@ -1,0 +1,17 @@
+//! The integration tests of `esper-components`, one test binary: each file beside this one is a module of it.
+//! One binary rather than one per file: every file would otherwise be its own crate, link its own
+//! copy of the dependencies and re-instantiate the generic host code it uses, which made most of
+//! CI's build time; in one binary the tests also share the cores while the slow ones run.
+//! `cargo test -p esper-components --test integration MODULE::` runs one file's tests.
+
+mod action_for_reward;
+mod alpha_controller;
+mod common;
+mod governor;
+mod heuristic;
+mod host_presets;
+mod lifecycle;
+mod lifecycle_props;
+mod masks;
+mod signals;
+mod slot_ids;
