@@ -1168,15 +1168,9 @@ fn seed_label(bp: CnnBlueprint, what: &str) -> String {
 /// parameter checksums must be the same bits — the validations too, though the graphed backend runs
 /// each validation's short last test batch over its rows and the other pads it to the batch.
 fn graph_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
-    let arch = HostArch::CIFAR_BASELINE;
-    let (envs, batch, seed) = (3usize, 8usize, 7u64);
-    let slot_ids = [(0u8, 0u8), (0, 1), (0, 2), (1, 0), (1, 1)];
-    let data =
-        synthetic::generate(&SyntheticSpec { n_train: 96, n_test: 56, ..SyntheticSpec::with_seed(seed) })?;
-    let mut batcher = Batcher::new(&data, seed, envs, batch)?;
-    let [on, off] = devices;
-    let mut graphed = CudaHostBackend::new(on, arch, &slot_ids, envs, batch, seed, 0)?;
-    let mut eager = CudaHostBackend::new(off, arch, &slot_ids, envs, batch, seed, 0)?;
+    let seed = 7u64;
+    let SeededPair { data, mut batcher, backends: [mut graphed, mut eager], envs } =
+        seeded_pair(devices, seed)?;
     graphed.set_graphs(true);
     eager.set_graphs(false);
     // The eager one also pads its short test batches (the last of each validation: 8 images over 3
@@ -1187,7 +1181,7 @@ fn graph_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), P
     graphed.set_trim_test_batches(true);
     eager.set_trim_test_batches(cublas);
     let mut plan = seeded_plan();
-    let fossilized = vec![vec![false; envs]; slot_ids.len()];
+    let fossilized = vec![vec![false; envs]; SEEDED_SLOTS.len()];
     let validation = ValidationPlan { fossilized: &fossilized, ablate_fossils: false };
     let (mut trained, mut validated) = (BitCounts::default(), BitCounts::default());
     let (mut epochs, mut validations) = (GraphCounts::default(), GraphCounts::default());
@@ -1217,7 +1211,7 @@ fn graph_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), P
             validation,
             [&mut trained, &mut validated],
         );
-        for k in 0..slot_ids.len() {
+        for k in 0..SEEDED_SLOTS.len() {
             for e in 0..envs {
                 match (graphed.seed_telemetry(k, e), eager.seed_telemetry(k, e)) {
                     (Some(g), Some(c)) => {
@@ -1234,7 +1228,7 @@ fn graph_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), P
         epochs.add(step.train_run);
         validations.add(step.validation_run);
     }
-    let checksums = |b: &dyn HostBackend| param_checksums(b, envs, slot_ids.len());
+    let checksums = |b: &dyn HostBackend| param_checksums(b, envs, SEEDED_SLOTS.len());
     let (sums_graphed, sums_eager) = (checksums(&graphed), checksums(&eager));
     rows.push(ParityRow::new(
         "training epochs from a CUDA graph",
@@ -1285,21 +1279,15 @@ fn graph_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), P
 /// after the pool). Every epoch's losses and accuracies, every validation result and the parameters'
 /// checksums must be the same bits.
 fn fusion_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
-    let arch = HostArch::CIFAR_BASELINE;
-    let (envs, batch, seed) = (3usize, 8usize, 9u64);
-    let slot_ids = [(0u8, 0u8), (0, 1), (0, 2), (1, 0), (1, 1)];
-    let data =
-        synthetic::generate(&SyntheticSpec { n_train: 96, n_test: 56, ..SyntheticSpec::with_seed(seed) })?;
-    let mut batcher = Batcher::new(&data, seed, envs, batch)?;
-    let [a, b] = devices;
-    let mut fused = CudaHostBackend::new(a, arch, &slot_ids, envs, batch, seed, 0)?;
-    let mut unfused = CudaHostBackend::new(b, arch, &slot_ids, envs, batch, seed, 0)?;
+    let seed = 9u64;
+    let SeededPair { data, mut batcher, backends: [mut fused, mut unfused], envs } =
+        seeded_pair(devices, seed)?;
     for (backend, fuse) in [(&mut fused, true), (&mut unfused, false)] {
         backend.set_fuse(fuse);
         backend.set_direct_conv(true);
     }
     let plan = seeded_plan();
-    let fossilized = vec![vec![false; envs]; slot_ids.len()];
+    let fossilized = vec![vec![false; envs]; SEEDED_SLOTS.len()];
     let validation = ValidationPlan { fossilized: &fossilized, ablate_fossils: false };
     let mut compared = BitCounts::default();
     for epoch in 1..=5u64 {
@@ -1324,8 +1312,8 @@ fn fusion_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), 
         );
         compared.add(validated);
     }
-    let prints_agree =
-        param_checksums(&fused, envs, slot_ids.len()) == param_checksums(&unfused, envs, slot_ids.len());
+    let prints_agree = param_checksums(&fused, envs, SEEDED_SLOTS.len())
+        == param_checksums(&unfused, envs, SEEDED_SLOTS.len());
     rows.push(ParityRow::new(
         "fused host passes: 5 epochs and validations, direct convs",
         "the kernels one by one (ESPER_CUDA_FUSE=0; same bits)",
@@ -1418,9 +1406,37 @@ fn param_checksums(b: &dyn HostBackend, envs: usize, slots: usize) -> Vec<u64> {
     sums
 }
 
-/// The seeds of [`backend_seed_checks`], `[env][slot]`: what each env holds at each of the five slots
+/// The slots [`seeded_plan`] fills: the bench's three, r1c0 after block 0's pool, and r1c1 where a
+/// frozen seed collects alone.
+const SEEDED_SLOTS: [(u8, u8); 5] = [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)];
+
+/// Two CUDA backends over [`SEEDED_SLOTS`] (CIFAR_BASELINE hosts, 3 envs of 8 images) and the small
+/// synthetic data and batches they share: the set-up of the checks that run the same epochs on both
+/// and require the same bits ([`graph_checks`], [`fusion_checks`]).
+struct SeededPair {
+    data: Dataset,
+    batcher: Batcher,
+    backends: [CudaHostBackend; 2],
+    envs: usize,
+}
+
+fn seeded_pair(devices: [Device; 2], seed: u64) -> Result<SeededPair, ParityError> {
+    let (envs, batch) = (3usize, 8usize);
+    let data =
+        synthetic::generate(&SyntheticSpec { n_train: 96, n_test: 56, ..SyntheticSpec::with_seed(seed) })?;
+    let batcher = Batcher::new(&data, seed, envs, batch)?;
+    let [a, b] = devices;
+    let arch = HostArch::CIFAR_BASELINE;
+    let backends = [
+        CudaHostBackend::new(a, arch, &SEEDED_SLOTS, envs, batch, seed, 0)?,
+        CudaHostBackend::new(b, arch, &SEEDED_SLOTS, envs, batch, seed, 0)?,
+    ];
+    Ok(SeededPair { data, batcher, backends, envs })
+}
+
+/// The seeds of [`backend_seed_checks`], `[env][slot]`: what each env holds at each of [`SEEDED_SLOTS`]
 /// and in which state.
-fn seeded_plan() -> [[Option<(CnnBlueprint, SeedEnvState)>; 5]; 3] {
+fn seeded_plan() -> [[Option<(CnnBlueprint, SeedEnvState)>; SEEDED_SLOTS.len()]; 3] {
     use CnnBlueprint::*;
     let blending = |alpha: f32| SeedEnvState {
         mode: SeedMode::Add,
@@ -1569,8 +1585,7 @@ fn backend_seed_checks(device: Device, rows: &mut Vec<ParityRow>) -> Result<(), 
     use CnnBlueprint::*;
     let arch = HostArch::CIFAR_BASELINE;
     let (envs, batch, seed) = (3usize, 8usize, 6u64);
-    // The bench's three slots, r1c0 after block 0's pool, and r1c1 where a frozen seed collects alone.
-    let slot_ids = [(0u8, 0u8), (0, 1), (0, 2), (1, 0), (1, 1)];
+    let slot_ids = SEEDED_SLOTS;
     let data =
         synthetic::generate(&SyntheticSpec { n_train: 96, n_test: 56, ..SyntheticSpec::with_seed(seed) })?;
     let mut batcher = Batcher::new(&data, seed, envs, batch)?;
