@@ -18,7 +18,7 @@ use super::parity::{Device, ParityError, elementwise};
 use super::seed_module::DeviceSeedShape;
 use super::slot::DeviceSlot;
 use crate::host::{HostArch, HostParams};
-use crate::ops::{Conv2dShape, NormShape};
+use crate::ops::Conv2dShape;
 use crate::optim::SgdConfig;
 use crate::seeds::CnnBlueprint;
 use crate::seeds::SeedShape;
@@ -193,7 +193,7 @@ impl DeviceHost {
         }
         let samples = envs * batch;
         let bn_partial =
-            (0..arch.n_blocks).map(|b| ops::batch_norm_partial_len(&block_norm(arch, envs, batch, b))).max();
+            (0..arch.n_blocks).map(|b| ops::batch_norm_partial_len(&arch.block_norm(b, envs, batch))).max();
         let widest = (0..arch.n_blocks).map(|b| arch.block_channels(b)).max().unwrap_or(0);
         let conv_stats = (0..arch.n_blocks)
             .map(|b| arch.block_conv(b, envs, batch))
@@ -311,7 +311,7 @@ impl DeviceHost {
                 let (runs, per_run) = stats_runs(&dims);
                 ops::batch_norm_stats_finish_runs(
                     device,
-                    &block_norm(arch, self.envs, self.batch, b),
+                    &arch.block_norm(b, self.envs, self.batch),
                     &self.conv_stats,
                     runs,
                     per_run,
@@ -327,7 +327,7 @@ impl DeviceHost {
         if from_row.is_none() && train && !stats_in_epilogue {
             ops::batch_norm_train_stats(
                 device,
-                &block_norm(arch, self.envs, self.batch, b),
+                &arch.block_norm(b, self.envs, self.batch),
                 &block.conv_out,
                 &mut self.bn_partial,
                 &mut block.save_mean,
@@ -591,7 +591,7 @@ impl DeviceHost {
                 std::mem::swap(&mut self.grad_a, &mut self.grad_b);
             }
             let block = &self.blocks[b];
-            let norm = block_norm(arch, self.envs, self.batch, b);
+            let norm = arch.block_norm(b, self.envs, self.batch);
             let dims = arch.block_conv(b, self.envs, self.batch);
             let (conv_g, bn_g) = self.grads[3 * b..3 * b + 3].split_at_mut(1);
             let (gamma_g, beta_g) = bn_g.split_at_mut(1);
@@ -850,10 +850,4 @@ impl DeviceHost {
 fn env_rows(len: usize, envs: usize, env: usize) -> std::ops::Range<usize> {
     let per_env = len / envs;
     env * per_env..(env + 1) * per_env
-}
-
-/// Block `b`'s batch norm over `E` envs of `batch` images.
-fn block_norm(arch: HostArch, envs: usize, batch: usize, b: usize) -> NormShape {
-    let size = arch.block_size(b);
-    NormShape { envs, batch, channels: arch.block_channels(b), h: size, w: size }
 }

@@ -50,6 +50,12 @@ impl HostArch {
         }
     }
 
+    /// Block `block`'s batch norm (and the ReLU after it) over `envs` × `batch` images: the conv's output.
+    pub fn block_norm(&self, block: usize, envs: usize, batch: usize) -> crate::ops::norm::NormShape {
+        let size = self.block_size(block);
+        crate::ops::norm::NormShape { envs, batch, channels: self.block_channels(block), h: size, w: size }
+    }
+
     /// Spatial size of block `block`'s input and output (the conv keeps it).
     pub fn block_size(&self, block: usize) -> usize {
         self.image_size >> block.min(self.pool_layers)

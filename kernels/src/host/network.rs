@@ -141,30 +141,11 @@ impl<T: Real> HostWorkspace<T> {
     }
 
     fn conv_shape(&self, block: usize) -> Conv2dShape {
-        let a = &self.arch;
-        let size = a.block_size(block);
-        Conv2dShape {
-            envs: self.envs,
-            batch: self.batch,
-            c_in: a.block_in_channels(block),
-            c_out: a.block_channels(block),
-            h: size,
-            w: size,
-            k: a.kernel_size,
-            pad: a.kernel_size / 2,
-            groups: 1,
-        }
+        self.arch.block_conv(block, self.envs, self.batch)
     }
 
     fn norm_shape(&self, block: usize) -> NormShape {
-        let size = self.arch.block_size(block);
-        NormShape {
-            envs: self.envs,
-            batch: self.batch,
-            channels: self.arch.block_channels(block),
-            h: size,
-            w: size,
-        }
+        self.arch.block_norm(block, self.envs, self.batch)
     }
 
     fn pool_shape(&self, block: usize) -> PoolShape {
