@@ -630,3 +630,84 @@ fn live_slot_features_by_hand() {
     assert_eq!(f, &want);
     assert_eq!(bp, vec![2]);
 }
+
+/// Asserts `got` equals the spec's printed vector to its printed precision (five decimals).
+fn assert_printed(got: &[f32], printed: &[f64], what: &str) {
+    assert_eq!(got.len(), printed.len(), "{what}: length");
+    for (i, (&g, &p)) in got.iter().zip(printed).enumerate() {
+        assert!((g as f64 - p).abs() <= 5e-6, "{what}[{i}]: {g} where the spec prints {p}");
+    }
+}
+
+#[test]
+fn the_specs_golden_base_and_slot_vectors() {
+    // tamiyo §7.3, the reference's golden vectors. Base: E = 100, epoch 50, loss 1.5, accuracy 85,
+    // loss history [2.0, 1.8, 1.6, 1.5, 1.5], accuracy history [75, 78, 81, 83, 85], no slots, last
+    // op 2, success. Slot r0c0 (E = 100): TRAINING, alpha .5, contribution 2.5, velocity .5, tempo 8,
+    // target 1.0, mode UP, steps 10 total / 4 done (time to target 6), alpha velocity .2, GATE,
+    // interaction 1.5, gradient norm 2.5, health .95, no vanishing / exploding, previous health .85,
+    // 3 epochs in stage, 5 since the counterfactual, age 40; blueprint index 1. The reference's test
+    // sets the alpha velocity itself; here it follows from the schedule, (1.0 − start) / 10 = .2 with
+    // start −1.0.
+    let base_env = EnvCase {
+        epoch: 50,
+        val_loss: 1.5,
+        val_accuracy: 85.0,
+        loss_history: [2.0, 1.8, 1.6, 1.5, 1.5],
+        accuracy_history: [75.0, 78.0, 81.0, 83.0, 85.0],
+        history_len: 5,
+        last_action_success: true,
+        last_action_op: LifecycleOp::SetAlphaTarget,
+        slots: vec![SlotCase::default()],
+    };
+    let base_printed = [
+        0.5, 0.13090, 0.85, 0.15694, 0.14709, 0.13650, 0.13090, 0.13090, 0.75, 0.78, 0.81, 0.83, 0.85, 0.0,
+        0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0,
+    ];
+    let (obs, bp) = one_env(100, base_env.clone());
+    assert_printed(&obs[..23], &base_printed, "base");
+    // §7.3: an empty slot is 31 zeros and blueprint index −1.
+    assert_eq!(&obs[23..], &[0.0f32; 31]);
+    assert_eq!(bp, vec![-1]);
+
+    let slot = SlotCase {
+        stage: SeedStage::Training,
+        blueprint: BlueprintAction::ConvLight,
+        alpha: 0.5,
+        contribution: Some(2.5),
+        contribution_velocity: 0.5,
+        blend_tempo_epochs: 8,
+        alpha_start: -1.0,
+        alpha_target: 1.0,
+        alpha_mode: AlphaMode::Up,
+        alpha_steps_total: 10,
+        alpha_steps_done: 4,
+        alpha_algorithm: AlphaAlgorithm::Gate,
+        interaction_sum: 1.5,
+        gradient_norm: Some(2.5),
+        gradient_health: Some(0.95),
+        has_vanishing: Some(false),
+        has_exploding: Some(false),
+        gradient_health_prev: Some(0.85),
+        epochs_in_stage: 3,
+        epochs_since_counterfactual: Some(5),
+        epochs_total: 40,
+    };
+    let slot_printed = [
+        1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.5, 0.25, 0.05, 0.66667, 1.0, 0.5, 0.1, 0.04,
+        0.06, 0.2, 1.0, 0.15, 0.17897, 0.95, 0.0, 0.0, 0.85, 0.03, 0.97525, 0.4,
+    ];
+    let (obs, bp) = one_env(100, EnvCase { slots: vec![slot.clone()], ..base_env.clone() });
+    assert_printed(&obs[23..], &slot_printed, "slot r0c0");
+    assert_eq!(bp, vec![1]);
+
+    // §7.3: freshness 0.995^138 ≈ 0.5007 (the printed precision: four decimals).
+    let stale = SlotCase { epochs_since_counterfactual: Some(138), ..slot };
+    let (obs, _) = one_env(100, EnvCase { slots: vec![stale.clone()], ..base_env.clone() });
+    assert!((obs[23 + 29] as f64 - 0.5007).abs() <= 5e-5, "freshness after 138 epochs: {}", obs[23 + 29]);
+
+    // §7.3: 5 slots → an observation of 178 features.
+    let (obs, bp) = one_env(100, EnvCase { slots: vec![stale; 5], ..base_env });
+    assert_eq!((obs.len(), obs_dim(5)), (178, 178));
+    assert_eq!(bp, vec![1; 5]);
+}
