@@ -193,3 +193,80 @@ fn the_update_is_deterministic() {
     assert_eq!(a.penalised_rollbacks, 1);
     assert!(a.grad_norm > 0.0 && a.value_loss > 0.0);
 }
+
+/// Per head (`Head as usize`), per step, the log-prob of the stored action under the agent's current
+/// weights, each head's mask canonicalised by the stored op as the update does.
+fn head_log_probs(agent: &PpoAgent, b: &RolloutBuffer) -> Vec<Vec<f32>> {
+    let sh = agent.net.shape;
+    let obs = Tensor::from_slice(&b.states, (b.n_envs, b.capacity, sh.obs_dim), &Device::Cpu).unwrap();
+    let zero = Recurrent::zeros(b.n_envs, sh.hidden, DType::F32, &Device::Cpu).unwrap();
+    let out = agent.net.sequence(&obs, &b.blueprints, &zero, &[]).unwrap();
+    let n = b.n_envs * b.capacity;
+    let sizes = sh.head_sizes();
+    Head::ALL
+        .iter()
+        .map(|&head| {
+            let (h, k) = (head as usize, sizes[head as usize]);
+            let mut mask = vec![false; n * k];
+            for i in 0..n {
+                let op = LifecycleOp::from_index(b.actions[i].op).unwrap();
+                head_mask(&b.masks[i], head, op, &mut mask[i * k..(i + 1) * k]);
+            }
+            let actions: Vec<u8> = b.actions.iter().map(|a| a.head(head)).collect();
+            let (lp, _) = floored_log_prob(&out.logits[h], &mask, HEAD_FLOORS[h], &actions).unwrap();
+            lp.to_vec1().unwrap()
+        })
+        .collect()
+}
+
+/// simic §4.8.7e with the reference's masks: the approximate KL averages `(r − 1) − ln r` over every
+/// step where a head is causally relevant to the effective op, forced steps included (the reference's
+/// `compute_ratio_metrics` gets `compute_per_head_advantages`' masks, not the losses' M_h, which leave
+/// forced steps out). Computed here from the log-probs before and after one step of the update, which a
+/// tiny KL bound stops before its second backward.
+#[test]
+fn approx_kl_counts_forced_steps_as_the_reference_does() {
+    let config = PpoConfig { epochs: 2, lr: 3e-2, target_kl: Some(1e-12), ..PpoConfig::default() };
+    let mut agent = PpoAgent::new(shape(), 13, config, &Device::Cpu).unwrap();
+    let mut buffer = collect(&agent, 16, 4, 14);
+    let mut stream = StreamKey::new(15, 0, 0, Purpose::Test).stream(0);
+    buffer.rewards.iter_mut().for_each(|r| *r = stream.uniform(-1.0, 1.0) as f32);
+    // Random slot states rarely leave WAIT the only legal op: make every other WAIT step a forced one
+    // (its stored action stays legal).
+    let waits: Vec<usize> = (0..buffer.actions.len()).filter(|&i| buffer.actions[i].op == 0).collect();
+    for &i in waits.iter().step_by(2) {
+        buffer.masks[i].op = [true, false, false, false, false, false];
+    }
+    let forced = buffer.masks.iter().filter(|m| m.is_forced_wait()).count();
+    assert!(forced >= 4, "{forced} forced steps in the batch");
+
+    let before = head_log_probs(&agent, &buffer);
+    let m = agent.update(&buffer).unwrap().unwrap();
+    assert_eq!((m.epochs_run, m.early_stopped), (1, true));
+    let after = head_log_probs(&agent, &buffer);
+
+    // Σ_h Σ_t m_h·kl / Σ_h n_h, once over every relevant step and once leaving the forced ones out.
+    let (mut kl, mut weight, mut kl_unforced, mut weight_unforced) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+    for (i, stored) in buffer.actions.iter().enumerate() {
+        let relevant = esper_components::relevant_heads(LifecycleOp::from_index(stored.op).unwrap());
+        let is_forced = buffer.masks[i].is_forced_wait();
+        for h in (0..8).filter(|&h| relevant[h]) {
+            let log_ratio = (after[h][i] as f64 - before[h][i] as f64).clamp(-20.0, 20.0);
+            let step_kl = log_ratio.exp() - 1.0 - log_ratio;
+            kl += step_kl;
+            weight += 1.0;
+            if !is_forced {
+                kl_unforced += step_kl;
+                weight_unforced += 1.0;
+            }
+        }
+    }
+    let (want, unforced) = (kl / weight, kl_unforced / weight_unforced);
+    eprintln!("approx KL {} against {want} (forced steps left out: {unforced})", m.approx_kl);
+    assert!(want > 0.0 && (unforced - want) > 1e-3 * want, "the two masks must give different figures");
+    assert!(
+        (m.approx_kl - want).abs() <= 1e-4 * want,
+        "approx KL {} where the reference's masks give {want}",
+        m.approx_kl
+    );
+}

@@ -265,7 +265,10 @@ impl PpoAgent {
 
         // 3. The batch as the network reads it, and everything the epochs share: per head the masks of
         // the stored actions (canonicalised by the sampled op), the causal masks (from the effective
-        // op) and the availability masks (from the op mask), both times "valid and not forced".
+        // op) and the availability masks (from the op mask), both times "valid and not forced", and the
+        // approximate KL's masks: causal but forced steps included, as the reference's
+        // `compute_ratio_metrics` gets the masks of `compute_per_head_advantages` (ppo_agent.py), not the
+        // losses' M_h. A forced step's KL is 0 (its one legal op has log-prob 0), so it only weighs.
         let dev = &self.device;
         let obs = Tensor::from_slice(&buffer.states, (rows, cols, buffer.obs_dim), dev)?;
         let mut resets = Vec::new();
@@ -274,6 +277,7 @@ impl PpoAgent {
         let mut head_masks: Vec<Vec<bool>> = sizes.iter().map(|&k| vec![false; n * k]).collect();
         let mut head_actions = vec![vec![0u8; n]; 8];
         let mut causal = vec![vec![0f32; n]; 8];
+        let mut kl_masks = vec![vec![0f32; n]; 8];
         let mut available = vec![vec![0f32; n]; 8];
         let mut value_weights = vec![0f32; n];
         for i in 0..n {
@@ -294,6 +298,7 @@ impl PpoAgent {
                 head_mask(masks, head, sampled, &mut head_masks[h][i * k..(i + 1) * k]);
                 head_actions[h][i] = buffer.actions[i].head(head);
                 causal[h][i] = f32::from(u8::from(!forced && relevant[h]));
+                kl_masks[h][i] = f32::from(u8::from(relevant[h]));
                 available[h][i] = f32::from(u8::from(!forced && reachable[h]));
             }
         }
@@ -307,12 +312,13 @@ impl PpoAgent {
         let aux_target_t = Tensor::from_slice(&buffer.contribution_targets, (n, s), dev)?;
         let aux_mask_t = Tensor::from_slice(&aux_mask, (n, s), dev)?;
         let causal_t = causal.iter().map(|m| t1(m)).collect::<Result<Vec<_>>>()?;
+        let kl_masks_t = kl_masks.iter().map(|m| t1(m)).collect::<Result<Vec<_>>>()?;
         let available_t = available.iter().map(|m| t1(m)).collect::<Result<Vec<_>>>()?;
         let total = |m: &[f32]| m.iter().sum::<f32>() as f64;
         let n_causal: Vec<f64> = causal.iter().map(|m| total(m)).collect();
         let n_available: Vec<f64> = available.iter().map(|m| total(m)).collect();
         let (n_weights, n_aux) = (total(&value_weights).max(1.0), total(&aux_mask).max(1.0));
-        let kl_weight: f64 = n_causal.iter().sum();
+        let kl_weight: f64 = kl_masks.iter().map(|m| total(m)).sum();
         let schedule = cfg.floor_schedule(self.train_steps);
         let aux_coef =
             cfg.aux_coef * (self.train_steps as f64 / cfg.aux_warmup_updates.max(1) as f64).min(1.0);
@@ -350,7 +356,7 @@ impl PpoAgent {
                 let ratio = log_ratio.exp()?;
                 joint_log = (joint_log + &log_ratio)?;
                 // Σ_h w_h·KL_h / Σ_h w_h with w_h = n_h / T is Σ_h Σ_t kl / Σ_h n_h.
-                kl_sum = (kl_sum + (((&ratio - 1.0)? - &log_ratio)? * &causal_t[h])?.sum_all()?)?;
+                kl_sum = (kl_sum + (((&ratio - 1.0)? - &log_ratio)? * &kl_masks_t[h])?.sum_all()?)?;
                 ratios.push(ratio);
             }
             let joint = joint_log.clamp(-30f32, 30f32)?.exp()?;
