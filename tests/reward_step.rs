@@ -7,7 +7,8 @@
 use bevy_ecs::prelude::*;
 use esper_components::{
     BlueprintAction, EnvIndex, EpisodeReturn, FactoredAction, HostMetrics, LifecycleOp, PendingRewardTerms,
-    RewardConfig, RewardMode, SeedMetrics, SeedStage, SlotIndex, SlotRewardState, SlotTracking,
+    RewardConfig, RewardFamily, RewardMode, SeedMetrics, SeedStage, SlotFlags, SlotIndex, SlotRewardState,
+    SlotTracking,
 };
 use esper_ecs::config::{PolicyKind, RunConfig, RunPlan};
 use esper_ecs::run::{self, Session};
@@ -23,6 +24,10 @@ use crate::common;
 use common::{Script, ValidationFault, env_row, force_seed, inject_validation_fault, op, slot_component};
 
 fn plan(name: &str, epochs: usize, mode: RewardMode) -> RunPlan {
+    plan_of_family(name, epochs, mode, RewardFamily::Contribution)
+}
+
+fn plan_of_family(name: &str, epochs: usize, mode: RewardMode, family: RewardFamily) -> RunPlan {
     let out = std::env::temp_dir().join(format!("esper-reward-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out).unwrap();
@@ -34,6 +39,7 @@ fn plan(name: &str, epochs: usize, mode: RewardMode) -> RunPlan {
         synthetic_train_per_env: 64,
         synthetic_test_per_env: 32,
         reward_mode: mode,
+        reward_family: family,
         log_reward_inputs: true,
         ..RunConfig::default()
     };
@@ -311,4 +317,33 @@ fn validation_reports_cf_imp_and_the_committed_accuracy() {
     let r = &v.results()[0];
     let committed = r.committed_acc.unwrap();
     assert_eq!(env_row(&mut s.world, 0, |m: &HostMetrics| m.committed_val_accuracy), committed);
+}
+
+#[test]
+fn loss_rent_leaves_out_a_seed_the_blend_out_freeze_holds() {
+    // kasmina §8.2e: the loss family's rent is on `total_params − host_params`, and the reference's
+    // `active_seed_params` counts only `requires_grad` parameters, so a seed ramping down (frozen) pays
+    // none. Both envs hold a BLENDING seed 10 epochs old (past the 3-epoch grace) in slot 0; env 0's
+    // is held by the blend-out freeze.
+    let plan = plan_of_family("frozen-rent", 3, RewardMode::Shaped, RewardFamily::Loss);
+    let mut s = session(&plan, Script(vec![]));
+    for env in 0..2 {
+        force_seed(&mut s.world, env, 0, SeedStage::Blending, BlueprintAction::ConvLight, 0.5);
+    }
+    // The count germination would have cached (a forced seed has none).
+    let mut q = s.world.query::<(&EnvIndex, &SlotIndex, &mut SeedMetrics, &mut SlotFlags)>();
+    for (env, index, mut metrics, mut flags) in q.iter_mut(&mut s.world) {
+        if index.0 == 0 {
+            metrics.seed_param_count = 1_234;
+            flags.blend_out_frozen = env.0 == 0;
+        }
+    }
+    s.run_epoch(1);
+    let x = &s.world.resource::<RewardBatch>().inputs;
+    let (seed, host) = (x.params[0], x.host_params);
+    assert_eq!((seed, x.params[x.n_slots]), (1_234.0, 1_234.0), "both seeds counted in `params`");
+    assert_eq!((x.trainable_params[0], x.trainable_params[x.n_slots]), (0.0, seed));
+    close(term(&s.world, Term::Rent, 0), 0.0, "frozen: no rent");
+    close(term(&s.world, Term::Rent, 1), -(0.05 * (seed / host).ln_1p()).min(5.0), "trainable: rent");
+    assert!(term(&s.world, Term::Rent, 1) < 0.0);
 }

@@ -308,6 +308,11 @@ pub struct RewardInputs {
     /// `[E, S]` the seed's parameters (+ its gate's while it has one) now and at the previous reward.
     pub params: Vec<f64>,
     pub prev_params: Vec<f64>,
+    /// `[E, S]` the seed's parameters (+ gate) that train now: `params`, or 0 while the blend-out
+    /// freeze holds them (kasmina §8.2e: the reference's `active_seed_params` counts only
+    /// `requires_grad` parameters). The loss family's rent reads this; the contribution family's reads
+    /// `params`, the cached count, as the reference does.
+    pub trainable_params: Vec<f64>,
     /// `[E, S]` leave-one-out contribution, when the slot was ablated this step.
     pub contribution: Vec<Option<f64>>,
     pub improvement_since_stage_start: Vec<f64>,
@@ -355,6 +360,7 @@ impl RewardInputs {
             &mut self.prev_alpha,
             &mut self.params,
             &mut self.prev_params,
+            &mut self.trainable_params,
             &mut self.improvement_since_stage_start,
             &mut self.total_improvement,
             &mut self.interaction_sum,
@@ -924,11 +930,12 @@ fn loss_family_terms(config: &RewardConfig, x: &RewardInputs, out: &mut RewardOu
         }
         terms[Term::LossDelta as usize * n + e] = -l.loss_delta_weight * z;
 
+        // `total_params − host_params`: Σ over the slots of the reference's `active_seed_params`.
         let mut seed_params = 0.0;
         for k in 0..s {
             let i = x.at(e, k);
             if x.stage[i].has_seed() {
-                seed_params += x.params[i];
+                seed_params += x.trainable_params[i];
             }
         }
         let host = x.host_params;

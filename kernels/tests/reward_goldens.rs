@@ -35,6 +35,7 @@ fn seed(x: &mut RewardInputs, k: usize, stage: SeedStage, epochs_in_stage: u32, 
     x.prev_alpha[k] = alpha;
     x.params[k] = 2_000.0;
     x.prev_params[k] = 2_000.0;
+    x.trainable_params[k] = 2_000.0;
 }
 
 fn run(config: &RewardConfig, x: &RewardInputs) -> RewardOutputs {
@@ -361,6 +362,18 @@ fn loss_family_rewards_improvement_with_the_sign_fixed() {
     close(out.term(Term::Rent, 0), -0.009116077839697737, "loss rent");
     // Stage term: 0.1·(γ·Φ(BLENDING) − Φ(TRAINING)) = 0.1·(3.4825 − 2) = 0.14825.
     close(out.term(Term::StagePotential, 0), 0.14825, "stage term");
+    // kasmina §8.2e: while the blend-out freeze holds the seed, `active_seed_params` counts none of its
+    // parameters, `total_params` is the host's and no rent is due. A second, trainable seed of 1000
+    // params in slot 1 pays −min(0.05·ln(1.1), 5) alone.
+    let mut x = one_env(2);
+    x.epoch = 25;
+    seed(&mut x, 0, SeedStage::Blending, 2, 6, 0.5);
+    x.trainable_params[0] = 0.0;
+    close(run(&config, &x).term(Term::Rent, 0), 0.0, "frozen seed: no rent");
+    seed(&mut x, 1, SeedStage::Holding, 1, 8, 1.0);
+    x.params[1] = 1_000.0;
+    x.trainable_params[1] = 1_000.0;
+    close(run(&config, &x).term(Term::Rent, 0), -0.05 * 1.1f64.ln(), "only the trainable seed's rent");
 }
 
 #[test]

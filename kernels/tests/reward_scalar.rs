@@ -574,9 +574,10 @@ fn loss_family(cfg: &RewardConfig, x: &RewardInputs, e: usize, r: &mut EnvReward
     }
     r.set(Term::LossDelta, -lc.loss_delta_weight * z);
 
-    // Compute rent on the seed modules' parameters, with a grace period for a young target seed.
+    // Compute rent on the seed modules' trainable parameters (`total_params − host_params`: a seed the
+    // blend-out freeze holds counts none), with a grace period for a young target seed.
     let seed_params: f64 =
-        (0..s).map(|k| e * s + k).filter(|&i| has_seed(x.stage[i])).map(|i| x.params[i]).sum();
+        (0..s).map(|k| e * s + k).filter(|&i| has_seed(x.stage[i])).map(|i| x.trainable_params[i]).sum();
     let in_grace = seed && x.seed_age[tgt] < lc.grace_epochs;
     if seed_params > 0.0 && x.host_params > 0.0 && !in_grace {
         let rent =
@@ -752,6 +753,8 @@ struct SlotCase {
     prev_alpha: f64,
     params: f64,
     prev_params: f64,
+    /// The blend-out freeze holds the seed (its parameters are not trainable: kasmina §8.2e).
+    frozen: bool,
     contribution: Option<f64>,
     improvement: f64,
     total_improvement: f64,
@@ -828,6 +831,7 @@ fn slot_case() -> impl Strategy<Value = SlotCase> {
             prop_oneof![Just(0.0), Just(1.0), 0.0..1.0f64],
             prop_oneof![1 => Just(0.0), 4 => 1.0..60_000.0f64],
             prop_oneof![1 => Just(0.0), 4 => 1.0..60_000.0f64],
+            prop::bool::weighted(0.2),
         ),
         (
             prop::option::weighted(0.7, pp_value()),
@@ -844,7 +848,7 @@ fn slot_case() -> impl Strategy<Value = SlotCase> {
         .prop_map(
             |(
                 (stage, previous_stage, e, pe, age_raw),
-                (alpha, prev_alpha, params, prev_params),
+                (alpha, prev_alpha, params, prev_params, frozen),
                 (c, impr, total, inter),
                 (germ, credit, drip),
             )| {
@@ -858,6 +862,7 @@ fn slot_case() -> impl Strategy<Value = SlotCase> {
                     prev_alpha,
                     params,
                     prev_params,
+                    frozen,
                     contribution: c,
                     improvement: impr,
                     total_improvement: total,
@@ -1040,6 +1045,7 @@ fn build(case: &BatchCase) -> RewardInputs {
             x.prev_alpha[i] = sc.prev_alpha;
             x.params[i] = sc.params;
             x.prev_params[i] = sc.prev_params;
+            x.trainable_params[i] = if sc.frozen { 0.0 } else { sc.params };
             x.contribution[i] = sc.contribution;
             x.improvement_since_stage_start[i] = sc.improvement;
             x.total_improvement[i] = sc.total_improvement;

@@ -18,8 +18,8 @@ use bevy_ecs::prelude::*;
 use esper_components::signals::SignalTracker;
 use esper_components::{
     BlendStyle, EnvIndex, EpisodeReturn, FossilCounters, Head, HostMetrics, LifecycleOp, PendingRewardTerms,
-    RewardConfig, SeedAlpha, SeedMetrics, SlotConfig, SlotIndex, SlotRewardState, SlotTracking, Stage,
-    StageCounters,
+    RewardConfig, SeedAlpha, SeedMetrics, SlotConfig, SlotFlags, SlotIndex, SlotRewardState, SlotTracking,
+    Stage, StageCounters,
 };
 use esper_kernels::reward::{
     RewardInputs, RewardNormalizer, RewardOutputs, compute_rewards as reward_kernel,
@@ -68,6 +68,7 @@ type SlotView<'a> = (
     &'a SeedAlpha,
     &'a BlendStyle,
     &'a SlotTracking,
+    &'a SlotFlags,
     &'a mut SlotRewardState,
 );
 
@@ -125,7 +126,7 @@ pub fn compute_rewards(
         x.pending_auto_prune_penalty[e] = pending.auto_prune_penalty;
         x.pending_hindsight_credit[e] = pending.hindsight_credit;
     }
-    for (env, index, stage, counters, metrics, alpha, blend, tracking, state) in &slots {
+    for (env, index, stage, counters, metrics, alpha, blend, tracking, flags, state) in &slots {
         let i = env.0 as usize * s + index.0 as usize;
         let seed = stage.current.has_seed();
         x.stage[i] = stage.current;
@@ -137,6 +138,7 @@ pub fn compute_rewards(
         x.params[i] = if seed { metrics.params_with_gate(blend.has_gate) as f64 } else { 0.0 };
         x.prev_alpha[i] = state.prev_alpha;
         x.prev_params[i] = state.prev_params;
+        x.trainable_params[i] = if flags.blend_out_frozen { 0.0 } else { x.params[i] };
         // Measured this step: validation restarted the slot's "epochs since counterfactual" at 0.
         let fresh = tracking.epochs_since_counterfactual == Some(0);
         x.contribution[i] = metrics.counterfactual_contribution.filter(|_| fresh && seed);

@@ -185,6 +185,7 @@ impl serde::Serialize for InputsView<'_> {
         m.serialize_entry("slot_prev_alphas", &x.prev_alpha[row.clone()])?;
         m.serialize_entry("slot_params", &x.params[row.clone()])?;
         m.serialize_entry("slot_prev_params", &x.prev_params[row.clone()])?;
+        m.serialize_entry("slot_trainable_params", &x.trainable_params[row.clone()])?;
         m.serialize_entry("slot_seed_ages", &x.seed_age[row.clone()])?;
         m.serialize_entry("slot_contributions", &x.contribution[row.clone()])?;
         m.serialize_entry("slot_drip_scales", &x.drip_scale[row.clone()])?;
