@@ -14,6 +14,7 @@ mod observation_step;
 mod ppo_train;
 mod profile;
 mod reward_step;
+mod rollout_step;
 mod signals;
 mod step_bookkeeping;
 mod trace;
