@@ -23,7 +23,7 @@ use esper_kernels::policy::rollout::RolloutBuffer;
 use esper_systems::compute_rewards::SharedRewardNormalizer;
 use esper_systems::episode_end::episode_end_schedule;
 use esper_systems::host_resources::{Hosts, StepClock, TrainData};
-use esper_systems::learner::{Learner, Rollout};
+use esper_systems::learner::{FINITENESS_FAILURE_LIMIT, Learner, Rollout};
 use esper_systems::normalize_observations::ObsNormalization;
 use esper_systems::policy::{ActivePolicy, HeuristicPolicy, Policy, RandomPolicy, StaticPolicy};
 use esper_systems::update_obs_normalizer::round_end_schedule;
@@ -508,6 +508,7 @@ pub fn train_session(
 
     let mut summary = RunSummary::default();
     let mut tallies = LifecycleTally::default();
+    let mut halted: Option<RunError> = None;
     for round in first_round..cfg.rounds as u64 {
         let round_started = Instant::now();
         let _round_span = tracing::info_span!(target: "esper", "round", round).entered();
@@ -584,6 +585,28 @@ pub fn train_session(
                 return Err(RunError(err.to_string()));
             }
         }
+        // simic §1.4.3: a warning for each update skipped whole for non-finite values, and the run
+        // stops at the third in a row (after this round's lines and checkpoint are written).
+        let failures = session.world.get_resource::<Learner>().map_or(0, |l| l.finiteness_failures);
+        if failures > 0 && session.world.resource::<StepClock>().is_last_epoch() {
+            let line = format!(
+                "round {}: the PPO update was skipped, every epoch hit non-finite values \
+                 ({failures} of {FINITENESS_FAILURE_LIMIT} in a row stop the run)",
+                round + 1
+            );
+            match &progress {
+                Some(bar) => bar.suspend(|| eprintln!("{line}")),
+                None => eprintln!("{line}"),
+            }
+        }
+        if failures >= FINITENESS_FAILURE_LIMIT {
+            halted = Some(RunError(format!(
+                "PPO training failed: {failures} updates in a row were skipped for non-finite values \
+                 (the policy's or the critic's outputs hold NaN or infinity); the rounds so far are written in {}",
+                plan.out_dir.display()
+            )));
+            break;
+        }
         if summary.interrupted {
             break;
         }
@@ -615,6 +638,9 @@ pub fn train_session(
     summary.rollbacks = tallies.rollbacks as u64;
     summary.vetoed_ops = tallies.vetoed as u64;
     write_summary(plan, &summary)?;
+    if let Some(err) = halted {
+        return Err(err);
+    }
     if !plan.quiet && plan.table {
         print_table(plan, &summary);
     }

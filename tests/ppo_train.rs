@@ -219,3 +219,38 @@ fn the_binary_resumes_and_refuses_what_it_cannot_continue() {
     assert!(!dir.join("c").exists(), "nothing is created for a refused resume");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// simic §1.4.3 as the reference runs it: an update whose every epoch the finiteness gate skipped
+/// counts as a failure, and the third in a row stops the run with an error, after that round's lines
+/// are written. NaN weights make every output non-finite.
+#[test]
+fn three_updates_skipped_for_non_finite_values_stop_the_run() {
+    let dir = scratch("nonfinite");
+    let config = RunConfig { ppo_epochs: 2, ..small(5) };
+    let plan = plan(config, &dir);
+    let session = run::Session::new(&plan).unwrap();
+    {
+        let learner = session.world.resource::<esper_systems::learner::Learner>();
+        for var in learner.agent.net.vars() {
+            var.set(&(var.as_tensor() * f64::NAN).unwrap()).unwrap();
+        }
+    }
+    let stop = AtomicBool::new(false);
+    let err = run::train_session(session, &plan, &stop, std::time::Instant::now()).unwrap_err();
+    assert!(err.to_string().contains("3 updates in a row were skipped"), "{err}");
+
+    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    let rounds: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["kind"] == "round")
+        .collect();
+    assert_eq!(rounds.len(), 3, "the run stops after the third round");
+    for r in &rounds {
+        assert_eq!(
+            (r["update"]["epochs_run"].as_u64(), r["update"]["nonfinite_skips"].as_u64()),
+            (Some(0), Some(2))
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

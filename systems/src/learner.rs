@@ -26,12 +26,18 @@ pub struct Learner {
     pub values: Vec<f32>,
     /// What the last round's update reported (None before the first, or when it was skipped).
     pub last_update: Option<UpdateMetrics>,
+    /// Updates in a row whose every epoch the finiteness gate skipped (simic §1.4.3); the run stops at
+    /// [`FINITENESS_FAILURE_LIMIT`]. Not kept in a checkpoint: a resumed run starts at 0.
+    pub finiteness_failures: u32,
     scratch: DrawScratch,
     /// `[E, Σ head sizes + 1]`: this step's logits of every head and V, as read back.
     read_back: Vec<f32>,
     /// Where each head's logits start in a row of `read_back`.
     offsets: [usize; 8],
 }
+
+/// Updates in a row skipped whole for non-finite values at which the run stops (simic §1.4.3).
+pub const FINITENESS_FAILURE_LIMIT: u32 = 3;
 
 /// The round's transitions, present only while the policy learns (not under `--eval`).
 #[derive(Resource)]
@@ -51,6 +57,7 @@ impl Learner {
             hidden,
             values: vec![0.0; n_envs],
             last_update: None,
+            finiteness_failures: 0,
             scratch: DrawScratch::default(),
             read_back: Vec::new(),
             offsets,

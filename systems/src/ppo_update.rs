@@ -48,6 +48,14 @@ pub fn bootstrap_values(
 }
 
 /// The update (after the observation normaliser's), then an empty buffer for the next round.
+///
+/// The finiteness gate's bookkeeping (simic §1.4.3) as the reference runs it
+/// (`PPOCoordinator.check_finiteness_gate`): an update whose every epoch was skipped for non-finite
+/// values adds one to `Learner::finiteness_failures`, any other update (one that stepped, or had
+/// nothing to learn from) sets it back to 0, and the run stops at the third failure in a row. The
+/// spec's "otherwise the batch is re-run with the same batch index" is a branch the reference never
+/// takes (`check_finiteness_gate` returns `should_continue = True` or raises), so the next round
+/// simply follows.
 pub fn ppo_update(
     clock: Res<StepClock>,
     mut learner: ResMut<Learner>,
@@ -57,7 +65,10 @@ pub fn ppo_update(
     let _span = crate::system_span!(info, "RoundEnd::ppo_update");
     learner.last_update = None;
     if clock.is_last_epoch() {
-        learner.last_update = learner.agent.update(&rollout.0).expect("the PPO update");
+        let update = learner.agent.update(&rollout.0).expect("the PPO update");
+        let failed = update.as_ref().is_some_and(|m| m.epochs_run == 0 && m.nonfinite_skips > 0);
+        learner.finiteness_failures = if failed { learner.finiteness_failures + 1 } else { 0 };
+        learner.last_update = update;
     }
     rollout.0.clear();
 }
