@@ -163,13 +163,19 @@ __device__ __forceinline__ float blend_amplitude(const float* alpha, u64 sample,
     return clamp01(per_sample ? alpha[sample] : alpha[sample / batch]);
 }
 
-// ADD forward: y = h + a·(s − h).
+// lerp(h, s, a) for a in [0, 1] as torch.lerp evaluates it (blend_add in kernels/src/ops/blend.rs):
+// h + a·(s − h) below 0.5, else s − (s − h)·(1 − a), so a = 1 gives s exactly.
+__device__ __forceinline__ float blend_lerp(float h, float s, float a) {
+    return a < 0.5f ? h + a * (s - h) : s - (s - h) * (1.0f - a);
+}
+
+// ADD forward: y = lerp(h, s, a).
 extern "C" __global__ void blend_add_forward_f32(
     const float* h, const float* s, const float* alpha, float* y, u32 envs, u32 batch, u32 features,
     int per_sample) {
     FOR_EACH(t, (u64)envs * batch * features) {
         float a = blend_amplitude(alpha, t / features, batch, per_sample);
-        y[t] = h[t] + a * (s[t] - h[t]);
+        y[t] = blend_lerp(h[t], s[t], a);
     }
 }
 
@@ -262,8 +268,8 @@ extern "C" __global__ void norm_seed_lambda_grad_f32(
 // one blueprint's seed output s for every env; holds[e] marks the envs whose seed is that blueprint
 // and takes part in this forward. Their seed output is kept in s_mine (the backward's), and the
 // blending ones (mode 2 ADD, 3 MULTIPLY, 4 GATE) write their rows of the slot's output y, the
-// arithmetic of blend_add_forward (y = h + a·(s − h)), blend_multiply_forward with the detached input
-// as x_s (y = h·(1 + a·tanh(s − h))) and blend_gate_forward (y = h + a_eff·(s − h), a_eff =
+// arithmetic of blend_add_forward (y = lerp(h, s, a)), blend_multiply_forward with the detached input
+// as x_s (y = h·(1 + a·tanh(s − h))) and blend_gate_forward (y = lerp(h, s, a_eff), a_eff =
 // clamp(a·clamp(g)) with the sample's gate g), a = clamp(alpha[e]). Every other row of y is left as it
 // is (slot_passthrough_f32 writes h there). `gate` ([E·B]) is read only in GATE rows. tanhf is not
 // Rust's tanh: MULTIPLY is checked with a tolerance.
@@ -292,11 +298,11 @@ extern "C" __global__ void __launch_bounds__(1024) slot_blend_select_f32(
         float sv = s[t], hv = h[t];
         s_mine[t] = sv;
         float a = clamp01(alpha[e]);
-        if (mode[e] == 2) y[t] = hv + a * (sv - hv);
+        if (mode[e] == 2) y[t] = blend_lerp(hv, sv, a);
         else if (mode[e] == 3) y[t] = hv * (1.0f + a * tanhf(sv - hv));
         else if (mode[e] == 4) {
             float a_eff = clamp01(a * clamp01(gate[t / features]));
-            y[t] = hv + a_eff * (sv - hv);
+            y[t] = blend_lerp(hv, sv, a_eff);
         }
     }
 }

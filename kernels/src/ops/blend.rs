@@ -4,9 +4,15 @@
 //! amplitude `a` is one value per env (the slot's alpha) or one per sample (counterfactual overrides), and
 //! is always used as `clamp01(a)`; it is a schedule, so no gradient flows to it.
 //!
-//! * ADD:      `y = h + a·(s − h)`
+//! * ADD:      `y = lerp(h, s, a) = h + a·(s − h)`
 //! * MULTIPLY: `y = h·(1 + a·tanh(s − x_s))` (`x_s` is the seed's input: `h`, or `h` detached)
-//! * GATE:     `y = h + a_eff·(s − h)`, `a_eff = clamp01(clamp01(a)·clamp01(g))`, `g` per sample
+//! * GATE:     `y = lerp(h, s, a_eff)`, `a_eff = clamp01(clamp01(a)·clamp01(g))`, `g` per sample
+//!
+//! `lerp` is evaluated as the reference's `torch.lerp` is: `h + a·(s − h)` for `|a| < 0.5`, else
+//! `s − (s − h)·(1 − a)`, so that `a = 1` gives the seed's output exactly (kasmina §8.1: "ADD at a = 0
+//! → host exactly; at a = 1 → seed exactly"); the one-branch form rounds `h + (s − h)` away from `s`
+//! where `|h| ≫ |s|`. Unfused, as the CUDA twins are compiled (`--fmad=false`); PyTorch's own CPU and
+//! CUDA kernels fuse the multiply-add, so no build of the reference has one set of bits.
 //!
 //! Clamp subgradient (PyTorch's): `d clamp01(v)/dv = 1` on the closed interval `[0, 1]`, else 0. It only
 //! matters for the gate, whose `g` is a sigmoid output and so normally lies strictly inside.
@@ -90,11 +96,12 @@ pub fn blend_add_forward<T: Real>(shape: BlendShape, h: &[T], s: &[T], alpha: Am
     });
 }
 
-/// One value of the ADD blend, `h + a·(s − h)` with `a` already clamped: the arithmetic of
-/// [`blend_add_forward`], for the seeds that blend in their own last pass.
+/// One value of the ADD blend, `lerp(h, s, a)` with `a` already clamped to `[0, 1]`: the arithmetic of
+/// [`blend_add_forward`] and [`blend_gate_forward`], for the seeds that blend in their own last pass.
+/// `torch.lerp`'s two branches (module docs): exact at both ends.
 #[inline(always)]
 pub(crate) fn blend_add<T: Real>(h: T, s: T, a: T) -> T {
-    h + a * (s - h)
+    if a < T::HALF { h + a * (s - h) } else { s - (s - h) * (T::ONE - a) }
 }
 
 /// ADD backward: `dh = dy·(1 − a)`, `ds = dy·a`. Overwrites `grad_h` and `grad_s`.
@@ -251,7 +258,7 @@ pub fn blend_gate_forward<T: Real>(
     y.par_chunks_mut(f).enumerate().for_each(|(i, y)| {
         let a = clamp01(alpha.clamped(i, shape.batch) * clamp01(gate[i]));
         for ((out, &hv), &sv) in y.iter_mut().zip(&h[i * f..(i + 1) * f]).zip(&s[i * f..(i + 1) * f]) {
-            *out = hv + a * (sv - hv);
+            *out = blend_add(hv, sv, a);
         }
     });
 }
@@ -463,6 +470,39 @@ mod tests {
             &mut dg,
         );
         assert_eq!(dg, [0.0, 0.0]);
+    }
+
+    /// kasmina §8.1: ADD (and GATE at a full gate) at a = 1 gives the seed's output exactly, as
+    /// `torch.lerp` does, also where the host's values dwarf the seed's (`h + (s − h)` would round:
+    /// 1e8 + (1.5 − 1e8) is 0 in f32); between the ends the blend stays within an ulp or two of the
+    /// exact `h + a·(s − h)` (f64 over f32 inputs).
+    #[test]
+    fn add_and_gate_at_one_give_the_seed_output_exactly() {
+        let sh = BlendShape { envs: 2, batch: 2, features: 5 };
+        let h: Vec<f32> =
+            (0..sh.len()).map(|i| if i % 2 == 0 { 1e8 } else { -3e7 } * (1.0 + i as f32 / 7.0)).collect();
+        let s: Vec<f32> = signed(15, sh.len()).iter().map(|&v| v as f32 * 1.5).collect();
+        let mut y = vec![0.0f32; sh.len()];
+        blend_add_forward(sh, &h, &s, Amplitude::PerEnv(&[1.0, 1.0]), &mut y);
+        assert_eq!(y, s);
+        blend_gate_forward(sh, &h, &s, Amplitude::PerEnv(&[1.0, 1.0]), &[1.0; 4], &mut y);
+        assert_eq!(y, s);
+        let inexact = h.iter().zip(&s).filter(|&(&h, &s)| h + 1.0 * (s - h) != s).count();
+        assert!(
+            inexact >= 5,
+            "the one-branch form misses the seed's output in {inexact} of {} values",
+            sh.len()
+        );
+        for a in [0.25f32, 0.5, 0.75, 0.999] {
+            blend_add_forward(sh, &h, &s, Amplitude::PerEnv(&[a, a]), &mut y);
+            for ((&y, &h), &s) in y.iter().zip(&h).zip(&s) {
+                let exact = h as f64 + a as f64 * (s as f64 - h as f64);
+                assert!(
+                    (y as f64 - exact).abs() <= 2.0 * f32::EPSILON as f64 * h.abs() as f64,
+                    "a = {a}: {y} against {exact}"
+                );
+            }
+        }
     }
 
     fn gate_f32(

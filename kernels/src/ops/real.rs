@@ -34,6 +34,7 @@ pub trait Real:
 {
     const ZERO: Self;
     const ONE: Self;
+    const HALF: Self;
 
     fn from_f64(v: f64) -> Self;
     fn to_f64(self) -> f64;
@@ -72,6 +73,7 @@ macro_rules! impl_real {
         impl Real for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
+            const HALF: Self = 0.5;
 
             #[inline(always)]
             fn from_f64(v: f64) -> Self {
