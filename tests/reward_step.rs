@@ -164,8 +164,12 @@ fn a_rolled_back_env_gets_no_reward_and_pays_its_auto_prune_penalty_two_steps_la
     assert!(!batch.rewarded(0) && batch.rewarded(1));
     assert_eq!((batch.outputs.raw[0], batch.normalized[0]), (0.0, 0.0));
     assert_eq!(s.world.resource::<SharedRewardNormalizer>().0.count, 3, "one update: env 1's");
+    // The episode's return as the buffer has it (simic §1.6): epoch 1's reward rewritten to the death
+    // penalty, raw −10.
+    close(env_row(&mut s.world, 0, |r: &EpisodeReturn| r.raw), -10.0, "return after the rollback");
     // Epoch 3: the tick that the rollback skipped reads the auto-prune flag: −0.2 pending.
     s.run_epoch(3);
+    let raw_3 = s.world.resource::<RewardBatch>().outputs.raw[0];
     close(term(&s.world, Term::AutoPrunePenalty, 0), 0.0, "not yet paid");
     assert_eq!(env_row(&mut s.world, 0, |p: &PendingRewardTerms| p.auto_prune_penalty), -0.2);
     // Epoch 4: paid, and reset.
@@ -173,7 +177,10 @@ fn a_rolled_back_env_gets_no_reward_and_pays_its_auto_prune_penalty_two_steps_la
     close(term(&s.world, Term::AutoPrunePenalty, 0), -0.2, "paid");
     assert_eq!(env_row(&mut s.world, 0, |p: &PendingRewardTerms| p.auto_prune_penalty), 0.0);
     close(term(&s.world, Term::AutoPrunePenalty, 1), 0.0, "the other env never owed it");
-    // Env 0 was rewarded on 3 of its 4 steps, env 1 on all 4.
+    // Env 0 was rewarded on 3 of its 4 steps, env 1 on all 4; env 0's return is the penalty and the
+    // two steps after it.
+    let raw_4 = s.world.resource::<RewardBatch>().outputs.raw[0];
+    close(env_row(&mut s.world, 0, |r: &EpisodeReturn| r.raw), -10.0 + raw_3 + raw_4, "return");
     assert_eq!(env_row(&mut s.world, 0, |r: &EpisodeReturn| r.steps), 3);
     assert_eq!(env_row(&mut s.world, 1, |r: &EpisodeReturn| r.steps), 4);
     assert_eq!(s.world.resource::<SharedRewardNormalizer>().0.count, 7);

@@ -82,11 +82,36 @@ pub struct PendingRewardTerms {
 pub const AUTO_PRUNE_PENALTY: f64 = -0.2;
 
 /// The env's episode so far as the reward saw it: Σ raw reward and the number of rewarded steps (a
-/// rolled-back step has none).
+/// rolled-back step has none), with a rollback's death penalty written in as the rollout buffer writes
+/// it (simic §1.6: "telemetry episode reward is rewritten the same way").
 #[derive(Component, Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct EpisodeReturn {
     pub raw: f64,
     pub steps: u32,
+    /// `raw` when the current stretch began (the episode's start, or the last rollback).
+    pub stretch_start_raw: f64,
+    /// Rewarded steps since then.
+    pub stretch_steps: u32,
+}
+
+impl EpisodeReturn {
+    /// One rewarded step.
+    pub fn add(&mut self, raw: f64) {
+        self.raw += raw;
+        self.steps += 1;
+        self.stretch_steps += 1;
+    }
+
+    /// The env rolled back: the stretch since the episode's start or the last rollback ends as the
+    /// buffer ends it, its last reward `penalty` (raw −10) and the earlier ones 0; a stretch with no
+    /// rewarded step drops the penalty (simic §1.6, as `RolloutBuffer::end_with_rollback`).
+    pub fn end_with_rollback(&mut self, penalty: f64) {
+        if self.stretch_steps > 0 {
+            self.raw = self.stretch_start_raw + penalty;
+        }
+        self.stretch_start_raw = self.raw;
+        self.stretch_steps = 0;
+    }
 }
 
 /// One positive pair interaction as the scaffold ledger keeps it: `scaffold` boosted `beneficiary` by
@@ -184,5 +209,25 @@ mod tests {
             ledger.record(0, 1, 10.0, t);
         }
         assert_eq!(ledger.settle_fossilization(1, 10.0, 10), MAX_HINDSIGHT_CREDIT);
+    }
+
+    /// simic §1.6 for the telemetry return: a rollback rewrites the stretch since the last one to a
+    /// single −10 (its earlier rewards to 0); a rollback with no rewarded step since drops the penalty.
+    #[test]
+    fn a_rollback_rewrites_the_return_of_its_stretch() {
+        let mut r = EpisodeReturn::default();
+        r.end_with_rollback(-10.0); // first step: nothing to put it on
+        assert_eq!((r.raw, r.steps), (0.0, 0));
+        r.add(0.5);
+        r.add(0.25);
+        r.end_with_rollback(-10.0);
+        assert_eq!((r.raw, r.steps), (-10.0, 2));
+        r.end_with_rollback(-10.0); // two in a row: the second has no step of its own
+        assert_eq!(r.raw, -10.0);
+        r.add(1.0);
+        r.add(2.0);
+        assert_eq!((r.raw, r.steps), (-7.0, 4));
+        r.end_with_rollback(-10.0);
+        assert_eq!(r.raw, -20.0);
     }
 }

@@ -21,6 +21,7 @@ use esper_components::{
     RewardConfig, SeedAlpha, SeedMetrics, SlotConfig, SlotFlags, SlotIndex, SlotRewardState, SlotTracking,
     Stage, StageCounters,
 };
+use esper_kernels::policy::rollout::DEATH_PENALTY;
 use esper_kernels::reward::{
     RewardInputs, RewardNormalizer, RewardOutputs, compute_rewards as reward_kernel,
 };
@@ -160,11 +161,11 @@ pub fn compute_rewards(
     for (env, .., mut pending, mut episode) in &mut envs {
         let e = env.0 as usize;
         if x.skip[e] {
+            episode.end_with_rollback(f64::from(DEATH_PENALTY));
             continue;
         }
         *pending = PendingRewardTerms::default();
-        episode.raw += outputs.raw[e];
-        episode.steps += 1;
+        episode.add(outputs.raw[e]);
     }
     for (env, index, .., mut state) in &mut slots {
         let (e, k) = (env.0 as usize, index.0 as usize);
