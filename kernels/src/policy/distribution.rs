@@ -22,6 +22,12 @@ pub const HEAD_FLOORS: [f32; 8] = [0.05, 0.12, 0.08, 0.12, 0.08, 0.06, 0.06, 0.1
 
 /// Step 1 and 2: the floored masked logits of `logits` under `mask` into `out` (same length). `floor`
 /// ≤ 0 skips the floor. Panics when no action is legal (the reference raises).
+///
+/// Differs from the reference: a row of NaN logits (a diverged network) is not refused. Every `q` is
+/// NaN and `max(q, 1e-8)` keeps 1e-8, so the legal actions come out equal (a uniform draw) and the
+/// masked ones stay masked; the reference's `MaskedCategorical` raises on NaN/inf logits where its
+/// validation is on (tamiyo §4.3). Here the PPO update's finiteness gate skips such an update and the
+/// third in a row stops the run (simic §1.4.3, `ppo_update`).
 pub fn floored_logits(logits: &[f32], mask: &[bool], floor: f32, out: &mut [f32]) {
     assert!(logits.len() == mask.len() && out.len() == mask.len(), "one logit and one mask entry per action");
     let legal = mask.iter().filter(|&&m| m).count();
@@ -156,6 +162,25 @@ mod tests {
         let mut out = [0.0; 10];
         floored_logits(&z, &[true; 10], 0.15, &mut out);
         assert!(probs(&out).iter().all(|p| (p - 0.1).abs() < 1e-6));
+    }
+
+    /// The deviation named on `floored_logits`: with a floor, NaN logits give every legal action the
+    /// same logit (ln 1e-8, a uniform draw) and leave the masked ones masked; without one (floor 0) the
+    /// NaN passes through to the log-probabilities, where the update's finiteness gate sees it.
+    #[test]
+    fn nan_logits_floor_to_a_uniform_draw_over_the_legal_actions() {
+        let z = [f32::NAN; 4];
+        let mask = [true, false, true, true];
+        let mut out = [0.0; 4];
+        floored_logits(&z, &mask, 0.15, &mut out);
+        assert_eq!(out, [1e-8f32.ln(), MASKED_LOGIT, 1e-8f32.ln(), 1e-8f32.ln()]);
+        let p = probs(&out);
+        assert!(
+            p.iter().zip(&mask).all(|(&p, &m)| if m { (p - 1.0 / 3.0).abs() < 1e-6 } else { p == 0.0 }),
+            "{p:?}"
+        );
+        floored_logits(&z, &mask, 0.0, &mut out);
+        assert!(out[0].is_nan() && out[1] == MASKED_LOGIT);
     }
 
     /// Two entries under φ: p = [0.05, 0.25, 0.70], floor 0.3 (K = 3, φ = 0.3): under = {0, 1},
