@@ -113,8 +113,10 @@ pub struct Germination {
 }
 
 /// `germinate` (kasmina §3.4): checks in the reference's order, then a fresh state in GERMINATED with
-/// alpha 0 and the controller holding at 0. Module construction, the MULTIPLY zero-init and the shape
-/// probe belong to the kernels, which see the slot's `germinated` event.
+/// alpha 0 and the controller holding at 0. Module construction and the MULTIPLY zero-init belong to
+/// the kernels, which see the slot's `germinated` event. The reference's shape probe (a forward on a
+/// dummy input that refuses a blueprint changing the shape, kasmina §3.4 step 7) has no twin: every
+/// blueprint keeps its input's shape by construction, so it could never fail.
 pub fn germinate(slot: &mut SlotMut, g: Germination, topology: Topology) -> Result<(), LifecycleError> {
     let target = g.alpha_target.unwrap_or(1.0);
     if !(target > 0.0 && target <= 1.0) {
