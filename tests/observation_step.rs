@@ -269,3 +269,31 @@ fn a_rolled_back_envs_observation_counts_and_its_nan_stays_out_of_the_statistics
         close(norm.mean[j], 0.01 * m, &format!("mean[{j}]"));
     }
 }
+
+/// tamiyo §1.3's freshness quirk, kept: a seed that is never ablated (TRAINING at alpha 0) reads the
+/// sentinel −1 at its first decision, its "epochs since counterfactual" is created at 0 by that step's
+/// bookkeeping (D.7), so it reads 0.995^0 = 1.0 at the next decision and 0.995, 0.990 after that.
+#[test]
+fn a_never_ablated_seed_reads_the_sentinel_then_a_fresh_counterfactual() {
+    let plan = plan("freshness", 1, 5);
+    let mut s = Session::new(&plan).unwrap();
+    s.world.insert_resource(ActivePolicy(Box::new(common::Script(vec![]))));
+    s.start_round(0);
+    common::force_seed(
+        &mut s.world,
+        0,
+        0,
+        SeedStage::Training,
+        esper_components::BlueprintAction::ConvLight,
+        0.0,
+    );
+    let mut freshness = Vec::new();
+    for epoch in 1..=4 {
+        s.run_epoch(epoch);
+        let inputs = &s.world.resource::<ObsBatch>().inputs;
+        assert_eq!(inputs.contribution[0], None, "epoch {epoch}: a TRAINING seed is never ablated");
+        let raw = &s.world.resource::<ObsBatch>().raw;
+        freshness.push(raw[23 + 29]);
+    }
+    assert_eq!(freshness, [-1.0, 1.0, 0.995, (0.995f64 * 0.995) as f32]);
+}
