@@ -390,6 +390,20 @@ pub struct TrainArgs {
           help = with_default("PPO: entropy coefficient (per-head multipliers on top)", d().entropy_coef))]
     pub entropy_coef: Option<f64>,
 
+    #[arg(
+        long,
+        value_name = "C",
+        allow_negative_numbers = true,
+        help = "PPO: anneal the entropy coefficient linearly from --entropy-coef to this \
+                  over --entropy-anneal-episodes (default: no anneal)"
+    )]
+    pub entropy_coef_end: Option<f64>,
+
+    #[arg(long, value_name = "N",
+          help = with_default("PPO: episodes the entropy anneal takes, ceil(N / envs) updates (0: none)",
+                              d().entropy_anneal_episodes))]
+    pub entropy_anneal_episodes: Option<usize>,
+
     #[arg(long, value_name = "KL", allow_negative_numbers = true,
           help = with_default("PPO: stop a round's passes when the approximate KL exceeds 1.5× this (0: never)",
                               d().target_kl))]
@@ -629,6 +643,10 @@ impl TrainArgs {
         set(&mut c.ppo_epochs, self.ppo_epochs);
         set(&mut c.ppo_lr, self.ppo_lr);
         set(&mut c.entropy_coef, self.entropy_coef);
+        if self.entropy_coef_end.is_some() {
+            c.entropy_coef_end = self.entropy_coef_end;
+        }
+        set(&mut c.entropy_anneal_episodes, self.entropy_anneal_episodes);
         set(&mut c.target_kl, self.target_kl);
         set(&mut c.policy_hidden, self.policy_hidden);
         if self.policy_checkpoint.is_some() {

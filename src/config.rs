@@ -151,8 +151,13 @@ pub struct RunConfig {
     pub ppo_epochs: usize,
     /// PPO: Adam's learning rate.
     pub ppo_lr: f64,
-    /// PPO: the entropy coefficient (per-head multipliers on top).
+    /// PPO: the entropy coefficient (per-head multipliers on top); the anneal's start.
     pub entropy_coef: f64,
+    /// PPO: where the entropy coefficient's linear anneal ends (None: no anneal; simic §4.1).
+    pub entropy_coef_end: Option<f64>,
+    /// PPO: episodes the anneal takes, as the reference counts them: over ceil(episodes / envs) updates
+    /// (0: no anneal).
+    pub entropy_anneal_episodes: usize,
     /// PPO: early stop of the K passes when the approximate KL exceeds 1.5× this (0: never).
     pub target_kl: f64,
     /// The learned policy's LSTM width (the reference's 512; heads are half of it).
@@ -205,6 +210,8 @@ impl Default for RunConfig {
             ppo_epochs: 1,
             ppo_lr: 3e-4,
             entropy_coef: 0.05,
+            entropy_coef_end: None,
+            entropy_anneal_episodes: 0,
             target_kl: 0.015,
             policy_hidden: 512,
             policy_checkpoint: None,
@@ -221,6 +228,8 @@ impl RunConfig {
             epochs: self.ppo_epochs,
             lr: self.ppo_lr,
             entropy_coef: self.entropy_coef,
+            entropy_coef_end: self.entropy_coef_end,
+            entropy_anneal_updates: self.entropy_anneal_episodes.div_ceil(self.envs.max(1)) as u64,
             target_kl: (self.target_kl > 0.0).then_some(self.target_kl),
             total_updates: self.rounds as u64,
             ..Default::default()
@@ -521,6 +530,11 @@ impl RunConfig {
         if !(self.entropy_coef.is_finite() && self.entropy_coef >= 0.0) {
             return invalid("--entropy-coef", &format!("must be a number ≥ 0 (got {})", self.entropy_coef));
         }
+        if let Some(end) = self.entropy_coef_end
+            && !(end.is_finite() && end >= 0.0)
+        {
+            return invalid("--entropy-coef-end", &format!("must be a number ≥ 0 (got {end})"));
+        }
         if !(self.target_kl.is_finite() && self.target_kl >= 0.0) {
             return invalid(
                 "--target-kl",
@@ -809,6 +823,25 @@ mod tests {
             loss.plan_in(PathBuf::new(), true),
             Err(ConfigError::Reward(RewardConfigError::LossFamilyNeedsShaped(RewardMode::Sparse)))
         ));
+    }
+
+    /// simic §4.1: `entropy_anneal_episodes > 0` anneals linearly from `entropy_coef` to its end over
+    /// ceil(episodes / envs) updates, floored at `entropy_coef_min`; without an end there is none.
+    #[test]
+    fn the_entropy_anneal_runs_over_ceil_episodes_per_envs_updates() {
+        let text = "envs = 16\nentropy_coef = 0.1\nentropy_coef_end = 0.02\nentropy_anneal_episodes = 100\n";
+        let ppo = RunConfig::from_toml_str(text).unwrap().ppo();
+        assert_eq!((ppo.entropy_anneal_updates, ppo.entropy_coef_end), (7, Some(0.02)));
+        let at = |steps| ppo.entropy_coef_at(steps);
+        for (steps, want) in [(0, 0.1), (3, 0.1 - 0.08 * 3.0 / 7.0), (7, 0.02), (70, 0.02)] {
+            assert!((at(steps) - want).abs() < 1e-15, "after {steps} updates: {} against {want}", at(steps));
+        }
+        let low = RunConfig { entropy_coef_end: Some(0.0), ..RunConfig::from_toml_str(text).unwrap() }.ppo();
+        assert_eq!(low.entropy_coef_at(7), 0.01, "floored at entropy_coef_min");
+        let none = RunConfig::from_toml_str("entropy_anneal_episodes = 100\n").unwrap().ppo();
+        assert_eq!((none.entropy_coef_at(0), none.entropy_coef_at(50)), (0.05, 0.05));
+        let bad = RunConfig { entropy_coef_end: Some(-1.0), ..RunConfig::default() };
+        assert!(bad.plan_in(PathBuf::new(), true).unwrap_err().to_string().contains("--entropy-coef-end"));
     }
 
     #[test]
