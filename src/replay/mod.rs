@@ -16,7 +16,8 @@ pub mod plot;
 use crate::config::RunConfig;
 use crate::run::Session;
 use crate::trace::{Trace, TraceEnd};
-use esper_components::{LifecycleOp, OpOutcome, SeedStage};
+use esper_components::{EpisodeReturn, LifecycleOp, OpOutcome, SeedStage};
+use esper_kernels::policy::rollout::DEATH_PENALTY;
 use esper_systems::write_trace::{
     EVENT_FOSSILIZED, EVENT_GERMINATED, EVENT_PRUNED, EnvStep, StepRecord, StepSink, TraceSink,
 };
@@ -91,14 +92,18 @@ pub fn summarize_round(round: u64, steps: &[StepRecord]) -> RoundSummary {
     let Some(last) = steps.last() else { return s };
     let n_envs = last.envs.len().max(1);
     s.mean_final_acc = last.envs.iter().map(|e| e.val_acc).sum::<f64>() / n_envs as f64;
-    let mut returns = vec![0.0; last.envs.len()];
+    // As the run's `EpisodeReturn` counts them: a rollback rewrites the env's rewards since its last
+    // one to the death penalty (simic §1.6).
+    let mut returns = vec![EpisodeReturn::default(); last.envs.len()];
     let mut ops = [0usize; LifecycleOp::COUNT];
     for step in steps {
         for (e, env) in step.envs.iter().enumerate() {
-            if let Some(r) = env.reward
-                && let Some(total) = returns.get_mut(e)
-            {
-                *total += r;
+            if let Some(total) = returns.get_mut(e) {
+                match (env.outcome, env.reward) {
+                    (OpOutcome::RolledBack, _) => total.end_with_rollback(f64::from(DEATH_PENALTY)),
+                    (_, Some(r)) => total.add(r),
+                    _ => {}
+                }
             }
             match env.outcome {
                 OpOutcome::Executed if env.effective_op != LifecycleOp::Wait => {
@@ -115,7 +120,7 @@ pub fn summarize_round(round: u64, steps: &[StepRecord]) -> RoundSummary {
             }
         }
     }
-    s.mean_return = crate::profile::mean(&returns);
+    s.mean_return = crate::profile::mean(&returns.iter().map(|r| r.raw).collect::<Vec<_>>());
     s.ops = LifecycleOp::ALL
         .iter()
         .filter(|&&op| ops[op as usize] > 0)
@@ -618,6 +623,22 @@ mod tests {
         assert_eq!((s.germinated, s.fossilized, s.pruned, s.epochs), (2, 1, 1, 13));
         assert_eq!(s.ops, [(LifecycleOp::Germinate, 2), (LifecycleOp::Prune, 1)]);
         assert!((s.mean_return - 6.5).abs() < 1e-12 && (s.mean_final_acc - 22.0).abs() < 1e-12);
+    }
+
+    /// simic §1.6 as the run's `EpisodeReturn` counts it: a rollback (no reward of its own) rewrites the
+    /// env's rewards since its last rollback to the death penalty. 13 steps of 0.5 with a rollback at
+    /// step 4 (after 4 rewarded steps) and one at step 9: −10, then 4 steps to the second rollback
+    /// (−10 again), then 3 steps: −20 + 1.5.
+    #[test]
+    fn round_return_counts_a_rollback_as_the_run_does() {
+        let mut trace = trace_of(&[Dormant; 13], &[], &[]);
+        for at in [4, 9] {
+            let env = &mut trace.steps[at].envs[0];
+            (env.outcome, env.reward) = (OpOutcome::RolledBack, None);
+        }
+        let s = summarize_round(0, &trace.steps);
+        assert_eq!(s.rollbacks, 2);
+        assert!((s.mean_return - (-20.0 + 1.5)).abs() < 1e-12, "{}", s.mean_return);
     }
 
     #[test]

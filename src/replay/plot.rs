@@ -7,7 +7,8 @@
 //! registration also serves the SVG backend, which measures text with it to lay out labels.
 
 use crate::trace::Trace;
-use esper_components::SeedStage;
+use esper_components::{EpisodeReturn, OpOutcome, SeedStage};
+use esper_kernels::policy::rollout::DEATH_PENALTY;
 use esper_systems::write_trace::StepRecord;
 use plotters::coord::Shift;
 use plotters::coord::types::RangedCoordf64;
@@ -528,12 +529,13 @@ fn mean_val_acc(steps: &[StepRecord]) -> Vec<f64> {
 }
 
 /// Per step, the mean over envs of each env's raw reward summed since its round began (a missing or
-/// non-finite reward counts as 0); None when the trace has no reward at all.
+/// non-finite reward counts as 0; a rollback rewrites the env's rewards since its last one to the death
+/// penalty, as the run's `EpisodeReturn` does); None when the trace has no reward at all.
 fn mean_return_so_far(steps: &[StepRecord]) -> Option<Vec<f64>> {
     if !steps.iter().flat_map(|s| &s.envs).any(|e| e.reward.is_some()) {
         return None;
     }
-    let mut sums: Vec<f64> = Vec::new();
+    let mut sums: Vec<EpisodeReturn> = Vec::new();
     let mut round = None;
     let mut means = Vec::with_capacity(steps.len());
     for step in steps {
@@ -541,12 +543,19 @@ fn mean_return_so_far(steps: &[StepRecord]) -> Option<Vec<f64>> {
             sums.clear();
             round = Some(step.round);
         }
-        sums.resize(sums.len().max(step.envs.len()), 0.0);
+        sums.resize(sums.len().max(step.envs.len()), EpisodeReturn::default());
         for (sum, env) in sums.iter_mut().zip(&step.envs) {
-            *sum += env.reward.filter(|r| r.is_finite()).unwrap_or(0.0);
+            match env.outcome {
+                OpOutcome::RolledBack => sum.end_with_rollback(f64::from(DEATH_PENALTY)),
+                _ => {
+                    if let Some(r) = env.reward {
+                        sum.add(if r.is_finite() { r } else { 0.0 });
+                    }
+                }
+            }
         }
         let n = step.envs.len();
-        means.push(if n == 0 { f64::NAN } else { sums[..n].iter().sum::<f64>() / n as f64 });
+        means.push(if n == 0 { f64::NAN } else { sums[..n].iter().map(|r| r.raw).sum::<f64>() / n as f64 });
     }
     Some(means)
 }
