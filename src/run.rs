@@ -50,8 +50,9 @@ pub struct RunSummary {
     /// Each env's validation accuracy (pp) after its last epoch.
     pub final_val_accuracy: Vec<f64>,
     pub mean_final_val_accuracy: f64,
-    /// Per round: the mean over envs of the raw episode return (Σ of the env's rewards; a rolled-back
-    /// step adds none). An interrupted round counts its epochs so far.
+    /// Per round: the mean over envs of the raw episode return (Σ of the env's rewards; a rollback
+    /// rewrites the env's rewards since its last one to the death penalty, simic §1.6). An interrupted
+    /// round counts its epochs so far.
     pub mean_episode_return: Vec<f64>,
     pub seeds_germinated: u64,
     pub seeds_fossilized: u64,
@@ -59,7 +60,8 @@ pub struct RunSummary {
     pub failed_ops: u64,
     pub rollbacks: u64,
     pub vetoed_ops: u64,
-    /// Rounds after which the learned policy saved a checkpoint (0 for the other policies).
+    /// Rounds whose PPO update stepped the optimizer (0 for the other policies; an update the finiteness
+    /// gate skipped whole does not count).
     pub policy_updates: u64,
     /// On a device (`--device cuda`): its own figures per step; absent on the CPU.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -576,7 +578,11 @@ pub fn train_session(
         summary.mean_episode_return.push(mean(&returns));
         if session.world.resource::<StepClock>().is_last_epoch() {
             summary.rounds_completed += 1;
-            if session.save_checkpoint(plan, round + 1, &checkpoint::path_in(&plan.out_dir))? {
+            let stepped = session
+                .world
+                .get_resource::<Learner>()
+                .is_some_and(|l| l.last_update.as_ref().is_some_and(|m| m.epochs_run > 0));
+            if session.save_checkpoint(plan, round + 1, &checkpoint::path_in(&plan.out_dir))? && stepped {
                 summary.policy_updates += 1;
             }
             let seconds = round_started.elapsed().as_secs_f64();
@@ -586,12 +592,13 @@ pub fn train_session(
             }
         }
         // simic §1.4.3: a warning for each update skipped whole for non-finite values, and the run
-        // stops at the third in a row (after this round's lines and checkpoint are written).
+        // stops at the third (counted as the reference counts them, `finiteness_failures_after`; after
+        // this round's lines and checkpoint are written).
         let failures = session.world.get_resource::<Learner>().map_or(0, |l| l.finiteness_failures);
         if failures > 0 && session.world.resource::<StepClock>().is_last_epoch() {
             let line = format!(
                 "round {}: the PPO update was skipped, every epoch hit non-finite values \
-                 ({failures} of {FINITENESS_FAILURE_LIMIT} in a row stop the run)",
+                 ({failures} of the {FINITENESS_FAILURE_LIMIT} that stop the run)",
                 round + 1
             );
             match &progress {
@@ -601,7 +608,7 @@ pub fn train_session(
         }
         if failures >= FINITENESS_FAILURE_LIMIT {
             halted = Some(RunError(format!(
-                "PPO training failed: {failures} updates in a row were skipped for non-finite values \
+                "PPO training failed: {failures} updates were skipped for non-finite values \
                  (the policy's or the critic's outputs hold NaN or infinity); the rounds so far are written in {}",
                 plan.out_dir.display()
             )));

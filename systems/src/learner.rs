@@ -26,7 +26,8 @@ pub struct Learner {
     pub values: Vec<f32>,
     /// What the last round's update reported (None before the first, or when it was skipped).
     pub last_update: Option<UpdateMetrics>,
-    /// Updates in a row whose every epoch the finiteness gate skipped (simic §1.4.3); the run stops at
+    /// Updates whose every epoch the finiteness gate skipped, counted as the reference counts them
+    /// (`ppo_update::finiteness_failures_after`: over the run, not only in a row); the run stops at
     /// [`FINITENESS_FAILURE_LIMIT`]. Not kept in a checkpoint: a resumed run starts at 0.
     pub finiteness_failures: u32,
     scratch: DrawScratch,
@@ -36,7 +37,7 @@ pub struct Learner {
     offsets: [usize; 8],
 }
 
-/// Updates in a row skipped whole for non-finite values at which the run stops (simic §1.4.3).
+/// Updates skipped whole for non-finite values at which the run stops (simic §1.4.3).
 pub const FINITENESS_FAILURE_LIMIT: u32 = 3;
 
 /// The round's transitions, present only while the policy learns (not under `--eval`).

@@ -13,6 +13,7 @@ use crate::normalize_observations::ObsNormalization;
 use crate::step_span::StepInfo;
 use bevy_ecs::prelude::*;
 use candle_core::Tensor;
+use esper_kernels::policy::ppo::UpdateMetrics;
 
 /// V(s_{T+1}) of every env from its carried LSTM state, into the bootstrap of each row's last column
 /// where that column was truncated (a row whose last step rolled back ended in a true terminal).
@@ -47,15 +48,8 @@ pub fn bootstrap_values(
     }
 }
 
-/// The update (after the observation normaliser's), then an empty buffer for the next round.
-///
-/// The finiteness gate's bookkeeping (simic §1.4.3) as the reference runs it
-/// (`PPOCoordinator.check_finiteness_gate`): an update whose every epoch was skipped for non-finite
-/// values adds one to `Learner::finiteness_failures`, any other update (one that stepped, or had
-/// nothing to learn from) sets it back to 0, and the run stops at the third failure in a row. The
-/// spec's "otherwise the batch is re-run with the same batch index" is a branch the reference never
-/// takes (`check_finiteness_gate` returns `should_continue = True` or raises), so the next round
-/// simply follows.
+/// The update (after the observation normaliser's), then an empty buffer for the next round, with
+/// the finiteness gate's bookkeeping ([`finiteness_failures_after`]).
 pub fn ppo_update(
     clock: Res<StepClock>,
     mut learner: ResMut<Learner>,
@@ -66,9 +60,50 @@ pub fn ppo_update(
     learner.last_update = None;
     if clock.is_last_epoch() {
         let update = learner.agent.update(&rollout.0).expect("the PPO update");
-        let failed = update.as_ref().is_some_and(|m| m.epochs_run == 0 && m.nonfinite_skips > 0);
-        learner.finiteness_failures = if failed { learner.finiteness_failures + 1 } else { 0 };
+        learner.finiteness_failures = finiteness_failures_after(learner.finiteness_failures, update.as_ref());
         learner.last_update = update;
     }
     rollout.0.clear();
+}
+
+/// The finiteness gate's count after an update (simic §1.4.3), as the reference keeps it: the run
+/// stops when it reaches `FINITENESS_FAILURE_LIMIT`.
+///
+/// * an update whose every epoch was skipped for non-finite values adds one;
+/// * an update that stepped leaves the count as it was. Reference quirk kept: the spec says "3
+///   consecutive", but the reference calls `PPOCoordinator.check_finiteness_gate` only for a skipped
+///   update (vectorized_trainer.py), so its "reset on a successful update" never runs and three
+///   failures anywhere in the run stop it;
+/// * a skipped update with no finiteness skip (nothing to learn from, or no epoch run for another
+///   reason) sets it back to 0, where the reference's check returns 0.
+///
+/// The spec's "otherwise the batch is re-run with the same batch index" is a branch the reference never
+/// takes (`check_finiteness_gate` returns `should_continue = True` or raises), so the next round simply
+/// follows.
+pub fn finiteness_failures_after(failures: u32, update: Option<&UpdateMetrics>) -> u32 {
+    match update {
+        Some(m) if m.epochs_run > 0 => failures,
+        Some(m) if m.nonfinite_skips > 0 => failures + 1,
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_count_over_the_run_and_only_a_skipped_update_without_them_resets() {
+        let failed = UpdateMetrics { epochs_run: 0, nonfinite_skips: 2, ..UpdateMetrics::default() };
+        let stepped = UpdateMetrics { epochs_run: 1, nonfinite_skips: 1, ..UpdateMetrics::default() };
+        // fail, step, fail, fail: three failures, so the run stops (not three in a row).
+        let mut n = 0;
+        for update in [&failed, &stepped, &failed, &failed] {
+            n = finiteness_failures_after(n, Some(update));
+        }
+        assert_eq!(n, 3);
+        assert_eq!(finiteness_failures_after(2, None), 0, "an empty buffer resets");
+        let idle = UpdateMetrics { epochs_run: 0, nonfinite_skips: 0, ..UpdateMetrics::default() };
+        assert_eq!(finiteness_failures_after(2, Some(&idle)), 0);
+    }
 }
