@@ -719,6 +719,23 @@ mod tests {
     }
 
     #[test]
+    fn the_entropy_anneal_flags_reach_the_ppo_settings() {
+        let cli = Cli::try_parse_from([
+            "esper-ecs",
+            "train",
+            "--envs",
+            "4",
+            "--entropy-coef-end",
+            "0.02",
+            "--entropy-anneal-episodes",
+            "10",
+        ]);
+        let Command::Train(args) = cli.unwrap().command else { panic!("not train") };
+        let ppo = args.to_config().unwrap().ppo();
+        assert_eq!((ppo.entropy_coef_end, ppo.entropy_anneal_updates), (Some(0.02), 3));
+    }
+
+    #[test]
     fn flags_override_the_config_file() {
         let dir = std::env::temp_dir().join(format!("esper-cli-unit-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
