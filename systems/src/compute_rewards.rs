@@ -4,7 +4,8 @@
 //! normaliser in env order, and writes back what the modes carry: the escrow credit, the drip a
 //! FOSSILIZE earned, the previous alpha and parameter count of every slot, and the pending terms it
 //! paid (reset). An env that rolled back this step gets no reward and no normaliser update, and keeps
-//! its pending terms for its next rewarded step (simic §1.3 D.2).
+//! its pending terms for its next rewarded step (simic §1.3 D.2); its episode return takes the death
+//! penalty as the rollout buffer does (simic §1.6, `EpisodeReturn::end_with_rollback`).
 //!
 //! The reward runs before the action is executed: it sees the seed state after this epoch's training
 //! and record, and the action just sampled. The target slot is the sampled slot head, canonicalised to

@@ -93,8 +93,8 @@ pub(crate) enum UnitOutputGrad<'a, T> {
 }
 
 /// The residual add that ends a seed: `y = skip + out`, or with `blend` (the per-env ADD amplitude,
-/// clamped) the slot's ADD blend of that with `skip` as the host activation, `y = skip + a·((skip + out)
-/// − skip)`: the arithmetic of a residual add then `blend_add_forward`.
+/// clamped) the slot's ADD blend of that with `skip` as the host activation, `y = lerp(skip, skip + out,
+/// a)`: the arithmetic of a residual add then `blend_add_forward`.
 pub(crate) struct Residual<'a, T> {
     pub skip: &'a [T],
     pub y: &'a mut [T],

@@ -256,7 +256,7 @@ pub fn forward<T: Real>(
 }
 
 /// [`forward`], then the slot's ADD blend with the seed's input as the host activation:
-/// `y = x + a·(bp(x) − x)` with `alpha` the per-env amplitude, already clamped (`[Eb]`). The same bits
+/// `y = lerp(x, bp(x), a)` with `alpha` the per-env amplitude, already clamped (`[Eb]`). The same bits
 /// as [`forward`] then `ops::blend_add_forward`; the conv seeds blend in the last pass over their output
 /// while it is in cache, so the seed's own output is never written. [`backward`] is unchanged (the ADD
 /// blend's backward needs only `a`).
