@@ -16,7 +16,8 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-fn small(rounds: usize) -> RunConfig {
+/// A learned-policy run small enough for a test (3 envs × 4 epochs, LSTM 32, 64 + 32 images per env).
+pub(crate) fn small(rounds: usize) -> RunConfig {
     RunConfig {
         envs: 3,
         rounds,

@@ -2,7 +2,7 @@
 //! give the contribution predictor a target.
 
 use esper_components::{BlueprintAction, SeedStage};
-use esper_ecs::config::{PolicyKind, RunConfig};
+use esper_ecs::config::RunConfig;
 use esper_ecs::run::Session;
 use esper_systems::build_observations::ObsBatch;
 use esper_systems::learner::Rollout;
@@ -18,16 +18,7 @@ fn a_measured_step_gives_no_contribution_target_as_in_the_reference() {
     let out = std::env::temp_dir().join(format!("esper-rollout-step-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out).unwrap();
-    let config = RunConfig {
-        envs: 2,
-        epochs: 3,
-        policy: PolicyKind::Ppo,
-        policy_hidden: 32,
-        batch_per_env: 16,
-        synthetic_train_per_env: 64,
-        synthetic_test_per_env: 32,
-        ..RunConfig::default()
-    };
+    let config = RunConfig { envs: 2, epochs: 3, ..crate::ppo_train::small(1) };
     let plan = config.plan_in(out.clone(), true).expect("a valid tiny config");
     let mut s = Session::new(&plan).unwrap();
     s.start_round(0);
