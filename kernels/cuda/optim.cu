@@ -32,11 +32,12 @@ extern "C" __global__ void sq_norms_finish(const double* partial, double* sq_nor
     }
 }
 
-// clip_grad_norm_'s factor per env: min(1, max_norm / (sqrt(sq_norm) + 1e-6)), as clip_coefficient.
+// clip_grad_norm_'s factor per env: clamp(max_norm / (sqrt(sq_norm) + 1e-6), max = 1), as
+// clip_coefficient: a NaN passes through, as torch.clamp lets it.
 extern "C" __global__ void clip_coefficients(const double* sq_norms, double* coef, u32 envs, double max_norm) {
     FOR_EACH(e, envs) {
         double c = max_norm / (sqrt(sq_norms[e]) + 1e-6);
-        coef[e] = c < 1.0 ? c : 1.0;
+        coef[e] = c >= 1.0 ? 1.0 : c;
     }
 }
 

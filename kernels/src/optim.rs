@@ -50,9 +50,12 @@ pub fn accumulate_sq_norms<T: Real>(grad: &[T], sq_norms: &mut [f64]) {
     });
 }
 
-/// The factor `clip_grad_norm_` multiplies gradients by for a total norm `norm`.
+/// The factor `clip_grad_norm_` multiplies gradients by for a total norm `norm`:
+/// `clamp(max_norm / (norm + 1e-6), max = 1)`. As `torch.clamp`, a NaN passes through (a NaN norm makes
+/// every gradient of the set NaN, and the governor sees the diverged env); `f64::min` would return 1.
 pub fn clip_coefficient(norm: f64, max_norm: f64) -> f64 {
-    (max_norm / (norm + 1e-6)).min(1.0)
+    let c = max_norm / (norm + 1e-6);
+    if c >= 1.0 { 1.0 } else { c }
 }
 
 /// Scale each env's slice of `grad` by `coef[e]` (skipping envs whose coefficient is exactly 1).
@@ -103,6 +106,21 @@ pub fn sgd_step<T: Real>(param: &mut [T], grad: &[T], momentum: &mut [T], active
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `torch.nn.utils.clip_grad_norm_`'s factor: 1 at or under the norm, `max/(norm + 1e-6)` over it,
+    /// 0 for an infinite norm, and NaN for a NaN one (torch.clamp passes NaN), which makes every gradient
+    /// it scales NaN.
+    #[test]
+    fn clip_coefficient_follows_torch_including_nan() {
+        assert_eq!(clip_coefficient(0.5, 1.0), 1.0);
+        assert_eq!(clip_coefficient(4.0, 1.0), 1.0 / (4.0 + 1e-6));
+        assert_eq!(clip_coefficient(f64::INFINITY, 1.0), 0.0);
+        assert!(clip_coefficient(f64::NAN, 1.0).is_nan());
+        let mut grad = vec![1.0f32, -2.0, 3.0, 4.0];
+        scale_per_env(&mut grad, &[1.0, clip_coefficient(f64::NAN, 1.0)]);
+        assert_eq!(&grad[..2], &[1.0, -2.0]);
+        assert!(grad[2..].iter().all(|g| g.is_nan()));
+    }
 
     /// PyTorch's SGD written out for one scalar parameter, step by step.
     fn torch_sgd(p0: f64, grads: &[f64], cfg: SgdConfig) -> f64 {
