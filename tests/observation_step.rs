@@ -297,3 +297,38 @@ fn a_never_ablated_seed_reads_the_sentinel_then_a_fresh_counterfactual() {
     }
     assert_eq!(freshness, [-1.0, 1.0, 0.995, (0.995f64 * 0.995) as f32]);
 }
+
+/// The reference resets a slot's interaction terms at validation only where a seed module is in the
+/// slot (`has_active_seed_in_slot`): a slot in cooldown keeps its last pass's terms, and its observation
+/// shows them (feature 22, `clamp(interaction_sum / 10)`) until the slot empties; a live seed's are
+/// reset (and, not ablated here, stay 0).
+#[test]
+fn a_slot_in_cooldown_keeps_its_interaction_terms_through_validation() {
+    let plan = plan("cooldown-interactions", 1, 3);
+    let mut s = Session::new(&plan).unwrap();
+    s.world.insert_resource(ActivePolicy(Box::new(common::Script(vec![]))));
+    s.start_round(0);
+    let bp = esper_components::BlueprintAction::ConvLight;
+    common::force_seed(&mut s.world, 0, 0, SeedStage::Embargoed, bp, 0.0);
+    common::force_seed(&mut s.world, 0, 1, SeedStage::Training, bp, 0.0);
+    let mut q = s.world.query::<(
+        &esper_components::EnvIndex,
+        &esper_components::SlotIndex,
+        &mut esper_components::SeedMetrics,
+    )>();
+    for (env, _, mut m) in q.iter_mut(&mut s.world) {
+        if env.0 == 0 {
+            (m.interaction_sum, m.boost_received) = (3.0, 1.5);
+        }
+    }
+    s.run_epoch(1);
+    let metrics: Vec<(u8, f64, f64)> = q
+        .iter(&s.world)
+        .filter(|(env, ..)| env.0 == 0)
+        .map(|(_, slot, m)| (slot.0, m.interaction_sum, m.boost_received))
+        .collect();
+    assert!(metrics.contains(&(0, 3.0, 1.5)), "the EMBARGOED slot keeps them: {metrics:?}");
+    assert!(metrics.contains(&(1, 0.0, 0.0)), "the TRAINING seed's are reset: {metrics:?}");
+    let raw = &s.world.resource::<ObsBatch>().raw;
+    assert_eq!((raw[23 + 22], raw[23 + 31 + 22]), (0.3, 0.0));
+}

@@ -62,9 +62,15 @@ pub fn validate(
             ledger.record(ablated[i] as u8, ablated[j] as u8, interaction, clock.epoch as u32);
         }
     }
-    for (env, index, _, _, mut m, mut tracking) in &mut slots {
+    for (env, index, stage, _, mut m, mut tracking) in &mut slots {
         let (e, k) = (env.0 as usize, index.0 as usize);
         let r = &results[e];
+        // Only where a seed module is in the slot (the reference's `has_active_seed_in_slot`): a slot in
+        // cooldown (PRUNED, EMBARGOED, RESETTING) keeps the interaction terms of its last pass, and the
+        // observation shows them until the slot empties.
+        if !stage.current.has_seed() {
+            continue;
+        }
         m.interaction_sum = 0.0;
         m.boost_received = 0.0;
         m.upstream_alpha_sum = 0.0;
