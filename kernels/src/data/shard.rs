@@ -10,11 +10,9 @@
 //! * **Test**: in file order, not shuffled, last batch kept, so
 //!   `num_test_batches = ⌈n_test / (batch_per_env·n_envs)⌉`. Each batch of length `L` is split like
 //!   `torch.tensor_split(batch, n_envs)`: the first `L mod n_envs` chunks get `⌊L/n_envs⌋ + 1` samples,
-//!   the others `⌊L/n_envs⌋`. When `L` is a multiple of `n_envs` (every full batch, and the reference's
-//!   last CIFAR batch of 1,808 = 4×452) this is the equal split the reference's `torch.chunk` gives; when
-//!   it is not, `torch.chunk` would give fewer than `n_envs` chunks and leave envs without data, so we
-//!   deliberately differ there. Each env therefore validates on its own fixed, disjoint slice of the
-//!   test set, and the slices cover it.
+//!   the others `⌊L/n_envs⌋`, as the reference's iterators split every batch (`utils/data.py`:
+//!   "tensor_split preserves env count on partial batches"). Each env therefore validates on its own
+//!   fixed, disjoint slice of the test set, and the slices cover it.
 //!
 //! Randomness (DESIGN §7), all pure functions of their key and counter:
 //! * data order of an epoch: `StreamKey { seed, round, env: epoch, purpose: DataOrder }` from counter 0,
