@@ -270,15 +270,20 @@ fn a_rolled_back_envs_observation_counts_and_its_nan_stays_out_of_the_statistics
     }
 }
 
+/// A one-round session of `epochs` whose policy always WAITs, its round started.
+fn waiting_session(name: &str, epochs: usize) -> Session {
+    let mut s = Session::new(&plan(name, 1, epochs)).unwrap();
+    s.world.insert_resource(ActivePolicy(Box::new(common::Script(vec![]))));
+    s.start_round(0);
+    s
+}
+
 /// tamiyo §1.3's freshness quirk, kept: a seed that is never ablated (TRAINING at alpha 0) reads the
 /// sentinel −1 at its first decision, its "epochs since counterfactual" is created at 0 by that step's
 /// bookkeeping (D.7), so it reads 0.995^0 = 1.0 at the next decision and 0.995, 0.990 after that.
 #[test]
 fn a_never_ablated_seed_reads_the_sentinel_then_a_fresh_counterfactual() {
-    let plan = plan("freshness", 1, 5);
-    let mut s = Session::new(&plan).unwrap();
-    s.world.insert_resource(ActivePolicy(Box::new(common::Script(vec![]))));
-    s.start_round(0);
+    let mut s = waiting_session("freshness", 5);
     common::force_seed(
         &mut s.world,
         0,
@@ -304,10 +309,7 @@ fn a_never_ablated_seed_reads_the_sentinel_then_a_fresh_counterfactual() {
 /// reset (and, not ablated here, stay 0).
 #[test]
 fn a_slot_in_cooldown_keeps_its_interaction_terms_through_validation() {
-    let plan = plan("cooldown-interactions", 1, 3);
-    let mut s = Session::new(&plan).unwrap();
-    s.world.insert_resource(ActivePolicy(Box::new(common::Script(vec![]))));
-    s.start_round(0);
+    let mut s = waiting_session("cooldown-interactions", 3);
     let bp = esper_components::BlueprintAction::ConvLight;
     common::force_seed(&mut s.world, 0, 0, SeedStage::Embargoed, bp, 0.0);
     common::force_seed(&mut s.world, 0, 1, SeedStage::Training, bp, 0.0);
