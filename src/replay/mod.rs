@@ -87,23 +87,28 @@ pub struct RoundSummary {
     pub rollbacks: usize,
 }
 
+/// One recorded step of an env into its episode return, as the run's `compute_rewards` counts it: a
+/// rollback (no reward of its own) rewrites the env's rewards since its last one to the death penalty
+/// (simic §1.6); a rewarded step adds its raw reward.
+pub(crate) fn add_to_return(total: &mut EpisodeReturn, outcome: OpOutcome, reward: Option<f64>) {
+    match (outcome, reward) {
+        (OpOutcome::RolledBack, _) => total.end_with_rollback(f64::from(DEATH_PENALTY)),
+        (_, Some(r)) => total.add(r),
+        (_, None) => {}
+    }
+}
+
 pub fn summarize_round(round: u64, steps: &[StepRecord]) -> RoundSummary {
     let mut s = RoundSummary { round, epochs: steps.len(), ..RoundSummary::default() };
     let Some(last) = steps.last() else { return s };
     let n_envs = last.envs.len().max(1);
     s.mean_final_acc = last.envs.iter().map(|e| e.val_acc).sum::<f64>() / n_envs as f64;
-    // As the run's `EpisodeReturn` counts them: a rollback rewrites the env's rewards since its last
-    // one to the death penalty (simic §1.6).
     let mut returns = vec![EpisodeReturn::default(); last.envs.len()];
     let mut ops = [0usize; LifecycleOp::COUNT];
     for step in steps {
         for (e, env) in step.envs.iter().enumerate() {
             if let Some(total) = returns.get_mut(e) {
-                match (env.outcome, env.reward) {
-                    (OpOutcome::RolledBack, _) => total.end_with_rollback(f64::from(DEATH_PENALTY)),
-                    (_, Some(r)) => total.add(r),
-                    _ => {}
-                }
+                add_to_return(total, env.outcome, env.reward);
             }
             match env.outcome {
                 OpOutcome::Executed if env.effective_op != LifecycleOp::Wait => {

@@ -7,8 +7,7 @@
 //! registration also serves the SVG backend, which measures text with it to lay out labels.
 
 use crate::trace::Trace;
-use esper_components::{EpisodeReturn, OpOutcome, SeedStage};
-use esper_kernels::policy::rollout::DEATH_PENALTY;
+use esper_components::{EpisodeReturn, SeedStage};
 use esper_systems::write_trace::StepRecord;
 use plotters::coord::Shift;
 use plotters::coord::types::RangedCoordf64;
@@ -545,14 +544,8 @@ fn mean_return_so_far(steps: &[StepRecord]) -> Option<Vec<f64>> {
         }
         sums.resize(sums.len().max(step.envs.len()), EpisodeReturn::default());
         for (sum, env) in sums.iter_mut().zip(&step.envs) {
-            match env.outcome {
-                OpOutcome::RolledBack => sum.end_with_rollback(f64::from(DEATH_PENALTY)),
-                _ => {
-                    if let Some(r) = env.reward {
-                        sum.add(if r.is_finite() { r } else { 0.0 });
-                    }
-                }
-            }
+            let reward = env.reward.map(|r| if r.is_finite() { r } else { 0.0 });
+            super::add_to_return(sum, env.outcome, reward);
         }
         let n = step.envs.len();
         means.push(if n == 0 { f64::NAN } else { sums[..n].iter().map(|r| r.raw).sum::<f64>() / n as f64 });
