@@ -18,7 +18,7 @@ use esper_kernels::data::{Batcher, Dataset};
 use esper_kernels::host::{CpuHostBackend, GraphCounts, HostArch};
 use esper_kernels::observation::obs_dim;
 use esper_kernels::policy::network::PolicyShape;
-use esper_kernels::policy::ppo::PpoAgent;
+use esper_kernels::policy::ppo::{PpoAgent, UpdateMetrics};
 use esper_kernels::policy::rollout::RolloutBuffer;
 use esper_systems::compute_rewards::SharedRewardNormalizer;
 use esper_systems::episode_end::episode_end_schedule;
@@ -578,10 +578,12 @@ pub fn train_session(
         summary.mean_episode_return.push(mean(&returns));
         if session.world.resource::<StepClock>().is_last_epoch() {
             summary.rounds_completed += 1;
-            let stepped = session
+            // This round's update (only a learner's) and the finiteness gate's count after it.
+            let (update, failures) = session
                 .world
                 .get_resource::<Learner>()
-                .is_some_and(|l| l.last_update.as_ref().is_some_and(|m| m.epochs_run > 0));
+                .map_or((None, 0), |l| (l.last_update.clone(), l.finiteness_failures));
+            let stepped = update.as_ref().is_some_and(|m| m.epochs_run > 0);
             if session.save_checkpoint(plan, round + 1, &checkpoint::path_in(&plan.out_dir))? && stepped {
                 summary.policy_updates += 1;
             }
@@ -590,29 +592,28 @@ pub fn train_session(
             if let Some(err) = session.world.resource::<MetricsSink>().error() {
                 return Err(RunError(err.to_string()));
             }
-        }
-        // simic §1.4.3: a warning for each update skipped whole for non-finite values, and the run
-        // stops at the third (counted as the reference counts them, `finiteness_failures_after`; after
-        // this round's lines and checkpoint are written).
-        let failures = session.world.get_resource::<Learner>().map_or(0, |l| l.finiteness_failures);
-        if failures > 0 && session.world.resource::<StepClock>().is_last_epoch() {
-            let line = format!(
-                "round {}: the PPO update was skipped, every epoch hit non-finite values \
-                 ({failures} of the {FINITENESS_FAILURE_LIMIT} that stop the run)",
-                round + 1
-            );
-            match &progress {
-                Some(bar) => bar.suspend(|| eprintln!("{line}")),
-                None => eprintln!("{line}"),
+            // simic §1.4.3: a warning for an update skipped whole for non-finite values, and the run
+            // stops at the third (counted as the reference counts them, `finiteness_failures_after`),
+            // after this round's lines and checkpoint are written.
+            if update.as_ref().is_some_and(UpdateMetrics::skipped_for_nonfinite) {
+                let line = format!(
+                    "round {}: the PPO update was skipped, every epoch hit non-finite values \
+                     ({failures} of the {FINITENESS_FAILURE_LIMIT} that stop the run)",
+                    round + 1
+                );
+                match &progress {
+                    Some(bar) => bar.suspend(|| eprintln!("{line}")),
+                    None => eprintln!("{line}"),
+                }
             }
-        }
-        if failures >= FINITENESS_FAILURE_LIMIT {
-            halted = Some(RunError(format!(
-                "PPO training failed: {failures} updates were skipped for non-finite values \
-                 (the policy's or the critic's outputs hold NaN or infinity); the rounds so far are written in {}",
-                plan.out_dir.display()
-            )));
-            break;
+            if failures >= FINITENESS_FAILURE_LIMIT {
+                halted = Some(RunError(format!(
+                    "PPO training failed: {failures} updates were skipped for non-finite values \
+                     (the policy's or the critic's outputs hold NaN or infinity); the rounds so far are written in {}",
+                    plan.out_dir.display()
+                )));
+                break;
+            }
         }
         if summary.interrupted {
             break;

@@ -83,7 +83,7 @@ pub fn ppo_update(
 pub fn finiteness_failures_after(failures: u32, update: Option<&UpdateMetrics>) -> u32 {
     match update {
         Some(m) if m.epochs_run > 0 => failures,
-        Some(m) if m.nonfinite_skips > 0 => failures + 1,
+        Some(m) if m.skipped_for_nonfinite() => failures + 1,
         _ => 0,
     }
 }

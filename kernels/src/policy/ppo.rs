@@ -170,6 +170,13 @@ pub struct UpdateMetrics {
     pub unattributed_rollbacks: u64,
 }
 
+impl UpdateMetrics {
+    /// The finiteness gate skipped every epoch: no optimizer step (simic §1.4.3's failure).
+    pub fn skipped_for_nonfinite(&self) -> bool {
+        self.epochs_run == 0 && self.nonfinite_skips > 0
+    }
+}
+
 /// The learner: the network, its optimizer, the critic's normaliser and the update count.
 #[derive(Debug)]
 pub struct PpoAgent {
