@@ -86,18 +86,7 @@ fn collect(agent: &PpoAgent, rows: usize, cols: usize, seed: u64) -> RolloutBuff
 
 /// Per valid step, the op head's log-prob of the stored action under the agent's current weights.
 fn op_log_probs(agent: &PpoAgent, b: &RolloutBuffer) -> Vec<f32> {
-    let sh = agent.net.shape;
-    let obs = Tensor::from_slice(&b.states, (b.n_envs, b.capacity, sh.obs_dim), &Device::Cpu).unwrap();
-    let zero = Recurrent::zeros(b.n_envs, sh.hidden, DType::F32, &Device::Cpu).unwrap();
-    let out = agent.net.sequence(&obs, &b.blueprints, &zero, &[]).unwrap();
-    let n = b.n_envs * b.capacity;
-    let mut mask = vec![false; n * 6];
-    for i in 0..n {
-        head_mask(&b.masks[i], Head::Op, LifecycleOp::Wait, &mut mask[i * 6..(i + 1) * 6]);
-    }
-    let actions: Vec<u8> = b.actions.iter().map(|a| a.op).collect();
-    let (lp, _) = floored_log_prob(&out.logits[Head::Op as usize], &mask, HEAD_FLOORS[7], &actions).unwrap();
-    lp.to_vec1().unwrap()
+    head_log_probs(agent, b).swap_remove(Head::Op as usize)
 }
 
 /// One update with K = 1 on one-step episodes whose reward is +1 or −1: the op head's log-prob of
