@@ -20,6 +20,21 @@ struct ConvShape {
     u32 envs, batch, c_in, c_out, h, w, k, pad, groups;
 };
 
+// FastDivs of divisors the same for the whole block, each computed by one thread (threads 0 .. N − 1)
+// and read by all from shared memory: fast_div's 64-bit division is a called routine of some 70
+// instructions, and every thread computing every divisor had made it a tenth of the staged kernels'
+// instructions. A barrier, so call it where every thread of the block does.
+template <int N>
+__device__ __forceinline__ void block_fast_divs(const u32 (&d)[N], FastDiv (&f)[N]) {
+    __shared__ FastDiv shared[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+        if (threadIdx.x == (u32)i) shared[i] = fast_div(d[i]);
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < N; ++i) f[i] = shared[i];
+}
+
 __device__ __forceinline__ u32 conv_h_out(const ConvShape& s) { return s.h + 2 * s.pad + 1 - s.k; }
 __device__ __forceinline__ u32 conv_w_out(const ConvShape& s) { return s.w + 2 * s.pad + 1 - s.k; }
 
@@ -560,25 +575,61 @@ __device__ __forceinline__ float load_or_bn(
     return bn_input_grad(cf, xi, g);
 }
 
+// fast_div(chunk) for a chunk of 1 .. DC_CHUNK channels: each branch's divisor is a constant, so the
+// compiler folds its division away (see block_fast_divs).
+__device__ __forceinline__ FastDiv chunk_div(u32 chunk) {
+    static_assert(DC_CHUNK == 4, "chunk_div covers chunks of 1 to 4 channels");
+    return chunk >= 4 ? fast_div(4) : chunk == 3 ? fast_div(3) : chunk == 2 ? fast_div(2) : fast_div(1);
+}
+
 // Stage input channels s0 .. s0 + chunk − 1 of images b0 .. b0 + images − 1 (of env e) zero-padded into
 // the block's tile: tile[(i·stride + c)·padded + yy·wp + xx] = x[b0 + i][s0 + c][yy − 1][xx − 1], zero
-// outside the plane (padded = (h + 2)·(w + 2), wp = w + 2; f_* their FastDivs and chunk's). `stride`
-// is the channels an image takes in the tile: `chunk` (packed), or DC_CHUNK so that a pixel's place
-// does not move when the last chunk is short. With `tf32` the values are stored rounded to TF32
-// (tf32_round), as the tensor cores multiply them. `bn`: x's values computed on load (load_or_bn).
+// outside the plane (padded = (h + 2)·(w + 2), wp = w + 2). `stride` is the channels an image takes in
+// the tile: `chunk` (packed), or DC_CHUNK so that a pixel's place does not move when the last chunk is
+// short. With `tf32` the values are stored rounded to TF32 (tf32_round), as the tensor cores multiply
+// them. `bn`: x's values computed on load (load_or_bn).
+//
+// The interior is loaded four values at a time (w is a multiple of 4: a quad of a row, one 16-byte load
+// where x is aligned and read as it is) and each quad's place found with three FastDivs (f_quads: the
+// plane's h·w/4 quads, f_wq: a row's w/4, f_chunk: chunk); the border cells (rows 0 and h + 1, columns 0
+// and w + 1) are written only with `zero_border`: the caller asks for it on its first staging and again
+// wherever the planes' places in the tile moved (a packed short last chunk), since no staging writes a
+// border cell otherwise. Per value this is a few instructions where finding each padded cell's place
+// and bounds took dozens (the staging was most of the staged kernels' instructions in ncu).
 __device__ __forceinline__ void dc_stage(
     float* tile, const float* x, u32 e, u32 batch, u32 c_in, u32 s0, u32 chunk, u32 stride, u32 b0, u32 images,
-    u32 h, u32 w, const FastDiv& f_padded, const FastDiv& f_wp, const FastDiv& f_chunk, bool tf32,
-    BnLoad bn) {
-    u32 padded = f_padded.d, wp = f_wp.d, plane = h * w;
-    u32 staged = images * chunk * padded;
+    u32 h, u32 w, const FastDiv& f_quads, const FastDiv& f_wq, const FastDiv& f_border, const FastDiv& f_chunk,
+    bool zero_border, bool tf32, BnLoad bn) {
+    u32 wp = w + 2, padded = (h + 2) * wp, plane = h * w, quads = f_quads.d, wq = f_wq.d;
+    if (zero_border) {
+        u32 border = f_border.d, cells = images * chunk * border;
+        for (u32 l = threadIdx.x; l < cells; l += 256) {
+            u32 pc = fdiv(l, f_border), r = l - pc * border, i = fdiv(pc, f_chunk), c = pc - i * chunk;
+            u32 cell = r < wp ? r
+                       : r < 2 * wp ? (h + 1) * wp + (r - wp)
+                                    : (1 + (r - 2 * wp) / 2) * wp + ((r - 2 * wp) % 2 ? wp - 1 : 0);
+            tile[(i * stride + c) * padded + cell] = 0.0f;
+        }
+    }
+    const float* xb = x + (((u64)e * batch + b0) * c_in + s0) * plane;
+    bool vec = bn.mode == BN_LOAD_NONE && (reinterpret_cast<unsigned long long>(xb) & 15) == 0;
+    u32 staged = images * chunk * quads;
+#pragma unroll 2
     for (u32 l = threadIdx.x; l < staged; l += 256) {
-        u32 pl = fdiv(l, f_padded), r = l - pl * padded, yy = fdiv(r, f_wp), xx = r - yy * wp;
-        u32 i = fdiv(pl, f_chunk), c = pl - i * chunk;
-        float v = 0.0f;
-        if (yy >= 1 && yy <= h && xx >= 1 && xx <= w)
-            v = load_or_bn(x, bn, e, c_in, s0 + c, ((u64)e * batch + b0 + i) * c_in + s0 + c, yy - 1, xx - 1, h, w);
-        tile[(i * stride + c) * padded + r] = tf32 ? tf32_round(v) : v;
+        u32 pc = fdiv(l, f_quads), q = l - pc * quads, i = fdiv(pc, f_chunk), c = pc - i * chunk;
+        u32 yy = fdiv(q, f_wq), xx = (q - yy * wq) * 4;
+        float v[4];
+        if (vec) {
+            float4 f = *reinterpret_cast<const float4*>(xb + (i * c_in + c) * plane + 4 * q);
+            v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+        } else {
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                v[k] = load_or_bn(x, bn, e, c_in, s0 + c, ((u64)e * batch + b0 + i) * c_in + s0 + c, yy, xx + k, h, w);
+        }
+        float* dst = tile + (i * stride + c) * padded + (yy + 1) * wp + xx + 1;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) dst[k] = tf32 ? tf32_round(v[k]) : v[k];
     }
 }
 
@@ -596,7 +647,9 @@ extern "C" __global__ void __launch_bounds__(256) conv3x3_direct_f32(
     u32 plane = h * w, quads = plane / 4, per_block = 256 / quads;
     u32 b0 = blockIdx.x * per_block, images = min(per_block, batch - b0);
     u32 hp = h + 2, wp = w + 2, padded = hp * wp;
-    FastDiv f_wp = fast_div(wp), f_padded = fast_div(padded);
+    FastDiv divs[3];
+    block_fast_divs<3>({plane / 4, w / 4, 2 * wp + 2 * h}, divs);
+    FastDiv f_quads = divs[0], f_wq = divs[1], f_border = divs[2];
     // This thread's outputs: image `mine`, row `row`, columns col .. col + 3.
     u32 mine = t / quads, q = t - mine * quads, row = q / (w / 4), col = (q - row * (w / 4)) * 4;
     bool computes = mine < images;
@@ -607,9 +660,10 @@ extern "C" __global__ void __launch_bounds__(256) conv3x3_direct_f32(
 
     for (u32 s0 = 0; s0 < c_in; s0 += DC_CHUNK) {
         u32 chunk = min((u32)DC_CHUNK, c_in - s0);
-        FastDiv f_chunk = fast_div(chunk);
+        FastDiv f_chunk = chunk_div(chunk);
         __syncthreads();  // the previous chunk's reads are done
-        dc_stage(tile, x, e, batch, c_in, s0, chunk, chunk, b0, images, h, w, f_padded, f_wp, f_chunk, false, bn);
+        dc_stage(tile, x, e, batch, c_in, s0, chunk, chunk, b0, images, h, w, f_quads, f_wq, f_border, f_chunk,
+                 s0 == 0 || chunk != DC_CHUNK, false, bn);
         for (u32 l = t; l < DC_CHUNK * 9 * DC_OUT; l += 256) {
             u32 sc = l / (9 * DC_OUT), tap = (l / DC_OUT) % 9, o = o0 + l % DC_OUT, s = s0 + sc;
             float v = 0.0f;
@@ -673,7 +727,9 @@ extern "C" __global__ void __launch_bounds__(256) conv3x3_wgrad_direct_f32(
     u32 sc = warp / 2, oq = o0 + 4 * (warp % 2);  // this warp's input channel (in the chunk), first output
     u32 plane = h * w, per_block = 1024 / plane;
     u32 hp = h + 2, wp = w + 2, padded = hp * wp;
-    FastDiv f_wp = fast_div(wp), f_padded = fast_div(padded), f_chunk = fast_div(chunk), f_w = fast_div(w);
+    FastDiv divs[4];
+    block_fast_divs<4>({plane / 4, w / 4, 2 * wp + 2 * h, w}, divs);
+    FastDiv f_quads = divs[0], f_wq = divs[1], f_border = divs[2], f_w = divs[3], f_chunk = chunk_div(chunk);
     u32 groups = (batch + per_block - 1) / per_block;
     u32 first = run * groups_per_run, last = min(first + groups_per_run, groups);
 
@@ -684,7 +740,8 @@ extern "C" __global__ void __launch_bounds__(256) conv3x3_wgrad_direct_f32(
     for (u32 g = first; g < last; ++g) {
         u32 b0 = g * per_block, images = min(per_block, batch - b0);
         __syncthreads();  // the previous group's reads are done
-        dc_stage(tile, x, e, batch, c_in, s0, chunk, chunk, b0, images, h, w, f_padded, f_wp, f_chunk, false, none);
+        dc_stage(tile, x, e, batch, c_in, s0, chunk, chunk, b0, images, h, w, f_quads, f_wq, f_border, f_chunk, g == first, false,
+                 none);
         __syncthreads();
         if (sc >= chunk) continue;
         for (u32 col = lane; col < images * w; col += 32) {
@@ -931,9 +988,9 @@ __device__ __forceinline__ void tc_block_stats(
 // The forward, and with flip != 0 the input gradient (the forward over the transposed, flipped weights,
 // as conv3x3_direct_f32's flip). Block: 256 threads (8 warps) over TC_PIXELS output pixels = 1024 /
 // (h·w) whole images of one env, and NT·8 output channels (NT n-tiles of 8); warp v takes the m-tiles
-// (16 pixels each) 8v .. 8v + 7, each with all NT n-tiles; m-tiles wholly past the block's images are
-// skipped, pixels past them read the tile (finite or not, their rows are not written). Grid (⌈B /
-// images per block⌉, ⌈c_out / (8·NT)⌉, envs).
+// (16 pixels each) 8v .. 8v + 7, each with all NT n-tiles; pixels past the block's images read pixel
+// 0's place in the tile (their rows are multiplied and not written). Grid (⌈B / images per block⌉,
+// ⌈c_out / (8·NT)⌉, envs).
 template <int NT>
 __device__ __forceinline__ void conv3x3_tc(
     const float* x, const float* weight, float* y, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, int flip,
@@ -949,12 +1006,15 @@ __device__ __forceinline__ void conv3x3_tc(
     u32 plane = h * w, per_block = TC_PIXELS / plane;
     u32 b0 = blockIdx.x * per_block, images = min(per_block, batch - b0), pixels = images * plane;
     u32 wp = w + 2, padded = (h + 2) * wp;
-    FastDiv f_wp = fast_div(wp), f_padded = fast_div(padded), f_plane = fast_div(plane), f_w = fast_div(w);
+    FastDiv divs[5];
+    block_fast_divs<5>({plane / 4, w / 4, 2 * wp + 2 * h, plane, w}, divs);
+    FastDiv f_quads = divs[0], f_wq = divs[1], f_border = divs[2], f_plane = divs[3], f_w = divs[4];
     u32 first = warp * TC_TILES_PER_WARP * 16;
     u32 tiles = first >= pixels ? 0 : min((u32)TC_TILES_PER_WARP, (pixels - first + 15) / 16);
 
     // The places in the tile of this lane's pixels: rows g and g + 8 of each m-tile.
-    int place[TC_TILES_PER_WARP][2];
+    // (Pointers into the tile rather than indices: a load is then one add of the row's offset.)
+    const float* place[TC_TILES_PER_WARP][2];
 #pragma unroll
     for (int mt = 0; mt < TC_TILES_PER_WARP; ++mt)
 #pragma unroll
@@ -962,7 +1022,7 @@ __device__ __forceinline__ void conv3x3_tc(
             u32 p = first + mt * 16 + g + 8 * half;
             p = p < pixels ? p : 0;
             u32 i = fdiv(p, f_plane), q = p - i * plane, yy = fdiv(q, f_w), xx = q - yy * w;
-            place[mt][half] = (int)(i * DC_CHUNK * padded + yy * wp + xx);
+            place[mt][half] = tile + i * DC_CHUNK * padded + yy * wp + xx;
         }
 
     float acc[TC_TILES_PER_WARP][NT][4];
@@ -975,9 +1035,10 @@ __device__ __forceinline__ void conv3x3_tc(
 
     for (u32 s0 = 0; s0 < c_in; s0 += DC_CHUNK) {
         u32 chunk = min((u32)DC_CHUNK, c_in - s0), valid = chunk * 9;
-        FastDiv f_chunk = fast_div(chunk);
+        FastDiv f_chunk = chunk_div(chunk);
         __syncthreads();  // the previous chunk's reads are done
-        dc_stage(tile, x, e, batch, c_in, s0, chunk, DC_CHUNK, b0, images, h, w, f_padded, f_wp, f_chunk, true, bn);
+        dc_stage(tile, x, e, batch, c_in, s0, chunk, DC_CHUNK, b0, images, h, w, f_quads, f_wq, f_border, f_chunk, s0 == 0, true,
+                 bn);
         for (u32 l = t; l < TC_K * NT * 8; l += 256) {
             u32 k = l / (NT * 8), n = l % (NT * 8), o = o0 + n, s = s0 + k / 9, tap = k % 9;
             float v = 0.0f;
@@ -988,8 +1049,15 @@ __device__ __forceinline__ void conv3x3_tc(
         }
         if (t < TC_K) row_offset[t] = tc_row_offset(t, valid, padded, wp);
         __syncthreads();
+        // Every warp runs all its m-tiles (a warp whose tiles lie past the block's pixels multiplies what
+        // the tile holds there and writes none of it), and a padding row's A values are read at the
+        // pixel's own place and then replaced by 0 (a select, not a branch, so the loads of all m-tiles
+        // can be issued ahead of their multiplies): a branch per m-tile and per row had made the loop
+        // several times the instructions of its loads and multiplies.
         for (u32 k0 = 0; k0 < valid; k0 += 8) {
             int lo = row_offset[k0 + tg], hi = row_offset[k0 + tg + 4];
+            bool lo_ok = lo >= 0, hi_ok = hi >= 0;
+            lo = max(lo, 0), hi = max(hi, 0);
             float b[NT][2];
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
@@ -998,12 +1066,9 @@ __device__ __forceinline__ void conv3x3_tc(
             }
 #pragma unroll
             for (int mt = 0; mt < TC_TILES_PER_WARP; ++mt) {
-                if ((u32)mt >= tiles) break;  // the same for the whole warp
-                float a[4];
-                a[0] = lo >= 0 ? tile[place[mt][0] + lo] : 0.0f;
-                a[1] = lo >= 0 ? tile[place[mt][1] + lo] : 0.0f;
-                a[2] = hi >= 0 ? tile[place[mt][0] + hi] : 0.0f;
-                a[3] = hi >= 0 ? tile[place[mt][1] + hi] : 0.0f;
+                float a0 = place[mt][0][lo], a1 = place[mt][1][lo];
+                float a2 = place[mt][0][hi], a3 = place[mt][1][hi];
+                float a[4] = {lo_ok ? a0 : 0.0f, lo_ok ? a1 : 0.0f, hi_ok ? a2 : 0.0f, hi_ok ? a3 : 0.0f};
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) mma_tf32(acc[mt][nt], a, b[nt]);
             }
@@ -1054,8 +1119,10 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
     u32 chunk = min((u32)DC_CHUNK, c_in - s0), valid = chunk * 9;
     u32 plane = h * w, per_block = TC_PIXELS / plane;
     u32 wp = w + 2, padded = (h + 2) * wp;
-    FastDiv f_wp = fast_div(wp), f_padded = fast_div(padded), f_chunk = fast_div(chunk);
-    FastDiv f_plane = fast_div(plane), f_w = fast_div(w);
+    FastDiv divs[5];
+    block_fast_divs<5>({plane / 4, w / 4, 2 * wp + 2 * h, plane, w}, divs);
+    FastDiv f_quads = divs[0], f_wq = divs[1], f_border = divs[2], f_plane = divs[3], f_w = divs[4];
+    FastDiv f_chunk = chunk_div(chunk);
     u32 groups = (batch + per_block - 1) / per_block;
     u32 first = run * groups_per_run, last = min(first + groups_per_run, groups);
     u32 m_tiles = (valid + 15) / 16;
@@ -1079,42 +1146,36 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
     for (u32 gi = first; gi < last; ++gi) {
         u32 b0 = gi * per_block, images = min(per_block, batch - b0), pixels = images * plane;
         __syncthreads();  // the previous group's reads are done
-        dc_stage(tile, x, e, batch, c_in, s0, chunk, DC_CHUNK, b0, images, h, w, f_padded, f_wp, f_chunk, true, none);
+        dc_stage(tile, x, e, batch, c_in, s0, chunk, DC_CHUNK, b0, images, h, w, f_quads, f_wq, f_border, f_chunk, gi == first,
+                 true, none);
         __syncthreads();
         for (u32 k0 = warp * 8; k0 < pixels; k0 += 64) {
-            // This lane's two pixels (k rows tg and tg + 4): their place in the tile and in dy.
-            int place[2];
-            u64 dy_plane[2];
-            u32 dy_y[2], dy_x[2];
-            bool ok[2];
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                u32 p = k0 + tg + 4 * half;
-                ok[half] = p < pixels;
-                p = ok[half] ? p : 0;
-                u32 i = fdiv(p, f_plane), q = p - i * plane, yy = fdiv(q, f_w), xx = q - yy * w;
-                place[half] = (int)(i * DC_CHUNK * padded + yy * wp + xx);
-                dy_plane[half] = ((u64)e * batch + b0 + i) * c_out, dy_y[half] = yy, dy_x[half] = xx;
-            }
+            // This lane's two pixels, the step's k rows tg and tg + 4: pixel k0 + 2·tg and the next one, side
+            // by side in a row (w and the group's pixels are even), so that the four lanes of an output
+            // channel read 8 adjacent values of dy; their place in the tile and in dy. Past the group's
+            // pixels both read pixel 0's place and count 0 (a select, not a branch).
+            u32 p = k0 + 2 * tg;
+            bool ok = p < pixels;
+            p = ok ? p : 0;
+            u32 i = fdiv(p, f_plane), q = p - i * plane, yy = fdiv(q, f_w), xx = q - yy * w;
+            int place = (int)(i * DC_CHUNK * padded + yy * wp + xx);
+            u64 dy_plane = ((u64)e * batch + b0 + i) * c_out;
             float b[NT][2];
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
                 u32 o = o0 + nt * 8 + g;
 #pragma unroll
                 for (int half = 0; half < 2; ++half)
-                    b[nt][half] = ok[half] && o < c_out
-                                      ? tf32_round(load_or_bn(dy, bn, e, c_out, o, dy_plane[half] + o, dy_y[half],
-                                                              dy_x[half], h, w))
+                    b[nt][half] = ok && o < c_out
+                                      ? tf32_round(load_or_bn(dy, bn, e, c_out, o, dy_plane + o, yy, xx + half, h, w))
                                       : 0.0f;
             }
 #pragma unroll
             for (int mt = 0; mt < TC_WG_TILES; ++mt) {
                 if ((u32)mt >= m_tiles) break;  // the same for the whole block
-                float a[4];
-                a[0] = ok[0] ? tile[place[0] + row[mt][0]] : 0.0f;
-                a[1] = ok[0] ? tile[place[0] + row[mt][1]] : 0.0f;
-                a[2] = ok[1] ? tile[place[1] + row[mt][0]] : 0.0f;
-                a[3] = ok[1] ? tile[place[1] + row[mt][1]] : 0.0f;
+                float a0 = tile[place + row[mt][0]], a1 = tile[place + row[mt][1]];
+                float a2 = tile[place + 1 + row[mt][0]], a3 = tile[place + 1 + row[mt][1]];
+                float a[4] = {ok ? a0 : 0.0f, ok ? a1 : 0.0f, ok ? a2 : 0.0f, ok ? a3 : 0.0f};
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) mma_tf32(acc[mt][nt], a, b[nt]);
             }
