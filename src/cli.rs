@@ -245,16 +245,12 @@ pub struct BenchArgs {
     )]
     pub device: String,
 
-    #[arg(
-        long,
-        value_name = "P",
-        default_value = "f32",
-        value_parser = Precision::parse,
-        help = "How a GPU multiplies the convolutions: f32 (implicit GEMMs, the fastest today), tf32 (tensor \
-                cores on f32 data) or bf16 (bf16 inputs summed in f32), those two through im2col + cuBLAS; the \
-                CPU computes in f32"
-    )]
-    pub precision: Precision,
+    #[arg(long, value_name = "P", value_parser = Precision::parse, help = with_default(
+        "How a GPU multiplies the convolutions: tf32 (the 3×3 ones on the tensor cores, f32 data rounded \
+         to TF32 for the multiply, as the reference's PyTorch convolutions do by default; the fastest), f32 \
+         (implicit GEMMs) or bf16 (bf16 inputs summed in f32, through im2col + cuBLAS). The CPU computes \
+         in f32", "tf32 on a GPU, f32 on the CPU"))]
+    pub precision: Option<Precision>,
 
     #[arg(
         long,
@@ -442,9 +438,10 @@ pub struct TrainArgs {
     pub device: Option<String>,
 
     #[arg(long, value_name = "P", value_parser = Precision::parse, help = with_default(
-        "How a GPU multiplies the convolutions: f32 (implicit GEMMs, the fastest today), tf32 (tensor \
-         cores on f32 data) or bf16 (bf16 inputs summed in f32; weights, gradients and optimizer stay \
-         f32), those two through im2col + cuBLAS. The CPU computes in f32", "f32"))]
+        "How a GPU multiplies the convolutions: tf32 (the 3×3 ones on the tensor cores, f32 data rounded \
+         to TF32 for the multiply, as the reference's PyTorch convolutions do by default; the fastest), f32 \
+         (implicit GEMMs) or bf16 (bf16 inputs summed in f32, through im2col + cuBLAS); weights, gradients \
+         and optimizer stay f32. The CPU computes in f32", "tf32 on a GPU, f32 on the CPU"))]
     pub precision: Option<Precision>,
 
     #[arg(long, value_name = "on|off", value_parser = parse_on_off, help = with_default(
@@ -619,7 +616,7 @@ impl TrainArgs {
         set(&mut c.policy, self.policy);
         set(&mut c.seed, self.seed);
         set(&mut c.device, self.device.clone());
-        set(&mut c.precision, self.precision);
+        set(&mut c.precision, self.precision.map(Some));
         set(&mut c.cuda_graphs, self.cuda_graphs);
         set(&mut c.batch_per_env, self.batch_per_env);
         set(&mut c.reward_mode, self.reward_mode);

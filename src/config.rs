@@ -91,8 +91,9 @@ pub struct RunConfig {
     /// feature; see docs/gpu.md).
     pub device: String,
     /// How a GPU multiplies the convolutions' matrices: `f32`, `tf32` (tensor cores, f32 data) or
-    /// `bf16` (bf16 inputs, f32 sums; weights and gradients stay f32). Only f32 on the CPU.
-    pub precision: Precision,
+    /// `bf16` (bf16 inputs, f32 sums; weights and gradients stay f32). Only f32 on the CPU. Not given:
+    /// the device's default ([`default_precision`]: tf32 on a GPU, f32 on the CPU).
+    pub precision: Option<Precision>,
     /// On a GPU, run each training epoch whose launches repeat the last one's from a CUDA graph
     /// (captured once, then replayed: one launch per epoch). Off: launch by launch.
     pub cuda_graphs: bool,
@@ -176,7 +177,7 @@ impl Default for RunConfig {
         Self {
             envs: 16,
             device: "cpu".into(),
-            precision: Precision::F32,
+            precision: None,
             cuda_graphs: true,
             rounds: 1,
             // The README configuration on the built-in task (README, "The default task"): short epochs
@@ -622,12 +623,33 @@ impl RunConfig {
     pub fn host_device(&self) -> Result<crate::run::HostDevice, ConfigError> {
         parse_device(&self.device)
     }
+
+    /// The precision the run's convolutions multiply in on `device`: the one given, else the device's
+    /// default.
+    pub fn precision_on(&self, device: crate::run::HostDevice) -> Precision {
+        self.precision.unwrap_or(default_precision(device))
+    }
 }
 
-/// A precision other than f32 is a GPU's multiply: the CPU computes in f32.
-pub fn check_precision(device: crate::run::HostDevice, precision: Precision) -> Result<(), ConfigError> {
+/// The precision a device multiplies the convolutions in when none is given: TF32 on a GPU — what the
+/// reference's convolutions do there (PyTorch's `torch.backends.cudnn.allow_tf32` is on by default, and
+/// esper-lite leaves it so), and on the tensor-core 3×3 kernels the fastest (docs/gpu.md) — and f32 on
+/// the CPU, the only precision it computes in.
+pub fn default_precision(device: crate::run::HostDevice) -> Precision {
+    match device {
+        crate::run::HostDevice::Cpu => Precision::F32,
+        crate::run::HostDevice::Cuda(_) => Precision::Tf32,
+    }
+}
+
+/// A precision other than f32 is a GPU's multiply: the CPU computes in f32 (none given: the device's
+/// default, always allowed).
+pub fn check_precision(
+    device: crate::run::HostDevice,
+    precision: Option<Precision>,
+) -> Result<(), ConfigError> {
     match (device, precision) {
-        (crate::run::HostDevice::Cpu, p) if p != Precision::F32 => Err(ConfigError::Invalid {
+        (crate::run::HostDevice::Cpu, Some(p)) if p != Precision::F32 => Err(ConfigError::Invalid {
             name: "--precision (precision)",
             reason: format!(
                 "{} is how a GPU multiplies the convolutions (give --device cuda); the CPU computes in f32",
@@ -789,6 +811,25 @@ mod tests {
         assert_eq!(utc_timestamp(951_782_400), "20000229-000000");
         assert_eq!(utc_timestamp(1_795_469_695), "20261123-213455");
         assert_eq!(utc_timestamp(4_107_542_399), "21000228-235959");
+    }
+
+    /// The precision left out is the device's default: tf32 on a GPU (the reference's PyTorch default for
+    /// convolutions), f32 on the CPU; one given in a file or a checkpoint's JSON header (all of which
+    /// before this default named one, "f32") stays what it was, on either device.
+    #[test]
+    fn precision_left_out_is_the_devices_default() {
+        use crate::run::HostDevice::{Cpu, Cuda};
+        let unset = RunConfig::from_toml_str("rounds = 1\n").unwrap();
+        assert_eq!(unset.precision, None);
+        assert_eq!((unset.precision_on(Cpu), unset.precision_on(Cuda(1))), (Precision::F32, Precision::Tf32));
+        assert!(check_precision(Cpu, unset.precision).is_ok());
+        let given = RunConfig::from_toml_str("precision = \"f32\"\n").unwrap();
+        assert_eq!((given.precision_on(Cpu), given.precision_on(Cuda(0))), (Precision::F32, Precision::F32));
+        let old_header: RunConfig = serde_json::from_str(r#"{"precision": "f32"}"#).unwrap();
+        assert_eq!(old_header.precision_on(Cuda(0)), Precision::F32);
+        let round_trip: RunConfig = serde_json::from_str(&serde_json::to_string(&unset).unwrap()).unwrap();
+        assert_eq!(round_trip.precision, None);
+        assert!(check_precision(Cpu, Some(Precision::Tf32)).is_err());
     }
 
     #[test]

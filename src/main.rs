@@ -318,7 +318,7 @@ fn bench_command(args: &BenchArgs) -> ExitCode {
         envs: args.envs.0.clone(),
         task,
         device,
-        precision: args.precision,
+        precision: args.precision.unwrap_or(esper_ecs::config::default_precision(device)),
         cuda_graphs: args.cuda_graphs,
         seeds,
         batch_per_env: args.batch_per_env as usize,

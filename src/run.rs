@@ -205,7 +205,7 @@ fn host_backend(plan: &RunPlan, device: HostDevice, slot_ids: &[(u8, u8)]) -> Re
         }
         #[cfg(feature = "cuda")]
         HostDevice::Cuda(ordinal) => {
-            let device = open_gpu(ordinal)?.with_precision(cfg.precision);
+            let device = open_gpu(ordinal)?.with_precision(cfg.precision_on(HostDevice::Cuda(ordinal)));
             esper_kernels::cuda::CudaHostBackend::new(
                 device,
                 arch,
@@ -773,7 +773,7 @@ fn print_table(plan: &RunPlan, s: &RunSummary) {
         println!(
             "  device  {} convolutions  train {:.1} ms  validate {:.1} ms per step (CUDA events)  {:.1} copies \
              back per step (most {})",
-            plan.config.precision.name(),
+            plan.config.precision_on(plan.device).name(),
             d.train_ms_per_step,
             d.validate_ms_per_step,
             d.syncs_per_step,
