@@ -296,9 +296,9 @@ pub struct StepWork {
 /// `i` and `o`, and past the first block the input gradient reads `o` and writes `i`: `2g + 4o + i`,
 /// `+ o + i`. With `staged` (`--precision tf32`: the 3×3 convolutions on the staged tensor-core
 /// kernels, where the shape fits them), the forward's epilogue sums batch norm's statistics (`i + 2o +
-/// p`) and the backwards compute batch norm's input gradient as they load it: batch norm's parameter
-/// sums read `g` and `o`, the weight gradient reads `i`, `o` and `g`, and past the first block the
-/// input gradient reads `o` and `g` and writes `i`: `2g + 2o + i`, `+ g + o + i`.
+/// p`); the backward is the same (batch norm's input gradient written and read back: computing it as
+/// the staged backwards load it, `ESPER_CUDA_BN_ON_LOAD=1`, moves fewer bytes but was slower on an
+/// H200, so it is off by default).
 /// Evaluation: [`eval_block_floats`].
 pub fn host_bytes_per_image(arch: &HostArch, staged: bool) -> (u64, u64) {
     let (mut train, mut eval) = (0u64, 0u64);
@@ -312,10 +312,8 @@ pub fn host_bytes_per_image(arch: &HostArch, staged: bool) -> (u64, u64) {
         };
         let g = if pools { p } else { o };
         let on_tensor_cores = staged && arch.block_conv(b, 1, 1).fits_staged_3x3();
-        let (weight_grad, input_grad) = match on_tensor_cores {
-            true => ((g + o) + (i + o + g), if b > 0 { o + g + i } else { 0 }),
-            false => ((g + o) + (g + 2 * o) + (i + o), if b > 0 { o + i } else { 0 }),
-        };
+        let weight_grad = (g + o) + (g + 2 * o) + (i + o);
+        let input_grad = if b > 0 { o + i } else { 0 };
         // The statistics read the conv's output, unless its epilogue summed them.
         let stats = if on_tensor_cores { 0 } else { o };
         train += (i + o) + stats + norm_and_pool + weight_grad + input_grad;
@@ -513,7 +511,7 @@ fn plan_for(config: &BenchConfig, envs: usize) -> Result<RunPlan, RunError> {
         policy: config.seeds.policy(),
         seed: config.seed,
         device: config.device.name(),
-        precision: config.precision,
+        precision: Some(config.precision),
         cuda_graphs: config.cuda_graphs,
         batch_per_env: config.batch_per_env,
         synthetic_train_per_env: config.batch_per_env * config.train_batches,
@@ -939,10 +937,9 @@ mod tests {
     fn host_bytes_per_image_counts_the_kernels_as_they_run() {
         let arch = HostArch::CIFAR_BASELINE;
         assert_eq!(host_bytes_per_image(&arch, false), (4 * 132_608, 4 * 52_736));
-        // At TF32 the tensor-core kernels sum the statistics in the forward's epilogue and read batch
-        // norm's gradient on load: (i + 2o + p) + (2p + 2o + i), plus p + o + i past the first block:
-        // 45 056 + 30 720 + 15 360 floats.
-        assert_eq!(host_bytes_per_image(&arch, true), (4 * 91_136, 4 * 52_736));
+        // At TF32 the tensor-core kernels sum the statistics in the forward's epilogue: one read of
+        // each block's output fewer, o = 8 192 + 4 096 + 2 048 floats.
+        assert_eq!(host_bytes_per_image(&arch, true), (4 * (132_608 - 14_336), 4 * 52_736));
         let minimal =
             HostArch { base_channels: 2, pool_layers: 0, kernel_size: 1, ..HostArch::CIFAR_BASELINE };
         assert_eq!(host_bytes_per_image(&minimal, false), (4 * 180_224, 4 * 52_224));

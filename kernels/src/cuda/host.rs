@@ -96,6 +96,13 @@ pub struct DeviceHost {
     /// by the one that writes the input gradient (`batch_norm_backward_input_from_f32`). The same bits as
     /// the kernels one by one. Off with `ESPER_CUDA_FUSE=0` (to measure the gain) or [`Self::set_fuse`].
     fuse: bool,
+    /// With `fuse`, where a staged 3×3 kernel runs a block's convolution: its backwards compute batch
+    /// norm's input gradient as they load it ([`GemmConv::reads_norm_grad`]) instead of reading it written
+    /// by `batch_norm_backward_input_from_f32`. The same bits either way. Off by default: on an H200 the
+    /// write and plain loads were faster (W16 at TF32: 37.2 against 41.6 ms a step bare, 103.3 against
+    /// 106.3 with seeds; the load is a gather per value, repeated per output group, where the staging
+    /// otherwise reads four values at once). `ESPER_CUDA_BN_ON_LOAD=1` turns it on, to measure again.
+    norm_grad_on_load: bool,
     params: Vec<CudaSlice<f32>>,
     grads: Vec<CudaSlice<f32>>,
     momentum: Vec<CudaSlice<f32>>,
@@ -207,6 +214,7 @@ impl DeviceHost {
             batch,
             capacity: batch,
             fuse: std::env::var("ESPER_CUDA_FUSE").map_or(true, |v| v != "0"),
+            norm_grad_on_load: std::env::var("ESPER_CUDA_BN_ON_LOAD").is_ok_and(|v| v == "1"),
             blocks,
             conv: GemmConv::new(device, &conv_dims_all)?,
             params: device_params,
@@ -619,7 +627,7 @@ impl DeviceHost {
                     &mut beta_g[0],
                     &mut self.bn_coef,
                 )?;
-                if self.conv.reads_norm_grad(&dims) {
+                if self.norm_grad_on_load && self.conv.reads_norm_grad(&dims) {
                     on_load = Some(BatchNormGrad {
                         x: &block.conv_out,
                         dy: &self.grad_a,
