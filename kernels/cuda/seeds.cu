@@ -27,6 +27,23 @@ __device__ __forceinline__ float lanes_total(const Lanes& s) {
 
 __device__ __forceinline__ float clamp01(float v) { return fminf(fmaxf(v, 0.0f), 1.0f); }
 
+// One lane's run of the CPU's LaneSums in its order: use(i, load(i)) for i = lane, lane + 8, … below n,
+// the loads of eight steps issued before their uses. Written as a plain loop, ptxas issued each load
+// only after the previous step's add (one load in flight per thread: ncu found group norm latency-bound
+// at half the DRAM rate). The uses run in the same order, so every sum adds as the CPU's does.
+template <typename V, typename Load, typename Use>
+__device__ __forceinline__ void lane_run(u64 n, u32 lane, Load load, Use use) {
+    u64 i = lane;
+    for (; i + 56 < n; i += 64) {
+        V v[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = load(i + 8 * k);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) use(i + 8 * k, v[k]);
+    }
+    for (; i < n; i += 8) use(i, load(i));
+}
+
 // Per (env, image, group): mean and 1/sqrt(var + eps) over the group's C/G·H·W values (saved), then
 // y = (x − mean)·(inv_std·γ[e, c]) + β[e, c] over the group's planes (plane_mean_and_m2, affine).
 // Eight threads per (image, group), thread j summing lane j's run (values j, j + 8, …: the CPU's lane
@@ -43,15 +60,16 @@ extern "C" __global__ void __launch_bounds__(1024) group_norm_forward_f32(
         u64 image = t / groups;
         u32 g = (u32)(t % groups), e = (u32)(image / batch);
         const float* xg = x + image * channels * plane + g * group_len;
+        auto at_g = [&](u64 i) { return xg[i]; };
         float sum = 0.0f;
-        for (u64 i = lane; i < group_len; i += 8) sum += xg[i];
+        lane_run<float>(group_len, lane, at_g, [&](u64, float v) { sum += v; });
         float n = (float)(group_len > 0 ? group_len : 1);
         float mean = lanes8_total(sum) / n;
         float squares = 0.0f;
-        for (u64 i = lane; i < group_len; i += 8) {
-            float d = xg[i] - mean;
+        lane_run<float>(group_len, lane, at_g, [&](u64, float v) {
+            float d = v - mean;
             squares += d * d;
-        }
+        });
         float inv_std = 1.0f / sqrtf(lanes8_total(squares) / (float)group_len + NORM_EPS);
         if (lane == 0) {
             save_mean[t] = mean;
@@ -62,7 +80,8 @@ extern "C" __global__ void __launch_bounds__(1024) group_norm_forward_f32(
             float scale = inv_std * gamma[(u64)e * channels + c], shift = beta[(u64)e * channels + c];
             const float* xp = x + (image * channels + c) * plane;
             float* yp = y + (image * channels + c) * plane;
-            for (u32 i = lane; i < plane; i += 8) yp[i] = (xp[i] - mean) * scale + shift;
+            lane_run<float>(plane, lane, [&](u64 i) { return xp[i]; },
+                            [&](u64 i, float v) { yp[i] = (v - mean) * scale + shift; });
         }
     }
 }
@@ -103,13 +122,15 @@ extern "C" __global__ void group_norm_backward_params_fast_f32(
     u32 t = blockIdx.x, e = t / channels, c = t % channels, g = c / (channels / groups);
     u64 count = (u64)batch * plane;
     double sum_dy = 0.0, sum_dy_xhat = 0.0;
+    // Element j is (image b, position i), stepped along without a 64-bit division per element.
+    u32 b = threadIdx.x / plane, i = threadIdx.x % plane;
     for (u64 j = threadIdx.x; j < count; j += REDUCE_THREADS) {
-        u64 b = j / plane, i = j % plane;
         u64 image = (u64)e * batch + b, s = image * groups + g;
         u64 at = (image * channels + c) * plane + i;
         float d = dy[at];
         sum_dy += (double)d;
         sum_dy_xhat += (double)(d * ((x[at] - save_mean[s]) * save_inv_std[s]));
+        for (i += REDUCE_THREADS; i >= plane; i -= plane) ++b;
     }
     double total_dy = block_sum(sum_dy, lanes);
     double total_dy_xhat = block_sum(sum_dy_xhat, lanes);
@@ -139,8 +160,9 @@ extern "C" __global__ void __launch_bounds__(1024) group_norm_backward_input_f32
             float gam = gamma[(u64)e * channels + c];
             const float* dyp = dy + (image * channels + c) * plane;
             const float* xp = x + (image * channels + c) * plane;
-            for (u32 i = lane; i < plane; i += 8) sum_dyg += dyp[i] * gam;
-            for (u32 i = lane; i < plane; i += 8) sum_dyg_xhat += dyp[i] * gam * ((xp[i] - mean) * inv_std);
+            lane_run<float>(plane, lane, [&](u64 i) { return dyp[i]; }, [&](u64, float d) { sum_dyg += d * gam; });
+            lane_run<float2>(plane, lane, [&](u64 i) { return float2{dyp[i], xp[i]}; },
+                             [&](u64, float2 v) { sum_dyg_xhat += v.x * gam * ((v.y - mean) * inv_std); });
         }
         float mean_dyg = lanes8_total(sum_dyg) / n, mean_dyg_xhat = lanes8_total(sum_dyg_xhat) / n;
         for (u32 cl = 0; cl < per_group; ++cl) {
@@ -149,11 +171,13 @@ extern "C" __global__ void __launch_bounds__(1024) group_norm_backward_input_f32
             const float* dyp = dy + (image * channels + c) * plane;
             const float* xp = x + (image * channels + c) * plane;
             float* dxp = dx + (image * channels + c) * plane;
-            for (u32 i = lane; i < plane; i += 8) {
-                float x_hat = (xp[i] - mean) * inv_std;
-                float value = inv_std * (dyp[i] * gam - mean_dyg - x_hat * mean_dyg_xhat);
-                dxp[i] = accumulate ? dxp[i] + value : value;
-            }
+            lane_run<float3>(plane, lane,
+                             [&](u64 i) { return float3{dyp[i], xp[i], accumulate ? dxp[i] : 0.0f}; },
+                             [&](u64 i, float3 v) {
+                                 float x_hat = (v.y - mean) * inv_std;
+                                 float value = inv_std * (v.x * gam - mean_dyg - x_hat * mean_dyg_xhat);
+                                 dxp[i] = accumulate ? v.z + value : value;
+                             });
         }
     }
 }
