@@ -59,8 +59,8 @@ if ! step selftest 200 "$BIN" selftest --device cuda; then
     step selftest-untrimmed 200 env ESPER_CUDA_TRIM_TEST=0 "$BIN" selftest --device cuda
     exit 1
 fi
-step bench-w16-none 120 "$BIN" bench --device cuda --seeds none --envs 16 "${W16[@]}" --json "$LOGS/bench-w16-none.json"
-step bench-w16-seeded 120 "$BIN" bench --device cuda --envs 16 "${W16[@]}" --json "$LOGS/bench-w16-seeded.json"
+step bench-w16-none 120 "$BIN" bench --device cuda --precision f32 --seeds none --envs 16 "${W16[@]}" --json "$LOGS/bench-w16-none.json"
+step bench-w16-seeded 120 "$BIN" bench --device cuda --precision f32 --envs 16 "${W16[@]}" --json "$LOGS/bench-w16-seeded.json"
 # TF32: the 3×3 convolutions on the tensor cores (conv3x3_tc_*), and through cuBLAS (ESPER_CUDA_CONV=im2col)
 # as before, to compare on one machine; a short train run at TF32 (does it learn as f32 does).
 step bench-w16-none-tf32 120 "$BIN" bench --device cuda --seeds none --envs 16 --precision tf32 "${W16[@]}" \
@@ -69,51 +69,66 @@ step bench-w16-seeded-tf32 120 "$BIN" bench --device cuda --envs 16 --precision 
     --json "$LOGS/bench-w16-seeded-tf32.json"
 step bench-w16-seeded-tf32-cublas 120 env ESPER_CUDA_CONV=im2col "$BIN" bench --device cuda --envs 16 \
     --precision tf32 "${W16[@]}" --json "$LOGS/bench-w16-seeded-tf32-cublas.json"
+# TF32 with batch norm's input gradient computed as the staged backwards load it (ESPER_CUDA_BN_ON_LOAD=1)
+# instead of written and read plainly (the default); and the issue's 256-env workload at TF32 (the
+# default on a GPU; the steps without tf32 or bf16 in their name give --precision f32).
+step bench-w16-none-tf32-bnonload 120 env ESPER_CUDA_BN_ON_LOAD=1 "$BIN" bench --device cuda --seeds none \
+    --envs 16 --precision tf32 "${W16[@]}" --json "$LOGS/bench-w16-none-tf32-bnonload.json"
+step bench-w16-seeded-tf32-bnonload 120 env ESPER_CUDA_BN_ON_LOAD=1 "$BIN" bench --device cuda --envs 16 \
+    --precision tf32 "${W16[@]}" --json "$LOGS/bench-w16-seeded-tf32-bnonload.json"
+step bench-w16-seeded-tf32-unfused 120 env ESPER_CUDA_FUSE=0 "$BIN" bench --device cuda --envs 16 --precision tf32 \
+    "${W16[@]}" --json "$LOGS/bench-w16-seeded-tf32-unfused.json"
+step bench-256-none-tf32 150 "$BIN" bench --device cuda --seeds none --envs 16,256 --precision tf32 "${E256[@]}" \
+    --json "$LOGS/bench-256-none-tf32.json"
+step bench-256-seeded-tf32 150 "$BIN" bench --device cuda --envs 16,256 --precision tf32 "${E256[@]}" \
+    --json "$LOGS/bench-256-seeded-tf32.json"
+step train-heuristic-default 120 "$BIN" train --device cuda --envs 16 --epochs 4 --policy heuristic --count-syncs \
+    --out /tmp/gpu-session/train-heuristic-default --force
 step train-heuristic-tf32 120 "$BIN" train --device cuda --envs 16 --epochs 4 --policy heuristic --precision tf32 \
     --count-syncs --out /tmp/gpu-session/train-heuristic-tf32 --force --quiet
-step bench-256-none 150 "$BIN" bench --device cuda --seeds none --envs 16,256 "${E256[@]}" --json "$LOGS/bench-256-none.json"
-step bench-256-seeded 150 "$BIN" bench --device cuda --envs 16,256 "${E256[@]}" --json "$LOGS/bench-256-seeded.json"
-step train-heuristic 120 "$BIN" train --device cuda --envs 16 --epochs 4 --policy heuristic --count-syncs \
+step bench-256-none 150 "$BIN" bench --device cuda --precision f32 --seeds none --envs 16,256 "${E256[@]}" --json "$LOGS/bench-256-none.json"
+step bench-256-seeded 150 "$BIN" bench --device cuda --precision f32 --envs 16,256 "${E256[@]}" --json "$LOGS/bench-256-seeded.json"
+step train-heuristic 120 "$BIN" train --device cuda --precision f32 --envs 16 --epochs 4 --policy heuristic --count-syncs \
     --profile table --out /tmp/gpu-session/train-heuristic --force --quiet
-step bench-sweep-none 150 "$BIN" bench --device cuda --seeds none --envs 1,4,16,64,256 --reps 2 \
+step bench-sweep-none 150 "$BIN" bench --device cuda --precision f32 --seeds none --envs 1,4,16,64,256 --reps 2 \
     --json "$LOGS/bench-sweep-none.json"
 # The direct 3×3 convolution (ESPER_CUDA_CONV=direct, off by default until measured): its own selftest
 # (the full step's parity then runs on it too), then W16 with it; a failure skips its benches only.
 DIRECT_OK=0
 if step selftest-direct 200 env ESPER_CUDA_CONV=direct "$BIN" selftest --device cuda; then
     DIRECT_OK=1
-    step bench-w16-none-direct 120 env ESPER_CUDA_CONV=direct "$BIN" bench --device cuda --seeds none --envs 16 \
+    step bench-w16-none-direct 120 env ESPER_CUDA_CONV=direct "$BIN" bench --device cuda --precision f32 --seeds none --envs 16 \
         "${W16[@]}" --json "$LOGS/bench-w16-none-direct.json"
-    step bench-w16-seeded-direct 120 env ESPER_CUDA_CONV=direct "$BIN" bench --device cuda --envs 16 "${W16[@]}" \
+    step bench-w16-seeded-direct 120 env ESPER_CUDA_CONV=direct "$BIN" bench --device cuda --precision f32 --envs 16 "${W16[@]}" \
         --json "$LOGS/bench-w16-seeded-direct.json"
 fi
 # Batch norm + ReLU + pool (and their backwards) as separate kernels again, to measure the fusion; at
 # TF32 also the tensor-core kernels' epilogue statistics and their backwards reading batch norm's
 # gradient on load.
-step bench-w16-none-unfused 120 env ESPER_CUDA_FUSE=0 "$BIN" bench --device cuda --seeds none --envs 16 "${W16[@]}" \
+step bench-w16-none-unfused 120 env ESPER_CUDA_FUSE=0 "$BIN" bench --device cuda --precision f32 --seeds none --envs 16 "${W16[@]}" \
     --json "$LOGS/bench-w16-none-unfused.json"
 step bench-w16-none-tf32-unfused 120 env ESPER_CUDA_FUSE=0 "$BIN" bench --device cuda --seeds none --envs 16 \
     --precision tf32 "${W16[@]}" --json "$LOGS/bench-w16-none-tf32-unfused.json"
 # Every test batch padded to the training batch again (the validation's work before trimming).
-step bench-w16-seeded-untrimmed 120 env ESPER_CUDA_TRIM_TEST=0 "$BIN" bench --device cuda --envs 16 "${W16[@]}" \
+step bench-w16-seeded-untrimmed 120 env ESPER_CUDA_TRIM_TEST=0 "$BIN" bench --device cuda --precision f32 --envs 16 "${W16[@]}" \
     --json "$LOGS/bench-w16-seeded-untrimmed.json"
-step bench-w16-none-im2col 120 env ESPER_CUDA_CONV=im2col "$BIN" bench --device cuda --seeds none --envs 16 "${W16[@]}" \
+step bench-w16-none-im2col 120 env ESPER_CUDA_CONV=im2col "$BIN" bench --device cuda --precision f32 --seeds none --envs 16 "${W16[@]}" \
     --json "$LOGS/bench-w16-none-im2col.json"
-step bench-w16-seeded-im2col 120 env ESPER_CUDA_CONV=im2col "$BIN" bench --device cuda --envs 16 "${W16[@]}" \
+step bench-w16-seeded-im2col 120 env ESPER_CUDA_CONV=im2col "$BIN" bench --device cuda --precision f32 --envs 16 "${W16[@]}" \
     --json "$LOGS/bench-w16-seeded-im2col.json"
 step bench-w16-seeded-bf16 120 "$BIN" bench --device cuda --envs 16 --precision bf16 "${W16[@]}" \
     --json "$LOGS/bench-w16-seeded-bf16.json"
-step bench-w16-none-nographs 120 "$BIN" bench --device cuda --seeds none --envs 16 --cuda-graphs off "${W16[@]}" \
+step bench-w16-none-nographs 120 "$BIN" bench --device cuda --precision f32 --seeds none --envs 16 --cuda-graphs off "${W16[@]}" \
     --json "$LOGS/bench-w16-none-nographs.json"
 # Device time of every kernel of one W16 step (training batch, validation), launch by launch; ncu ships
 # with the toolkit on the device machine.
 NCU_BIN=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 step ncu-w16-seeded 150 "$NCU_BIN" --metrics gpu__time_duration.sum --csv --print-units base \
-    "$BIN" bench --device cuda "${NCU[@]}" --json /tmp/gpu-session/ncu.json
+    "$BIN" bench --device cuda --precision f32 "${NCU[@]}" --json /tmp/gpu-session/ncu.json
 step ncu-w16-seeded-tf32 150 "$NCU_BIN" --metrics gpu__time_duration.sum --csv --print-units base \
     "$BIN" bench --device cuda --precision tf32 "${NCU[@]}" --json /tmp/gpu-session/ncu-tf32.json
 if [ "$DIRECT_OK" = 1 ]; then
     step ncu-w16-seeded-direct 150 env ESPER_CUDA_CONV=direct "$NCU_BIN" --metrics gpu__time_duration.sum --csv \
-        --print-units base "$BIN" bench --device cuda "${NCU[@]}" --json /tmp/gpu-session/ncu-direct.json
+        --print-units base "$BIN" bench --device cuda --precision f32 "${NCU[@]}" --json /tmp/gpu-session/ncu-direct.json
 fi
 exit 0
