@@ -14,7 +14,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::gemm_conv::{BatchNormGrad, GemmConv, stats_runs};
 use super::ops;
-use super::parity::{Device, ParityError, elementwise};
+use super::parity::{Device, ParityError, elementwise, per_env_block};
 use super::seed_module::DeviceSeedShape;
 use super::slot::DeviceSlot;
 use crate::host::{HostArch, HostParams};
@@ -496,7 +496,7 @@ impl DeviceHost {
         let (envs, batch, classes) = (self.envs as u32, self.batch as u32, self.arch.num_classes as u32);
         let mut launch = device.stream.launch_builder(device.function("count_correct_f32"));
         launch.arg(&self.logits).arg(labels).arg(&mut self.correct).arg(&envs).arg(&batch).arg(&classes);
-        unsafe { launch.launch(elementwise(self.envs)) }?;
+        unsafe { launch.launch(per_env_block(self.envs)) }?;
         Ok(())
     }
 
@@ -525,7 +525,7 @@ impl DeviceHost {
         let mut launch = device.stream.launch_builder(device.function("softmax_cross_entropy_f32"));
         launch.arg(&self.logits).arg(labels).arg(&mut self.loss).arg(&mut self.grad_logits);
         launch.arg(&envs).arg(&batch).arg(&classes).arg(&grad_on);
-        unsafe { launch.launch(elementwise(self.envs * self.batch.max(1))) }?;
+        unsafe { launch.launch(per_env_block(self.envs)) }?;
         self.backward(device, images)?;
         self.clip_and_step(device)?;
         if collect {

@@ -465,7 +465,7 @@ fn elementwise_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>
     let mut launch = stream.launch_builder(device.function("softmax_cross_entropy_f32"));
     launch.arg(&logits_exact).arg(&labels_dev).arg(&mut loss_dev).arg(&mut dlogits_dev);
     launch.arg(&l_envs).arg(&l_batch).arg(&l_out).arg(&grad_on);
-    unsafe { launch.launch(elementwise(cls.labels_len())) }?;
+    unsafe { launch.launch(per_env_block(cls.envs)) }?;
     let (loss_gpu, dlogits_gpu) = (stream.clone_dtoh(&loss_dev)?, stream.clone_dtoh(&dlogits_dev)?);
     let ce_diff = max_diff(&loss_gpu, &loss_cpu).max(max_diff(&dlogits_gpu, &dlogits_cpu));
     // expf / logf on the device against Rust's exp / ln: a few ulps.
@@ -479,7 +479,7 @@ fn elementwise_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>
     let mut correct_dev = stream.alloc_zeros::<u32>(cls.envs)?;
     let mut launch = stream.launch_builder(device.function("count_correct_f32"));
     launch.arg(&logits_exact).arg(&labels_dev).arg(&mut correct_dev).arg(&l_envs).arg(&l_batch).arg(&l_out);
-    unsafe { launch.launch(elementwise(cls.envs)) }?;
+    unsafe { launch.launch(per_env_block(cls.envs)) }?;
     let correct_gpu = stream.clone_dtoh(&correct_dev)?;
     rows.push(ParityRow::new(
         "count_correct_f32",
