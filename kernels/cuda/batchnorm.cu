@@ -136,28 +136,53 @@ extern "C" __global__ void batch_norm_stats_finish_f32(
 
 // The same from the statistics a training convolution's epilogue summed (conv3x3_tc_n*_tf32 with
 // `stats`): per pair p, `runs` runs of (shift, Σ d, Σ d²), run r over images r·per_run .. of `plane`
-// values each. Each run's mean and sum of squared deviations, then the runs combined in order (Chan,
-// Golub & LeVeque's pairwise update), in double.
-extern "C" __global__ void batch_norm_stats_finish_runs_f32(
+// values each. Each run's mean and sum of squared deviations, then the runs combined (Chan, Golub &
+// LeVeque's pairwise update) in a fixed order, in double.
+#define FINISH_LANES 32
+
+// (n, mean, m2) of a set of values followed by (nb, mean_b, m2_b) of another: Chan, Golub & LeVeque's
+// pairwise update (an empty side leaves the other as it is).
+__device__ __forceinline__ void chan_combine(double& n, double& mean, double& m2, double nb, double mean_b,
+                                             double m2_b) {
+    if (nb == 0.0) return;
+    if (n == 0.0) {
+        n = nb, mean = mean_b, m2 = m2_b;
+        return;
+    }
+    double total = n + nb, delta = mean_b - mean;
+    mean += delta * nb / total;
+    m2 += m2_b + delta * delta * n * nb / total;
+    n = total;
+}
+
+// One block of FINISH_LANES threads per pair: lane l combines the runs l, l + 32, … in order, then the
+// lanes' results combine in a fixed tree through shared memory (lane i with lane i + half, halves 16
+// … 1). One thread walking all the runs (512 at W16's first block, each with double divisions) had
+// taken 0.1–0.2 ms a launch; the order is fixed, so a result depends only on the shape.
+extern "C" __global__ void __launch_bounds__(FINISH_LANES) batch_norm_stats_finish_runs_f32(
     const double* stats, float* save_mean, float* save_inv_std, float* running_mean, float* running_var, u32 pairs,
     u32 runs, u32 batch, u32 per_run, u32 plane) {
-    FOR_EACH(p, pairs) {
-        double n = 0.0, mean = 0.0, m2 = 0.0;
-        for (u32 r = 0; r < runs; ++r) {
-            const double* run = stats + (p * runs + r) * 3;
-            double nb = (double)min(per_run, batch - r * per_run) * plane;
-            double mean_b = run[0] + run[1] / nb, m2_b = run[2] - run[1] * run[1] / nb;
-            if (r == 0) {
-                n = nb, mean = mean_b, m2 = m2_b;
-                continue;
-            }
-            double total = n + nb, delta = mean_b - mean;
-            mean += delta * nb / total;
-            m2 += m2_b + delta * delta * n * nb / total;
-            n = total;
-        }
-        bn_write_stats(p, mean, m2 / n, (u64)batch * plane, save_mean, save_inv_std, running_mean, running_var);
+    __shared__ double part[3][FINISH_LANES];
+    u32 p = blockIdx.x, lane = threadIdx.x;
+    double n = 0.0, mean = 0.0, m2 = 0.0;
+    for (u32 r = lane; r < runs; r += FINISH_LANES) {
+        const double* run = stats + ((u64)p * runs + r) * 3;
+        double nb = (double)min(per_run, batch - r * per_run) * plane;
+        chan_combine(n, mean, m2, nb, run[0] + run[1] / nb, run[2] - run[1] * run[1] / nb);
     }
+    part[0][lane] = n, part[1][lane] = mean, part[2][lane] = m2;
+    __syncthreads();
+    for (u32 half = FINISH_LANES / 2; half > 0; half /= 2) {
+        if (lane < half) {
+            double na = part[0][lane], ma = part[1][lane], qa = part[2][lane];
+            chan_combine(na, ma, qa, part[0][lane + half], part[1][lane + half], part[2][lane + half]);
+            part[0][lane] = na, part[1][lane] = ma, part[2][lane] = qa;
+        }
+        __syncthreads();
+    }
+    if (lane == 0)
+        bn_write_stats(p, part[1][0], part[2][0] / part[0][0], (u64)batch * plane, save_mean, save_inv_std,
+                       running_mean, running_var);
 }
 
 // The normalisation's scale of (env, channel) p: inv_std · γ in training (the batch's statistics),

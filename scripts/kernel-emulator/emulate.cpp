@@ -261,7 +261,7 @@ static void check_tc_stats(unsigned envs, unsigned batch, unsigned c_in, unsigne
     size_t wrong = 0;
     for (size_t i = 0; i < n; ++i) wrong += !same_bits(y[i], y_stats[i]);
     std::vector<float> mean(pairs, NAN), inv(pairs, NAN), rm(pairs, 0.25f), rv(pairs, 2.0f);
-    launch({1, 1, 1}, {256, 1, 1}, [&] {
+    launch({(unsigned)pairs, 1, 1}, {FINISH_LANES, 1, 1}, [&] {
         batch_norm_stats_finish_runs_f32(stats.data(), mean.data(), inv.data(), rm.data(), rv.data(), (u32)pairs, runs,
                                          batch, per_block, h * w);
     });

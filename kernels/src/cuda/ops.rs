@@ -167,8 +167,8 @@ pub fn batch_norm_train_stats(
 
 /// Batch norm's training statistics (as [`batch_norm_train_stats`]) from the sums a tensor-core
 /// convolution's epilogue wrote (`GemmConv::forward_with_stats`): `runs` runs of `(shift, Σ d, Σ d²)` per
-/// (env, channel), run r over images `r·per_run ..`, combined in order in double
-/// (`batch_norm_stats_finish_runs_f32`).
+/// (env, channel), run r over images `r·per_run ..`, combined in a fixed order in double
+/// (`batch_norm_stats_finish_runs_f32`: a block of 32 threads per (env, channel)).
 #[allow(clippy::too_many_arguments)]
 pub fn batch_norm_stats_finish_runs(
     device: &Device,
@@ -191,7 +191,9 @@ pub fn batch_norm_stats_finish_runs(
     let mut launch = device.stream.launch_builder(device.function("batch_norm_stats_finish_runs_f32"));
     launch.arg(stats).arg(save_mean).arg(save_inv_std).arg(running_mean).arg(running_var);
     push_dims(&mut launch, &dims);
-    unsafe { launch.launch(elementwise(d.params_len())) }?;
+    let pairs = u32::try_from(d.params_len()).expect("batch norm pairs exceed a grid");
+    let config = LaunchConfig { grid_dim: (pairs, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+    unsafe { launch.launch(config) }?;
     Ok(())
 }
 
