@@ -17,6 +17,7 @@ use esper_components::{
 use esper_kernels::data::{Batcher, Dataset};
 use esper_kernels::host::{CpuHostBackend, GraphCounts, HostArch};
 use esper_kernels::observation::obs_dim;
+use esper_kernels::ops::precision::Precision;
 use esper_kernels::policy::network::PolicyShape;
 use esper_kernels::policy::ppo::{PpoAgent, UpdateMetrics};
 use esper_kernels::policy::rollout::RolloutBuffer;
@@ -71,6 +72,10 @@ pub struct RunSummary {
 /// A device backend's figures over a run's steps ([`esper_kernels::host::DeviceReport`] per step).
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 pub struct DeviceRunReport {
+    /// How the device multiplied the convolutions: the run's `precision`, or the device's default where
+    /// the config leaves it out (it stays out of the config, so a resume on another device takes that
+    /// device's default).
+    pub precision: Precision,
     pub steps: u64,
     /// Copies back that waited for the device, per step: mean and most.
     pub syncs_per_step: f64,
@@ -525,7 +530,11 @@ pub fn train_session(
             drop(step_span);
             let report = session.world.resource_mut::<Hosts>().0.take_device_report();
             if let Some(report) = &report {
-                summary.device.get_or_insert_with(DeviceRunReport::default).add(report);
+                let precision = cfg.precision_on(plan.device);
+                summary
+                    .device
+                    .get_or_insert_with(|| DeviceRunReport { precision, ..Default::default() })
+                    .add(report);
             }
             if plan.count_syncs {
                 let line = match &report {
@@ -773,7 +782,7 @@ fn print_table(plan: &RunPlan, s: &RunSummary) {
         println!(
             "  device  {} convolutions  train {:.1} ms  validate {:.1} ms per step (CUDA events)  {:.1} copies \
              back per step (most {})",
-            plan.config.precision_on(plan.device).name(),
+            d.precision.name(),
             d.train_ms_per_step,
             d.validate_ms_per_step,
             d.syncs_per_step,
