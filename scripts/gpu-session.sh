@@ -10,8 +10,9 @@
 #   bash scripts/gpu-session.sh [BIN] [STEP ...]   # BIN: a cuda build (default gpu/esper-ecs); STEPs: the
 #                                                  # names below (default: all, in order)
 #
-# Each step has its own time limit; together they fit one device call (600 s) with room to spare on an
-# H100 (the whole list took about 75 s there, before the direct convolution's steps were added). The device tool brings back at most 8 files from $OUT, so
+# The default precision on a GPU is tf32: the steps without tf32 or bf16 in their name give
+# --precision f32. Each step has its own time limit; together they fit one device call (600 s) with
+# room to spare (the whole list took about 110 s on an H200). The device tool brings back at most 8 files from $OUT, so
 # the logs go to one archive, $OUT/logs.tgz, rewritten after every step (a call cut short keeps what ran),
 # and a summary of each step's last lines to $OUT/summary.txt. The kernel cache and the train run's
 # output stay in /tmp.
