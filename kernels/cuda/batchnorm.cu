@@ -164,6 +164,7 @@ extern "C" __global__ void __launch_bounds__(FINISH_LANES) batch_norm_stats_fini
     u32 runs, u32 batch, u32 per_run, u32 plane) {
     __shared__ double part[3][FINISH_LANES];
     u32 p = blockIdx.x, lane = threadIdx.x;
+    if (p >= pairs) return;  // the whole block: no barrier is left waiting
     double n = 0.0, mean = 0.0, m2 = 0.0;
     for (u32 r = lane; r < runs; r += FINISH_LANES) {
         const double* run = stats + ((u64)p * runs + r) * 3;

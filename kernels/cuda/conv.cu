@@ -926,7 +926,7 @@ __device__ __forceinline__ int tc_row_offset(u32 k, u32 valid, u32 padded, u32 w
 // stats[((e·c_out + o)·runs + run)·3 + {0, 1, 2}] = (shift, Σ d, Σ d²), d = y − shift, run = the block's
 // image group (blockIdx.x, runs = gridDim.x). Each thread sums its values, then the 256 threads' sums
 // are added in (warp, row group) order through shared memory, so a result depends only on the shape;
-// batch_norm_stats_finish_runs_f32 combines the runs in order. `acc`, `tiles`, `first`, `pixels`,
+// batch_norm_stats_finish_runs_f32 combines the runs in a fixed order. `acc`, `tiles`, `first`, `pixels`,
 // `o0` as conv3x3_tc's; `tile` its shared staging tile, free once every warp is past the K loop.
 template <int NT>
 __device__ __forceinline__ void tc_block_stats(

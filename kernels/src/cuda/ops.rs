@@ -165,6 +165,9 @@ pub fn batch_norm_train_stats(
     Ok(())
 }
 
+/// The block size of `batch_norm_stats_finish_runs_f32` (`FINISH_LANES` in batchnorm.cu).
+const FINISH_LANES: u32 = 32;
+
 /// Batch norm's training statistics (as [`batch_norm_train_stats`]) from the sums a tensor-core
 /// convolution's epilogue wrote (`GemmConv::forward_with_stats`): `runs` runs of `(shift, Σ d, Σ d²)` per
 /// (env, channel), run r over images `r·per_run ..`, combined in a fixed order in double
@@ -192,7 +195,8 @@ pub fn batch_norm_stats_finish_runs(
     launch.arg(stats).arg(save_mean).arg(save_inv_std).arg(running_mean).arg(running_var);
     push_dims(&mut launch, &dims);
     let pairs = u32::try_from(d.params_len()).expect("batch norm pairs exceed a grid");
-    let config = LaunchConfig { grid_dim: (pairs, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+    let config =
+        LaunchConfig { grid_dim: (pairs, 1, 1), block_dim: (FINISH_LANES, 1, 1), shared_mem_bytes: 0 };
     unsafe { launch.launch(config) }?;
     Ok(())
 }
@@ -654,5 +658,15 @@ mod tests {
         // W16's first block: 128 pairs of 512 · 1024 values, 16 runs of 32 768.
         let w16 = NormShape { envs: 16, batch: 512, channels: 8, h: 32, w: 32 };
         assert_eq!(batch_norm_splits(&w16), (16, 32_768));
+    }
+
+    /// The finish kernel's launch gives it the block it is written for: FINISH_LANES threads, read from
+    /// batchnorm.cu.
+    #[test]
+    fn the_statistics_finish_launches_the_kernels_block_size() {
+        let file = crate::cuda::KERNEL_FILES.iter().find(|f| f.name == "batchnorm.cu").expect("batchnorm.cu");
+        let line =
+            file.source.lines().find(|l| l.starts_with("#define FINISH_LANES ")).expect("FINISH_LANES");
+        assert_eq!(line.split_whitespace().nth(2), Some(FINISH_LANES.to_string().as_str()));
     }
 }
