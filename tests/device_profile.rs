@@ -2,7 +2,8 @@
 //! CPU backend wrapped so that it reports fixed figures, as a GPU's would) runs the unchanged step
 //! schedule under the Chrome trace writer, and the profile read back from the file shows the epoch's
 //! device time on TrainHosts' row (recorded after validation), the validation's on Validate's, and how
-//! each used graphs. One test per file: the trace writer is the process's global subscriber.
+//! each used graphs. Its own test binary (Cargo.toml): the trace writer is the process's global
+//! subscriber, so it must not share a process with other tests' sessions.
 
 use esper_ecs::profile;
 use esper_ecs::run::Session;
@@ -13,7 +14,7 @@ use esper_kernels::host::{
 };
 use std::any::Any;
 
-use crate::common;
+mod common;
 
 /// The CPU backend, reporting a GPU's figures for every step.
 struct ReportingCpu(CpuHostBackend);

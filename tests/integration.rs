@@ -9,7 +9,6 @@ mod cli;
 mod common;
 mod compare;
 mod deferred_trace;
-mod device_profile;
 mod observation_step;
 mod ppo_train;
 mod profile;
