@@ -5,7 +5,10 @@
 // 3×3 convolutions (on inputs rounded to TF32, to 1e-5), and batch norm's split reductions
 // (to 1e-6 of a double two-pass sum), the fused normalisation + ReLU + pool and batch norm's fused
 // backwards against the kernels one by one, and the staged backwards reading batch norm's gradient on
-// load against the same kernels on it written (bit for bit). `bash scripts/kernel-emulator/run.sh`.
+// load against the same kernels on it written (bit for bit), group norm forward and input gradient
+// against the CPU's lane sums (bit for bit) and its parameter gradients against double sums, and the
+// head's per-env cross-entropy (bit for bit, samples in order) and correct counts.
+// `bash scripts/kernel-emulator/run.sh`.
 #include "shim.hpp"
 
 typedef unsigned char u8;
@@ -14,6 +17,9 @@ typedef unsigned char u8;
 #include "../../kernels/cuda/batchnorm.cu"
 #include "../../kernels/cuda/pool.cu"
 #include "../../kernels/cuda/activation.cu"
+#undef NORM_EPS  // batchnorm.cu's (a double) and seeds.cu's (a float), each its own file on the device
+#include "../../kernels/cuda/seeds.cu"
+#include "../../kernels/cuda/head.cu"
 
 // The staged kernels' batch-norm arguments where they read their tensor.
 #define NO_BN nullptr, nullptr, nullptr, nullptr, BN_LOAD_NONE
@@ -546,6 +552,165 @@ static void check_batch_norm(unsigned envs, unsigned batch, unsigned channels, u
     report(what, worst_grad <= 1e-6, detail);
 }
 
+// ops::norm's LaneSums total: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
+static float lane_total(const float (&l)[8]) {
+    float a0 = l[0] + l[4], a1 = l[1] + l[5], a2 = l[2] + l[6], a3 = l[3] + l[7];
+    return (a0 + a2) + (a1 + a3);
+}
+
+// Group norm over [E, B, C, h·w] with `groups` groups: the forward (statistics saved) and the input
+// gradient (overwriting and accumulating) against references written from ops/norm.rs's order — a
+// group's values (forward) or each plane's positions (backward, restarting per plane) to lane i % 8 —
+// bit for bit; the parameter gradients (group_norm_backward_params_fast_f32, f64 block sums) against
+// double sums to 1e-6 of the largest.
+static void check_group_norm(unsigned envs, unsigned batch, unsigned channels, unsigned h, unsigned w,
+                             unsigned groups) {
+    unsigned plane = h * w, per_group = channels / groups, len = per_group * plane;
+    size_t n = (size_t)envs * batch * channels * plane, stats_len = (size_t)envs * batch * groups;
+    auto x = values(n, -2.0f, 3.0f), dy = values(n, -1.0f, 1.0f), old = values(n, -1.0f, 1.0f);
+    auto gamma = values((size_t)envs * channels, 0.5f, 1.5f), beta = values((size_t)envs * channels, -0.5f, 0.5f);
+    std::vector<float> y_ref(n), mean_ref(stats_len), inv_ref(stats_len), dx_ref(n), dx_acc_ref(n);
+    for (size_t t = 0; t < stats_len; ++t) {
+        size_t image = t / groups, g = t % groups, e = image / batch;
+        const float* xg = &x[(image * channels + g * per_group) * plane];
+        float l[8] = {}, q[8] = {};
+        for (unsigned i = 0; i < len; ++i) l[i % 8] += xg[i];
+        float mean = lane_total(l) / (float)len;
+        for (unsigned i = 0; i < len; ++i) {
+            float d = xg[i] - mean;
+            q[i % 8] += d * d;
+        }
+        float inv = 1.0f / sqrtf(lane_total(q) / (float)len + NORM_EPS);
+        mean_ref[t] = mean, inv_ref[t] = inv;
+        float s1[8] = {}, s2[8] = {};
+        for (unsigned cl = 0; cl < per_group; ++cl) {
+            size_t c = g * per_group + cl, at = (image * channels + c) * plane;
+            float scale = inv * gamma[e * channels + c], shift = beta[e * channels + c], gam = gamma[e * channels + c];
+            for (unsigned i = 0; i < plane; ++i) y_ref[at + i] = (x[at + i] - mean) * scale + shift;
+            for (unsigned i = 0; i < plane; ++i) s1[i % 8] += dy[at + i] * gam;
+            for (unsigned i = 0; i < plane; ++i) s2[i % 8] += dy[at + i] * gam * ((x[at + i] - mean) * inv);
+        }
+        float m1 = lane_total(s1) / (float)len, m2 = lane_total(s2) / (float)len;
+        for (unsigned cl = 0; cl < per_group; ++cl) {
+            size_t c = g * per_group + cl, at = (image * channels + c) * plane;
+            float gam = gamma[e * channels + c];
+            for (unsigned i = 0; i < plane; ++i) {
+                float x_hat = (x[at + i] - mean) * inv;
+                float value = inv * (dy[at + i] * gam - m1 - x_hat * m2);
+                dx_ref[at + i] = value;
+                dx_acc_ref[at + i] = old[at + i] + value;
+            }
+        }
+    }
+    std::vector<float> y(n, NAN), mean(stats_len, NAN), inv(stats_len, NAN), dx(n, NAN), dx_acc = old;
+    unsigned blocks = (unsigned)((stats_len * 8 + 255) / 256);
+    launch({blocks, 1, 1}, {256, 1, 1}, [&] {
+        group_norm_forward_f32(x.data(), gamma.data(), beta.data(), y.data(), mean.data(), inv.data(), envs, batch,
+                               channels, plane, groups);
+    });
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; ++i) wrong += !same_bits(y[i], y_ref[i]);
+    for (size_t t = 0; t < stats_len; ++t) wrong += !same_bits(mean[t], mean_ref[t]) + !same_bits(inv[t], inv_ref[t]);
+    char what[160], detail[160];
+    std::snprintf(what, sizeof what, "group_norm_forward_f32 E%u B%u C%u G%u %u×%u", envs, batch, channels, groups, h, w);
+    std::snprintf(detail, sizeof detail, "%zu of %zu values and statistics differ in bits", wrong, n + 2 * stats_len);
+    report(what, wrong == 0, detail);
+    for (int accumulate = 0; accumulate < 2; ++accumulate) {
+        float* out = accumulate ? dx_acc.data() : dx.data();
+        launch({blocks, 1, 1}, {256, 1, 1}, [&] {
+            group_norm_backward_input_f32(x.data(), gamma.data(), mean_ref.data(), inv_ref.data(), dy.data(), out, envs,
+                                          batch, channels, plane, groups, accumulate);
+        });
+        const std::vector<float>& want = accumulate ? dx_acc_ref : dx_ref;
+        wrong = 0;
+        for (size_t i = 0; i < n; ++i) wrong += !same_bits(out[i], want[i]);
+        std::snprintf(what, sizeof what, "group_norm_backward_input_f32%s E%u B%u C%u G%u %u×%u",
+                      accumulate ? " (+=)" : "", envs, batch, channels, groups, h, w);
+        std::snprintf(detail, sizeof detail, "%zu of %zu values differ in bits", wrong, n);
+        report(what, wrong == 0, detail);
+    }
+    std::vector<float> dgamma(envs * channels, NAN), dbeta(envs * channels, NAN);
+    launch({envs * channels, 1, 1}, {REDUCE_THREADS, 1, 1}, [&] {
+        group_norm_backward_params_fast_f32(x.data(), mean_ref.data(), inv_ref.data(), dy.data(), dgamma.data(),
+                                            dbeta.data(), envs, batch, channels, plane, groups);
+    });
+    std::vector<double> dgamma_want(envs * channels, 0.0), dbeta_want(envs * channels, 0.0);
+    for (size_t p = 0; p < (size_t)envs * channels; ++p) {
+        size_t e = p / channels, c = p % channels, g = c / per_group;
+        for (size_t b = 0; b < batch; ++b) {
+            size_t image = e * batch + b, s = image * groups + g, at = (image * channels + c) * plane;
+            for (unsigned i = 0; i < plane; ++i) {
+                float d = dy[at + i];
+                dbeta_want[p] += d;
+                dgamma_want[p] += (double)(d * ((x[at + i] - mean_ref[s]) * inv_ref[s]));
+            }
+        }
+    }
+    double worst = std::max(diff_of_largest(dgamma, dgamma_want), diff_of_largest(dbeta, dbeta_want));
+    std::snprintf(what, sizeof what, "group_norm_backward_params_fast_f32 E%u B%u C%u G%u %u×%u", envs, batch, channels,
+                  groups, h, w);
+    std::snprintf(detail, sizeof detail, "max diff %.2e of the largest (tolerance 1e-6)", worst);
+    report(what, worst <= 1e-6, detail);
+}
+
+// The head's per-env mean cross-entropy and its gradient, and the correct counts, against references in
+// ops::loss's order (each env's samples in order; the first largest logit), with ties and a padding
+// label (one no class has) among the samples. The same libm on both sides, so bit for bit.
+static void check_head(unsigned envs, unsigned batch, unsigned classes) {
+    size_t samples = (size_t)envs * batch;
+    auto logits = values(samples * classes, -3.0f, 3.0f);
+    std::vector<u8> labels(samples);
+    for (size_t i = 0; i < samples; ++i) {
+        labels[i] = (u8)(i * 7 % classes);
+        if (i % 5 == 0) logits[i * classes + 2] = logits[i * classes + 1];  // a tie for the largest, sometimes
+    }
+    std::vector<u8> count_labels = labels;
+    count_labels[1] = (u8)classes;  // padding: never correct
+    float inv_batch = 1.0f / (float)batch;
+    std::vector<float> loss_ref(envs), grad_ref(samples * classes);
+    std::vector<unsigned> correct_ref(envs, 0);
+    for (size_t e = 0; e < envs; ++e) {
+        float total = 0.0f;
+        for (size_t b = 0; b < batch; ++b) {
+            size_t i = e * batch + b;
+            const float* z = &logits[i * classes];
+            float m = z[0];
+            for (unsigned k = 1; k < classes; ++k) m = fmaxf(m, z[k]);
+            float sum = 0.0f;
+            for (unsigned k = 0; k < classes; ++k) sum += expf(z[k] - m);
+            total += m + logf(sum) - z[labels[i]];
+            float scale = inv_batch / sum;
+            for (unsigned k = 0; k < classes; ++k) grad_ref[i * classes + k] = expf(z[k] - m) * scale;
+            grad_ref[i * classes + labels[i]] -= inv_batch;
+            unsigned best = 0;
+            for (unsigned k = 1; k < classes; ++k)
+                if (z[k] > z[best]) best = k;
+            correct_ref[e] += best == count_labels[i];
+        }
+        loss_ref[e] = total * inv_batch;
+    }
+    std::vector<float> loss(envs, NAN), grad(samples * classes, NAN);
+    launch({envs, 1, 1}, {REDUCE_THREADS, 1, 1}, [&] {
+        softmax_cross_entropy_f32(logits.data(), labels.data(), loss.data(), grad.data(), envs, batch, classes, 1);
+    });
+    size_t wrong = 0;
+    for (size_t e = 0; e < envs; ++e) wrong += !same_bits(loss[e], loss_ref[e]);
+    for (size_t i = 0; i < grad.size(); ++i) wrong += !same_bits(grad[i], grad_ref[i]);
+    char what[160], detail[160];
+    std::snprintf(what, sizeof what, "softmax_cross_entropy_f32 E%u B%u classes %u", envs, batch, classes);
+    std::snprintf(detail, sizeof detail, "%zu of %zu losses and gradients differ in bits", wrong, envs + grad.size());
+    report(what, wrong == 0, detail);
+    std::vector<unsigned> correct(envs, 12345);
+    launch({envs, 1, 1}, {REDUCE_THREADS, 1, 1}, [&] {
+        count_correct_f32(logits.data(), count_labels.data(), correct.data(), envs, batch, classes);
+    });
+    wrong = 0;
+    for (size_t e = 0; e < envs; ++e) wrong += correct[e] != correct_ref[e];
+    std::snprintf(what, sizeof what, "count_correct_f32 E%u B%u classes %u", envs, batch, classes);
+    std::snprintf(detail, sizeof detail, "%zu of %u counts differ (env 0: %u correct)", wrong, envs, correct_ref[0]);
+    report(what, wrong == 0, detail);
+}
+
 int main() {
     // The host's blocks and seeds (32×32 from 3 and 8 channels, 16×16, 8×8 from 32), and the edges: a
     // 6×8 plane (12 threads an image, 21 images a block: 22 make a full block and a short one), input
@@ -598,6 +763,13 @@ int main() {
     check_batch_norm(3, 4, 5, 49, 1, -2.0f, 3.0f);
     check_batch_norm(2, 41, 3, 225, 4, 40.0f, 44.0f);
     check_batch_norm(2, 9, 2, 64, 7, -1.0f, 1.0f);
+    // Group norm: the seeds' planes (one group of many channels, and several of one each, a plane not
+    // a multiple of 8); the head at a batch past one block's 256 samples and below it.
+    check_group_norm(2, 3, 8, 8, 8, 4);
+    check_group_norm(1, 4, 32, 8, 8, 2);
+    check_group_norm(2, 2, 6, 5, 3, 3);
+    check_head(3, 300, 10);
+    check_head(2, 37, 10);
     std::printf("%d of %d checks passed\n", checks - failures, checks);
     return failures == 0 ? 0 : 1;
 }

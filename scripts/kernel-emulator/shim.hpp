@@ -2,9 +2,10 @@
 // block's threads are real threads (a block at a time), __syncthreads a barrier, __shared__ a static
 // (one block at a time, so every thread of the block sees the same one). It runs the kernels' own source,
 // so a session without a GPU can check a kernel's index math, barriers and operation order against a
-// slow reference; it says nothing about speed. Of the warp-level operations only mma.sync (m16n8k8,
-// TF32) is emulated: the warp's 32 threads meet at a barrier of their own and exchange their fragments;
-// __shfl_sync is not.
+// slow reference; it says nothing about speed. Of the warp-level operations mma.sync (m16n8k8, TF32)
+// is emulated — the warp's 32 threads meet at a barrier of their own and exchange their fragments —
+// and __shfl_sync within segments of 8 lanes (lanes8_total's), the segment's threads meeting at a
+// barrier of theirs; __shfl_down_sync is not.
 #pragma once
 #include <pthread.h>
 
@@ -26,6 +27,9 @@ inline dim3 blockIdx, blockDim, gridDim;
 inline pthread_barrier_t block_barrier;
 // One barrier per warp of the block (blocks of a multiple of 32 threads), for mma_tf32.
 inline pthread_barrier_t warp_barriers[32];
+// One barrier per 8-lane segment of the block, and the values the segment exchanges, for __shfl_sync.
+inline pthread_barrier_t segment_barriers[128];
+inline float shuffled[1024];
 
 // conv.cu takes tf32_round and mma_tf32 from here instead of its inline PTX.
 #define ESPER_KERNEL_EMULATOR 1
@@ -54,9 +58,20 @@ inline double __shfl_down_sync(unsigned, double, unsigned, int = 32) {
     std::fprintf(stderr, "kernel emulator: __shfl_down_sync is not emulated\n");
     std::abort();
 }
-inline float __shfl_sync(unsigned, float, int, int) {
-    std::fprintf(stderr, "kernel emulator: __shfl_sync is not emulated\n");
-    std::abort();
+// Lane `src` of the calling thread's segment of `width` = 8 lanes. Every lane of the segment must call it
+// (as the mask says on the device): they meet at the segment's barrier, read, and meet again before
+// any of them writes its next value.
+inline float __shfl_sync(unsigned, float v, int src, int width) {
+    if (width != 8) {
+        std::fprintf(stderr, "kernel emulator: __shfl_sync only within 8 lanes\n");
+        std::abort();
+    }
+    unsigned t = threadIdx.x, segment = t / 8;
+    shuffled[t] = v;
+    pthread_barrier_wait(&segment_barriers[segment]);
+    float got = shuffled[segment * 8 + (unsigned)src % 8];
+    pthread_barrier_wait(&segment_barriers[segment]);
+    return got;
 }
 
 struct alignas(16) float4 {
@@ -64,6 +79,9 @@ struct alignas(16) float4 {
 };
 struct alignas(8) float2 {
     float x, y;
+};
+struct float3 {
+    float x, y, z;
 };
 struct alignas(16) double2 {
     double x, y;
@@ -135,6 +153,7 @@ void launch(dim3 grid, dim3 block, Body body) {
                 blockIdx = {x, y, z};
                 pthread_barrier_init(&block_barrier, nullptr, threads);
                 for (unsigned v = 0; v < threads / 32; ++v) pthread_barrier_init(&warp_barriers[v], nullptr, 32);
+                for (unsigned v = 0; v < threads / 8; ++v) pthread_barrier_init(&segment_barriers[v], nullptr, 8);
                 std::vector<std::thread> pool;
                 pool.reserve(threads);
                 for (unsigned t = 0; t < threads; ++t)
@@ -145,5 +164,6 @@ void launch(dim3 grid, dim3 block, Body body) {
                 for (auto& th : pool) th.join();
                 pthread_barrier_destroy(&block_barrier);
                 for (unsigned v = 0; v < threads / 32; ++v) pthread_barrier_destroy(&warp_barriers[v]);
+                for (unsigned v = 0; v < threads / 8; ++v) pthread_barrier_destroy(&segment_barriers[v]);
             }
 }
