@@ -245,11 +245,8 @@ pub struct BenchArgs {
     )]
     pub device: String,
 
-    #[arg(long, value_name = "P", value_parser = Precision::parse, help = with_default(
-        "How a GPU multiplies the convolutions: tf32 (the 3×3 ones on the tensor cores, f32 data rounded \
-         to TF32 for the multiply, as the reference's PyTorch convolutions do by default; the fastest), f32 \
-         (implicit GEMMs) or bf16 (bf16 inputs summed in f32, through im2col + cuBLAS). The CPU computes \
-         in f32", "tf32 on a GPU, f32 on the CPU"))]
+    #[arg(long, value_name = "P", value_parser = Precision::parse, help = with_default(PRECISION_HELP,
+        PRECISION_DEFAULT))]
     pub precision: Option<Precision>,
 
     #[arg(
@@ -437,11 +434,8 @@ pub struct TrainArgs {
          ../shared/tools/cuda-build.sh; docs/gpu.md)", "cpu"))]
     pub device: Option<String>,
 
-    #[arg(long, value_name = "P", value_parser = Precision::parse, help = with_default(
-        "How a GPU multiplies the convolutions: tf32 (the 3×3 ones on the tensor cores, f32 data rounded \
-         to TF32 for the multiply, as the reference's PyTorch convolutions do by default; the fastest), f32 \
-         (implicit GEMMs) or bf16 (bf16 inputs summed in f32, through im2col + cuBLAS); weights, gradients \
-         and optimizer stay f32. The CPU computes in f32", "tf32 on a GPU, f32 on the CPU"))]
+    #[arg(long, value_name = "P", value_parser = Precision::parse, help = with_default(PRECISION_HELP,
+        PRECISION_DEFAULT))]
     pub precision: Option<Precision>,
 
     #[arg(long, value_name = "on|off", value_parser = parse_on_off, help = with_default(
@@ -673,6 +667,13 @@ fn set<T>(field: &mut T, flag: Option<T>) {
 fn d() -> RunConfig {
     RunConfig::default()
 }
+
+/// `--precision`'s help, the same on `train` and `bench`.
+const PRECISION_HELP: &str = "How a GPU multiplies the convolutions: tf32 (the 3×3 ones on the tensor \
+    cores, f32 data rounded to TF32 for the multiply, as the reference's PyTorch convolutions do by default; \
+    the fastest), f32 (implicit GEMMs) or bf16 (bf16 inputs summed in f32, through im2col + cuBLAS); weights, \
+    gradients and optimizer stay f32. The CPU computes in f32";
+const PRECISION_DEFAULT: &str = "tf32 on a GPU, f32 on the CPU";
 
 fn with_default(text: &str, default: impl Display) -> String {
     format!("{text} [default: {default}]")

@@ -516,6 +516,8 @@ pub fn train_session(
     let mut summary = RunSummary::default();
     let mut tallies = LifecycleTally::default();
     let mut halted: Option<RunError> = None;
+    // What a device's report records as its convolutions' precision (the config may leave it out).
+    let device_precision = cfg.precision_on(plan.device);
     for round in first_round..cfg.rounds as u64 {
         let round_started = Instant::now();
         let _round_span = tracing::info_span!(target: "esper", "round", round).entered();
@@ -530,10 +532,12 @@ pub fn train_session(
             drop(step_span);
             let report = session.world.resource_mut::<Hosts>().0.take_device_report();
             if let Some(report) = &report {
-                let precision = cfg.precision_on(plan.device);
                 summary
                     .device
-                    .get_or_insert_with(|| DeviceRunReport { precision, ..Default::default() })
+                    .get_or_insert_with(|| DeviceRunReport {
+                        precision: device_precision,
+                        ..Default::default()
+                    })
                     .add(report);
             }
             if plan.count_syncs {
