@@ -582,29 +582,40 @@ __device__ __forceinline__ FastDiv chunk_div(u32 chunk) {
     return chunk >= 4 ? fast_div(4) : chunk == 3 ? fast_div(3) : chunk == 2 ? fast_div(2) : fast_div(1);
 }
 
+// The FastDivs a staged kernel's block needs for an h × w plane: dc_stage's (quads: the plane's h·w/4
+// quads, wq: a row's w/4, border: a padded plane's 2(w + 2) + 2h border cells) and the kernels' own
+// (plane: h·w, w), computed once per block (block_fast_divs: a barrier).
+struct StageDivs {
+    FastDiv quads, wq, border, plane, w;
+};
+
+__device__ __forceinline__ StageDivs stage_divs(u32 h, u32 w) {
+    FastDiv d[5];
+    block_fast_divs<5>({h * w / 4, w / 4, 2 * (w + 2) + 2 * h, h * w, w}, d);
+    return StageDivs{d[0], d[1], d[2], d[3], d[4]};
+}
+
 // Stage input channels s0 .. s0 + chunk − 1 of images b0 .. b0 + images − 1 (of env e) zero-padded into
 // the block's tile: tile[(i·stride + c)·padded + yy·wp + xx] = x[b0 + i][s0 + c][yy − 1][xx − 1], zero
 // outside the plane (padded = (h + 2)·(w + 2), wp = w + 2). `stride` is the channels an image takes in
 // the tile: `chunk` (packed), or DC_CHUNK so that a pixel's place does not move when the last chunk is
-// short. With `tf32` the values are stored rounded to TF32 (tf32_round), as the tensor cores multiply
+// short; `divs` from stage_divs(h, w), f_chunk chunk_div(chunk). With `tf32` the values are stored rounded to TF32 (tf32_round), as the tensor cores multiply
 // them. `bn`: x's values computed on load (load_or_bn).
 //
 // The interior is loaded four values at a time (w is a multiple of 4: a quad of a row, one 16-byte load
-// where x is aligned and read as it is) and each quad's place found with three FastDivs (f_quads: the
-// plane's h·w/4 quads, f_wq: a row's w/4, f_chunk: chunk); the border cells (rows 0 and h + 1, columns 0
+// where x is aligned and read as it is) and each quad's place found with three FastDivs; the border cells (rows 0 and h + 1, columns 0
 // and w + 1) are written only with `zero_border`: the caller asks for it on its first staging and again
 // wherever the planes' places in the tile moved (a packed short last chunk), since no staging writes a
 // border cell otherwise. Per value this is a few instructions where finding each padded cell's place
 // and bounds took dozens (the staging was most of the staged kernels' instructions in ncu).
 __device__ __forceinline__ void dc_stage(
     float* tile, const float* x, u32 e, u32 batch, u32 c_in, u32 s0, u32 chunk, u32 stride, u32 b0, u32 images,
-    u32 h, u32 w, const FastDiv& f_quads, const FastDiv& f_wq, const FastDiv& f_border, const FastDiv& f_chunk,
-    bool zero_border, bool tf32, BnLoad bn) {
-    u32 wp = w + 2, padded = (h + 2) * wp, plane = h * w, quads = f_quads.d, wq = f_wq.d;
+    u32 h, u32 w, const StageDivs& divs, const FastDiv& f_chunk, bool zero_border, bool tf32, BnLoad bn) {
+    u32 wp = w + 2, padded = (h + 2) * wp, plane = h * w, quads = divs.quads.d, wq = divs.wq.d;
     if (zero_border) {
-        u32 border = f_border.d, cells = images * chunk * border;
+        u32 border = divs.border.d, cells = images * chunk * border;
         for (u32 l = threadIdx.x; l < cells; l += 256) {
-            u32 pc = fdiv(l, f_border), r = l - pc * border, i = fdiv(pc, f_chunk), c = pc - i * chunk;
+            u32 pc = fdiv(l, divs.border), r = l - pc * border, i = fdiv(pc, f_chunk), c = pc - i * chunk;
             u32 cell = r < wp ? r
                        : r < 2 * wp ? (h + 1) * wp + (r - wp)
                                     : (1 + (r - 2 * wp) / 2) * wp + ((r - 2 * wp) % 2 ? wp - 1 : 0);
@@ -616,8 +627,8 @@ __device__ __forceinline__ void dc_stage(
     u32 staged = images * chunk * quads;
 #pragma unroll 2
     for (u32 l = threadIdx.x; l < staged; l += 256) {
-        u32 pc = fdiv(l, f_quads), q = l - pc * quads, i = fdiv(pc, f_chunk), c = pc - i * chunk;
-        u32 yy = fdiv(q, f_wq), xx = (q - yy * wq) * 4;
+        u32 pc = fdiv(l, divs.quads), q = l - pc * quads, i = fdiv(pc, f_chunk), c = pc - i * chunk;
+        u32 yy = fdiv(q, divs.wq), xx = (q - yy * wq) * 4;
         float v[4];
         if (vec) {
             float4 f = *reinterpret_cast<const float4*>(xb + (i * c_in + c) * plane + 4 * q);
@@ -647,9 +658,7 @@ extern "C" __global__ void __launch_bounds__(256) conv3x3_direct_f32(
     u32 plane = h * w, quads = plane / 4, per_block = 256 / quads;
     u32 b0 = blockIdx.x * per_block, images = min(per_block, batch - b0);
     u32 hp = h + 2, wp = w + 2, padded = hp * wp;
-    FastDiv divs[3];
-    block_fast_divs<3>({plane / 4, w / 4, 2 * wp + 2 * h}, divs);
-    FastDiv f_quads = divs[0], f_wq = divs[1], f_border = divs[2];
+    StageDivs divs = stage_divs(h, w);
     // This thread's outputs: image `mine`, row `row`, columns col .. col + 3.
     u32 mine = t / quads, q = t - mine * quads, row = q / (w / 4), col = (q - row * (w / 4)) * 4;
     bool computes = mine < images;
@@ -662,7 +671,7 @@ extern "C" __global__ void __launch_bounds__(256) conv3x3_direct_f32(
         u32 chunk = min((u32)DC_CHUNK, c_in - s0);
         FastDiv f_chunk = chunk_div(chunk);
         __syncthreads();  // the previous chunk's reads are done
-        dc_stage(tile, x, e, batch, c_in, s0, chunk, chunk, b0, images, h, w, f_quads, f_wq, f_border, f_chunk,
+        dc_stage(tile, x, e, batch, c_in, s0, chunk, chunk, b0, images, h, w, divs, f_chunk,
                  s0 == 0 || chunk != DC_CHUNK, false, bn);
         for (u32 l = t; l < DC_CHUNK * 9 * DC_OUT; l += 256) {
             u32 sc = l / (9 * DC_OUT), tap = (l / DC_OUT) % 9, o = o0 + l % DC_OUT, s = s0 + sc;
@@ -727,9 +736,8 @@ extern "C" __global__ void __launch_bounds__(256) conv3x3_wgrad_direct_f32(
     u32 sc = warp / 2, oq = o0 + 4 * (warp % 2);  // this warp's input channel (in the chunk), first output
     u32 plane = h * w, per_block = 1024 / plane;
     u32 hp = h + 2, wp = w + 2, padded = hp * wp;
-    FastDiv divs[4];
-    block_fast_divs<4>({plane / 4, w / 4, 2 * wp + 2 * h, w}, divs);
-    FastDiv f_quads = divs[0], f_wq = divs[1], f_border = divs[2], f_w = divs[3], f_chunk = chunk_div(chunk);
+    StageDivs divs = stage_divs(h, w);
+    FastDiv f_w = divs.w, f_chunk = chunk_div(chunk);
     u32 groups = (batch + per_block - 1) / per_block;
     u32 first = run * groups_per_run, last = min(first + groups_per_run, groups);
 
@@ -740,8 +748,7 @@ extern "C" __global__ void __launch_bounds__(256) conv3x3_wgrad_direct_f32(
     for (u32 g = first; g < last; ++g) {
         u32 b0 = g * per_block, images = min(per_block, batch - b0);
         __syncthreads();  // the previous group's reads are done
-        dc_stage(tile, x, e, batch, c_in, s0, chunk, chunk, b0, images, h, w, f_quads, f_wq, f_border, f_chunk, g == first, false,
-                 none);
+        dc_stage(tile, x, e, batch, c_in, s0, chunk, chunk, b0, images, h, w, divs, f_chunk, g == first, false, none);
         __syncthreads();
         if (sc >= chunk) continue;
         for (u32 col = lane; col < images * w; col += 32) {
@@ -1006,9 +1013,8 @@ __device__ __forceinline__ void conv3x3_tc(
     u32 plane = h * w, per_block = TC_PIXELS / plane;
     u32 b0 = blockIdx.x * per_block, images = min(per_block, batch - b0), pixels = images * plane;
     u32 wp = w + 2, padded = (h + 2) * wp;
-    FastDiv divs[5];
-    block_fast_divs<5>({plane / 4, w / 4, 2 * wp + 2 * h, plane, w}, divs);
-    FastDiv f_quads = divs[0], f_wq = divs[1], f_border = divs[2], f_plane = divs[3], f_w = divs[4];
+    StageDivs divs = stage_divs(h, w);
+    FastDiv f_plane = divs.plane, f_w = divs.w;
     u32 first = warp * TC_TILES_PER_WARP * 16;
     u32 tiles = first >= pixels ? 0 : min((u32)TC_TILES_PER_WARP, (pixels - first + 15) / 16);
 
@@ -1037,8 +1043,7 @@ __device__ __forceinline__ void conv3x3_tc(
         u32 chunk = min((u32)DC_CHUNK, c_in - s0), valid = chunk * 9;
         FastDiv f_chunk = chunk_div(chunk);
         __syncthreads();  // the previous chunk's reads are done
-        dc_stage(tile, x, e, batch, c_in, s0, chunk, DC_CHUNK, b0, images, h, w, f_quads, f_wq, f_border, f_chunk, s0 == 0, true,
-                 bn);
+        dc_stage(tile, x, e, batch, c_in, s0, chunk, DC_CHUNK, b0, images, h, w, divs, f_chunk, s0 == 0, true, bn);
         for (u32 l = t; l < TC_K * NT * 8; l += 256) {
             u32 k = l / (NT * 8), n = l % (NT * 8), o = o0 + n, s = s0 + k / 9, tap = k % 9;
             float v = 0.0f;
@@ -1119,9 +1124,8 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
     u32 chunk = min((u32)DC_CHUNK, c_in - s0), valid = chunk * 9;
     u32 plane = h * w, per_block = TC_PIXELS / plane;
     u32 wp = w + 2, padded = (h + 2) * wp;
-    FastDiv divs[5];
-    block_fast_divs<5>({plane / 4, w / 4, 2 * wp + 2 * h, plane, w}, divs);
-    FastDiv f_quads = divs[0], f_wq = divs[1], f_border = divs[2], f_plane = divs[3], f_w = divs[4];
+    StageDivs divs = stage_divs(h, w);
+    FastDiv f_plane = divs.plane, f_w = divs.w;
     FastDiv f_chunk = chunk_div(chunk);
     u32 groups = (batch + per_block - 1) / per_block;
     u32 first = run * groups_per_run, last = min(first + groups_per_run, groups);
@@ -1146,8 +1150,8 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
     for (u32 gi = first; gi < last; ++gi) {
         u32 b0 = gi * per_block, images = min(per_block, batch - b0), pixels = images * plane;
         __syncthreads();  // the previous group's reads are done
-        dc_stage(tile, x, e, batch, c_in, s0, chunk, DC_CHUNK, b0, images, h, w, f_quads, f_wq, f_border, f_chunk, gi == first,
-                 true, none);
+        dc_stage(tile, x, e, batch, c_in, s0, chunk, DC_CHUNK, b0, images, h, w, divs, f_chunk, gi == first, true,
+                 none);
         __syncthreads();
         for (u32 k0 = warp * 8; k0 < pixels; k0 += 64) {
             // This lane's two pixels, the step's k rows tg and tg + 4: pixel k0 + 2·tg and the next one, side

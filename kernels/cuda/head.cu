@@ -92,10 +92,10 @@ extern "C" __global__ void __launch_bounds__(REDUCE_THREADS) softmax_cross_entro
 
 // Per-env count of samples whose first largest logit is the label (ops::loss::count_correct). One
 // block of REDUCE_THREADS per env (per_env_block), each thread counting every REDUCE_THREADS-th
-// sample, the counts added in shared memory (integers: any order is exact).
+// sample, the counts added by block_sum (integers, exact in double).
 extern "C" __global__ void __launch_bounds__(REDUCE_THREADS) count_correct_f32(
     const float* logits, const u8* labels, u32* correct, u32 envs, u32 batch, u32 classes) {
-    __shared__ u32 counts[REDUCE_THREADS];
+    __shared__ double lanes[REDUCE_THREADS];
     u32 e = blockIdx.x, count = 0;
     for (u32 b = threadIdx.x; b < batch; b += REDUCE_THREADS) {
         u64 i = (u64)e * batch + b;
@@ -105,11 +105,6 @@ extern "C" __global__ void __launch_bounds__(REDUCE_THREADS) count_correct_f32(
             if (z[k] > z[best]) best = k;
         if (best == labels[i]) ++count;
     }
-    counts[threadIdx.x] = count;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        u32 total = 0;
-        for (u32 j = 0; j < REDUCE_THREADS; ++j) total += counts[j];
-        correct[e] = total;
-    }
+    double total = block_sum((double)count, lanes);
+    if (threadIdx.x == 0) correct[e] = (u32)total;
 }
