@@ -6,6 +6,10 @@
 # unless compressed). The JSON reports go to $OUT/ab.tgz, the table to $OUT/ab.txt.
 #
 #   bash scripts/gpu-ab.sh A[.gz] B[.gz]
+#
+# A_ENV / B_ENV: environment settings for one side's runs (selftests included), so that one build can be
+# measured against itself with a switch, e.g. the square tensor-core kernels against the general ones:
+#   A_ENV=ESPER_CUDA_TC_SQUARE=0 bash scripts/gpu-ab.sh B.gz B.gz
 set -u
 OUT=${OUT:-gpu-out}
 WORK=/tmp/gpu-ab
@@ -18,6 +22,8 @@ unpack() {  # $1: path, $2: name → prints the executable's path
     esac
 }
 A=$(unpack "$1" a) B=$(unpack "$2" b)
+A_ENV=${A_ENV:-} B_ENV=${B_ENV:-}
+[ -n "$A_ENV$B_ENV" ] && echo "A: ${A_ENV:-(no settings)}; B: ${B_ENV:-(no settings)}" | tee "$OUT/ab-env.txt"
 W16=(--task cifar_baseline --batch-per-env 512 --train-batches 6 --test-per-env 625 --envs 16 --reps 3 --warmup 1)
 E256=(--task cifar_baseline --batch-per-env 64 --train-batches 3 --test-per-env 40 --envs 256 --reps 3 --warmup 1)
 declare -A CASES=(
@@ -29,16 +35,19 @@ declare -A CASES=(
     [e256-seeded-tf32]="--precision tf32 ${E256[*]}"
 )
 ORDER=(w16-none-f32 w16-seeded-f32 w16-none-tf32 w16-seeded-tf32 e256-none-tf32 e256-seeded-tf32)
-"$A" selftest --device cuda >"$WORK/selftest-a.log" 2>&1; echo "selftest A: exit $? ($(tail -n 1 "$WORK/selftest-a.log"))" | tee "$OUT/ab.txt"
-"$B" selftest --device cuda >"$WORK/selftest-b.log" 2>&1; echo "selftest B: exit $? ($(tail -n 1 "$WORK/selftest-b.log"))" | tee -a "$OUT/ab.txt"
-ESPER_CUDA_CONV=direct "$B" selftest --device cuda >"$WORK/selftest-b-direct.log" 2>&1
+# shellcheck disable=SC2086
+env $A_ENV "$A" selftest --device cuda >"$WORK/selftest-a.log" 2>&1; echo "selftest A: exit $? ($(tail -n 1 "$WORK/selftest-a.log"))" | tee "$OUT/ab.txt"
+# shellcheck disable=SC2086
+env $B_ENV "$B" selftest --device cuda >"$WORK/selftest-b.log" 2>&1; echo "selftest B: exit $? ($(tail -n 1 "$WORK/selftest-b.log"))" | tee -a "$OUT/ab.txt"
+# shellcheck disable=SC2086
+env $B_ENV ESPER_CUDA_CONV=direct "$B" selftest --device cuda >"$WORK/selftest-b-direct.log" 2>&1
 echo "selftest B, direct convolutions: exit $? ($(tail -n 1 "$WORK/selftest-b-direct.log"))" | tee -a "$OUT/ab.txt"
 for round in 1 2; do
     for case in "${ORDER[@]}"; do
         for side in a b; do
-            bin=$A; [ $side = b ] && bin=$B
+            bin=$A settings=$A_ENV; [ $side = b ] && bin=$B settings=$B_ENV
             # shellcheck disable=SC2086
-            timeout 120 "$bin" bench --device cuda ${CASES[$case]} --json "$WORK/json/$case-$side-$round.json" \
+            timeout 120 env $settings "$bin" bench --device cuda ${CASES[$case]} --json "$WORK/json/$case-$side-$round.json" \
                 >"$WORK/json/$case-$side-$round.log" 2>&1 || echo "$case $side round $round: exit $?" | tee -a "$OUT/ab.txt"
         done
     done

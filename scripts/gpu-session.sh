@@ -68,6 +68,11 @@ step bench-w16-none-tf32 120 "$BIN" bench --device cuda --seeds none --envs 16 -
     --json "$LOGS/bench-w16-none-tf32.json"
 step bench-w16-seeded-tf32 120 "$BIN" bench --device cuda --envs 16 --precision tf32 "${W16[@]}" \
     --json "$LOGS/bench-w16-seeded-tf32.json"
+# The square-plane tensor-core kernels (the default) against the general ones (ESPER_CUDA_TC_SQUARE=0).
+step bench-w16-none-tf32-general 120 env ESPER_CUDA_TC_SQUARE=0 "$BIN" bench --device cuda --seeds none --envs 16 \
+    --precision tf32 "${W16[@]}" --json "$LOGS/bench-w16-none-tf32-general.json"
+step bench-w16-seeded-tf32-general 120 env ESPER_CUDA_TC_SQUARE=0 "$BIN" bench --device cuda --envs 16 \
+    --precision tf32 "${W16[@]}" --json "$LOGS/bench-w16-seeded-tf32-general.json"
 step bench-w16-seeded-tf32-cublas 120 env ESPER_CUDA_CONV=im2col "$BIN" bench --device cuda --envs 16 \
     --precision tf32 "${W16[@]}" --json "$LOGS/bench-w16-seeded-tf32-cublas.json"
 # TF32 with batch norm's input gradient computed as the staged backwards load it (ESPER_CUDA_BN_ON_LOAD=1)

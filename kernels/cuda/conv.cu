@@ -608,14 +608,25 @@ __device__ __forceinline__ StageDivs stage_divs(u32 h, u32 w) {
 // wherever the planes' places in the tile moved (a packed short last chunk), since no staging writes a
 // border cell otherwise. Per value this is a few instructions where finding each padded cell's place
 // and bounds took dozens (the staging was most of the staged kernels' instructions in ncu).
+//
+// W > 0: the planes are W × W (the square tensor-core kernels), so every divisor but the chunk's is a
+// constant the compiler folds (shifts: W·W/4 and W/4 are powers of two).
+template <int W>
+__device__ __forceinline__ u32 stage_div(u32 n, u32 constant, const FastDiv& f) {
+    return W > 0 ? n / constant : fdiv(n, f);
+}
+
+template <int W = 0>
 __device__ __forceinline__ void dc_stage(
     float* tile, const float* x, u32 e, u32 batch, u32 c_in, u32 s0, u32 chunk, u32 stride, u32 b0, u32 images,
     u32 h, u32 w, const StageDivs& divs, const FastDiv& f_chunk, bool zero_border, bool tf32, BnLoad bn) {
-    u32 wp = w + 2, padded = (h + 2) * wp, plane = h * w, quads = divs.quads.d, wq = divs.wq.d;
+    if (W > 0) h = W, w = W;
+    u32 wp = w + 2, padded = (h + 2) * wp, plane = h * w;
+    u32 quads = W > 0 ? W * W / 4 : divs.quads.d, wq = W > 0 ? W / 4 : divs.wq.d;
     if (zero_border) {
-        u32 border = divs.border.d, cells = images * chunk * border;
+        u32 border = W > 0 ? 4 * W + 4 : divs.border.d, cells = images * chunk * border;
         for (u32 l = threadIdx.x; l < cells; l += 256) {
-            u32 pc = fdiv(l, divs.border), r = l - pc * border, i = fdiv(pc, f_chunk), c = pc - i * chunk;
+            u32 pc = stage_div<W>(l, border, divs.border), r = l - pc * border, i = fdiv(pc, f_chunk), c = pc - i * chunk;
             u32 cell = r < wp ? r
                        : r < 2 * wp ? (h + 1) * wp + (r - wp)
                                     : (1 + (r - 2 * wp) / 2) * wp + ((r - 2 * wp) % 2 ? wp - 1 : 0);
@@ -627,8 +638,8 @@ __device__ __forceinline__ void dc_stage(
     u32 staged = images * chunk * quads;
 #pragma unroll 2
     for (u32 l = threadIdx.x; l < staged; l += 256) {
-        u32 pc = fdiv(l, divs.quads), q = l - pc * quads, i = fdiv(pc, f_chunk), c = pc - i * chunk;
-        u32 yy = fdiv(q, divs.wq), xx = (q - yy * wq) * 4;
+        u32 pc = stage_div<W>(l, quads, divs.quads), q = l - pc * quads, i = fdiv(pc, f_chunk), c = pc - i * chunk;
+        u32 yy = stage_div<W>(q, wq, divs.wq), xx = (q - yy * wq) * 4;
         float v[4];
         if (vec) {
             float4 f = *reinterpret_cast<const float4*>(xb + (i * c_in + c) * plane + 4 * q);
@@ -920,6 +931,20 @@ extern "C" __global__ void __launch_bounds__(1024) conv2d_wgrad_reduce_f32(
 #define TC_K ((DC_CHUNK * 9 + 7) / 8 * 8)
 #define TC_PIXELS 1024
 #define TC_TILES_PER_WARP (TC_PIXELS / 16 / 8)
+// Zeroed floats after the staged tile (at DC_TILE) that the W > 0 kernels' padding rows read: a warp's
+// 8 m-tiles span tc_place<W>(127) + 1 ≤ 478 cells (W = 8).
+#define TC_ZERO 512
+
+// The place in the staged tile of pixel p of a block's W × W images (image p / W², row, column; each
+// image DC_CHUNK padded planes of (W + 2)²): a constant expression where p is. For W = 8, 16, 32 and a
+// warp's first pixel p0 (a multiple of 128, plus a lane's g < 8), tc_place<W>(p0 + d) = tc_place<W>(p0)
+// + tc_place<W>(d) for the m-tiles' d = 16·mt + 8·half < 128: a row of 32 holds two m-tiles, one of
+// 16 one, one of 8 two half-tiles, and 128 pixels are whole rows (W = 32), half an image (16) or two
+// images (8).
+template <int W>
+__device__ __forceinline__ constexpr int tc_place(u32 p) {
+    return (int)((p / (W * W)) * DC_CHUNK * (W + 2) * (W + 2) + (p % (W * W)) / W * (W + 2) + p % W);
+}
 
 // Where (channel, tap) row k of a chunk reads relative to a pixel's place in the tile, or −1 for the
 // padding rows past the chunk's `valid` = chunk·9.
@@ -998,11 +1023,19 @@ __device__ __forceinline__ void tc_block_stats(
 // (16 pixels each) 8v .. 8v + 7, each with all NT n-tiles; pixels past the block's images read pixel
 // 0's place in the tile (their rows are multiplied and not written). Grid (⌈B / images per block⌉,
 // ⌈c_out / (8·NT)⌉, envs).
-template <int NT>
+//
+// W > 0: the kernel for square W × W planes (h = w = W; the launcher checks it), whose m-tiles' places
+// in the tile are compile-time offsets from the lane's first pixel's (tc_place: an m-tile of 16 pixels
+// moves each of its lanes' pixels by the same amount for W = 8, 16, 32), so that each A value is one
+// shared load at an immediate offset, where the general kernel (W = 0) adds a per-lane index and scales
+// it per load (two instructions a load, two thirds of the K loop's). A padding row (past `valid`) reads
+// a zeroed stretch of the tile (TC_ZERO floats at DC_TILE) rather than being selected away per value:
+// the same zeros, so the same sums bit for bit.
+template <int NT, int W>
 __device__ __forceinline__ void conv3x3_tc(
     const float* x, const float* weight, float* y, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, int flip,
     BnLoad bn, double* stats) {
-    __shared__ __align__(8) float tile[DC_TILE];
+    __shared__ __align__(8) float tile[DC_TILE + TC_ZERO];
     // [chunk row k][output channel], TF32; rows of 24 floats for two n-tiles, so that a k-step's four
     // rows (lanes' tg) × eight channels (g) fall in 32 different banks.
     constexpr int WT_STRIDE = NT == 1 ? 8 : 24;
@@ -1018,18 +1051,26 @@ __device__ __forceinline__ void conv3x3_tc(
     u32 first = warp * TC_TILES_PER_WARP * 16;
     u32 tiles = first >= pixels ? 0 : min((u32)TC_TILES_PER_WARP, (pixels - first + 15) / 16);
 
-    // The places in the tile of this lane's pixels: rows g and g + 8 of each m-tile.
+    // The places in the tile of this lane's pixels: rows g and g + 8 of each m-tile (W = 0).
     // (Pointers into the tile rather than indices: a load is then one add of the row's offset.)
-    const float* place[TC_TILES_PER_WARP][2];
+    const float* place[W > 0 ? 1 : TC_TILES_PER_WARP][2];
+    if constexpr (W == 0) {
 #pragma unroll
-    for (int mt = 0; mt < TC_TILES_PER_WARP; ++mt)
+        for (int mt = 0; mt < TC_TILES_PER_WARP; ++mt)
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            u32 p = first + mt * 16 + g + 8 * half;
-            p = p < pixels ? p : 0;
-            u32 i = fdiv(p, f_plane), q = p - i * plane, yy = fdiv(q, f_w), xx = q - yy * w;
-            place[mt][half] = tile + i * DC_CHUNK * padded + yy * wp + xx;
-        }
+            for (int half = 0; half < 2; ++half) {
+                u32 p = first + mt * 16 + g + 8 * half;
+                p = p < pixels ? p : 0;
+                u32 i = fdiv(p, f_plane), q = p - i * plane, yy = fdiv(q, f_w), xx = q - yy * w;
+                place[mt][half] = tile + i * DC_CHUNK * padded + yy * wp + xx;
+            }
+    }
+    // W > 0: the place of the lane's first pixel (first + g); its m-tiles' at tc_place<W>(16·mt + 8·half)
+    // from it. Pixels past the block's images read tile cells within the block's per_block images
+    // (stale or unwritten: their rows are multiplied and never written, nor summed by tc_block_stats).
+    static_assert(W == 0 || W == 8 || W == 16 || W == 32, "tc_place's m-tile offsets hold for W = 8, 16, 32");
+    static_assert(W == 0 || tc_place<W>(TC_TILES_PER_WARP * 16 - 1) < TC_ZERO, "the zeroed stretch covers a warp");
+    int base = W > 0 ? tc_place<W>(first + g) : 0, zero_row = W > 0 ? DC_TILE - base : 0;
 
     float acc[TC_TILES_PER_WARP][NT][4];
 #pragma unroll
@@ -1043,7 +1084,9 @@ __device__ __forceinline__ void conv3x3_tc(
         u32 chunk = min((u32)DC_CHUNK, c_in - s0), valid = chunk * 9;
         FastDiv f_chunk = chunk_div(chunk);
         __syncthreads();  // the previous chunk's reads are done
-        dc_stage(tile, x, e, batch, c_in, s0, chunk, DC_CHUNK, b0, images, h, w, divs, f_chunk, s0 == 0, true, bn);
+        dc_stage<W>(tile, x, e, batch, c_in, s0, chunk, DC_CHUNK, b0, images, h, w, divs, f_chunk, s0 == 0, true, bn);
+        if (W > 0 && s0 == 0)
+            for (u32 l = t; l < TC_ZERO; l += 256) tile[DC_TILE + l] = 0.0f;
         for (u32 l = t; l < TC_K * NT * 8; l += 256) {
             u32 k = l / (NT * 8), n = l % (NT * 8), o = o0 + n, s = s0 + k / 9, tap = k % 9;
             float v = 0.0f;
@@ -1061,21 +1104,33 @@ __device__ __forceinline__ void conv3x3_tc(
         // several times the instructions of its loads and multiplies.
         for (u32 k0 = 0; k0 < valid; k0 += 8) {
             int lo = row_offset[k0 + tg], hi = row_offset[k0 + tg + 4];
-            bool lo_ok = lo >= 0, hi_ok = hi >= 0;
-            lo = max(lo, 0), hi = max(hi, 0);
             float b[NT][2];
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
                 b[nt][0] = wt[k0 + tg][nt * 8 + g];
                 b[nt][1] = wt[k0 + tg + 4][nt * 8 + g];
             }
+            if constexpr (W > 0) {
+                const float* at_lo = tile + base + (lo >= 0 ? lo : zero_row);
+                const float* at_hi = tile + base + (hi >= 0 ? hi : zero_row);
 #pragma unroll
-            for (int mt = 0; mt < TC_TILES_PER_WARP; ++mt) {
-                float a0 = place[mt][0][lo], a1 = place[mt][1][lo];
-                float a2 = place[mt][0][hi], a3 = place[mt][1][hi];
-                float a[4] = {lo_ok ? a0 : 0.0f, lo_ok ? a1 : 0.0f, hi_ok ? a2 : 0.0f, hi_ok ? a3 : 0.0f};
+                for (int mt = 0; mt < TC_TILES_PER_WARP; ++mt) {
+                    float a[4] = {at_lo[tc_place<W>(16 * mt)], at_lo[tc_place<W>(16 * mt + 8)],
+                                  at_hi[tc_place<W>(16 * mt)], at_hi[tc_place<W>(16 * mt + 8)]};
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) mma_tf32(acc[mt][nt], a, b[nt]);
+                    for (int nt = 0; nt < NT; ++nt) mma_tf32(acc[mt][nt], a, b[nt]);
+                }
+            } else {
+                bool lo_ok = lo >= 0, hi_ok = hi >= 0;
+                lo = max(lo, 0), hi = max(hi, 0);
+#pragma unroll
+                for (int mt = 0; mt < TC_TILES_PER_WARP; ++mt) {
+                    float a0 = place[mt][0][lo], a1 = place[mt][1][lo];
+                    float a2 = place[mt][0][hi], a3 = place[mt][1][hi];
+                    float a[4] = {lo_ok ? a0 : 0.0f, lo_ok ? a1 : 0.0f, hi_ok ? a2 : 0.0f, hi_ok ? a3 : 0.0f};
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) mma_tf32(acc[mt][nt], a, b[nt]);
+                }
             }
         }
     }
@@ -1110,8 +1165,16 @@ __device__ __forceinline__ void conv3x3_tc(
 // to TF32. Pixels past the group's images read 0 on both sides. Then the 8 warps' sums are added in
 // warp order through shared memory and the block writes partial[e][run][o][s·9 + tap];
 // conv2d_wgrad_reduce_f32 adds the runs in order.
+//
+// W > 0: the kernel for square W × W planes (W = 8, 16, 32) and dy read as it is (no batch norm on
+// load; the launcher takes W = 0 for that): a lane's pixels at k-step j lie tc_place<W>(64·j) from its
+// first k-step's in the tile and a constant number of images and pixels from them in dy, so the
+// k-steps are unrolled with every load at a fixed offset from a per-lane pointer and no division or
+// select per step (the W = 0 loop finds each step's pixel with two divisions and selects past the
+// group's pixels); a group's k-steps past its images (the last group of a batch) end the loop for the
+// whole block. The same k-steps in the same order: the same sums, bit for bit.
 #define TC_WG_TILES ((DC_CHUNK * 9 + 15) / 16)
-template <int NT>
+template <int NT, int W>
 __device__ __forceinline__ void conv3x3_wgrad_tc(
     const float* x, const float* dy, float* partial, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, u32 runs,
     u32 groups_per_run, BnLoad bn) {
@@ -1147,12 +1210,57 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
 #pragma unroll
             for (int q = 0; q < 4; ++q) acc[mt][nt][q] = 0.0f;
 
+    // W > 0: the lane's A rows at its first k-step's pixel p0 = 8·warp + 2·tg (< 64, in the group's
+    // first image for W ≥ 8), and its dy channels' planes at p0. A lane whose channel lies past c_out
+    // reads channel c_out − 1 instead: its products land in columns of dW that are never written, as the
+    // rows past `valid` do (all TC_WG_TILES m-tiles run: no branch per step).
+    constexpr u32 PLANE = W * W;
+    u32 p0 = warp * 8 + 2 * tg;
+    const float* a_row[W > 0 ? TC_WG_TILES : 1][2];
+    const float* dy_lane[W > 0 ? NT : 1];
+    if constexpr (W > 0) {
+        static_assert(W == 8 || W == 16 || W == 32, "tc_place's k-step offsets hold for W = 8, 16, 32");
+#pragma unroll
+        for (int mt = 0; mt < TC_WG_TILES; ++mt)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) a_row[mt][half] = tile + tc_place<W>(p0) + row[mt][half];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            u32 o = o0 + nt * 8 + g;
+            dy_lane[nt] = dy + ((u64)e * batch * c_out + min(o, c_out - 1)) * PLANE + p0;
+        }
+    }
+
     for (u32 gi = first; gi < last; ++gi) {
         u32 b0 = gi * per_block, images = min(per_block, batch - b0), pixels = images * plane;
         __syncthreads();  // the previous group's reads are done
-        dc_stage(tile, x, e, batch, c_in, s0, chunk, DC_CHUNK, b0, images, h, w, divs, f_chunk, gi == first, true,
+        dc_stage<W>(tile, x, e, batch, c_in, s0, chunk, DC_CHUNK, b0, images, h, w, divs, f_chunk, gi == first, true,
                  none);
         __syncthreads();
+        if constexpr (W > 0) {
+            u64 group_at = (u64)b0 * c_out * PLANE, image_stride = (u64)c_out * PLANE;
+#pragma unroll
+            for (u32 j = 0; j < TC_PIXELS / 64; ++j) {
+                // k-step j: pixels 64·j + p0 and the next, in image 64·j / W² of the group.
+                u32 image = 64 * j / PLANE, q = 64 * j % PLANE;
+                if (image >= images) break;  // the same for the whole block
+                u32 at = tc_place<W>(64 * j);
+                float b[NT][2];
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    const float* d = dy_lane[nt] + group_at + image * image_stride + q;
+                    b[nt][0] = tf32_round(d[0]);
+                    b[nt][1] = tf32_round(d[1]);
+                }
+#pragma unroll
+                for (int mt = 0; mt < TC_WG_TILES; ++mt) {
+                    float a[4] = {a_row[mt][0][at], a_row[mt][1][at], a_row[mt][0][at + 1], a_row[mt][1][at + 1]};
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) mma_tf32(acc[mt][nt], a, b[nt]);
+                }
+            }
+            continue;
+        }
         for (u32 k0 = warp * 8; k0 < pixels; k0 += 64) {
             // This lane's two pixels, the step's k rows tg and tg + 4: pixel k0 + 2·tg and the next one, side
             // by side in a row (w and the group's pixels are even), so that the four lanes of an output
@@ -1210,16 +1318,26 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
 
 // n8: output channels in one n-tile (c_out ≤ 8), n16: two (more blocks past 16). __launch_bounds__(256,
 // 2): two blocks an SM, so at most 128 registers a thread.
-#define TC_KERNELS(N, NT)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(256, 2) conv3x3_tc_n##N##_tf32(                               \
+#define TC_CONV_KERNEL(NAME, NT, W)                                                                             \
+    extern "C" __global__ void __launch_bounds__(256, 2) NAME(                                                  \
         const float* x, const float* weight, float* y, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, int flip,   \
         BN_ARGS, double* stats) {                                                                               \
-        conv3x3_tc<NT>(x, weight, y, batch, c_in, c_out, h, w, flip, BN_LOAD, stats);                           \
-    }                                                                                                           \
-    extern "C" __global__ void __launch_bounds__(256, 2) conv3x3_wgrad_tc_n##N##_tf32(                         \
+        conv3x3_tc<NT, W>(x, weight, y, batch, c_in, c_out, h, w, flip, BN_LOAD, stats);                        \
+    }
+#define TC_WGRAD_KERNEL(NAME, NT, W)                                                                            \
+    extern "C" __global__ void __launch_bounds__(256, 2) NAME(                                                  \
         const float* x, const float* dy, float* partial, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, u32 runs, \
         u32 groups_per_run, BN_ARGS) {                                                                          \
-        conv3x3_wgrad_tc<NT>(x, dy, partial, batch, c_in, c_out, h, w, runs, groups_per_run, BN_LOAD);         \
+        conv3x3_wgrad_tc<NT, W>(x, dy, partial, batch, c_in, c_out, h, w, runs, groups_per_run, BN_LOAD);      \
     }
+#define TC_KERNELS(N, NT)                                                                                       \
+    TC_CONV_KERNEL(conv3x3_tc_n##N##_tf32, NT, 0)                                                               \
+    TC_CONV_KERNEL(conv3x3_tc_n##N##_w8_tf32, NT, 8)                                                            \
+    TC_CONV_KERNEL(conv3x3_tc_n##N##_w16_tf32, NT, 16)                                                          \
+    TC_CONV_KERNEL(conv3x3_tc_n##N##_w32_tf32, NT, 32)                                                          \
+    TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n##N##_tf32, NT, 0)                                                         \
+    TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n##N##_w8_tf32, NT, 8)                                                      \
+    TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n##N##_w16_tf32, NT, 16)                                                    \
+    TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n##N##_w32_tf32, NT, 32)
 TC_KERNELS(8, 1)
 TC_KERNELS(16, 2)

@@ -24,6 +24,50 @@ typedef unsigned char u8;
 // The staged kernels' batch-norm arguments where they read their tensor.
 #define NO_BN nullptr, nullptr, nullptr, nullptr, BN_LOAD_NONE
 
+// The width of the square-plane tensor-core kernels the launcher takes for h × w planes (gemm_conv.rs's
+// Staged::square): 8, 16 or 32 where h = w is one of them, else 0 (the general kernels).
+static unsigned tc_square(unsigned h, unsigned w) { return h == w && (w == 8 || w == 16 || w == 32) ? w : 0; }
+
+// conv3x3_tc_n{8,16}[_w{8,16,32}]_tf32 by n-tiles and width (0: the general kernel), its name in `name`.
+static void tc_forward(unsigned nt, unsigned sq, const char** name, const float* x, const float* weight, float* y,
+                       u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, int flip, const float* bn_x, const float* bn_dy,
+                       const u8* bn_argmax, const float* bn_coef, int bn_mode, double* stats) {
+#define TC_FORWARD(K)                                                                                       \
+    do {                                                                                                    \
+        *name = #K;                                                                                         \
+        K(x, weight, y, batch, c_in, c_out, h, w, flip, bn_x, bn_dy, bn_argmax, bn_coef, bn_mode, stats);  \
+    } while (0)
+    if (nt == 1 && sq == 0) TC_FORWARD(conv3x3_tc_n8_tf32);
+    else if (nt == 1 && sq == 8) TC_FORWARD(conv3x3_tc_n8_w8_tf32);
+    else if (nt == 1 && sq == 16) TC_FORWARD(conv3x3_tc_n8_w16_tf32);
+    else if (nt == 1 && sq == 32) TC_FORWARD(conv3x3_tc_n8_w32_tf32);
+    else if (sq == 0) TC_FORWARD(conv3x3_tc_n16_tf32);
+    else if (sq == 8) TC_FORWARD(conv3x3_tc_n16_w8_tf32);
+    else if (sq == 16) TC_FORWARD(conv3x3_tc_n16_w16_tf32);
+    else TC_FORWARD(conv3x3_tc_n16_w32_tf32);
+#undef TC_FORWARD
+}
+
+// conv3x3_wgrad_tc_n{8,16}[_w{8,16,32}]_tf32 likewise.
+static void tc_wgrad(unsigned nt, unsigned sq, const char** name, const float* x, const float* dy, float* partial,
+                     u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, u32 runs, u32 per_run, const float* bn_x,
+                     const float* bn_dy, const u8* bn_argmax, const float* bn_coef, int bn_mode) {
+#define TC_WGRAD(K)                                                                                              \
+    do {                                                                                                         \
+        *name = #K;                                                                                              \
+        K(x, dy, partial, batch, c_in, c_out, h, w, runs, per_run, bn_x, bn_dy, bn_argmax, bn_coef, bn_mode);   \
+    } while (0)
+    if (nt == 1 && sq == 0) TC_WGRAD(conv3x3_wgrad_tc_n8_tf32);
+    else if (nt == 1 && sq == 8) TC_WGRAD(conv3x3_wgrad_tc_n8_w8_tf32);
+    else if (nt == 1 && sq == 16) TC_WGRAD(conv3x3_wgrad_tc_n8_w16_tf32);
+    else if (nt == 1 && sq == 32) TC_WGRAD(conv3x3_wgrad_tc_n8_w32_tf32);
+    else if (sq == 0) TC_WGRAD(conv3x3_wgrad_tc_n16_tf32);
+    else if (sq == 8) TC_WGRAD(conv3x3_wgrad_tc_n16_w8_tf32);
+    else if (sq == 16) TC_WGRAD(conv3x3_wgrad_tc_n16_w16_tf32);
+    else TC_WGRAD(conv3x3_wgrad_tc_n16_w32_tf32);
+#undef TC_WGRAD
+}
+
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static float uniform(float lo, float hi) {
     rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
@@ -199,27 +243,39 @@ static void check_wgrad(unsigned envs, unsigned batch, unsigned c_in, unsigned c
 // The tensor-core (TF32) 3×3 convolutions: forward and input gradient against the fmaf reference on the
 // same inputs rounded to TF32 (tf32_reference), the weight gradient against the double sum of the
 // rounded inputs, `per_run` image groups a run; to 1e-5 of the largest value. Each also against the
-// unrounded inputs, where it must differ by more than 1e-5 (the rounding happened).
+// unrounded inputs, where it must differ by more than 1e-5 (the rounding happened). Where the planes are
+// square of 8, 16 or 32 the square kernels run too and must give the general kernels' bits.
 static void check_tc(unsigned envs, unsigned batch, unsigned c_in, unsigned c_out, unsigned h, unsigned w,
                      unsigned per_run) {
     char what[160], detail[160];
-    unsigned per_block = 1024 / (h * w), groups = (batch + per_block - 1) / per_block;
+    const char* name = "";
+    unsigned per_block = 1024 / (h * w), groups = (batch + per_block - 1) / per_block, sq = tc_square(h, w);
+    std::vector<unsigned> widths = {0};  // the general kernel first, then the square one
+    if (sq) widths.push_back(sq);
     for (int flip = 0; flip < 2; ++flip) {
         unsigned k_in = flip ? c_out : c_in, k_out = flip ? c_in : c_out, nt = k_out <= 8 ? 1 : 2;
         auto x = values((size_t)envs * batch * k_in * h * w, -1.0f, 1.0f);
         auto weight = values((size_t)envs * c_out * c_in * 9, -0.5f, 0.5f);
         auto want = conv_reference(tf32_all(x), tf32_all(weight), envs, batch, k_in, k_out, h, w, flip);
         auto plain = conv_reference(x, weight, envs, batch, k_in, k_out, h, w, flip);
-        std::vector<float> y(want.size(), NAN);
-        launch({groups, (k_out + 8 * nt - 1) / (8 * nt), envs}, {256, 1, 1}, [&] {
-            if (nt == 1) conv3x3_tc_n8_tf32(x.data(), weight.data(), y.data(), batch, k_in, k_out, h, w, flip, NO_BN, nullptr);
-            else conv3x3_tc_n16_tf32(x.data(), weight.data(), y.data(), batch, k_in, k_out, h, w, flip, NO_BN, nullptr);
-        });
-        double worst = diff_of_largest(y, want), unrounded = diff_of_largest(y, plain);
-        std::snprintf(what, sizeof what, "conv3x3_tc_n%u_tf32 %s E%u B%u %u→%u %u×%u", 8 * nt, flip ? "dx" : "y ",
-                      envs, batch, k_in, k_out, h, w);
-        std::snprintf(detail, sizeof detail, "max diff %.2e of the largest (1e-5; unrounded %.1e)", worst, unrounded);
-        report(what, worst <= 1e-5 && unrounded > 1e-5, detail);
+        std::vector<float> general(want.size(), NAN);
+        for (unsigned width : widths) {
+            std::vector<float> y(want.size(), NAN);
+            launch({groups, (k_out + 8 * nt - 1) / (8 * nt), envs}, {256, 1, 1}, [&] {
+                tc_forward(nt, width, &name, x.data(), weight.data(), y.data(), batch, k_in, k_out, h, w, flip, NO_BN,
+                           nullptr);
+            });
+            double worst = diff_of_largest(y, want), unrounded = diff_of_largest(y, plain);
+            size_t differ = 0;
+            if (width == 0) general = y;
+            else
+                for (size_t i = 0; i < y.size(); ++i) differ += !same_bits(y[i], general[i]);
+            std::snprintf(what, sizeof what, "%s %s E%u B%u %u→%u %u×%u", name, flip ? "dx" : "y ", envs, batch, k_in,
+                          k_out, h, w);
+            std::snprintf(detail, sizeof detail, "max diff %.2e of the largest (1e-5; unrounded %.1e)%s", worst,
+                          unrounded, width ? (differ ? "; NOT the general kernel's bits" : "; the general kernel's bits") : "");
+            report(what, worst <= 1e-5 && unrounded > 1e-5 && differ == 0, detail);
+        }
     }
     unsigned nt = c_out <= 8 ? 1 : 2;
     auto x = values((size_t)envs * batch * c_in * h * w, -1.0f, 1.0f);
@@ -228,20 +284,26 @@ static void check_tc(unsigned envs, unsigned batch, unsigned c_in, unsigned c_ou
     auto plain = wgrad_reference(x, dy, envs, batch, c_in, c_out, h, w);
     size_t per_env = (size_t)c_out * c_in * 9;
     unsigned runs = (groups + per_run - 1) / per_run;
-    std::vector<float> partial((size_t)envs * runs * per_env, NAN), dw(envs * per_env, NAN);
     unsigned tiles = ((c_in + 3) / 4) * ((c_out + 8 * nt - 1) / (8 * nt));
-    launch({runs, tiles, envs}, {256, 1, 1}, [&] {
-        if (nt == 1) conv3x3_wgrad_tc_n8_tf32(x.data(), dy.data(), partial.data(), batch, c_in, c_out, h, w, runs, per_run, NO_BN);
-        else conv3x3_wgrad_tc_n16_tf32(x.data(), dy.data(), partial.data(), batch, c_in, c_out, h, w, runs, per_run, NO_BN);
-    });
-    launch({1, 1, 1}, {256, 1, 1}, [&] {
-        conv2d_wgrad_reduce_f32(partial.data(), dw.data(), envs, runs, (unsigned)per_env);
-    });
-    double worst = diff_of_largest(dw, want), unrounded = diff_of_largest(dw, plain);
-    std::snprintf(what, sizeof what, "conv3x3_wgrad_tc_n%u_tf32 E%u B%u %u→%u %u×%u, %u runs", 8 * nt, envs, batch,
-                  c_in, c_out, h, w, runs);
-    std::snprintf(detail, sizeof detail, "max diff %.2e of the largest (1e-5; unrounded %.1e)", worst, unrounded);
-    report(what, worst <= 1e-5 && unrounded > 1e-5, detail);
+    std::vector<float> general;
+    for (unsigned width : widths) {
+        std::vector<float> partial((size_t)envs * runs * per_env, NAN), dw(envs * per_env, NAN);
+        launch({runs, tiles, envs}, {256, 1, 1}, [&] {
+            tc_wgrad(nt, width, &name, x.data(), dy.data(), partial.data(), batch, c_in, c_out, h, w, runs, per_run, NO_BN);
+        });
+        launch({1, 1, 1}, {256, 1, 1}, [&] {
+            conv2d_wgrad_reduce_f32(partial.data(), dw.data(), envs, runs, (unsigned)per_env);
+        });
+        double worst = diff_of_largest(dw, want), unrounded = diff_of_largest(dw, plain);
+        size_t differ = 0;
+        if (width == 0) general = dw;
+        else
+            for (size_t i = 0; i < dw.size(); ++i) differ += !same_bits(dw[i], general[i]);
+        std::snprintf(what, sizeof what, "%s E%u B%u %u→%u %u×%u, %u runs", name, envs, batch, c_in, c_out, h, w, runs);
+        std::snprintf(detail, sizeof detail, "max diff %.2e of the largest (1e-5; unrounded %.1e)%s", worst, unrounded,
+                      width ? (differ ? "; NOT the general kernel's bits" : "; the general kernel's bits") : "");
+        report(what, worst <= 1e-5 && unrounded > 1e-5 && differ == 0, detail);
+    }
 }
 
 // Batch norm's training statistics from the tensor-core forward's epilogue: its output the same bits as
@@ -256,12 +318,12 @@ static void check_tc_stats(unsigned envs, unsigned batch, unsigned c_in, unsigne
     size_t n = (size_t)envs * batch * c_out * h * w, pairs = (size_t)envs * c_out;
     std::vector<float> y(n, NAN), y_stats(n, NAN);
     std::vector<double> stats(pairs * runs * 3, NAN);
+    const char* name = "";  // the kernel the launcher takes (tc_square)
     for (int with = 0; with < 2; ++with) {
         float* out = with ? y_stats.data() : y.data();
         double* st = with ? stats.data() : nullptr;
         launch({runs, (c_out + 8 * nt - 1) / (8 * nt), envs}, {256, 1, 1}, [&] {
-            if (nt == 1) conv3x3_tc_n8_tf32(x.data(), weight.data(), out, batch, c_in, c_out, h, w, 0, NO_BN, st);
-            else conv3x3_tc_n16_tf32(x.data(), weight.data(), out, batch, c_in, c_out, h, w, 0, NO_BN, st);
+            tc_forward(nt, tc_square(h, w), &name, x.data(), weight.data(), out, batch, c_in, c_out, h, w, 0, NO_BN, st);
         });
     }
     size_t wrong = 0;
@@ -286,8 +348,8 @@ static void check_tc_stats(unsigned envs, unsigned batch, unsigned c_in, unsigne
                           std::fabs(rm[p] - want_rm) / std::max(std::fabs(want_rm), 1.0), std::fabs(rv[p] - want_rv) / want_rv});
     }
     char what[160], detail[160];
-    std::snprintf(what, sizeof what, "conv3x3_tc_n%u_tf32 + BN statistics E%u B%u %u→%u %u×%u (%u runs)", 8 * nt, envs, batch,
-                  c_in, c_out, h, w, runs);
+    std::snprintf(what, sizeof what, "%s + BN statistics E%u B%u %u→%u %u×%u (%u runs)", name, envs, batch, c_in, c_out,
+                  h, w, runs);
     std::snprintf(detail, sizeof detail, "%zu outputs differ in bits; statistics max diff %.2e (1e-6)", wrong, worst);
     report(what, wrong == 0 && worst <= 1e-6, detail);
 }
@@ -320,6 +382,7 @@ static void check_staged_bn(unsigned envs, unsigned batch, unsigned c_in, unsign
     auto weight = values((size_t)envs * c_out * c_in * 9, -0.5f, 0.5f);
     unsigned per_block = 1024 / (h * w), groups = (batch + per_block - 1) / per_block;
     size_t wrong = 0, outputs = 0;
+    const char* name = "";
     // The input gradient: the kernel's view takes the c_out channels of the output gradient to c_in.
     for (int tc = 0; tc < 2; ++tc) {
         unsigned nt = c_in <= 8 ? 1 : 2, tiles = tc ? (c_in + 8 * nt - 1) / (8 * nt) : (c_in + 7) / 8;
@@ -331,10 +394,9 @@ static void check_staged_bn(unsigned envs, unsigned batch, unsigned c_in, unsign
             launch({groups, tiles, envs}, {256, 1, 1}, [&] {
                 if (!tc)
                     conv3x3_direct_f32(src, weight.data(), out, batch, c_out, c_in, h, w, 1, xbn.data(), dy.data(), arg.data(), coef.data(), m);
-                else if (nt == 1)
-                    conv3x3_tc_n8_tf32(src, weight.data(), out, batch, c_out, c_in, h, w, 1, xbn.data(), dy.data(), arg.data(), coef.data(), m, nullptr);
-                else
-                    conv3x3_tc_n16_tf32(src, weight.data(), out, batch, c_out, c_in, h, w, 1, xbn.data(), dy.data(), arg.data(), coef.data(), m, nullptr);
+                else  // the kernel the launcher takes: the square one where it applies (BN read by the staging)
+                    tc_forward(nt, tc_square(h, w), &name, src, weight.data(), out, batch, c_out, c_in, h, w, 1, xbn.data(),
+                               dy.data(), arg.data(), coef.data(), m, nullptr);
             });
         }
         for (size_t i = 0; i < on_load.size(); ++i) wrong += !same_bits(on_load[i], written[i]);
@@ -738,6 +800,12 @@ int main() {
     check_tc(2, 22, 5, 12, 6, 8, 1);
     check_tc(1, 70, 6, 40, 4, 4, 1);
     check_tc(1, 140, 6, 8, 4, 4, 2);
+    // The square kernels past the host's shapes: 12 output channels in two n-tiles (lanes past c_out), 20
+    // in two blocks of 16 with 5 input channels (a short chunk), 37 images of 8×8 in three groups (the
+    // last of 5) and two runs.
+    check_tc(1, 5, 12, 12, 16, 16, 2);
+    check_tc(1, 2, 5, 20, 32, 32, 1);
+    check_tc(2, 37, 16, 8, 8, 8, 2);
     // The forward's epilogue statistics: the host's three blocks (one image a block at 32×32: 3 runs; 16
     // at 8×8: a short last run), a short last run at 6×8 with 12 channels, and a mean far from zero.
     check_tc_stats(2, 3, 3, 8, 32, 32, 0.0f);

@@ -85,6 +85,11 @@ pub struct GemmConv {
     /// (`conv3x3_tc_*_tf32`, `conv3x3_wgrad_tc_*_tf32`), the rest as implicit GEMMs (with `implicit`).
     /// On at TF32 unless `ESPER_CUDA_CONV=im2col` (all through cuBLAS), or by [`Self::set_tensor_cores`].
     tensor_cores: bool,
+    /// With `tensor_cores`: square planes of 8, 16 or 32 by the kernels specialised to their width
+    /// (`conv3x3_tc_n*_w{8,16,32}_tf32`, `conv3x3_wgrad_tc_n*_w{8,16,32}_tf32`: the same sums, bit for
+    /// bit, with fewer instructions a step), the others by the general ones. Off with
+    /// `ESPER_CUDA_TC_SQUARE=0` (to measure the two on one machine) or [`Self::set_square_kernels`].
+    square: bool,
     /// The lengths `col` and `rows` need for the im2col + GEMM form of the largest convolutions, and
     /// the length `col` needs for the weight gradients' partial sums (implicit, direct or tensor-core).
     im2col_lens: (usize, usize),
@@ -140,6 +145,7 @@ impl GemmConv {
         let implicit = device.precision() != Precision::Bf16 && choice.as_deref() != Some("im2col");
         let direct = device.precision() == Precision::F32 && implicit && choice.as_deref() == Some("direct");
         let tensor_cores = device.precision() == Precision::Tf32 && implicit;
+        let square = std::env::var("ESPER_CUDA_TC_SQUARE").map_or(true, |v| v != "0");
         // Any weight gradient's partial sums: the implicit one's, the direct one's (`ESPER_CUDA_CONV=direct`)
         // or the tensor cores' (TF32), all in `col`.
         let partial_len = |d: &Conv2dShape| {
@@ -161,6 +167,7 @@ impl GemmConv {
             implicit,
             direct,
             tensor_cores,
+            square,
             im2col_lens,
             implicit_col_len,
             precision,
@@ -200,6 +207,17 @@ impl GemmConv {
         self.set_implicit(device, on)?;
         self.tensor_cores = on;
         Ok(())
+    }
+
+    /// At TF32 on the tensor cores: the square planes [`square_width`] takes by their specialised kernels
+    /// (`on`, the default) or by the general ones.
+    pub(super) fn set_square_kernels(&mut self, on: bool) {
+        self.square = on;
+    }
+
+    /// The width of the specialised tensor-core kernels that run `d`'s planes, if they do.
+    fn square(&self, d: &Conv2dShape) -> Option<usize> {
+        if self.square { square_width(d) } else { None }
     }
 
     /// The staged 3×3 kernel that runs `d`, if one does: the tensor-core one at TF32, the direct one
@@ -301,7 +319,7 @@ impl GemmConv {
     ) -> Result<(), ParityError> {
         self.check(d);
         if let Some(kernel) = self.staged(d) {
-            return staged_conv(device, kernel, d, x, weight, y, false, None, None);
+            return staged_conv(device, kernel, d, x, weight, y, false, None, None, self.square(d));
         }
         if self.implicit {
             return implicit_conv(device, d, x, weight, y, false);
@@ -332,7 +350,8 @@ impl GemmConv {
     ) -> Result<(), ParityError> {
         self.check(d);
         if let Some(kernel) = self.staged(d) {
-            return staged_weight_grad(device, kernel, d, x, dy, &mut self.col, grad_weight, None);
+            let square = self.square(d);
+            return staged_weight_grad(device, kernel, d, x, dy, &mut self.col, grad_weight, None, square);
         }
         if self.implicit {
             return implicit_weight_grad(device, d, x, dy, &mut self.col, grad_weight);
@@ -362,7 +381,7 @@ impl GemmConv {
     ) -> Result<(), ParityError> {
         self.check(d);
         if let Some(kernel) = self.staged(d) {
-            return staged_conv(device, kernel, d, dy, weight, dx, true, None, None);
+            return staged_conv(device, kernel, d, dy, weight, dx, true, None, None, self.square(d));
         }
         if self.implicit {
             return implicit_conv(device, d, dy, weight, dx, true);
@@ -412,7 +431,7 @@ impl GemmConv {
             stats.len() >= d.envs * d.c_out * stats_runs(d).0 * 3,
             "convolution statistics exceed their buffer"
         );
-        staged_conv(device, Staged::TensorCores, d, x, weight, y, false, None, Some(stats))
+        staged_conv(device, Staged::TensorCores, d, x, weight, y, false, None, Some(stats), self.square(d))
     }
 
     /// Whether `d`'s backward can read its output gradient as batch norm's input gradient computed on load
@@ -436,7 +455,8 @@ impl GemmConv {
         self.check(d);
         let kernel = self.staged(d).expect("backward_weight_from_norm: a staged kernel runs the shape");
         grad.check(d);
-        staged_weight_grad(device, kernel, d, x, grad.dy, &mut self.col, grad_weight, Some(grad))
+        // The square weight-gradient kernels read dy as it is: batch norm's gradient takes the general ones.
+        staged_weight_grad(device, kernel, d, x, grad.dy, &mut self.col, grad_weight, Some(grad), None)
     }
 
     /// [`Self::backward_input`] from batch norm's input gradient computed on load, as
@@ -452,7 +472,7 @@ impl GemmConv {
         self.check(d);
         let kernel = self.staged(d).expect("backward_input_from_norm: a staged kernel runs the shape");
         grad.check(d);
-        staged_conv(device, kernel, d, grad.dy, weight, dx, true, Some(grad), None)
+        staged_conv(device, kernel, d, grad.dy, weight, dx, true, Some(grad), None, self.square(d))
     }
 }
 
@@ -651,23 +671,44 @@ impl Staged {
         }
     }
 
-    /// The forward / input-gradient kernel for `c_out` output channels (the kernel's view).
-    fn conv_kernel(self, c_out: usize) -> &'static str {
-        match (self, self.outputs(c_out)) {
-            (Staged::Direct, _) => "conv3x3_direct_f32",
-            (Staged::TensorCores, 8) => "conv3x3_tc_n8_tf32",
-            (Staged::TensorCores, _) => "conv3x3_tc_n16_tf32",
+    /// The forward / input-gradient kernel for `c_out` output channels (the kernel's view), on the
+    /// tensor cores the one specialised to `square` planes (a [`square_width`]) where one is named.
+    fn conv_kernel(self, c_out: usize, square: Option<usize>) -> &'static str {
+        match (self, self.outputs(c_out), square) {
+            (Staged::Direct, _, _) => "conv3x3_direct_f32",
+            (Staged::TensorCores, 8, None) => "conv3x3_tc_n8_tf32",
+            (Staged::TensorCores, 8, Some(8)) => "conv3x3_tc_n8_w8_tf32",
+            (Staged::TensorCores, 8, Some(16)) => "conv3x3_tc_n8_w16_tf32",
+            (Staged::TensorCores, 8, Some(_)) => "conv3x3_tc_n8_w32_tf32",
+            (Staged::TensorCores, _, None) => "conv3x3_tc_n16_tf32",
+            (Staged::TensorCores, _, Some(8)) => "conv3x3_tc_n16_w8_tf32",
+            (Staged::TensorCores, _, Some(16)) => "conv3x3_tc_n16_w16_tf32",
+            (Staged::TensorCores, _, Some(_)) => "conv3x3_tc_n16_w32_tf32",
         }
     }
 
-    /// The weight-gradient kernel for `c_out` output channels.
-    fn wgrad_kernel(self, c_out: usize) -> &'static str {
-        match (self, self.outputs(c_out)) {
-            (Staged::Direct, _) => "conv3x3_wgrad_direct_f32",
-            (Staged::TensorCores, 8) => "conv3x3_wgrad_tc_n8_tf32",
-            (Staged::TensorCores, _) => "conv3x3_wgrad_tc_n16_tf32",
+    /// The weight-gradient kernel for `c_out` output channels, as [`Self::conv_kernel`].
+    fn wgrad_kernel(self, c_out: usize, square: Option<usize>) -> &'static str {
+        match (self, self.outputs(c_out), square) {
+            (Staged::Direct, _, _) => "conv3x3_wgrad_direct_f32",
+            (Staged::TensorCores, 8, None) => "conv3x3_wgrad_tc_n8_tf32",
+            (Staged::TensorCores, 8, Some(8)) => "conv3x3_wgrad_tc_n8_w8_tf32",
+            (Staged::TensorCores, 8, Some(16)) => "conv3x3_wgrad_tc_n8_w16_tf32",
+            (Staged::TensorCores, 8, Some(_)) => "conv3x3_wgrad_tc_n8_w32_tf32",
+            (Staged::TensorCores, _, None) => "conv3x3_wgrad_tc_n16_tf32",
+            (Staged::TensorCores, _, Some(8)) => "conv3x3_wgrad_tc_n16_w8_tf32",
+            (Staged::TensorCores, _, Some(16)) => "conv3x3_wgrad_tc_n16_w16_tf32",
+            (Staged::TensorCores, _, Some(_)) => "conv3x3_wgrad_tc_n16_w32_tf32",
         }
     }
+}
+
+/// The plane widths the tensor-core kernels are specialised to (conv.cu's `tc_place<W>`).
+const SQUARE_WIDTHS: [usize; 3] = [8, 16, 32];
+
+/// The width of `d`'s planes where the specialised tensor-core kernels take them: square, of 8, 16 or 32.
+pub(super) fn square_width(d: &Conv2dShape) -> Option<usize> {
+    (d.h == d.w && SQUARE_WIDTHS.contains(&d.w)).then_some(d.w)
 }
 
 /// How the tensor-core forward of `d` (a shape [`direct_fits`] takes) cuts batch norm's statistics per
@@ -682,7 +723,8 @@ pub fn stats_runs(d: &Conv2dShape) -> (usize, usize) {
 /// (overwritten) from the output gradient passed as `x` — or, with `bn`, computed on load as batch
 /// norm's input gradient (`x` unread). With `stats` (tensor cores, forward only) batch norm's training
 /// statistics of `y` summed in the epilogue. Blocks of 256 threads over `1024 / (h·w)` images of one env
-/// and [`Staged::outputs`] output channels.
+/// and [`Staged::outputs`] output channels; `square`: the tensor-core kernel specialised to `d`'s planes
+/// ([`square_width`]) instead of the general one.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn staged_conv(
     device: &Device,
@@ -694,6 +736,7 @@ pub(super) fn staged_conv(
     input_grad: bool,
     bn: Option<&BatchNormGrad>,
     stats: Option<&mut CudaSlice<f64>>,
+    square: Option<usize>,
 ) -> R {
     assert!(
         stats.is_none() || (kernel == Staged::TensorCores && !input_grad),
@@ -710,7 +753,8 @@ pub(super) fn staged_conv(
     );
     let dims = [d.batch, c_in, c_out, d.h, d.w].map(|v| v as u32);
     let flip = i32::from(input_grad);
-    let mut launch = device.stream.launch_builder(device.function(kernel.conv_kernel(c_out)));
+    assert!(square.is_none() || square == square_width(d), "the square kernels take {d:?}'s planes");
+    let mut launch = device.stream.launch_builder(device.function(kernel.conv_kernel(c_out, square)));
     launch.arg(x).arg(weight).arg(y);
     push_dims(&mut launch, &dims);
     launch.arg(&flip);
@@ -764,7 +808,8 @@ fn staged_wgrad_partial_len(d: &Conv2dShape, kernel: Staged) -> usize {
 
 /// `d`'s weight gradient (overwritten) by a staged kernel: it sums each run of image groups into
 /// `partial` (sized by [`staged_wgrad_partial_len`]), then `conv2d_wgrad_reduce_f32` adds the runs in
-/// order. With `bn` the output gradient is batch norm's input gradient computed on load (`dy` unread).
+/// order. With `bn` the output gradient is batch norm's input gradient computed on load (`dy` unread);
+/// `square` as [`staged_conv`]'s (not with `bn`).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn staged_weight_grad(
     device: &Device,
@@ -775,8 +820,10 @@ pub(super) fn staged_weight_grad(
     partial: &mut CudaSlice<f32>,
     grad_weight: &mut CudaSlice<f32>,
     bn: Option<&BatchNormGrad>,
+    square: Option<usize>,
 ) -> R {
     assert!(direct_fits(d), "the staged 3×3 weight gradients do not take {d:?}");
+    assert!(square.is_none() || (square == square_width(d) && bn.is_none()), "the square kernels take {d:?}");
     let (runs, per_run) = staged_wgrad_runs(d, kernel);
     let depth = col_rows(d);
     assert!(
@@ -788,7 +835,7 @@ pub(super) fn staged_weight_grad(
         "staged weight gradient: grid exceeds the device's"
     );
     let dims = [d.batch, d.c_in, d.c_out, d.h, d.w, runs, per_run].map(|v| v as u32);
-    let mut launch = device.stream.launch_builder(device.function(kernel.wgrad_kernel(d.c_out)));
+    let mut launch = device.stream.launch_builder(device.function(kernel.wgrad_kernel(d.c_out, square)));
     launch.arg(x).arg(dy).arg(&mut *partial);
     push_dims(&mut launch, &dims);
     push_bn(&mut launch, bn);
@@ -976,12 +1023,45 @@ mod tests {
         let tc = Staged::TensorCores;
         assert_eq!([1, 8, 9, 16, 40].map(|c| tc.outputs(c)), [8, 8, 16, 16, 16]);
         assert_eq!([1, 8, 9, 40].map(|c| Staged::Direct.outputs(c)), [8; 4]);
-        assert_eq!((tc.conv_kernel(8), tc.conv_kernel(12)), ("conv3x3_tc_n8_tf32", "conv3x3_tc_n16_tf32"));
-        assert_eq!(tc.wgrad_kernel(32), "conv3x3_wgrad_tc_n16_tf32");
-        assert_eq!(Staged::Direct.conv_kernel(32), "conv3x3_direct_f32");
+        assert_eq!(
+            (tc.conv_kernel(8, None), tc.conv_kernel(12, None)),
+            ("conv3x3_tc_n8_tf32", "conv3x3_tc_n16_tf32")
+        );
+        assert_eq!(tc.wgrad_kernel(32, None), "conv3x3_wgrad_tc_n16_tf32");
+        assert_eq!(Staged::Direct.conv_kernel(32, Some(8)), "conv3x3_direct_f32");
+        // The square kernels by width and n-tiles.
+        assert_eq!(tc.conv_kernel(8, Some(32)), "conv3x3_tc_n8_w32_tf32");
+        assert_eq!(tc.conv_kernel(16, Some(16)), "conv3x3_tc_n16_w16_tf32");
+        assert_eq!(tc.wgrad_kernel(32, Some(8)), "conv3x3_wgrad_tc_n16_w8_tf32");
+        assert_eq!(tc.wgrad_kernel(3, Some(16)), "conv3x3_wgrad_tc_n8_w16_tf32");
+        // Every name the launchers pick is a function the loader loads from conv.cu.
+        let conv_cu = crate::cuda::sources::KERNEL_FILES.iter().find(|f| f.name == "conv.cu").unwrap();
+        let mut picked = std::collections::BTreeSet::new();
+        for kernel in [Staged::Direct, tc] {
+            for c_out in [3, 8, 9, 40] {
+                for square in [None, Some(8), Some(16), Some(32)] {
+                    picked.insert(kernel.conv_kernel(c_out, square));
+                    picked.insert(kernel.wgrad_kernel(c_out, square));
+                }
+            }
+        }
+        assert_eq!(picked.len(), 2 + 2 * 2 * 4, "{picked:?}");
+        assert!(picked.iter().all(|name| conv_cu.functions.contains(name)), "{picked:?}");
         let d = Conv2dShape { envs: 2, batch: 5, c_in: 9, c_out: 40, h: 8, w: 8, k: 3, pad: 1, groups: 1 };
         // 3 input chunks of 4 by 5 output groups of 8 (direct) or 3 of 16 (tensor cores).
         assert_eq!((staged_tiles(&d, Staged::Direct), staged_tiles(&d, tc)), (15, 9));
+    }
+
+    /// The specialised tensor-core kernels take square planes of 8, 16 and 32 (the host's three blocks) and
+    /// nothing else.
+    #[test]
+    fn square_kernels_take_square_planes_of_8_16_and_32() {
+        let plane =
+            |h, w| Conv2dShape { envs: 1, batch: 2, c_in: 3, c_out: 8, h, w, k: 3, pad: 1, groups: 1 };
+        let taken: Vec<_> = [(32, 32), (16, 16), (8, 8), (4, 4), (6, 8), (16, 8), (2, 2), (12, 12)]
+            .map(|(h, w)| square_width(&plane(h, w)))
+            .to_vec();
+        assert_eq!(taken, [Some(32), Some(16), Some(8), None, None, None, None, None]);
     }
 
     /// Every plane `direct_fits` takes fits the kernel's block: its images' threads within 256 and its

@@ -12,7 +12,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::backend::CudaHostBackend;
-use super::gemm_conv::{BatchNormGrad, GemmConv, direct_fits, stats_runs};
+use super::gemm_conv::{BatchNormGrad, GemmConv, direct_fits, square_width, stats_runs};
 use super::host::DeviceHost;
 use super::ops as device_ops;
 use super::seed_module::{DeviceSeed, DeviceSeedShape};
@@ -2228,6 +2228,8 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
         shape(3, 8, 32, 3, 1, 1),
         shape(8, 8, 32, 3, 1, 1),
         shape(32, 32, 8, 3, 1, 1),
+        // The host's second block (the tensor cores' square kernels at 16×16).
+        shape(8, 16, 16, 3, 1, 1),
         shape(16, 16, 8, 3, 1, 16),
         shape(8, 16, 8, 1, 0, 1),
         // The implicit GEMM's edges: two blocks of output channels, the second partial (40 = 32 + 8;
@@ -2547,19 +2549,29 @@ fn gemm_precision_checks(
     rows: &mut Vec<ParityRow>,
 ) -> Result<(), ParityError> {
     let stream = &device.stream;
-    let mut forms = vec![(Precision::Tf32, false), (Precision::Bf16, false)];
+    // (precision, tensor-core 3×3 kernels, their square-plane kernels where square_width takes c).
+    let mut forms = vec![(Precision::Tf32, false, false), (Precision::Bf16, false, false)];
     if direct_fits(&c) {
-        forms.insert(0, (Precision::Tf32, true));
+        forms.insert(0, (Precision::Tf32, true, true));
+        if square_width(&c).is_some() {
+            forms.insert(1, (Precision::Tf32, true, false));
+        }
     }
-    for (precision, tensor_cores) in forms {
+    // The tensor-core forms' [y, dW, dx], to compare the square kernels with the general ones.
+    let mut tensor_core_outputs: Vec<[Vec<f32>; 3]> = Vec::new();
+    for (precision, tensor_cores, square) in forms {
         let on = device.clone().with_precision(precision);
         let mut gemm = GemmConv::new(&on, &[c])?;
         if precision == Precision::Tf32 {
             gemm.set_tensor_cores(&on, tensor_cores)?;
+            gemm.set_square_kernels(square);
         }
-        let (round, tolerance, form): (fn(f32) -> f32, f64, &str) = match (precision, tensor_cores) {
-            (Precision::Bf16, _) => (round_to_bf16, 1e-4, "bf16"),
-            (_, true) => (round_to_tf32, 1e-4, "tf32, tensor-core 3×3"),
+        let (round, tolerance, form): (fn(f32) -> f32, f64, &str) = match (precision, tensor_cores, square) {
+            (Precision::Bf16, _, _) => (round_to_bf16, 1e-4, "bf16"),
+            (_, true, true) if square_width(&c).is_some() => {
+                (round_to_tf32, 1e-4, "tf32, tensor-core 3×3 square")
+            }
+            (_, true, _) => (round_to_tf32, 1e-4, "tf32, tensor-core 3×3"),
             _ => (|v| v, 4e-3, "tf32, cuBLAS"),
         };
         let rounded = |v: &[f32]| v.iter().map(|&v| round(v)).collect::<Vec<f32>>();
@@ -2590,6 +2602,22 @@ fn gemm_precision_checks(
         let diff = max_diff_of_tensor(&stream.clone_dtoh(&dx_dev)?, &dx_cpu);
         let kernel = format!("GemmConv::backward_input ({form})");
         rows.push(ParityRow::new(kernel, twin("conv2d_backward_input"), dx_cpu.len(), diff, tolerance));
+        if tensor_cores {
+            let [y, dw, dx] = [&y_dev, &dw_dev, &dx_dev].map(|t| stream.clone_dtoh(t));
+            tensor_core_outputs.push([y?, dw?, dx?]);
+        }
+    }
+    // The square kernels sum the same products in the same order as the general ones: the same bits.
+    if let [square, general] = &tensor_core_outputs[..] {
+        let diff = (0..3).map(|i| max_diff(&square[i], &general[i])).fold(0.0, f64::max);
+        let elements = square.iter().map(Vec::len).sum();
+        rows.push(ParityRow::new(
+            "conv3x3_{tc,wgrad_tc}_*_w*_tf32 (y, dW, dx)",
+            "the general tensor-core kernels' (ESPER_CUDA_TC_SQUARE=0)",
+            elements,
+            diff,
+            0.0,
+        ));
     }
     Ok(())
 }
