@@ -73,6 +73,9 @@ step bench-w16-none-tf32-general 120 env ESPER_CUDA_TC_SQUARE=0 "$BIN" bench --d
     --precision tf32 "${W16[@]}" --json "$LOGS/bench-w16-none-tf32-general.json"
 step bench-w16-seeded-tf32-general 120 env ESPER_CUDA_TC_SQUARE=0 "$BIN" bench --device cuda --envs 16 \
     --precision tf32 "${W16[@]}" --json "$LOGS/bench-w16-seeded-tf32-general.json"
+# The staged group norm (the default) against the unstaged kernels (ESPER_CUDA_GN_STAGED=0).
+step bench-w16-seeded-tf32-gn-unstaged 120 env ESPER_CUDA_GN_STAGED=0 "$BIN" bench --device cuda --envs 16 \
+    --precision tf32 "${W16[@]}" --json "$LOGS/bench-w16-seeded-tf32-gn-unstaged.json"
 step bench-w16-seeded-tf32-cublas 120 env ESPER_CUDA_CONV=im2col "$BIN" bench --device cuda --envs 16 \
     --precision tf32 "${W16[@]}" --json "$LOGS/bench-w16-seeded-tf32-cublas.json"
 # TF32 with batch norm's input gradient computed as the staged backwards load it (ESPER_CUDA_BN_ON_LOAD=1)

@@ -86,6 +86,72 @@ extern "C" __global__ void __launch_bounds__(1024) group_norm_forward_f32(
     }
 }
 
+// group_norm_forward_f32 with each group read from global memory once: a block of GN_STAGED_PAIRS
+// (image, group) pairs (8 threads each, as there) copies its pairs' groups — consecutive in memory, one
+// run of GN_STAGED_PAIRS·group_len floats — into shared memory with 16-byte loads in any order, then
+// sums, squares and normalises from there in the lanes' order: the same operations on the same values
+// in the same order as group_norm_forward_f32, bit for bit. That kernel reads a group three times (sum,
+// squares, normalisation); this one once. For group_len ≤ GN_STAGED_LEN and a multiple of 4 (the
+// launcher checks): every seed's group norm on cifar_baseline's 32×32 and 8×8 planes (1 024 values).
+// Groups sit GN_STAGED_LEN + 8 floats apart, so the four groups of a warp's lanes fall in different
+// banks.
+#define GN_STAGED_PAIRS 8
+#define GN_STAGED_LEN 1024
+extern "C" __global__ void __launch_bounds__(GN_STAGED_PAIRS * 8) group_norm_forward_staged_f32(
+    const float* x, const float* gamma, const float* beta, float* y, float* save_mean, float* save_inv_std,
+    u32 envs, u32 batch, u32 channels, u32 plane, u32 groups) {
+    constexpr u32 STRIDE = GN_STAGED_LEN + 8;
+    __shared__ __align__(16) float staged[GN_STAGED_PAIRS * STRIDE];
+    u32 per_group = channels / groups, group_len = per_group * plane;
+    u64 pairs = (u64)envs * batch * groups, t0 = (u64)blockIdx.x * GN_STAGED_PAIRS;
+    u32 block_pairs = (u32)min((u64)GN_STAGED_PAIRS, pairs - t0);
+    // Pair t's group starts at t·group_len: (image·groups + g)·group_len = image·channels·plane + g·group_len.
+    const float* xb = x + t0 * group_len;
+    u32 quads = group_len / 4, total = block_pairs * quads;
+    bool vec = (reinterpret_cast<unsigned long long>(xb) & 15) == 0;
+    // Eight loads in flight a thread (the block's 64 threads alone would leave the SM's memory pipe idle).
+#pragma unroll 8
+    for (u32 l = threadIdx.x; l < total; l += blockDim.x) {
+        u32 p = l / quads, q = l - p * quads;
+        float* dst = staged + p * STRIDE + 4 * q;
+        if (vec) {
+            *reinterpret_cast<float4*>(dst) = reinterpret_cast<const float4*>(xb)[l];
+        } else {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) dst[k] = xb[4 * (u64)l + k];
+        }
+    }
+    __syncthreads();
+    u32 p = threadIdx.x / 8, lane = threadIdx.x % 8;
+    if (p >= block_pairs) return;  // whole octets: lanes8_total's shuffles stay within live threads
+    u64 t = t0 + p, image = t / groups;
+    u32 g = (u32)(t % groups), e = (u32)(image / batch);
+    const float* xs = staged + p * STRIDE;
+    auto at_g = [&](u64 i) { return xs[i]; };
+    float sum = 0.0f;
+    lane_run<float>(group_len, lane, at_g, [&](u64, float v) { sum += v; });
+    float n = (float)(group_len > 0 ? group_len : 1);
+    float mean = lanes8_total(sum) / n;
+    float squares = 0.0f;
+    lane_run<float>(group_len, lane, at_g, [&](u64, float v) {
+        float d = v - mean;
+        squares += d * d;
+    });
+    float inv_std = 1.0f / sqrtf(lanes8_total(squares) / (float)group_len + NORM_EPS);
+    if (lane == 0) {
+        save_mean[t] = mean;
+        save_inv_std[t] = inv_std;
+    }
+    for (u32 cl = 0; cl < per_group; ++cl) {
+        u32 c = g * per_group + cl;
+        float scale = inv_std * gamma[(u64)e * channels + c], shift = beta[(u64)e * channels + c];
+        const float* xp = xs + cl * plane;
+        float* yp = y + (image * channels + c) * plane;
+        lane_run<float>(plane, lane, [&](u64 i) { return xp[i]; },
+                        [&](u64 i, float v) { yp[i] = (v - mean) * scale + shift; });
+    }
+}
+
 // dβ[e, c] = Σ_b Σ_plane dy and dγ[e, c] = Σ_b Σ_plane dy·((x − mean)·inv_std), one lane run per plane,
 // images in order.
 extern "C" __global__ void group_norm_backward_params_f32(
@@ -179,6 +245,71 @@ extern "C" __global__ void __launch_bounds__(1024) group_norm_backward_input_f32
                                  dxp[i] = accumulate ? v.z + value : value;
                              });
         }
+    }
+}
+
+// group_norm_backward_input_f32 with each group's dy and x read from global memory once: a block of
+// GN_STAGED_BACK_PAIRS (image, group) pairs copies their dy and x (consecutive runs, as the staged
+// forward's) into shared memory, then runs that kernel's three lane passes from there in the same order:
+// the same bits. That kernel reads dy three times and x twice. group_len ≤ GN_STAGED_LEN and a
+// multiple of 4 (the launcher checks).
+#define GN_STAGED_BACK_PAIRS 4
+extern "C" __global__ void __launch_bounds__(GN_STAGED_BACK_PAIRS * 8) group_norm_backward_input_staged_f32(
+    const float* x, const float* gamma, const float* save_mean, const float* save_inv_std, const float* dy,
+    float* dx, u32 envs, u32 batch, u32 channels, u32 plane, u32 groups, int accumulate) {
+    constexpr u32 STRIDE = GN_STAGED_LEN + 8;
+    __shared__ __align__(16) float staged_dy[GN_STAGED_BACK_PAIRS * STRIDE];
+    __shared__ __align__(16) float staged_x[GN_STAGED_BACK_PAIRS * STRIDE];
+    u32 per_group = channels / groups, group_len = per_group * plane;
+    u64 pairs = (u64)envs * batch * groups, t0 = (u64)blockIdx.x * GN_STAGED_BACK_PAIRS;
+    u32 block_pairs = (u32)min((u64)GN_STAGED_BACK_PAIRS, pairs - t0);
+    const float* dyb = dy + t0 * group_len;
+    const float* xb = x + t0 * group_len;
+    u32 quads = group_len / 4, total = block_pairs * quads;
+    bool vec = ((reinterpret_cast<unsigned long long>(dyb) | reinterpret_cast<unsigned long long>(xb)) & 15) == 0;
+#pragma unroll 8
+    for (u32 l = threadIdx.x; l < total; l += blockDim.x) {
+        u32 p = l / quads, q = l - p * quads;
+        float* to_dy = staged_dy + p * STRIDE + 4 * q;
+        float* to_x = staged_x + p * STRIDE + 4 * q;
+        if (vec) {
+            *reinterpret_cast<float4*>(to_dy) = reinterpret_cast<const float4*>(dyb)[l];
+            *reinterpret_cast<float4*>(to_x) = reinterpret_cast<const float4*>(xb)[l];
+        } else {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) to_dy[k] = dyb[4 * (u64)l + k], to_x[k] = xb[4 * (u64)l + k];
+        }
+    }
+    __syncthreads();
+    u32 p = threadIdx.x / 8, lane = threadIdx.x % 8;
+    if (p >= block_pairs) return;  // whole octets: lanes8_total's shuffles stay within live threads
+    u64 t = t0 + p, image = t / groups;
+    u32 g = (u32)(t % groups), e = (u32)(image / batch);
+    float n = (float)((u64)per_group * plane);
+    float mean = save_mean[t], inv_std = save_inv_std[t];
+    float sum_dyg = 0.0f, sum_dyg_xhat = 0.0f;
+    for (u32 cl = 0; cl < per_group; ++cl) {
+        u32 c = g * per_group + cl;
+        float gam = gamma[(u64)e * channels + c];
+        const float* dyp = staged_dy + p * STRIDE + cl * plane;
+        const float* xp = staged_x + p * STRIDE + cl * plane;
+        lane_run<float>(plane, lane, [&](u64 i) { return dyp[i]; }, [&](u64, float d) { sum_dyg += d * gam; });
+        lane_run<float2>(plane, lane, [&](u64 i) { return float2{dyp[i], xp[i]}; },
+                         [&](u64, float2 v) { sum_dyg_xhat += v.x * gam * ((v.y - mean) * inv_std); });
+    }
+    float mean_dyg = lanes8_total(sum_dyg) / n, mean_dyg_xhat = lanes8_total(sum_dyg_xhat) / n;
+    for (u32 cl = 0; cl < per_group; ++cl) {
+        u32 c = g * per_group + cl;
+        float gam = gamma[(u64)e * channels + c];
+        const float* dyp = staged_dy + p * STRIDE + cl * plane;
+        const float* xp = staged_x + p * STRIDE + cl * plane;
+        float* dxp = dx + (image * channels + c) * plane;
+        lane_run<float3>(plane, lane, [&](u64 i) { return float3{dyp[i], xp[i], accumulate ? dxp[i] : 0.0f}; },
+                         [&](u64 i, float3 v) {
+                             float x_hat = (v.y - mean) * inv_std;
+                             float value = inv_std * (v.x * gam - mean_dyg - x_hat * mean_dyg_xhat);
+                             dxp[i] = accumulate ? v.z + value : value;
+                         });
     }
 }
 
@@ -290,7 +421,9 @@ extern "C" __global__ void norm_seed_lambda_grad_f32(
 // ---- A slot over every env at once (host/slot.rs with the seeds' modes OFF, INCUBATOR, ADD, MULTIPLY and
 // GATE):
 // one blueprint's seed output s for every env; holds[e] marks the envs whose seed is that blueprint
-// and takes part in this forward. Their seed output is kept in s_mine (the backward's), and the
+// and takes part in this forward. Their seed output is kept in s_mine where the backward reads it
+// (MULTIPLY's and GATE's rows: slot_backward_split_f32, slot_gate_grad_f32; ADD's and INCUBATOR's
+// backwards do not, so their rows are not written: a pass of writes fewer at every ADD slot), and the
 // blending ones (mode 2 ADD, 3 MULTIPLY, 4 GATE) write their rows of the slot's output y, the
 // arithmetic of blend_add_forward (y = lerp(h, s, a)), blend_multiply_forward with the detached input
 // as x_s (y = h·(1 + a·tanh(s − h))) and blend_gate_forward (y = lerp(h, s, a_eff), a_eff =
@@ -301,15 +434,19 @@ extern "C" __global__ void norm_seed_lambda_grad_f32(
 // mode blends (2 ADD, 3 MULTIPLY, 4 GATE) and some blueprint's selection holds it (`holds` [7, E]: the
 // training forward's, or validation pass k's). slot_blend_select_f32 writes the others, so every row is
 // written once — instead of copying all of h first (the twin: the CPU slot's output starts as h).
+// Grid (blocks of an env's rows, envs): each block decides for its env once and leaves at once where
+// the env blends (with every env blending, as in the bench, the kernel reads nothing); before, every
+// element looked up its env's mode and seven selections.
 extern "C" __global__ void __launch_bounds__(1024) slot_passthrough_f32(
     const float* h, const u8* mode, const u8* holds, float* y, u32 envs, u32 batch, u32 features) {
-    EnvIndex ix = env_index(envs, (u64)batch * features);
-    FOR_EACH(t, (u64)envs * batch * features) {
-        u32 e = env_of(t, ix);
-        bool held = false;
-        for (u32 bp = 0; bp < 7; ++bp) held = held || holds[(u64)bp * envs + e] != 0;
-        if (!(mode[e] >= 2 && held)) y[t] = h[t];
-    }
+    u32 e = blockIdx.y;
+    bool held = false;
+    for (u32 bp = 0; bp < 7; ++bp) held = held || holds[(u64)bp * envs + e] != 0;
+    if (mode[e] >= 2 && held) return;
+    u64 row = (u64)batch * features;
+    const float* he = h + e * row;
+    float* ye = y + e * row;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < row; i += (u64)gridDim.x * blockDim.x) ye[i] = he[i];
 }
 
 extern "C" __global__ void __launch_bounds__(1024) slot_blend_select_f32(
@@ -320,7 +457,7 @@ extern "C" __global__ void __launch_bounds__(1024) slot_blend_select_f32(
         u32 e = env_of(t, ix);
         if (!holds[e]) continue;
         float sv = s[t], hv = h[t];
-        s_mine[t] = sv;
+        if (mode[e] == 3 || mode[e] == 4) s_mine[t] = sv;
         float a = clamp01(alpha[e]);
         if (mode[e] == 2) y[t] = blend_lerp(hv, sv, a);
         else if (mode[e] == 3) y[t] = hv * (1.0f + a * tanhf(sv - hv));

@@ -677,6 +677,22 @@ static void check_group_norm(unsigned envs, unsigned batch, unsigned channels, u
     std::snprintf(what, sizeof what, "group_norm_forward_f32 E%u B%u C%u G%u %u×%u", envs, batch, channels, groups, h, w);
     std::snprintf(detail, sizeof detail, "%zu of %zu values and statistics differ in bits", wrong, n + 2 * stats_len);
     report(what, wrong == 0, detail);
+    if (len <= GN_STAGED_LEN && len % 4 == 0) {
+        // The staged forward (groups copied to shared memory once): the same bits.
+        std::vector<float> ys(n, NAN), means(stats_len, NAN), invs(stats_len, NAN);
+        unsigned staged_blocks = (unsigned)((stats_len + GN_STAGED_PAIRS - 1) / GN_STAGED_PAIRS);
+        launch({staged_blocks, 1, 1}, {GN_STAGED_PAIRS * 8, 1, 1}, [&] {
+            group_norm_forward_staged_f32(x.data(), gamma.data(), beta.data(), ys.data(), means.data(), invs.data(),
+                                          envs, batch, channels, plane, groups);
+        });
+        wrong = 0;
+        for (size_t i = 0; i < n; ++i) wrong += !same_bits(ys[i], y_ref[i]);
+        for (size_t t = 0; t < stats_len; ++t) wrong += !same_bits(means[t], mean_ref[t]) + !same_bits(invs[t], inv_ref[t]);
+        std::snprintf(what, sizeof what, "group_norm_forward_staged_f32 E%u B%u C%u G%u %u×%u", envs, batch, channels,
+                      groups, h, w);
+        std::snprintf(detail, sizeof detail, "%zu of %zu values and statistics differ in bits", wrong, n + 2 * stats_len);
+        report(what, wrong == 0, detail);
+    }
     for (int accumulate = 0; accumulate < 2; ++accumulate) {
         float* out = accumulate ? dx_acc.data() : dx.data();
         launch({blocks, 1, 1}, {256, 1, 1}, [&] {
@@ -690,6 +706,21 @@ static void check_group_norm(unsigned envs, unsigned batch, unsigned channels, u
                       accumulate ? " (+=)" : "", envs, batch, channels, groups, h, w);
         std::snprintf(detail, sizeof detail, "%zu of %zu values differ in bits", wrong, n);
         report(what, wrong == 0, detail);
+        if (len <= GN_STAGED_LEN && len % 4 == 0) {
+            // The staged input gradient (dy and x copied to shared memory once): the same bits.
+            std::vector<float> staged = accumulate ? old : std::vector<float>(n, NAN);
+            unsigned staged_blocks = (unsigned)((stats_len + GN_STAGED_BACK_PAIRS - 1) / GN_STAGED_BACK_PAIRS);
+            launch({staged_blocks, 1, 1}, {GN_STAGED_BACK_PAIRS * 8, 1, 1}, [&] {
+                group_norm_backward_input_staged_f32(x.data(), gamma.data(), mean_ref.data(), inv_ref.data(), dy.data(),
+                                                     staged.data(), envs, batch, channels, plane, groups, accumulate);
+            });
+            wrong = 0;
+            for (size_t i = 0; i < n; ++i) wrong += !same_bits(staged[i], want[i]);
+            std::snprintf(what, sizeof what, "group_norm_backward_input_staged_f32%s E%u B%u C%u G%u %u×%u",
+                          accumulate ? " (+=)" : "", envs, batch, channels, groups, h, w);
+            std::snprintf(detail, sizeof detail, "%zu of %zu values differ in bits", wrong, n);
+            report(what, wrong == 0, detail);
+        }
     }
     std::vector<float> dgamma(envs * channels, NAN), dbeta(envs * channels, NAN);
     launch({envs * channels, 1, 1}, {REDUCE_THREADS, 1, 1}, [&] {
@@ -718,6 +749,88 @@ static void check_group_norm(unsigned envs, unsigned batch, unsigned channels, u
 // The head's per-env mean cross-entropy and its gradient, and the correct counts, against references in
 // ops::loss's order (each env's samples in order; the first largest logit), with ties and a padding
 // label (one no class has) among the samples. The same libm on both sides, so bit for bit.
+// The 2x2 max-pool forward (values and argmax: the first maximum, NaN winning; a tie and a NaN planted)
+// and backward (the winner gets the window's gradient, every other element 0, the dropped odd row and
+// column included) against loops written here; even planes take the backward's per-window path, odd ones
+// its per-element path, and the average pool's backward (dy / (h·w), added with accumulate).
+static void check_pools(unsigned planes, unsigned h, unsigned w) {
+    unsigned ho = h / 2, wo = w / 2;
+    size_t n = (size_t)planes * h * w, windows = (size_t)planes * ho * wo;
+    auto x = values(n, -1.0f, 1.0f);
+    x[1] = x[0];  // a tie in the first window: the first maximum keeps it
+    if (windows > 1) x[(size_t)2 * w + 3] = NAN;  // a NaN wins its window
+    std::vector<float> y(windows, NAN), y_ref(windows), dy = values(windows, -1.0f, 1.0f), dx(n, NAN), dx_ref(n, 0.0f);
+    std::vector<u8> arg(windows, 255), arg_ref(windows);
+    for (size_t p = 0; p < planes; ++p)
+        for (unsigned oy = 0; oy < ho; ++oy)
+            for (unsigned ox = 0; ox < wo; ++ox) {
+                size_t o = (p * ho + oy) * wo + ox, top = (p * h + 2 * oy) * w + 2 * ox;
+                size_t at[4] = {top, top + 1, top + w, top + w + 1};
+                float best = x[at[0]];
+                unsigned k = 0;
+                for (unsigned j = 1; j < 4; ++j)
+                    if (!std::isnan(best) && (x[at[j]] > best || std::isnan(x[at[j]]))) best = x[at[j]], k = j;
+                y_ref[o] = best, arg_ref[o] = (u8)k, dx_ref[at[k]] = dy[o];
+            }
+    launch({3, 1, 1}, {64, 1, 1}, [&] { max_pool2x2_forward_f32(x.data(), y.data(), arg.data(), planes, h, w); });
+    launch({5, 1, 1}, {64, 1, 1}, [&] { max_pool2x2_backward_f32(dy.data(), arg_ref.data(), dx.data(), planes, h, w); });
+    size_t wrong = 0;
+    for (size_t o = 0; o < windows; ++o) wrong += !same_bits(y[o], y_ref[o]) + (arg[o] != arg_ref[o]);
+    for (size_t i = 0; i < n; ++i) wrong += !same_bits(dx[i], dx_ref[i]);
+    char what[160], detail[160];
+    std::snprintf(what, sizeof what, "max_pool2x2_{forward,backward}_f32 %u planes %u×%u", planes, h, w);
+    std::snprintf(detail, sizeof detail, "%zu of %zu values, choices and gradients wrong", wrong, 2 * windows + n);
+    report(what, wrong == 0, detail);
+    auto g = values(planes, -1.0f, 1.0f), start = values(n, -1.0f, 1.0f);
+    for (int accumulate = 0; accumulate < 2; ++accumulate) {
+        std::vector<float> out = accumulate ? start : std::vector<float>(n, NAN);
+        launch({3, 1, 1}, {64, 1, 1}, [&] { global_avg_pool_backward_f32(g.data(), out.data(), planes, h * w, accumulate); });
+        wrong = 0;
+        for (size_t i = 0; i < n; ++i) {
+            float v = g[i / (h * w)] / (float)(h * w);
+            wrong += !same_bits(out[i], accumulate ? start[i] + v : v);
+        }
+        std::snprintf(what, sizeof what, "global_avg_pool_backward_f32%s %u planes %u×%u", accumulate ? " (+=)" : "", planes, h, w);
+        std::snprintf(detail, sizeof detail, "%zu of %zu gradients wrong", wrong, n);
+        report(what, wrong == 0, detail);
+    }
+}
+
+// A slot's output rows: slot_passthrough_f32 (grid: blocks of an env's rows × envs) copies h into the
+// rows of the envs that do not blend (mode below ADD, or held by no blueprint) and leaves the others,
+// and slot_blend_select_f32 writes the blending envs' rows (ADD: lerp; MULTIPLY: h·(1 + a·tanh(s − h));
+// GATE: lerp at a·g) and keeps s in s_mine only for MULTIPLY's and GATE's rows (their backwards read it).
+// Envs: 0 ADD, 1 MULTIPLY, 2 GATE, 3 INCUBATOR, 4 ADD held by no blueprint, 5 OFF.
+static void check_slot_rows() {
+    const unsigned envs = 6, batch = 3, features = 40;
+    size_t n = (size_t)envs * batch * features;
+    auto h = values(n, -1.0f, 1.0f), sv = values(n, -1.0f, 1.0f), gate = values(envs * batch, -0.2f, 1.2f);
+    std::vector<u8> mode = {2, 3, 4, 1, 2, 0}, holds(7 * envs, 0);
+    for (unsigned e : {0u, 1u, 2u, 3u, 5u}) holds[2 * envs + e] = 1;  // blueprint 2's selection
+    std::vector<float> alpha = {0.3f, 0.7f, 1.5f, 0.5f, 0.2f, 0.9f}, y(n, NAN), s_mine(n, NAN);
+    launch({2, envs, 1}, {64, 1, 1}, [&] {
+        slot_passthrough_f32(h.data(), mode.data(), holds.data(), y.data(), envs, batch, features);
+    });
+    launch({4, 1, 1}, {64, 1, 1}, [&] {
+        slot_blend_select_f32(h.data(), sv.data(), alpha.data(), gate.data(), mode.data(), holds.data() + 2 * envs,
+                              s_mine.data(), y.data(), envs, batch, features);
+    });
+    size_t wrong = 0;
+    for (size_t t = 0; t < n; ++t) {
+        unsigned e = (unsigned)(t / ((size_t)batch * features));
+        float a = std::min(std::max(alpha[e], 0.0f), 1.0f), want;
+        if (e == 0) want = blend_lerp(h[t], sv[t], a);
+        else if (e == 1) want = h[t] * (1.0f + a * tanhf(sv[t] - h[t]));
+        else if (e == 2) want = blend_lerp(h[t], sv[t], std::min(std::max(a * std::min(std::max(gate[t / features], 0.0f), 1.0f), 0.0f), 1.0f));
+        else want = h[t];
+        bool keeps = e == 1 || e == 2;
+        wrong += !same_bits(y[t], want) + (keeps ? !same_bits(s_mine[t], sv[t]) : !std::isnan(s_mine[t]));
+    }
+    char detail[160];
+    std::snprintf(detail, sizeof detail, "%zu of %zu outputs and kept seed values wrong", wrong, 2 * n);
+    report("slot_passthrough_f32 + slot_blend_select_f32 (6 modes)", wrong == 0, detail);
+}
+
 static void check_head(unsigned envs, unsigned batch, unsigned classes) {
     size_t samples = (size_t)envs * batch;
     auto logits = values(samples * classes, -3.0f, 3.0f);
@@ -836,6 +949,13 @@ int main() {
     check_group_norm(2, 3, 8, 8, 8, 4);
     check_group_norm(1, 4, 32, 8, 8, 2);
     check_group_norm(2, 2, 6, 5, 3, 3);
+    // The staged forward's largest groups (conv_light's 8 channels in 8 groups at 32×32: 1 024 values)
+    // and a last block of 4 pairs (20 pairs of 16 values).
+    check_group_norm(2, 3, 8, 32, 32, 8);
+    check_group_norm(1, 5, 4, 4, 4, 4);
+    check_pools(7, 8, 8);
+    check_pools(5, 5, 7);
+    check_slot_rows();
     check_head(3, 300, 10);
     check_head(2, 37, 10);
     std::printf("%d of %d checks passed\n", checks - failures, checks);

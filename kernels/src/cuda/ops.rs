@@ -366,15 +366,46 @@ pub fn group_norm_forward(
     inv_std: &mut CudaSlice<f32>,
 ) -> R {
     let args = d.args();
-    let mut launch = device.stream.launch_builder(device.function("group_norm_forward_f32"));
+    let pairs = d.shape.envs * d.shape.batch * d.groups;
+    let staged = group_norm_runs_staged(d);
+    let name = if staged { "group_norm_forward_staged_f32" } else { "group_norm_forward_f32" };
+    let mut launch = device.stream.launch_builder(device.function(name));
     launch.arg(x).arg(gamma).arg(beta).arg(y).arg(mean).arg(inv_std);
     for a in &args {
         launch.arg(a);
     }
-    // Eight threads per (image, group): one per lane of the CPU's sums.
-    unsafe { launch.launch(elementwise(d.shape.envs * d.shape.batch * d.groups * 8)) }?;
+    // Eight threads per (image, group): one per lane of the CPU's sums; staged, GN_STAGED_PAIRS pairs a block.
+    let config = if staged { staged_pairs(pairs, GN_STAGED_PAIRS) } else { elementwise(pairs * 8) };
+    unsafe { launch.launch(config) }?;
     Ok(())
 }
+
+/// The (image, group) pairs a block of `group_norm_forward_staged_f32` and of
+/// `group_norm_backward_input_staged_f32` take, and the longest group they copy into shared memory
+/// (`GN_STAGED_PAIRS`, `GN_STAGED_BACK_PAIRS`, `GN_STAGED_LEN` in seeds.cu).
+const GN_STAGED_PAIRS: usize = 8;
+const GN_STAGED_BACK_PAIRS: usize = 4;
+const GN_STAGED_LEN: usize = 1024;
+
+/// Whether the staged group-norm kernels take `d`: groups of at most [`GN_STAGED_LEN`] values, a
+/// multiple of 4 (its 16-byte copies).
+fn group_norm_staged(d: &GroupNorm) -> bool {
+    let len = d.shape.channels / d.groups * d.shape.h * d.shape.w;
+    len <= GN_STAGED_LEN && len.is_multiple_of(4)
+}
+
+/// Whether [`group_norm_forward`] and [`group_norm_backward_input`] run `d` on their staged kernels
+/// (`group_norm_*_staged_f32`): where they take the shape, unless `ESPER_CUDA_GN_STAGED=0`.
+pub(super) fn group_norm_runs_staged(d: &GroupNorm) -> bool {
+    group_norm_staged(d) && *GROUP_NORM_STAGED
+}
+
+/// Group norm's forward and input gradient through their staged kernels where they take the shape (the
+/// same bits as `group_norm_forward_f32` and `group_norm_backward_input_f32`, a group's x read once
+/// instead of three times, its dy and x once instead of three and two times); `ESPER_CUDA_GN_STAGED=0`
+/// runs the unstaged kernels everywhere, to measure the two on one machine.
+static GROUP_NORM_STAGED: std::sync::LazyLock<bool> =
+    std::sync::LazyLock::new(|| std::env::var("ESPER_CUDA_GN_STAGED").map_or(true, |v| v != "0"));
 
 /// Group norm's parameter gradients (overwritten) from the gradient `dy` at its output: f64 block sums
 /// (`group_norm_backward_params_fast_f32`, to 1e-5 of the CPU's lane sums).
@@ -420,15 +451,30 @@ pub fn group_norm_backward_input(
 ) -> R {
     let args = d.args();
     let accumulate = i32::from(accumulate);
-    let mut launch = device.stream.launch_builder(device.function("group_norm_backward_input_f32"));
+    let pairs = d.shape.envs * d.shape.batch * d.groups;
+    let staged = group_norm_runs_staged(d);
+    let name = if staged { "group_norm_backward_input_staged_f32" } else { "group_norm_backward_input_f32" };
+    let mut launch = device.stream.launch_builder(device.function(name));
     launch.arg(x).arg(gamma).arg(mean).arg(inv_std).arg(dy).arg(dx);
     for a in &args {
         launch.arg(a);
     }
     launch.arg(&accumulate);
-    // Eight threads per (image, group): one per lane of the CPU's sums.
-    unsafe { launch.launch(elementwise(d.shape.envs * d.shape.batch * d.groups * 8)) }?;
+    // Eight threads per (image, group): one per lane of the CPU's sums; staged, GN_STAGED_BACK_PAIRS a block.
+    let config = if staged { staged_pairs(pairs, GN_STAGED_BACK_PAIRS) } else { elementwise(pairs * 8) };
+    unsafe { launch.launch(config) }?;
     Ok(())
+}
+
+/// The launch of a staged group-norm kernel over `pairs` (image, group) pairs, `per_block` a block of
+/// eight threads each.
+fn staged_pairs(pairs: usize, per_block: usize) -> LaunchConfig {
+    let block = (per_block * 8) as u32;
+    LaunchConfig {
+        grid_dim: (pairs.div_ceil(per_block) as u32, 1, 1),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 /// The mean of each of `planes` planes of `plane` values (one warp per plane).
@@ -658,6 +704,29 @@ mod tests {
         // W16's first block: 128 pairs of 512 · 1024 values, 16 runs of 32 768.
         let w16 = NormShape { envs: 16, batch: 512, channels: 8, h: 32, w: 32 };
         assert_eq!(batch_norm_splits(&w16), (16, 32_768));
+    }
+
+    /// The staged group norm's launch and eligibility use seeds.cu's block and group size, and it takes
+    /// the seeds' groups on cifar_baseline's 32×32 and 8×8 planes (1 024 values) but not the 16×16 one's.
+    #[test]
+    fn the_staged_group_norm_uses_the_kernels_sizes_and_takes_groups_up_to_1024() {
+        let file = crate::cuda::KERNEL_FILES.iter().find(|f| f.name == "seeds.cu").expect("seeds.cu");
+        let sizes = [
+            ("GN_STAGED_PAIRS", GN_STAGED_PAIRS),
+            ("GN_STAGED_BACK_PAIRS", GN_STAGED_BACK_PAIRS),
+            ("GN_STAGED_LEN", GN_STAGED_LEN),
+        ];
+        for (name, value) in sizes {
+            let line = file.source.lines().find(|l| l.starts_with(&format!("#define {name} "))).expect(name);
+            assert_eq!(line.split_whitespace().nth(2), Some(value.to_string().as_str()), "{name}");
+        }
+        let norm = |channels, size, groups| GroupNorm {
+            shape: NormShape { envs: 2, batch: 3, channels, h: size, w: size },
+            groups,
+        };
+        let taken = [(8, 32, 8), (32, 8, 2), (16, 16, 1), (6, 5, 3), (64, 4, 4)]
+            .map(|(c, s, g)| group_norm_staged(&norm(c, s, g)));
+        assert_eq!(taken, [true, true, false, false, true]);
     }
 
     /// The finish kernel's launch gives it the block it is written for: FINISH_LANES threads, read from

@@ -363,6 +363,39 @@ fn elementwise_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>
         max_diff(&dx_gpu, &dx_cpu),
         0.0,
     ));
+    // Even planes: the backward's one thread per window (the odd shape above takes one per element).
+    {
+        let even = PoolShape { envs: 2, batch: 3, channels: 4, h: 8, w: 8 };
+        let planes = (even.envs * even.batch * even.channels) as u64;
+        let x = values(s, even.input_len(), -1.0, 1.0);
+        let (mut y_cpu, mut idx_cpu) =
+            (vec![0.0f32; even.max_pool_output_len()], vec![0u8; even.max_pool_output_len()]);
+        max_pool2x2_forward(even, &x, &mut y_cpu, &mut idx_cpu);
+        let dy = values(s, y_cpu.len(), -1.0, 1.0);
+        let mut dx_cpu = vec![0.0f32; even.input_len()];
+        max_pool2x2_backward(even, &dy, &idx_cpu, &mut dx_cpu);
+        let (x_dev, dy_dev) = (stream.clone_htod(&x)?, stream.clone_htod(&dy)?);
+        let mut y_dev = stream.alloc_zeros::<f32>(y_cpu.len())?;
+        let mut idx_dev = stream.alloc_zeros::<u8>(idx_cpu.len())?;
+        let mut dx_dev = stream.clone_htod(&vec![f32::NAN; dx_cpu.len()])?;
+        let size = 8u32;
+        let mut launch = stream.launch_builder(device.function("max_pool2x2_forward_f32"));
+        launch.arg(&x_dev).arg(&mut y_dev).arg(&mut idx_dev).arg(&planes).arg(&size).arg(&size);
+        unsafe { launch.launch(elementwise(y_cpu.len())) }?;
+        let mut launch = stream.launch_builder(device.function("max_pool2x2_backward_f32"));
+        launch.arg(&dy_dev).arg(&idx_dev).arg(&mut dx_dev).arg(&planes).arg(&size).arg(&size);
+        unsafe { launch.launch(elementwise(dx_cpu.len())) }?;
+        let index_mismatch = stream.clone_dtoh(&idx_dev)?.iter().zip(&idx_cpu).any(|(g, c)| g != c);
+        let diff = max_diff(&stream.clone_dtoh(&y_dev)?, &y_cpu)
+            .max(max_diff(&stream.clone_dtoh(&dx_dev)?, &dx_cpu));
+        rows.push(ParityRow::new(
+            "max_pool2x2_{forward,backward}_f32 (8×8: a thread per window)",
+            "ops::pool::max_pool2x2_{forward,backward}",
+            y_cpu.len() + dx_cpu.len(),
+            if index_mismatch { f64::INFINITY } else { diff },
+            0.0,
+        ));
+    }
     let x: Vec<f32> = x.iter().map(|v| if v.is_nan() { 0.5 } else { *v }).collect();
     let mut gap_cpu = vec![0.0f32; shape.global_pool_output_len()];
     global_avg_pool_forward(shape, &x, &mut gap_cpu);
@@ -2735,6 +2768,29 @@ fn seed_op_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) ->
             forward_diff,
             0.0,
         ));
+        let norm = device_ops::GroupNorm { shape, groups };
+        if device_ops::group_norm_runs_staged(&norm) {
+            // The launcher's staged kernel (groups copied to shared memory once): the same bits.
+            let (mut y_dev, mut mean_dev, mut inv_std_dev) = (
+                stream.clone_htod(&vec![f32::NAN; shape.len()])?,
+                stream.clone_htod(&vec![f32::NAN; stats])?,
+                stream.clone_htod(&vec![f32::NAN; stats])?,
+            );
+            let outputs = (&mut y_dev, &mut mean_dev, &mut inv_std_dev);
+            device_ops::group_norm_forward(
+                device, &norm, &x_dev, &gamma_dev, &beta_dev, outputs.0, outputs.1, outputs.2,
+            )?;
+            let diff = max_diff(&stream.clone_dtoh(&y_dev)?, &y_cpu)
+                .max(max_diff(&stream.clone_dtoh(&mean_dev)?, &mean_cpu))
+                .max(max_diff(&stream.clone_dtoh(&inv_std_dev)?, &inv_std_cpu));
+            rows.push(ParityRow::new(
+                "group_norm_forward_staged_f32",
+                "ops::norm::group_norm_forward",
+                shape.len(),
+                diff,
+                0.0,
+            ));
+        }
 
         let mut d_gamma_cpu = vec![0.0f32; shape.params_len()];
         let mut d_beta_cpu = vec![0.0f32; shape.params_len()];
@@ -2848,6 +2904,31 @@ fn seed_op_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) ->
                 max_diff(&dx_gpu, &dx_cpu),
                 0.0,
             ));
+            let norm = device_ops::GroupNorm { shape, groups };
+            if device_ops::group_norm_runs_staged(&norm) {
+                // The launcher's staged kernel (dy and x copied to shared memory once): the same bits.
+                let mut dx_dev = stream.clone_htod(&start)?;
+                let (m, inv) = (&mean_dev, &inv_std_dev);
+                let acc = accumulate != 0;
+                device_ops::group_norm_backward_input(
+                    device,
+                    &norm,
+                    &x_dev,
+                    &gamma_dev,
+                    m,
+                    inv,
+                    &dy_dev,
+                    &mut dx_dev,
+                    acc,
+                )?;
+                rows.push(ParityRow::new(
+                    "group_norm_backward_input_staged_f32",
+                    twin,
+                    shape.len(),
+                    max_diff(&stream.clone_dtoh(&dx_dev)?, &dx_cpu),
+                    0.0,
+                ));
+            }
         }
     }
 

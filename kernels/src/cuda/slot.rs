@@ -8,7 +8,7 @@
 //! The seed optimizer is the CPU's `Trainer::step_seeds`: each env's gradient over all of the slot's
 //! blueprints clipped to norm 1, then SGD (no weight decay) for the envs that train each blueprint.
 
-use cudarc::driver::{CudaSlice, DevicePtrMut, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::gate::DeviceGate;
 use super::gemm_conv::GemmConv;
@@ -86,6 +86,14 @@ pub struct DeviceSlot {
     /// Host staging of the per-env controls' uploads, kept between epochs.
     staged: Vec<u8>,
     staged_alpha: Vec<f32>,
+}
+
+/// The launch of `slot_passthrough_f32` over `envs` rows of `row` values: a grid of (blocks of an env's
+/// row, envs) of 1 024 threads, at most 1 024 blocks in all unless there are more envs (the grid-stride
+/// loops of `elementwise`'s).
+fn per_env_rows(envs: usize, row: usize) -> LaunchConfig {
+    let per_env = row.div_ceil(1024).clamp(1, (1024 / envs.max(1)).max(1));
+    LaunchConfig { grid_dim: (per_env as u32, envs as u32, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 }
 }
 
 /// `dst[..n] = values` through the reused host buffer `staged` (a pageable copy: staged before the
@@ -482,7 +490,7 @@ impl DeviceSlot {
             let mut launch = device.stream.launch_builder(device.function("slot_passthrough_f32"));
             launch.arg(h).arg(&self.mode).arg(&holds).arg(&mut self.out);
             launch.arg(&dims[0]).arg(&dims[1]).arg(&dims[2]);
-            unsafe { launch.launch(elementwise(len)) }?;
+            unsafe { launch.launch(per_env_rows(d.envs, len / d.envs)) }?;
         }
         if self.roles.gated {
             self.gate.as_mut().expect("a GATE seed has its gate").forward(device, h)?;

@@ -103,9 +103,11 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         source: include_str!("../../cuda/seeds.cu"),
         functions: &[
             "group_norm_forward_f32",
+            "group_norm_forward_staged_f32",
             "group_norm_backward_params_f32",
             "group_norm_backward_params_fast_f32",
             "group_norm_backward_input_f32",
+            "group_norm_backward_input_staged_f32",
             "blend_add_forward_f32",
             "blend_add_backward_f32",
             "sigmoid_forward_f32",
