@@ -218,16 +218,22 @@ extern "C" __global__ void __launch_bounds__(1024) batch_norm_relu_pool_f32(
     const float* x, float* act, float* pooled, u8* argmax, const float* mean, const float* inv_std_or_var,
     const float* gamma, const float* beta, u32 envs, u32 batch, u32 channels, u32 h, u32 w, int eval,
     int write_act) {
-    u32 ho = h / 2, wo = w / 2;
-    FOR_EACH(o, (u64)envs * batch * channels * ho * wo) {
-        u64 plane_index = o / ((u64)ho * wo);
-        u32 r = (u32)(o % ((u64)ho * wo)), oy = r / wo, ox = r % wo;
-        u32 c = (u32)(plane_index % channels), e = (u32)(plane_index / ((u64)batch * channels));
-        u32 p = e * channels + c;
+    // A window's plane, place and (env, channel) through the block's FastDivs where every index fits in
+    // 32 bits: the 64-bit divisions this kernel did per window were called routines, several times its
+    // loads and stores in instructions.
+    u32 ho = h / 2, wo = w / 2, windows = ho * wo;
+    u64 n = (u64)envs * batch * channels * windows;
+    bool fits = FITS_U32(n);
+    FastDiv f[4];
+    block_fast_divs<4>({windows, wo, channels, batch}, f);
+    // Window o of plane `plane_index`, its place r there and its pair p = e·C + c.
+    auto window_at = [&](u64 o, u64 plane_index, u32 r, u32 p) {
+        u32 oy = fdiv(r, f[1]), ox = r - oy * wo;
         float scale = bn_scale(inv_std_or_var, gamma, p, eval), m = mean[p], shift = beta[p];
         u64 top = (plane_index * h + 2 * oy) * w + 2 * ox;
         u64 at[4] = {top, top + 1, top + w, top + w + 1};
         float window[4];
+#pragma unroll
         for (int j = 0; j < 4; ++j) {
             float v = (x[at[j]] - m) * scale + shift;
             v = !(v <= 0.0f) ? v : 0.0f;
@@ -237,6 +243,18 @@ extern "C" __global__ void __launch_bounds__(1024) batch_norm_relu_pool_f32(
         u32 k;
         pooled[o] = max_pool_window(window, &k);
         argmax[o] = (u8)k;
+    };
+    if (fits) {
+        FOR_EACH(o, n) {
+            u32 pi = fdiv((u32)o, f[0]), image = fdiv(pi, f[2]);
+            window_at(o, pi, (u32)o - pi * windows, fdiv(image, f[3]) * channels + (pi - image * channels));
+        }
+    } else {
+        FOR_EACH(o, n) {
+            u64 plane_index = o / windows;
+            u32 c = (u32)(plane_index % channels), e = (u32)(plane_index / ((u64)batch * channels));
+            window_at(o, plane_index, (u32)(o % windows), e * channels + c);
+        }
     }
 }
 
@@ -268,9 +286,10 @@ extern "C" __global__ void relu_bn_backward_partial_f32(
     u32 splits, u32 run, int pooled) {
     u32 p = blockIdx.x;
     float mean = save_mean[p], scale = bn_scale(save_inv_std, gamma, p, 0), shift = beta[p];
+    FastDiv f_w = fast_div(w);  // a row by multiply and shifts, not a division per element
     auto terms = [&](u64 i, u64 plane_index, u32 r) {
         float xi = x[i];
-        u32 iy = r / w;
+        u32 iy = fdiv(r, f_w);
         float g = bn_output_grad(xi, mean, scale, shift, dy, argmax, pooled, i, plane_index, iy, r - iy * w, h, w);
         double gd = (double)g;
         return make_double2(gd, gd * (double)(xi - mean));
@@ -331,13 +350,51 @@ extern "C" __global__ void __launch_bounds__(1024) batch_norm_backward_input_f32
 // as the pool's, the ReLU's and batch norm's input backwards one by one, reading x and dy (the pool's
 // output gradient with `pooled`: a quarter of the values) instead of x and a written g. dx must not
 // alias dy.
+//
+// With `pooled` and even planes (every element in a whole window), one thread per 2x2 window: its four
+// elements share the window's argmax and gradient (element j of the window gets it where the argmax
+// is j and the ReLU passed: routed_gradient_at's k = (iy % 2)·2 + ix % 2 is j there), so those loads
+// and the index math are done once a window instead of once an element. The same operations per
+// element: the same bits.
 extern "C" __global__ void __launch_bounds__(1024) batch_norm_backward_input_from_f32(
     const float* dy, const u8* argmax, const float* x, const float* coef, float* dx, u32 envs, u32 batch,
     u32 channels, u32 h, u32 w, int pooled) {
     u32 plane = h * w;
     u64 n = (u64)envs * batch * channels * plane;
     bool fits = FITS_U32(n);
-    FastDiv f_plane = fast_div(plane), f_channels = fast_div(channels), f_batch = fast_div(batch);
+    bool windows = pooled && h % 2 == 0 && w % 2 == 0;
+    u32 wo = w / 2, per_plane = windows ? plane / 4 : plane;
+    FastDiv f[4];
+    block_fast_divs<4>({per_plane, windows ? wo : w, channels, batch}, f);
+    FastDiv f_plane = f[0], f_channels = f[2], f_batch = f[3];
+    if (windows) {
+        FOR_EACH(o, n / 4) {
+            u64 plane_index;
+            u32 r, pair;
+            if (fits) {
+                u32 pi = fdiv((u32)o, f_plane), image = fdiv(pi, f_channels);
+                plane_index = pi, r = (u32)o - pi * per_plane;
+                pair = fdiv(image, f_batch) * channels + (pi - image * channels);
+            } else {
+                plane_index = o / per_plane, r = (u32)(o % per_plane);
+                pair = (u32)(plane_index / ((u64)channels * batch)) * channels + (u32)(plane_index % channels);
+            }
+            u32 oy = fdiv(r, f[1]), ox = r - oy * wo;
+            const float* c = coef + (u64)pair * BN_COEF;
+            float routed = dy[o];
+            u32 k = argmax[o];
+            u64 top = (plane_index * h + 2 * oy) * w + 2 * ox;
+            u64 at[4] = {top, top + 1, top + w, top + w + 1};
+#pragma unroll
+            for (u32 j = 0; j < 4; ++j) {
+                float xi = x[at[j]];
+                float v = (xi - c[0]) * c[1] + c[2];
+                float g = !(v > 0.0f) ? 0.0f : (k == j ? routed : 0.0f);
+                dx[at[j]] = bn_input_grad(c, xi, g);
+            }
+        }
+        return;
+    }
     FOR_EACH(i, n) {
         u64 plane_index;
         u32 r, pair;
@@ -351,7 +408,7 @@ extern "C" __global__ void __launch_bounds__(1024) batch_norm_backward_input_fro
         }
         const float* c = coef + (u64)pair * BN_COEF;
         float xi = x[i];
-        u32 iy = r / w;
+        u32 iy = fdiv(r, f[1]);
         float g = bn_output_grad(xi, c[0], c[1], c[2], dy, argmax, pooled, i, plane_index, iy, r - iy * w, h, w);
         dx[i] = bn_input_grad(c, xi, g);
     }

@@ -61,6 +61,21 @@ __device__ __forceinline__ u32 fdiv(u32 n, const FastDiv& f) {
 
 #define FITS_U32(n) ((u64)(n) <= 0xffffffffull)
 
+// FastDivs of divisors the same for the whole block, each computed by one thread (threads 0 .. N − 1)
+// and read by all from shared memory: fast_div's 64-bit division is a called routine of some 70
+// instructions, and every thread computing every divisor had made it a tenth of the staged kernels'
+// instructions. A barrier, so call it where every thread of the block does (blockDim.x ≥ N).
+template <int N>
+__device__ __forceinline__ void block_fast_divs(const u32 (&d)[N], FastDiv (&f)[N]) {
+    __shared__ FastDiv shared[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+        if (threadIdx.x == (u32)i) shared[i] = fast_div(d[i]);
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < N; ++i) f[i] = shared[i];
+}
+
 // The env of element t of env-major data with `per_env` values an env, through a FastDiv when every
 // index of the launch fits in 32 bits.
 struct EnvIndex {

@@ -20,21 +20,6 @@ struct ConvShape {
     u32 envs, batch, c_in, c_out, h, w, k, pad, groups;
 };
 
-// FastDivs of divisors the same for the whole block, each computed by one thread (threads 0 .. N − 1)
-// and read by all from shared memory: fast_div's 64-bit division is a called routine of some 70
-// instructions, and every thread computing every divisor had made it a tenth of the staged kernels'
-// instructions. A barrier, so call it where every thread of the block does.
-template <int N>
-__device__ __forceinline__ void block_fast_divs(const u32 (&d)[N], FastDiv (&f)[N]) {
-    __shared__ FastDiv shared[N];
-#pragma unroll
-    for (int i = 0; i < N; ++i)
-        if (threadIdx.x == (u32)i) shared[i] = fast_div(d[i]);
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < N; ++i) f[i] = shared[i];
-}
-
 __device__ __forceinline__ u32 conv_h_out(const ConvShape& s) { return s.h + 2 * s.pad + 1 - s.k; }
 __device__ __forceinline__ u32 conv_w_out(const ConvShape& s) { return s.w + 2 * s.pad + 1 - s.k; }
 

@@ -14,9 +14,22 @@ extern "C" __global__ void gather_train_f32(
     const float* images, const u8* labels, const u32* index, const u32* draw, const float* fill, float* out,
     u8* out_labels, u32 slots, u32 channels, u32 height, u32 width, u32 pad) {
     u64 plane = (u64)height * width, image_len = channels * plane;
+    // An element's slot, channel, row and column through the block's FastDivs where every index fits in
+    // 32 bits (six divisions an element, the 64-bit ones called routines, had been most of the kernel).
+    bool fits = FITS_U32((u64)slots * image_len);
+    FastDiv f[3];
+    block_fast_divs<3>({fits ? (u32)image_len : 1u, fits ? (u32)plane : 1u, width}, f);
     FOR_EACH(i, (u64)slots * image_len) {
-        u64 t = i / image_len, r = i % image_len;
-        u32 c = (u32)(r / plane), y = (u32)(r % plane / width), x = (u32)(r % width);
+        u64 t, r;
+        u32 c, y, x;
+        if (fits) {
+            u32 slot = fdiv((u32)i, f[0]), rr = (u32)i - slot * (u32)image_len;
+            u32 cc = fdiv(rr, f[1]), q = rr - cc * (u32)plane, yy = fdiv(q, f[2]);
+            t = slot, r = rr, c = cc, y = yy, x = q - yy * width;
+        } else {
+            t = i / image_len, r = i % image_len;
+            c = (u32)(r / plane), y = (u32)(r % plane / width), x = (u32)(r % width);
+        }
         u32 d = draw[t];
         int top = (int)(d & 0xffu), left = (int)((d >> 8) & 0xffu);
         bool flip = ((d >> 16) & 1u) != 0;
@@ -39,9 +52,18 @@ extern "C" __global__ void gather_test_f32(
     const float* images, const u8* labels, float* out, u8* out_labels, u32* counts, u64 first, u32 len,
     u32 envs, u32 batch, u32 image_len) {
     u32 q = len / envs, rem = len % envs;
+    bool fits = FITS_U32((u64)envs * batch * image_len);
+    FastDiv f[2];
+    block_fast_divs<2>({image_len, batch}, f);
     FOR_EACH(i, (u64)envs * batch * image_len) {
-        u64 t = i / image_len;
-        u32 k = (u32)(i % image_len), e = (u32)(t / batch), row = (u32)(t % batch);
+        u64 t;
+        u32 k, e, row;
+        if (fits) {
+            u32 tt = fdiv((u32)i, f[0]), ee = fdiv(tt, f[1]);
+            t = tt, k = (u32)i - tt * image_len, e = ee, row = tt - ee * batch;
+        } else {
+            t = i / image_len, k = (u32)(i % image_len), e = (u32)(t / batch), row = (u32)(t % batch);
+        }
         u32 n = q + (e < rem ? 1u : 0u);
         u64 start = first + (u64)e * q + (e < rem ? e : rem);
         bool real = row < n;

@@ -1,15 +1,44 @@
 // 2x2 max pooling (stride 2, floor mode) and global average pooling over [E, B, C, H, W]: the CUDA twins
 // of kernels/src/ops/pool.rs. `images` = E*B*C planes.
 
+// A window's plane and place through the block's FastDivs (windows per plane, wo) where every index of
+// the launch fits in 32 bits, else by 64-bit division: the pools' kernels did two 64-bit divisions (called
+// routines) and two 32-bit ones per window or element, several times their loads and stores.
+struct PoolIndex {
+    bool fits;
+    FastDiv windows, wo;
+};
+
+__device__ __forceinline__ PoolIndex pool_index(u64 planes, u32 h, u32 w) {
+    PoolIndex ix;
+    ix.fits = FITS_U32(planes * h * w);
+    FastDiv f[2];
+    block_fast_divs<2>({(h / 2) * (w / 2), w / 2}, f);
+    ix.windows = f[0], ix.wo = f[1];
+    return ix;
+}
+
+// Window o → (plane, oy, ox).
+__device__ __forceinline__ void pool_window(u64 o, const PoolIndex& ix, u64& plane, u32& oy, u32& ox) {
+    u32 r;
+    if (ix.fits) {
+        u32 p = fdiv((u32)o, ix.windows);
+        plane = p, r = (u32)o - p * ix.windows.d;
+    } else {
+        plane = o / ix.windows.d, r = (u32)(o % ix.windows.d);
+    }
+    oy = fdiv(r, ix.wo), ox = r - oy * ix.wo.d;
+}
+
 // y[p, oy, ox] = max of the 2x2 window; argmax = its row-major index 0..4. Strictly greater replaces, so
 // ties keep the first maximum; a NaN wins and stays (PyTorch propagates NaN through max-pool).
 extern "C" __global__ void max_pool2x2_forward_f32(
     const float* x, float* y, u8* argmax, u64 planes, u32 h, u32 w) {
-    u32 ho = h / 2, wo = w / 2;
-    FOR_EACH(o, planes * ho * wo) {
-        u64 p = o / ((u64)ho * wo);
-        u32 r = (u32)(o % ((u64)ho * wo));
-        u32 oy = r / wo, ox = r % wo;
+    PoolIndex ix = pool_index(planes, h, w);
+    FOR_EACH(o, planes * ix.windows.d) {
+        u64 p;
+        u32 oy, ox;
+        pool_window(o, ix, p, oy, ox);
         const float* top = x + (p * h + 2 * oy) * w + 2 * ox;
         float window[4] = {top[0], top[1], top[w], top[w + 1]};
         u32 k;
@@ -19,10 +48,28 @@ extern "C" __global__ void max_pool2x2_forward_f32(
     }
 }
 
-// Routes each output gradient to its window's winner; every other input element gets 0. One thread per
-// input element, so no two threads write the same place.
+// Routes each output gradient to its window's winner; every other input element gets 0. Even planes: one
+// thread per window writes its four elements (the winner's gradient and three zeros: routed_gradient's
+// values); odd planes: one thread per input element (the dropped last row or column gets 0). No two
+// threads write the same place.
 extern "C" __global__ void max_pool2x2_backward_f32(
     const float* dy, const u8* argmax, float* dx, u64 planes, u32 h, u32 w) {
+    PoolIndex ix = pool_index(planes, h, w);
+    if (h % 2 == 0 && w % 2 == 0) {
+        FOR_EACH(o, planes * ix.windows.d) {
+            u64 p;
+            u32 oy, ox;
+            pool_window(o, ix, p, oy, ox);
+            float g = dy[o];
+            u32 k = argmax[o];
+            float* top = dx + (p * h + 2 * oy) * w + 2 * ox;
+            top[0] = k == 0 ? g : 0.0f;
+            top[1] = k == 1 ? g : 0.0f;
+            top[w] = k == 2 ? g : 0.0f;
+            top[w + 1] = k == 3 ? g : 0.0f;
+        }
+        return;
+    }
     FOR_EACH(i, planes * h * w) { dx[i] = routed_gradient(dy, argmax, i, h, w); }
 }
 
@@ -44,8 +91,11 @@ extern "C" __global__ void global_avg_pool_forward_f32(const float* x, float* y,
 // adds into dx (the input also feeds another path).
 extern "C" __global__ void global_avg_pool_backward_f32(
     const float* dy, float* dx, u64 planes, u32 plane_len, int accumulate) {
+    bool fits = FITS_U32(planes * plane_len);
+    FastDiv f[1];
+    block_fast_divs<1>({plane_len}, f);
     FOR_EACH(i, planes * plane_len) {
-        float g = dy[i / plane_len] / (float)plane_len;
+        float g = dy[fits ? (u64)fdiv((u32)i, f[0]) : i / plane_len] / (float)plane_len;
         dx[i] = accumulate ? dx[i] + g : g;
     }
 }

@@ -20,6 +20,7 @@ typedef unsigned char u8;
 #undef NORM_EPS  // batchnorm.cu's (a double) and seeds.cu's (a float), each its own file on the device
 #include "../../kernels/cuda/seeds.cu"
 #include "../../kernels/cuda/head.cu"
+#include "../../kernels/cuda/data.cu"
 
 // The staged kernels' batch-norm arguments where they read their tensor.
 #define NO_BN nullptr, nullptr, nullptr, nullptr, BN_LOAD_NONE
@@ -796,6 +797,71 @@ static void check_pools(unsigned planes, unsigned h, unsigned w) {
     }
 }
 
+// The batch gathers against loops written here from their definitions: a training batch of 5 slots
+// from 7 images (3 channels of 6×8, padding 2, fill per channel) with crops and flips, and a test batch
+// of 10 images over 3 envs of 4 rows (4, 3, 3 real; the rest zero and labelled PAD_LABEL).
+static void check_gathers() {
+    const unsigned channels = 3, height = 6, width = 8, pad = 2, images = 7, slots = 5;
+    const unsigned image_len = channels * height * width;
+    auto data = values((size_t)images * image_len, -1.0f, 1.0f), fill = values(channels, -0.5f, 0.5f);
+    std::vector<u8> labels(images);
+    for (unsigned i = 0; i < images; ++i) labels[i] = (u8)(i * 3 % 10);
+    std::vector<u32> index = {4, 0, 6, 4, 2}, draw(slots);
+    for (unsigned t = 0; t < slots; ++t) draw[t] = (t % 5) | ((t * 3 % 5) << 8) | ((t % 2) << 16);
+    std::vector<float> out((size_t)slots * image_len, NAN);
+    std::vector<u8> out_labels(slots, 0);
+    launch({2, 1, 1}, {64, 1, 1}, [&] {
+        gather_train_f32(data.data(), labels.data(), index.data(), draw.data(), fill.data(), out.data(),
+                         out_labels.data(), slots, channels, height, width, pad);
+    });
+    size_t wrong = 0;
+    for (unsigned t = 0; t < slots; ++t) {
+        int top = (int)(draw[t] & 0xff), left = (int)((draw[t] >> 8) & 0xff);
+        bool flip = (draw[t] >> 16) & 1;
+        wrong += out_labels[t] != labels[index[t]];
+        for (unsigned c = 0; c < channels; ++c)
+            for (unsigned y = 0; y < height; ++y)
+                for (unsigned x = 0; x < width; ++x) {
+                    int sy = (int)y + top - (int)pad, sx = (flip ? (int)width - 1 - (int)x : (int)x) + left - (int)pad;
+                    bool inside = sy >= 0 && sy < (int)height && sx >= 0 && sx < (int)width;
+                    float want = inside ? data[(size_t)index[t] * image_len + (c * height + sy) * width + sx] : fill[c];
+                    wrong += !same_bits(out[((size_t)t * channels + c) * height * width + y * width + x], want);
+                }
+    }
+    char detail[160];
+    std::snprintf(detail, sizeof detail, "%zu of %u values and labels wrong", wrong, slots * (image_len + 1));
+    report("gather_train_f32 5 slots 3×6×8, pad 2, crops and flips", wrong == 0, detail);
+    const unsigned envs = 3, rows = 4, len = 10;
+    const u64 first = 1;
+    auto test = values((size_t)12 * image_len, -1.0f, 1.0f);
+    std::vector<u8> test_labels(12);
+    for (unsigned i = 0; i < 12; ++i) test_labels[i] = (u8)(i % 10);
+    std::vector<float> tout((size_t)envs * rows * image_len, NAN);
+    std::vector<u8> tl(envs * rows, 0);
+    std::vector<u32> counts(envs, 99);
+    launch({3, 1, 1}, {64, 1, 1}, [&] {
+        gather_test_f32(test.data(), test_labels.data(), tout.data(), tl.data(), counts.data(), first, len, envs, rows,
+                        image_len);
+    });
+    wrong = 0;
+    unsigned start = (unsigned)first;
+    for (unsigned e = 0; e < envs; ++e) {
+        unsigned n = len / envs + (e < len % envs ? 1 : 0);
+        wrong += counts[e] != n;
+        for (unsigned row = 0; row < rows; ++row) {
+            bool real = row < n;
+            wrong += tl[e * rows + row] != (real ? test_labels[start + row] : (u8)PAD_LABEL);
+            for (unsigned k = 0; k < image_len; ++k)
+                wrong += !same_bits(tout[((size_t)e * rows + row) * image_len + k],
+                                    real ? test[(size_t)(start + row) * image_len + k] : 0.0f);
+        }
+        start += n;
+    }
+    std::snprintf(detail, sizeof detail, "%zu of %u values, labels and counts wrong", wrong,
+                  envs * rows * (image_len + 1) + envs);
+    report("gather_test_f32 10 images over 3 envs of 4 rows", wrong == 0, detail);
+}
+
 // A slot's output rows: slot_passthrough_f32 (grid: blocks of an env's rows × envs) copies h into the
 // rows of the envs that do not blend (mode below ADD, or held by no blueprint) and leaves the others,
 // and slot_blend_select_f32 writes the blending envs' rows (ADD: lerp; MULTIPLY: h·(1 + a·tanh(s − h));
@@ -953,6 +1019,7 @@ int main() {
     // and a last block of 4 pairs (20 pairs of 16 values).
     check_group_norm(2, 3, 8, 32, 32, 8);
     check_group_norm(1, 5, 4, 4, 4, 4);
+    check_gathers();
     check_pools(7, 8, 8);
     check_pools(5, 5, 7);
     check_slot_rows();
