@@ -595,7 +595,7 @@ __device__ __forceinline__ StageDivs stage_divs(u32 h, u32 w) {
 // and bounds took dozens (the staging was most of the staged kernels' instructions in ncu).
 //
 // W > 0: the planes are W × W (the square tensor-core kernels), so every divisor but the chunk's is a
-// constant the compiler folds (shifts: W·W/4 and W/4 are powers of two).
+// constant the compiler folds (W·W/4 and W/4 to shifts, the border's 4W + 4 to a multiply-high).
 template <int W>
 __device__ __forceinline__ u32 stage_div(u32 n, u32 constant, const FastDiv& f) {
     return W > 0 ? n / constant : fdiv(n, f);
@@ -928,7 +928,8 @@ extern "C" __global__ void __launch_bounds__(1024) conv2d_wgrad_reduce_f32(
 // images (8).
 template <int W>
 __device__ __forceinline__ constexpr int tc_place(u32 p) {
-    return (int)((p / (W * W)) * DC_CHUNK * (W + 2) * (W + 2) + (p % (W * W)) / W * (W + 2) + p % W);
+    constexpr u32 V = W > 0 ? W : 1;  // W = 0 (the general kernels) never calls it: no division by 0
+    return (int)((p / (V * V)) * DC_CHUNK * (V + 2) * (V + 2) + (p % (V * V)) / V * (V + 2) + p % V);
 }
 
 // Where (channel, tap) row k of a chunk reads relative to a pixel's place in the tile, or −1 for the
@@ -1006,7 +1007,8 @@ __device__ __forceinline__ void tc_block_stats(
 // as conv3x3_direct_f32's flip). Block: 256 threads (8 warps) over TC_PIXELS output pixels = 1024 /
 // (h·w) whole images of one env, and NT·8 output channels (NT n-tiles of 8); warp v takes the m-tiles
 // (16 pixels each) 8v .. 8v + 7, each with all NT n-tiles; pixels past the block's images read pixel
-// 0's place in the tile (their rows are multiplied and not written). Grid (⌈B / images per block⌉,
+// 0's place in the tile (W = 0; W > 0: their own, below) — their rows are multiplied and not written.
+// Grid (⌈B / images per block⌉,
 // ⌈c_out / (8·NT)⌉, envs).
 //
 // W > 0: the kernel for square W × W planes (h = w = W; the launcher checks it), whose m-tiles' places
@@ -1083,10 +1085,11 @@ __device__ __forceinline__ void conv3x3_tc(
         if (t < TC_K) row_offset[t] = tc_row_offset(t, valid, padded, wp);
         __syncthreads();
         // Every warp runs all its m-tiles (a warp whose tiles lie past the block's pixels multiplies what
-        // the tile holds there and writes none of it), and a padding row's A values are read at the
-        // pixel's own place and then replaced by 0 (a select, not a branch, so the loads of all m-tiles
-        // can be issued ahead of their multiplies): a branch per m-tile and per row had made the loop
-        // several times the instructions of its loads and multiplies.
+        // the tile holds there and writes none of it), and a padding row's A values are (W = 0) read at
+        // the pixel's own place and then replaced by 0 (a select, not a branch, so the loads of all
+        // m-tiles can be issued ahead of their multiplies: a branch per m-tile and per row had made the
+        // loop several times the instructions of its loads and multiplies) or (W > 0) read from the
+        // zeroed stretch.
         for (u32 k0 = 0; k0 < valid; k0 += 8) {
             int lo = row_offset[k0 + tg], hi = row_offset[k0 + tg + 4];
             float b[NT][2];
@@ -1147,7 +1150,8 @@ __device__ __forceinline__ void conv3x3_tc(
 // output groups of NT·8 channels: its run of image groups (1024 / (h·w) images each) staged group by
 // group; m-tiles are the chunk's (channel, tap) rows (36 → three of 16), n-tiles the output channels,
 // and each k-step 8 pixels, warp v taking the k-steps v, v + 8, …; dy read from global memory, rounded
-// to TF32. Pixels past the group's images read 0 on both sides. Then the 8 warps' sums are added in
+// to TF32. Pixels past the group's images read 0 on both sides (W = 0; W > 0 stops at the last image's
+// k-step). Then the 8 warps' sums are added in
 // warp order through shared memory and the block writes partial[e][run][o][s·9 + tap];
 // conv2d_wgrad_reduce_f32 adds the runs in order.
 //
@@ -1244,42 +1248,43 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
                     for (int nt = 0; nt < NT; ++nt) mma_tf32(acc[mt][nt], a, b[nt]);
                 }
             }
-            continue;
-        }
-        for (u32 k0 = warp * 8; k0 < pixels; k0 += 64) {
-            // This lane's two pixels, the step's k rows tg and tg + 4: pixel k0 + 2·tg and the next one, side
-            // by side in a row (w and the group's pixels are even), so that the four lanes of an output
-            // channel read 8 adjacent values of dy; their place in the tile and in dy. Past the group's
-            // pixels both read pixel 0's place and count 0 (a select, not a branch).
-            u32 p = k0 + 2 * tg;
-            bool ok = p < pixels;
-            p = ok ? p : 0;
-            u32 i = fdiv(p, f_plane), q = p - i * plane, yy = fdiv(q, f_w), xx = q - yy * w;
-            int place = (int)(i * DC_CHUNK * padded + yy * wp + xx);
-            u64 dy_plane = ((u64)e * batch + b0 + i) * c_out;
-            float b[NT][2];
+        } else {
+            for (u32 k0 = warp * 8; k0 < pixels; k0 += 64) {
+                // This lane's two pixels, the step's k rows tg and tg + 4: pixel k0 + 2·tg and the next one, side
+                // by side in a row (w and the group's pixels are even), so that the four lanes of an output
+                // channel read 8 adjacent values of dy; their place in the tile and in dy. Past the group's
+                // pixels both read pixel 0's place and count 0 (a select, not a branch).
+                u32 p = k0 + 2 * tg;
+                bool ok = p < pixels;
+                p = ok ? p : 0;
+                u32 i = fdiv(p, f_plane), q = p - i * plane, yy = fdiv(q, f_w), xx = q - yy * w;
+                int place = (int)(i * DC_CHUNK * padded + yy * wp + xx);
+                u64 dy_plane = ((u64)e * batch + b0 + i) * c_out;
+                float b[NT][2];
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                u32 o = o0 + nt * 8 + g;
+                for (int nt = 0; nt < NT; ++nt) {
+                    u32 o = o0 + nt * 8 + g;
 #pragma unroll
-                for (int half = 0; half < 2; ++half)
-                    b[nt][half] = ok && o < c_out
-                                      ? tf32_round(load_or_bn(dy, bn, e, c_out, o, dy_plane + o, yy, xx + half, h, w))
-                                      : 0.0f;
-            }
+                    for (int half = 0; half < 2; ++half)
+                        b[nt][half] = ok && o < c_out ? tf32_round(load_or_bn(dy, bn, e, c_out, o, dy_plane + o, yy,
+                                                                              xx + half, h, w))
+                                                      : 0.0f;
+                }
 #pragma unroll
-            for (int mt = 0; mt < TC_WG_TILES; ++mt) {
-                if ((u32)mt >= m_tiles) break;  // the same for the whole block
-                float a0 = tile[place + row[mt][0]], a1 = tile[place + row[mt][1]];
-                float a2 = tile[place + 1 + row[mt][0]], a3 = tile[place + 1 + row[mt][1]];
-                float a[4] = {ok ? a0 : 0.0f, ok ? a1 : 0.0f, ok ? a2 : 0.0f, ok ? a3 : 0.0f};
+                for (int mt = 0; mt < TC_WG_TILES; ++mt) {
+                    if ((u32)mt >= m_tiles) break;  // the same for the whole block
+                    float a0 = tile[place + row[mt][0]], a1 = tile[place + row[mt][1]];
+                    float a2 = tile[place + 1 + row[mt][0]], a3 = tile[place + 1 + row[mt][1]];
+                    float a[4] = {ok ? a0 : 0.0f, ok ? a1 : 0.0f, ok ? a2 : 0.0f, ok ? a3 : 0.0f};
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) mma_tf32(acc[mt][nt], a, b[nt]);
+                    for (int nt = 0; nt < NT; ++nt) mma_tf32(acc[mt][nt], a, b[nt]);
+                }
             }
         }
     }
 
-    // The warps' sums in warp order: warp v's value for (row j, channel n) at tile[(v·16·TC_WG_TILES + j)·NT·8 + n].
+    // The warps' sums in warp order: warp v's value for (row j, channel n) at
+    // tile[(v·16·TC_WG_TILES + j)·NT·8 + n].
     constexpr u32 ROWS = 16 * TC_WG_TILES, COLS = NT * 8;
     __syncthreads();
 #pragma unroll

@@ -35,7 +35,7 @@ static void tc_forward(unsigned nt, unsigned sq, const char** name, const float*
                        const u8* bn_argmax, const float* bn_coef, int bn_mode, double* stats) {
 #define TC_FORWARD(K)                                                                                       \
     do {                                                                                                    \
-        *name = #K;                                                                                         \
+        if (threadIdx.x == 0) *name = #K; /* one writer: the emulated threads run at once */            \
         K(x, weight, y, batch, c_in, c_out, h, w, flip, bn_x, bn_dy, bn_argmax, bn_coef, bn_mode, stats);  \
     } while (0)
     if (nt == 1 && sq == 0) TC_FORWARD(conv3x3_tc_n8_tf32);
@@ -55,7 +55,7 @@ static void tc_wgrad(unsigned nt, unsigned sq, const char** name, const float* x
                      const float* bn_dy, const u8* bn_argmax, const float* bn_coef, int bn_mode) {
 #define TC_WGRAD(K)                                                                                              \
     do {                                                                                                         \
-        *name = #K;                                                                                              \
+        if (threadIdx.x == 0) *name = #K; /* one writer: the emulated threads run at once */                 \
         K(x, dy, partial, batch, c_in, c_out, h, w, runs, per_run, bn_x, bn_dy, bn_argmax, bn_coef, bn_mode);   \
     } while (0)
     if (nt == 1 && sq == 0) TC_WGRAD(conv3x3_wgrad_tc_n8_tf32);

@@ -390,6 +390,13 @@ const GN_STAGED_LEN: usize = 1024;
 /// Whether the staged group-norm kernels take `d`: groups of at most [`GN_STAGED_LEN`] values, a
 /// multiple of 4 (its 16-byte copies).
 fn group_norm_staged(d: &GroupNorm) -> bool {
+    // The kernels find pair t's group at t·group_len: whole groups of channels.
+    debug_assert!(
+        d.shape.channels.is_multiple_of(d.groups),
+        "{} channels in {} groups",
+        d.shape.channels,
+        d.groups
+    );
     let len = d.shape.channels / d.groups * d.shape.h * d.shape.w;
     len <= GN_STAGED_LEN && len.is_multiple_of(4)
 }

@@ -92,6 +92,7 @@ pub struct DeviceSlot {
 /// row, envs) of 1 024 threads, at most 1 024 blocks in all unless there are more envs (the grid-stride
 /// loops of `elementwise`'s).
 fn per_env_rows(envs: usize, row: usize) -> LaunchConfig {
+    assert!(envs <= 65_535, "slot_passthrough_f32: {envs} envs exceed the grid's y");
     let per_env = row.div_ceil(1024).clamp(1, (1024 / envs.max(1)).max(1));
     LaunchConfig { grid_dim: (per_env as u32, envs as u32, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 }
 }
