@@ -366,19 +366,22 @@ extern "C" __global__ void __launch_bounds__(1024) batch_norm_backward_input_fro
     u32 wo = w / 2, per_plane = windows ? plane / 4 : plane;
     FastDiv f[4];
     block_fast_divs<4>({per_plane, windows ? wo : w, channels, batch}, f);
-    FastDiv f_plane = f[0], f_channels = f[2], f_batch = f[3];
+    // Index i (a window or an element) of planes of per_plane → its plane, place there and (env, channel).
+    auto locate = [&](u64 i, u64& plane_index, u32& r, u32& pair) {
+        if (fits) {
+            u32 pi = fdiv((u32)i, f[0]), image = fdiv(pi, f[2]);
+            plane_index = pi, r = (u32)i - pi * per_plane;
+            pair = fdiv(image, f[3]) * channels + (pi - image * channels);
+        } else {
+            plane_index = i / per_plane, r = (u32)(i % per_plane);
+            pair = (u32)(plane_index / ((u64)channels * batch)) * channels + (u32)(plane_index % channels);
+        }
+    };
     if (windows) {
         FOR_EACH(o, n / 4) {
             u64 plane_index;
             u32 r, pair;
-            if (fits) {
-                u32 pi = fdiv((u32)o, f_plane), image = fdiv(pi, f_channels);
-                plane_index = pi, r = (u32)o - pi * per_plane;
-                pair = fdiv(image, f_batch) * channels + (pi - image * channels);
-            } else {
-                plane_index = o / per_plane, r = (u32)(o % per_plane);
-                pair = (u32)(plane_index / ((u64)channels * batch)) * channels + (u32)(plane_index % channels);
-            }
+            locate(o, plane_index, r, pair);
             u32 oy = fdiv(r, f[1]), ox = r - oy * wo;
             const float* c = coef + (u64)pair * BN_COEF;
             float routed = dy[o];
@@ -398,14 +401,7 @@ extern "C" __global__ void __launch_bounds__(1024) batch_norm_backward_input_fro
     FOR_EACH(i, n) {
         u64 plane_index;
         u32 r, pair;
-        if (fits) {
-            u32 pi = fdiv((u32)i, f_plane), image = fdiv(pi, f_channels);
-            plane_index = pi, r = (u32)i - pi * plane;
-            pair = fdiv(image, f_batch) * channels + (pi - image * channels);
-        } else {
-            plane_index = i / plane, r = (u32)(i % plane);
-            pair = (u32)(plane_index / ((u64)channels * batch)) * channels + (u32)(plane_index % channels);
-        }
+        locate(i, plane_index, r, pair);
         const float* c = coef + (u64)pair * BN_COEF;
         float xi = x[i];
         u32 iy = fdiv(r, f[1]);

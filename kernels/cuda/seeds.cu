@@ -49,40 +49,50 @@ __device__ __forceinline__ void lane_run(u64 n, u32 lane, Load load, Use use) {
 // Eight threads per (image, group), thread j summing lane j's run (values j, j + 8, …: the CPU's lane
 // i % 8) and lanes8_total combining them: the CPU's sums, bit for bit, at eight times the parallelism
 // of one thread per group and with neighbouring threads reading neighbouring values.
+// Lane `lane` of pair t = image·G + g's forward, its group's values read through xg (value i of the
+// group: channel g·C/G + i / plane, position i % plane; the group's planes lie one after the other):
+// the statistics (saved by lane 0) and y over the group's planes. group_norm_forward_f32 reads the group
+// from global memory, group_norm_forward_staged_f32 from its shared-memory copy.
+template <typename Load>
+__device__ __forceinline__ void group_norm_forward_lanes(
+    Load xg, u64 t, u32 lane, const float* gamma, const float* beta, float* y, float* save_mean,
+    float* save_inv_std, u32 batch, u32 channels, u32 plane, u32 groups) {
+    u32 per_group = channels / groups;
+    u64 group_len = (u64)per_group * plane, image = t / groups;
+    u32 g = (u32)(t % groups), e = (u32)(image / batch);
+    float sum = 0.0f;
+    lane_run<float>(group_len, lane, xg, [&](u64, float v) { sum += v; });
+    float n = (float)(group_len > 0 ? group_len : 1);
+    float mean = lanes8_total(sum) / n;
+    float squares = 0.0f;
+    lane_run<float>(group_len, lane, xg, [&](u64, float v) {
+        float d = v - mean;
+        squares += d * d;
+    });
+    float inv_std = 1.0f / sqrtf(lanes8_total(squares) / (float)group_len + NORM_EPS);
+    if (lane == 0) {
+        save_mean[t] = mean;
+        save_inv_std[t] = inv_std;
+    }
+    for (u32 cl = 0; cl < per_group; ++cl) {
+        u32 c = g * per_group + cl;
+        float scale = inv_std * gamma[(u64)e * channels + c], shift = beta[(u64)e * channels + c];
+        float* yp = y + (image * channels + c) * plane;
+        lane_run<float>(plane, lane, [&](u64 i) { return xg((u64)cl * plane + i); },
+                        [&](u64 i, float v) { yp[i] = (v - mean) * scale + shift; });
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(1024) group_norm_forward_f32(
     const float* x, const float* gamma, const float* beta, float* y, float* save_mean, float* save_inv_std,
     u32 envs, u32 batch, u32 channels, u32 plane, u32 groups) {
-    u32 per_group = channels / groups;
-    u64 group_len = (u64)per_group * plane;
+    u64 group_len = (u64)(channels / groups) * plane;
     FOR_EACH(u, (u64)envs * batch * groups * 8) {
         u64 t = u / 8;
-        u32 lane = (u32)(u % 8);
-        u64 image = t / groups;
-        u32 g = (u32)(t % groups), e = (u32)(image / batch);
-        const float* xg = x + image * channels * plane + g * group_len;
-        auto at_g = [&](u64 i) { return xg[i]; };
-        float sum = 0.0f;
-        lane_run<float>(group_len, lane, at_g, [&](u64, float v) { sum += v; });
-        float n = (float)(group_len > 0 ? group_len : 1);
-        float mean = lanes8_total(sum) / n;
-        float squares = 0.0f;
-        lane_run<float>(group_len, lane, at_g, [&](u64, float v) {
-            float d = v - mean;
-            squares += d * d;
-        });
-        float inv_std = 1.0f / sqrtf(lanes8_total(squares) / (float)group_len + NORM_EPS);
-        if (lane == 0) {
-            save_mean[t] = mean;
-            save_inv_std[t] = inv_std;
-        }
-        for (u32 cl = 0; cl < per_group; ++cl) {
-            u32 c = g * per_group + cl;
-            float scale = inv_std * gamma[(u64)e * channels + c], shift = beta[(u64)e * channels + c];
-            const float* xp = x + (image * channels + c) * plane;
-            float* yp = y + (image * channels + c) * plane;
-            lane_run<float>(plane, lane, [&](u64 i) { return xp[i]; },
-                            [&](u64 i, float v) { yp[i] = (v - mean) * scale + shift; });
-        }
+        // Pair t's group starts at t·group_len: (image·G + g)·group_len = image·C·plane + g·group_len.
+        const float* xg = x + t * group_len;
+        group_norm_forward_lanes([&](u64 i) { return xg[i]; }, t, (u32)(u % 8), gamma, beta, y, save_mean,
+                                 save_inv_std, batch, channels, plane, groups);
     }
 }
 
@@ -124,32 +134,9 @@ extern "C" __global__ void __launch_bounds__(GN_STAGED_PAIRS * 8) group_norm_for
     __syncthreads();
     u32 p = threadIdx.x / 8, lane = threadIdx.x % 8;
     if (p >= block_pairs) return;  // whole octets: lanes8_total's shuffles stay within live threads
-    u64 t = t0 + p, image = t / groups;
-    u32 g = (u32)(t % groups), e = (u32)(image / batch);
     const float* xs = staged + p * STRIDE;
-    auto at_g = [&](u64 i) { return xs[i]; };
-    float sum = 0.0f;
-    lane_run<float>(group_len, lane, at_g, [&](u64, float v) { sum += v; });
-    float n = (float)(group_len > 0 ? group_len : 1);
-    float mean = lanes8_total(sum) / n;
-    float squares = 0.0f;
-    lane_run<float>(group_len, lane, at_g, [&](u64, float v) {
-        float d = v - mean;
-        squares += d * d;
-    });
-    float inv_std = 1.0f / sqrtf(lanes8_total(squares) / (float)group_len + NORM_EPS);
-    if (lane == 0) {
-        save_mean[t] = mean;
-        save_inv_std[t] = inv_std;
-    }
-    for (u32 cl = 0; cl < per_group; ++cl) {
-        u32 c = g * per_group + cl;
-        float scale = inv_std * gamma[(u64)e * channels + c], shift = beta[(u64)e * channels + c];
-        const float* xp = xs + cl * plane;
-        float* yp = y + (image * channels + c) * plane;
-        lane_run<float>(plane, lane, [&](u64 i) { return xp[i]; },
-                        [&](u64 i, float v) { yp[i] = (v - mean) * scale + shift; });
-    }
+    group_norm_forward_lanes([&](u64 i) { return xs[i]; }, t0 + p, lane, gamma, beta, y, save_mean, save_inv_std,
+                             batch, channels, plane, groups);
 }
 
 // dβ[e, c] = Σ_b Σ_plane dy and dγ[e, c] = Σ_b Σ_plane dy·((x − mean)·inv_std), one lane run per plane,
@@ -209,42 +196,53 @@ extern "C" __global__ void group_norm_backward_params_fast_f32(
 // Per (env, image, group): dx = inv_std·(dy·γ − mean(dy·γ) − x̂·mean(dy·γ·x̂)) over the group's planes
 // (accumulate != 0: added to dx). Eight threads per (image, group) as in the forward, thread j summing
 // lane j (positions j, j + 8, … of every plane, channels in order: the CPU's lanes, restarting per plane).
+// Lane `lane` of pair t = image·G + g's input gradient, its group's dy and x read through dyg and xg
+// (value i of the group, as group_norm_forward_lanes's). group_norm_backward_input_f32 reads them from
+// global memory, group_norm_backward_input_staged_f32 from its shared-memory copies.
+template <typename LoadDy, typename LoadX>
+__device__ __forceinline__ void group_norm_backward_input_lanes(
+    LoadDy dyg, LoadX xg, u64 t, u32 lane, const float* gamma, const float* save_mean, const float* save_inv_std,
+    float* dx, u32 batch, u32 channels, u32 plane, u32 groups, int accumulate) {
+    u32 per_group = channels / groups;
+    float n = (float)((u64)per_group * plane);
+    u64 image = t / groups;
+    u32 g = (u32)(t % groups), e = (u32)(image / batch);
+    float mean = save_mean[t], inv_std = save_inv_std[t];
+    float sum_dyg = 0.0f, sum_dyg_xhat = 0.0f;
+    for (u32 cl = 0; cl < per_group; ++cl) {
+        u32 c = g * per_group + cl;
+        float gam = gamma[(u64)e * channels + c];
+        u64 at = (u64)cl * plane;
+        lane_run<float>(plane, lane, [&](u64 i) { return dyg(at + i); }, [&](u64, float d) { sum_dyg += d * gam; });
+        lane_run<float2>(plane, lane, [&](u64 i) { return float2{dyg(at + i), xg(at + i)}; },
+                         [&](u64, float2 v) { sum_dyg_xhat += v.x * gam * ((v.y - mean) * inv_std); });
+    }
+    float mean_dyg = lanes8_total(sum_dyg) / n, mean_dyg_xhat = lanes8_total(sum_dyg_xhat) / n;
+    for (u32 cl = 0; cl < per_group; ++cl) {
+        u32 c = g * per_group + cl;
+        float gam = gamma[(u64)e * channels + c];
+        u64 at = (u64)cl * plane;
+        float* dxp = dx + (image * channels + c) * plane;
+        lane_run<float3>(plane, lane,
+                         [&](u64 i) { return float3{dyg(at + i), xg(at + i), accumulate ? dxp[i] : 0.0f}; },
+                         [&](u64 i, float3 v) {
+                             float x_hat = (v.y - mean) * inv_std;
+                             float value = inv_std * (v.x * gam - mean_dyg - x_hat * mean_dyg_xhat);
+                             dxp[i] = accumulate ? v.z + value : value;
+                         });
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(1024) group_norm_backward_input_f32(
     const float* x, const float* gamma, const float* save_mean, const float* save_inv_std, const float* dy,
     float* dx, u32 envs, u32 batch, u32 channels, u32 plane, u32 groups, int accumulate) {
-    u32 per_group = channels / groups;
-    float n = (float)((u64)per_group * plane);
+    u64 group_len = (u64)(channels / groups) * plane;
     FOR_EACH(u, (u64)envs * batch * groups * 8) {
         u64 t = u / 8;
-        u32 lane = (u32)(u % 8);
-        u64 image = t / groups;
-        u32 g = (u32)(t % groups), e = (u32)(image / batch);
-        float mean = save_mean[t], inv_std = save_inv_std[t];
-        float sum_dyg = 0.0f, sum_dyg_xhat = 0.0f;
-        for (u32 cl = 0; cl < per_group; ++cl) {
-            u32 c = g * per_group + cl;
-            float gam = gamma[(u64)e * channels + c];
-            const float* dyp = dy + (image * channels + c) * plane;
-            const float* xp = x + (image * channels + c) * plane;
-            lane_run<float>(plane, lane, [&](u64 i) { return dyp[i]; }, [&](u64, float d) { sum_dyg += d * gam; });
-            lane_run<float2>(plane, lane, [&](u64 i) { return float2{dyp[i], xp[i]}; },
-                             [&](u64, float2 v) { sum_dyg_xhat += v.x * gam * ((v.y - mean) * inv_std); });
-        }
-        float mean_dyg = lanes8_total(sum_dyg) / n, mean_dyg_xhat = lanes8_total(sum_dyg_xhat) / n;
-        for (u32 cl = 0; cl < per_group; ++cl) {
-            u32 c = g * per_group + cl;
-            float gam = gamma[(u64)e * channels + c];
-            const float* dyp = dy + (image * channels + c) * plane;
-            const float* xp = x + (image * channels + c) * plane;
-            float* dxp = dx + (image * channels + c) * plane;
-            lane_run<float3>(plane, lane,
-                             [&](u64 i) { return float3{dyp[i], xp[i], accumulate ? dxp[i] : 0.0f}; },
-                             [&](u64 i, float3 v) {
-                                 float x_hat = (v.y - mean) * inv_std;
-                                 float value = inv_std * (v.x * gam - mean_dyg - x_hat * mean_dyg_xhat);
-                                 dxp[i] = accumulate ? v.z + value : value;
-                             });
-        }
+        const float *dyg = dy + t * group_len, *xg = x + t * group_len;  // pair t's group (the forward's)
+        group_norm_backward_input_lanes([&](u64 i) { return dyg[i]; }, [&](u64 i) { return xg[i]; }, t,
+                                        (u32)(u % 8), gamma, save_mean, save_inv_std, dx, batch, channels, plane,
+                                        groups, accumulate);
     }
 }
 
@@ -283,34 +281,9 @@ extern "C" __global__ void __launch_bounds__(GN_STAGED_BACK_PAIRS * 8) group_nor
     __syncthreads();
     u32 p = threadIdx.x / 8, lane = threadIdx.x % 8;
     if (p >= block_pairs) return;  // whole octets: lanes8_total's shuffles stay within live threads
-    u64 t = t0 + p, image = t / groups;
-    u32 g = (u32)(t % groups), e = (u32)(image / batch);
-    float n = (float)((u64)per_group * plane);
-    float mean = save_mean[t], inv_std = save_inv_std[t];
-    float sum_dyg = 0.0f, sum_dyg_xhat = 0.0f;
-    for (u32 cl = 0; cl < per_group; ++cl) {
-        u32 c = g * per_group + cl;
-        float gam = gamma[(u64)e * channels + c];
-        const float* dyp = staged_dy + p * STRIDE + cl * plane;
-        const float* xp = staged_x + p * STRIDE + cl * plane;
-        lane_run<float>(plane, lane, [&](u64 i) { return dyp[i]; }, [&](u64, float d) { sum_dyg += d * gam; });
-        lane_run<float2>(plane, lane, [&](u64 i) { return float2{dyp[i], xp[i]}; },
-                         [&](u64, float2 v) { sum_dyg_xhat += v.x * gam * ((v.y - mean) * inv_std); });
-    }
-    float mean_dyg = lanes8_total(sum_dyg) / n, mean_dyg_xhat = lanes8_total(sum_dyg_xhat) / n;
-    for (u32 cl = 0; cl < per_group; ++cl) {
-        u32 c = g * per_group + cl;
-        float gam = gamma[(u64)e * channels + c];
-        const float* dyp = staged_dy + p * STRIDE + cl * plane;
-        const float* xp = staged_x + p * STRIDE + cl * plane;
-        float* dxp = dx + (image * channels + c) * plane;
-        lane_run<float3>(plane, lane, [&](u64 i) { return float3{dyp[i], xp[i], accumulate ? dxp[i] : 0.0f}; },
-                         [&](u64 i, float3 v) {
-                             float x_hat = (v.y - mean) * inv_std;
-                             float value = inv_std * (v.x * gam - mean_dyg - x_hat * mean_dyg_xhat);
-                             dxp[i] = accumulate ? v.z + value : value;
-                         });
-    }
+    const float *dys = staged_dy + p * STRIDE, *xs = staged_x + p * STRIDE;
+    group_norm_backward_input_lanes([&](u64 i) { return dys[i]; }, [&](u64 i) { return xs[i]; }, t0 + p, lane,
+                                    gamma, save_mean, save_inv_std, dx, batch, channels, plane, groups, accumulate);
 }
 
 // The amplitude of sample i = e·B + b, clamped: alpha[e] (per_sample == 0) or alpha[i].
