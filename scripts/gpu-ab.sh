@@ -10,6 +10,9 @@
 # A_ENV / B_ENV: environment settings for one side's runs (selftests included), so that one build can be
 # measured against itself with a switch, e.g. the square tensor-core kernels against the general ones:
 #   A_ENV=ESPER_CUDA_TC_SQUARE=0 bash scripts/gpu-ab.sh B.gz B.gz
+#
+# AB_CASES: the workloads to run, a space-separated subset of ORDER below (all by default), so that two
+# comparisons fit one device call; AB_SELFTEST=0 skips the selftests (already run by the other).
 set -u
 OUT=${OUT:-gpu-out}
 WORK=/tmp/gpu-ab
@@ -35,13 +38,23 @@ declare -A CASES=(
     [e256-seeded-tf32]="--precision tf32 ${E256[*]}"
 )
 ORDER=(w16-none-f32 w16-seeded-f32 w16-none-tf32 w16-seeded-tf32 e256-none-tf32 e256-seeded-tf32)
-# shellcheck disable=SC2086
-env $A_ENV "$A" selftest --device cuda >"$WORK/selftest-a.log" 2>&1; echo "selftest A: exit $? ($(tail -n 1 "$WORK/selftest-a.log"))" | tee "$OUT/ab.txt"
-# shellcheck disable=SC2086
-env $B_ENV "$B" selftest --device cuda >"$WORK/selftest-b.log" 2>&1; echo "selftest B: exit $? ($(tail -n 1 "$WORK/selftest-b.log"))" | tee -a "$OUT/ab.txt"
-# shellcheck disable=SC2086
-env $B_ENV ESPER_CUDA_CONV=direct "$B" selftest --device cuda >"$WORK/selftest-b-direct.log" 2>&1
-echo "selftest B, direct convolutions: exit $? ($(tail -n 1 "$WORK/selftest-b-direct.log"))" | tee -a "$OUT/ab.txt"
+if [ -n "${AB_CASES:-}" ]; then
+    read -r -a ORDER <<<"$AB_CASES"
+    for case in "${ORDER[@]}"; do
+        [ -n "${CASES[$case]:-}" ] || { echo "AB_CASES: no workload named $case" >&2; exit 2; }
+    done
+fi
+: >"$OUT/ab.txt"
+: >"$WORK/selftest-a.log" >"$WORK/selftest-b.log" >"$WORK/selftest-b-direct.log"
+if [ "${AB_SELFTEST:-1}" != 0 ]; then
+    # shellcheck disable=SC2086
+    env $A_ENV "$A" selftest --device cuda >"$WORK/selftest-a.log" 2>&1; echo "selftest A: exit $? ($(tail -n 1 "$WORK/selftest-a.log"))" | tee -a "$OUT/ab.txt"
+    # shellcheck disable=SC2086
+    env $B_ENV "$B" selftest --device cuda >"$WORK/selftest-b.log" 2>&1; echo "selftest B: exit $? ($(tail -n 1 "$WORK/selftest-b.log"))" | tee -a "$OUT/ab.txt"
+    # shellcheck disable=SC2086
+    env $B_ENV ESPER_CUDA_CONV=direct "$B" selftest --device cuda >"$WORK/selftest-b-direct.log" 2>&1
+    echo "selftest B, direct convolutions: exit $? ($(tail -n 1 "$WORK/selftest-b-direct.log"))" | tee -a "$OUT/ab.txt"
+fi
 for round in 1 2; do
     for case in "${ORDER[@]}"; do
         for side in a b; do
