@@ -1130,14 +1130,16 @@ __device__ __forceinline__ void conv3x3_tc(
         for (int half = 0; half < 2; ++half) {
             u32 p = first + mt * 16 + g + 8 * half;
             if (p >= pixels) continue;
-            u32 i = fdiv(p, f_plane), q = p - i * plane;
-            float* out = y + ((u64)e * batch + b0 + i) * c_out * plane + q;
+            // W > 0: the plane a constant (its division a shift).
+            u32 pl = W > 0 ? (u32)(W > 0 ? W * W : 1) : plane;
+            u32 i = W > 0 ? p / (u32)(W > 0 ? W * W : 1) : fdiv(p, f_plane), q = p - i * pl;
+            float* out = y + ((u64)e * batch + b0 + i) * c_out * pl + q;
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                 for (int j = 0; j < 2; ++j) {
                     u32 o = o0 + nt * 8 + 2 * tg + j;
-                    if (o < c_out) out[(u64)o * plane] = acc[mt][nt][2 * half + j];
+                    if (o < c_out) out[(u64)o * pl] = acc[mt][nt][2 * half + j];
                 }
         }
     }
