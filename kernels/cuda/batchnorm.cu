@@ -14,30 +14,42 @@ __device__ __forceinline__ u64 bn_index(u32 e, u32 c, u64 j, u32 batch, u32 chan
     return (((u64)e * batch + b) * channels + c) * plane + k;
 }
 
-// Element i of [E, B, C, P] → e·C + c, its (env, channel)'s parameter index: with FastDivs (`fits`,
-// every index of the launch in 32 bits) or 64-bit division.
+// Index i over [E, B, C] planes of P values (elements, or 2x2 windows with P their count a plane) → its
+// plane (e·B + b)·C + c, its place r there and e·C + c, its (env, channel)'s parameter index: with
+// FastDivs (`fits`, every index of the launch in 32 bits) or 64-bit division; `row` divides a place by
+// a row's length where the kernel needs it (1 elsewhere). The FastDivs are the block's (block_fast_divs:
+// a barrier every thread of the block reaches).
 struct BnParamIndex {
     bool fits;
-    FastDiv plane, channels, batch;
+    FastDiv plane, channels, batch, row;
 };
 
-__device__ __forceinline__ BnParamIndex bn_param_index(u32 envs, u32 batch, u32 channels, u32 plane) {
+__device__ __forceinline__ BnParamIndex bn_param_index(u32 envs, u32 batch, u32 channels, u32 plane, u32 row = 1) {
     BnParamIndex ix;
     ix.fits = FITS_U32((u64)envs * batch * channels * plane);
-    ix.plane = fast_div(plane), ix.channels = fast_div(channels), ix.batch = fast_div(batch);
+    FastDiv f[4];
+    block_fast_divs<4>({plane, channels, batch, row}, f);
+    ix.plane = f[0], ix.channels = f[1], ix.batch = f[2], ix.row = f[3];
     return ix;
 }
 
-__device__ __forceinline__ u32 bn_param(u64 i, const BnParamIndex& ix) {
+__device__ __forceinline__ void bn_locate(u64 i, const BnParamIndex& ix, u64& plane_index, u32& r, u32& pair) {
     u32 channels = ix.channels.d;
     if (ix.fits) {
-        u32 image_pos = fdiv((u32)i, ix.plane), image = fdiv(image_pos, ix.channels);
-        return fdiv(image, ix.batch) * channels + (image_pos - image * channels);
+        u32 pi = fdiv((u32)i, ix.plane), image = fdiv(pi, ix.channels);
+        plane_index = pi, r = (u32)i - pi * ix.plane.d;
+        pair = fdiv(image, ix.batch) * channels + (pi - image * channels);
+    } else {
+        plane_index = i / ix.plane.d, r = (u32)(i % ix.plane.d);
+        pair = (u32)(plane_index / ((u64)channels * ix.batch.d)) * channels + (u32)(plane_index % channels);
     }
-    u64 image_pos = i / ix.plane.d;
-    u32 c = (u32)(image_pos % channels);
-    u32 e = (u32)(image_pos / ((u64)channels * ix.batch.d));
-    return e * channels + c;
+}
+
+__device__ __forceinline__ u32 bn_param(u64 i, const BnParamIndex& ix) {
+    u64 plane_index;
+    u32 r, pair;
+    bn_locate(i, ix, plane_index, r, pair);
+    return pair;
 }
 
 // ---- The per-(env, channel) reductions, split. One block per (env, channel) left most of an H100 idle
@@ -219,16 +231,15 @@ extern "C" __global__ void __launch_bounds__(1024) batch_norm_relu_pool_f32(
     const float* gamma, const float* beta, u32 envs, u32 batch, u32 channels, u32 h, u32 w, int eval,
     int write_act) {
     // A window's plane, place and (env, channel) through the block's FastDivs where every index fits in
-    // 32 bits: the 64-bit divisions this kernel did per window were called routines, several times its
-    // loads and stores in instructions.
-    u32 ho = h / 2, wo = w / 2, windows = ho * wo;
-    u64 n = (u64)envs * batch * channels * windows;
-    bool fits = FITS_U32(n);
-    FastDiv f[4];
-    block_fast_divs<4>({windows, wo, channels, batch}, f);
-    // Window o of plane `plane_index`, its place r there and its pair p = e·C + c.
-    auto window_at = [&](u64 o, u64 plane_index, u32 r, u32 p) {
-        u32 oy = fdiv(r, f[1]), ox = r - oy * wo;
+    // 32 bits (bn_locate): the 64-bit divisions this kernel did per window were called routines, several
+    // times its loads and stores in instructions.
+    u32 wo = w / 2, windows = (h / 2) * wo;
+    BnParamIndex ix = bn_param_index(envs, batch, channels, windows, wo);
+    FOR_EACH(o, (u64)envs * batch * channels * windows) {
+        u64 plane_index;
+        u32 r, p;
+        bn_locate(o, ix, plane_index, r, p);
+        u32 oy = fdiv(r, ix.row), ox = r - oy * wo;
         float scale = bn_scale(inv_std_or_var, gamma, p, eval), m = mean[p], shift = beta[p];
         u64 top = (plane_index * h + 2 * oy) * w + 2 * ox;
         u64 at[4] = {top, top + 1, top + w, top + w + 1};
@@ -243,18 +254,6 @@ extern "C" __global__ void __launch_bounds__(1024) batch_norm_relu_pool_f32(
         u32 k;
         pooled[o] = max_pool_window(window, &k);
         argmax[o] = (u8)k;
-    };
-    if (fits) {
-        FOR_EACH(o, n) {
-            u32 pi = fdiv((u32)o, f[0]), image = fdiv(pi, f[2]);
-            window_at(o, pi, (u32)o - pi * windows, fdiv(image, f[3]) * channels + (pi - image * channels));
-        }
-    } else {
-        FOR_EACH(o, n) {
-            u64 plane_index = o / windows;
-            u32 c = (u32)(plane_index % channels), e = (u32)(plane_index / ((u64)batch * channels));
-            window_at(o, plane_index, (u32)(o % windows), e * channels + c);
-        }
     }
 }
 
@@ -361,28 +360,16 @@ extern "C" __global__ void __launch_bounds__(1024) batch_norm_backward_input_fro
     u32 channels, u32 h, u32 w, int pooled) {
     u32 plane = h * w;
     u64 n = (u64)envs * batch * channels * plane;
-    bool fits = FITS_U32(n);
     bool windows = pooled && h % 2 == 0 && w % 2 == 0;
-    u32 wo = w / 2, per_plane = windows ? plane / 4 : plane;
-    FastDiv f[4];
-    block_fast_divs<4>({per_plane, windows ? wo : w, channels, batch}, f);
-    // Index i (a window or an element) of planes of per_plane → its plane, place there and (env, channel).
-    auto locate = [&](u64 i, u64& plane_index, u32& r, u32& pair) {
-        if (fits) {
-            u32 pi = fdiv((u32)i, f[0]), image = fdiv(pi, f[2]);
-            plane_index = pi, r = (u32)i - pi * per_plane;
-            pair = fdiv(image, f[3]) * channels + (pi - image * channels);
-        } else {
-            plane_index = i / per_plane, r = (u32)(i % per_plane);
-            pair = (u32)(plane_index / ((u64)channels * batch)) * channels + (u32)(plane_index % channels);
-        }
-    };
+    u32 wo = w / 2;
+    // A window's or an element's plane, place, (env, channel) and row: bn_locate, ix.row.
+    BnParamIndex ix = bn_param_index(envs, batch, channels, windows ? plane / 4 : plane, windows ? wo : w);
     if (windows) {
         FOR_EACH(o, n / 4) {
             u64 plane_index;
             u32 r, pair;
-            locate(o, plane_index, r, pair);
-            u32 oy = fdiv(r, f[1]), ox = r - oy * wo;
+            bn_locate(o, ix, plane_index, r, pair);
+            u32 oy = fdiv(r, ix.row), ox = r - oy * wo;
             const float* c = coef + (u64)pair * BN_COEF;
             float routed = dy[o];
             u32 k = argmax[o];
@@ -401,10 +388,10 @@ extern "C" __global__ void __launch_bounds__(1024) batch_norm_backward_input_fro
     FOR_EACH(i, n) {
         u64 plane_index;
         u32 r, pair;
-        locate(i, plane_index, r, pair);
+        bn_locate(i, ix, plane_index, r, pair);
         const float* c = coef + (u64)pair * BN_COEF;
         float xi = x[i];
-        u32 iy = fdiv(r, f[1]);
+        u32 iy = fdiv(r, ix.row);
         float g = bn_output_grad(xi, c[0], c[1], c[2], dy, argmax, pooled, i, plane_index, iy, r - iy * w, h, w);
         dx[i] = bn_input_grad(c, xi, g);
     }

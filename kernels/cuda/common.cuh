@@ -64,7 +64,8 @@ __device__ __forceinline__ u32 fdiv(u32 n, const FastDiv& f) {
 // FastDivs of divisors the same for the whole block, each computed by one thread (threads 0 .. N − 1)
 // and read by all from shared memory: fast_div's 64-bit division is a called routine of some 70
 // instructions, and every thread computing every divisor had made it a tenth of the staged kernels'
-// instructions. A barrier, so call it where every thread of the block does (blockDim.x ≥ N).
+// instructions. A barrier, so call it where every thread of the block does (blockDim.x ≥ N), and once
+// per N in a kernel (a second call would rewrite `shared` while slower threads still read the first's).
 template <int N>
 __device__ __forceinline__ void block_fast_divs(const u32 (&d)[N], FastDiv (&f)[N]) {
     __shared__ FastDiv shared[N];

@@ -1130,9 +1130,10 @@ __device__ __forceinline__ void conv3x3_tc(
         for (int half = 0; half < 2; ++half) {
             u32 p = first + mt * 16 + g + 8 * half;
             if (p >= pixels) continue;
-            // W > 0: the plane a constant (its division a shift).
-            u32 pl = W > 0 ? (u32)(W > 0 ? W * W : 1) : plane;
-            u32 i = W > 0 ? p / (u32)(W > 0 ? W * W : 1) : fdiv(p, f_plane), q = p - i * pl;
+            // W > 0: the plane a constant (its division a shift; SQUARE is 1 for W = 0, never used).
+            constexpr u32 SQUARE = W > 0 ? W * W : 1;
+            u32 pl = W > 0 ? SQUARE : plane;
+            u32 i = W > 0 ? p / SQUARE : fdiv(p, f_plane), q = p - i * pl;
             float* out = y + ((u64)e * batch + b0 + i) * c_out * pl + q;
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
