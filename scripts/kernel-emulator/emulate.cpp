@@ -29,44 +29,44 @@ typedef unsigned char u8;
 // Staged::square): 8, 16 or 32 where h = w is one of them, else 0 (the general kernels).
 static unsigned tc_square(unsigned h, unsigned w) { return h == w && (w == 8 || w == 16 || w == 32) ? w : 0; }
 
-// conv3x3_tc_n{8,16}[_w{8,16,32}]_tf32 by n-tiles and width (0: the general kernel), its name in `name`.
+// The tensor-core kernels by n-tiles (one, two) and plane (general, square of 8, 16, 32), with their names.
+template <typename F>
+struct Named {
+    F kernel;
+    const char* name;
+};
+#define NAMED(K) {K, #K}
+static const Named<decltype(&conv3x3_tc_n8_tf32)> TC_FORWARDS[2][4] = {
+    {NAMED(conv3x3_tc_n8_tf32), NAMED(conv3x3_tc_n8_w8_tf32), NAMED(conv3x3_tc_n8_w16_tf32), NAMED(conv3x3_tc_n8_w32_tf32)},
+    {NAMED(conv3x3_tc_n16_tf32), NAMED(conv3x3_tc_n16_w8_tf32), NAMED(conv3x3_tc_n16_w16_tf32),
+     NAMED(conv3x3_tc_n16_w32_tf32)}};
+static const Named<decltype(&conv3x3_wgrad_tc_n8_tf32)> TC_WGRADS[2][4] = {
+    {NAMED(conv3x3_wgrad_tc_n8_tf32), NAMED(conv3x3_wgrad_tc_n8_w8_tf32), NAMED(conv3x3_wgrad_tc_n8_w16_tf32),
+     NAMED(conv3x3_wgrad_tc_n8_w32_tf32)},
+    {NAMED(conv3x3_wgrad_tc_n16_tf32), NAMED(conv3x3_wgrad_tc_n16_w8_tf32), NAMED(conv3x3_wgrad_tc_n16_w16_tf32),
+     NAMED(conv3x3_wgrad_tc_n16_w32_tf32)}};
+#undef NAMED
+
+// The tables' column for width `sq` (0: the general kernel).
+static unsigned square_column(unsigned sq) { return sq == 0 ? 0 : sq == 8 ? 1 : sq == 16 ? 2 : 3; }
+
+// conv3x3_tc_n{8,16}[_w{8,16,32}]_tf32 by n-tiles and width (0: the general kernel), its name in `name`
+// (written by one emulated thread: they run at once).
 static void tc_forward(unsigned nt, unsigned sq, const char** name, const float* x, const float* weight, float* y,
                        u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, int flip, const float* bn_x, const float* bn_dy,
                        const u8* bn_argmax, const float* bn_coef, int bn_mode, double* stats) {
-#define TC_FORWARD(K)                                                                                       \
-    do {                                                                                                    \
-        if (threadIdx.x == 0) *name = #K; /* one writer: the emulated threads run at once */            \
-        K(x, weight, y, batch, c_in, c_out, h, w, flip, bn_x, bn_dy, bn_argmax, bn_coef, bn_mode, stats);  \
-    } while (0)
-    if (nt == 1 && sq == 0) TC_FORWARD(conv3x3_tc_n8_tf32);
-    else if (nt == 1 && sq == 8) TC_FORWARD(conv3x3_tc_n8_w8_tf32);
-    else if (nt == 1 && sq == 16) TC_FORWARD(conv3x3_tc_n8_w16_tf32);
-    else if (nt == 1 && sq == 32) TC_FORWARD(conv3x3_tc_n8_w32_tf32);
-    else if (sq == 0) TC_FORWARD(conv3x3_tc_n16_tf32);
-    else if (sq == 8) TC_FORWARD(conv3x3_tc_n16_w8_tf32);
-    else if (sq == 16) TC_FORWARD(conv3x3_tc_n16_w16_tf32);
-    else TC_FORWARD(conv3x3_tc_n16_w32_tf32);
-#undef TC_FORWARD
+    const auto& k = TC_FORWARDS[nt - 1][square_column(sq)];
+    if (threadIdx.x == 0) *name = k.name;
+    k.kernel(x, weight, y, batch, c_in, c_out, h, w, flip, bn_x, bn_dy, bn_argmax, bn_coef, bn_mode, stats);
 }
 
 // conv3x3_wgrad_tc_n{8,16}[_w{8,16,32}]_tf32 likewise.
 static void tc_wgrad(unsigned nt, unsigned sq, const char** name, const float* x, const float* dy, float* partial,
                      u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, u32 runs, u32 per_run, const float* bn_x,
                      const float* bn_dy, const u8* bn_argmax, const float* bn_coef, int bn_mode) {
-#define TC_WGRAD(K)                                                                                              \
-    do {                                                                                                         \
-        if (threadIdx.x == 0) *name = #K; /* one writer: the emulated threads run at once */                 \
-        K(x, dy, partial, batch, c_in, c_out, h, w, runs, per_run, bn_x, bn_dy, bn_argmax, bn_coef, bn_mode);   \
-    } while (0)
-    if (nt == 1 && sq == 0) TC_WGRAD(conv3x3_wgrad_tc_n8_tf32);
-    else if (nt == 1 && sq == 8) TC_WGRAD(conv3x3_wgrad_tc_n8_w8_tf32);
-    else if (nt == 1 && sq == 16) TC_WGRAD(conv3x3_wgrad_tc_n8_w16_tf32);
-    else if (nt == 1 && sq == 32) TC_WGRAD(conv3x3_wgrad_tc_n8_w32_tf32);
-    else if (sq == 0) TC_WGRAD(conv3x3_wgrad_tc_n16_tf32);
-    else if (sq == 8) TC_WGRAD(conv3x3_wgrad_tc_n16_w8_tf32);
-    else if (sq == 16) TC_WGRAD(conv3x3_wgrad_tc_n16_w16_tf32);
-    else TC_WGRAD(conv3x3_wgrad_tc_n16_w32_tf32);
-#undef TC_WGRAD
+    const auto& k = TC_WGRADS[nt - 1][square_column(sq)];
+    if (threadIdx.x == 0) *name = k.name;
+    k.kernel(x, dy, partial, batch, c_in, c_out, h, w, runs, per_run, bn_x, bn_dy, bn_argmax, bn_coef, bn_mode);
 }
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;

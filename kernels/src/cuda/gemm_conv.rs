@@ -674,33 +674,51 @@ impl Staged {
     /// The forward / input-gradient kernel for `c_out` output channels (the kernel's view), on the
     /// tensor cores the one specialised to `square` planes (a [`square_width`]) where one is named.
     fn conv_kernel(self, c_out: usize, square: Option<usize>) -> &'static str {
-        match (self, self.outputs(c_out), square) {
-            (Staged::Direct, _, _) => "conv3x3_direct_f32",
-            (Staged::TensorCores, 8, None) => "conv3x3_tc_n8_tf32",
-            (Staged::TensorCores, 8, Some(8)) => "conv3x3_tc_n8_w8_tf32",
-            (Staged::TensorCores, 8, Some(16)) => "conv3x3_tc_n8_w16_tf32",
-            (Staged::TensorCores, 8, Some(_)) => "conv3x3_tc_n8_w32_tf32",
-            (Staged::TensorCores, _, None) => "conv3x3_tc_n16_tf32",
-            (Staged::TensorCores, _, Some(8)) => "conv3x3_tc_n16_w8_tf32",
-            (Staged::TensorCores, _, Some(16)) => "conv3x3_tc_n16_w16_tf32",
-            (Staged::TensorCores, _, Some(_)) => "conv3x3_tc_n16_w32_tf32",
+        match self {
+            Staged::Direct => "conv3x3_direct_f32",
+            Staged::TensorCores => TC_CONV_KERNELS[self.n_tiles(c_out)][square_index(square)],
         }
     }
 
     /// The weight-gradient kernel for `c_out` output channels, as [`Self::conv_kernel`].
     fn wgrad_kernel(self, c_out: usize, square: Option<usize>) -> &'static str {
-        match (self, self.outputs(c_out), square) {
-            (Staged::Direct, _, _) => "conv3x3_wgrad_direct_f32",
-            (Staged::TensorCores, 8, None) => "conv3x3_wgrad_tc_n8_tf32",
-            (Staged::TensorCores, 8, Some(8)) => "conv3x3_wgrad_tc_n8_w8_tf32",
-            (Staged::TensorCores, 8, Some(16)) => "conv3x3_wgrad_tc_n8_w16_tf32",
-            (Staged::TensorCores, 8, Some(_)) => "conv3x3_wgrad_tc_n8_w32_tf32",
-            (Staged::TensorCores, _, None) => "conv3x3_wgrad_tc_n16_tf32",
-            (Staged::TensorCores, _, Some(8)) => "conv3x3_wgrad_tc_n16_w8_tf32",
-            (Staged::TensorCores, _, Some(16)) => "conv3x3_wgrad_tc_n16_w16_tf32",
-            (Staged::TensorCores, _, Some(_)) => "conv3x3_wgrad_tc_n16_w32_tf32",
+        match self {
+            Staged::Direct => "conv3x3_wgrad_direct_f32",
+            Staged::TensorCores => TC_WGRAD_KERNELS[self.n_tiles(c_out)][square_index(square)],
         }
     }
+
+    /// The tensor-core kernels' row of [`TC_CONV_KERNELS`] / [`TC_WGRAD_KERNELS`]: one n-tile of 8
+    /// output channels (0) or two (1).
+    fn n_tiles(self, c_out: usize) -> usize {
+        self.outputs(c_out) / 8 - 1
+    }
+}
+
+/// The tensor-core kernels by n-tiles (one, two) and plane (general, square of 8, 16, 32).
+const TC_CONV_KERNELS: [[&str; 4]; 2] = [
+    ["conv3x3_tc_n8_tf32", "conv3x3_tc_n8_w8_tf32", "conv3x3_tc_n8_w16_tf32", "conv3x3_tc_n8_w32_tf32"],
+    ["conv3x3_tc_n16_tf32", "conv3x3_tc_n16_w8_tf32", "conv3x3_tc_n16_w16_tf32", "conv3x3_tc_n16_w32_tf32"],
+];
+const TC_WGRAD_KERNELS: [[&str; 4]; 2] = [
+    [
+        "conv3x3_wgrad_tc_n8_tf32",
+        "conv3x3_wgrad_tc_n8_w8_tf32",
+        "conv3x3_wgrad_tc_n8_w16_tf32",
+        "conv3x3_wgrad_tc_n8_w32_tf32",
+    ],
+    [
+        "conv3x3_wgrad_tc_n16_tf32",
+        "conv3x3_wgrad_tc_n16_w8_tf32",
+        "conv3x3_wgrad_tc_n16_w16_tf32",
+        "conv3x3_wgrad_tc_n16_w32_tf32",
+    ],
+];
+
+/// The column of [`TC_CONV_KERNELS`] / [`TC_WGRAD_KERNELS`] for `square`: 0 for the general kernels,
+/// else 1 + the width's place in [`SQUARE_WIDTHS`].
+fn square_index(square: Option<usize>) -> usize {
+    square.map_or(0, |w| 1 + SQUARE_WIDTHS.iter().position(|&s| s == w).expect("a square kernel's width"))
 }
 
 /// The plane widths the tensor-core kernels are specialised to (conv.cu's `tc_place<W>`).

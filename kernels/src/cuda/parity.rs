@@ -252,6 +252,56 @@ pub fn run(
 }
 
 /// The element-wise kernels, pooling, batch norm, the head and the optimizer against their twins.
+/// The 2x2 max-pool's forward (values and choices) and backward on `x` of `shape` against
+/// `ops::pool`'s, bit for bit: two rows, their kernel names followed by `label`.
+fn max_pool_rows(
+    device: &Device,
+    s: &mut Stream,
+    shape: PoolShape,
+    x: &[f32],
+    label: &str,
+    rows: &mut Vec<ParityRow>,
+) -> Result<(), ParityError> {
+    let stream = &device.stream;
+    let planes = (shape.envs * shape.batch * shape.channels) as u64;
+    let (h, w) = (shape.h as u32, shape.w as u32);
+    let (mut y_cpu, mut idx_cpu) =
+        (vec![0.0f32; shape.max_pool_output_len()], vec![0u8; shape.max_pool_output_len()]);
+    max_pool2x2_forward(shape, x, &mut y_cpu, &mut idx_cpu);
+    let x_dev = stream.clone_htod(x)?;
+    let mut y_dev = stream.alloc_zeros::<f32>(y_cpu.len())?;
+    let mut idx_dev = stream.alloc_zeros::<u8>(idx_cpu.len())?;
+    let mut launch = stream.launch_builder(device.function("max_pool2x2_forward_f32"));
+    launch.arg(&x_dev).arg(&mut y_dev).arg(&mut idx_dev).arg(&planes).arg(&h).arg(&w);
+    unsafe { launch.launch(elementwise(y_cpu.len())) }?;
+    let (y_gpu, idx_gpu) = (stream.clone_dtoh(&y_dev)?, stream.clone_dtoh(&idx_dev)?);
+    let index_mismatch = idx_gpu.iter().zip(&idx_cpu).any(|(g, c)| g != c);
+    rows.push(ParityRow {
+        kernel: format!("max_pool2x2_forward_f32{label}").into(),
+        twin: "ops::pool::max_pool2x2_forward".into(),
+        elements: y_cpu.len(),
+        max_diff: if index_mismatch { f64::INFINITY } else { max_diff(&y_gpu, &y_cpu) },
+        tolerance: 0.0,
+    });
+    let dy = values(s, y_cpu.len(), -1.0, 1.0);
+    let mut dx_cpu = vec![0.0f32; shape.input_len()];
+    max_pool2x2_backward(shape, &dy, &idx_cpu, &mut dx_cpu);
+    let dy_dev = stream.clone_htod(&dy)?;
+    let mut dx_dev = stream.clone_htod(&vec![f32::NAN; dx_cpu.len()])?;
+    let mut launch = stream.launch_builder(device.function("max_pool2x2_backward_f32"));
+    launch.arg(&dy_dev).arg(&idx_dev).arg(&mut dx_dev).arg(&planes).arg(&h).arg(&w);
+    unsafe { launch.launch(elementwise(dx_cpu.len())) }?;
+    let dx_gpu = stream.clone_dtoh(&dx_dev)?;
+    rows.push(ParityRow::new(
+        format!("max_pool2x2_backward_f32{label}"),
+        "ops::pool::max_pool2x2_backward",
+        dx_cpu.len(),
+        max_diff(&dx_gpu, &dx_cpu),
+        0.0,
+    ));
+    Ok(())
+}
+
 fn elementwise_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
     let stream = &device.stream;
     // ReLU forward and backward, with NaNs and exact zeros among the inputs.
@@ -329,73 +379,11 @@ fn elementwise_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>
     let mut x = values(s, shape.input_len(), -1.0, 1.0);
     x[3] = x[2]; // a tie inside a window
     x[25] = f32::NAN;
-    let (mut y_cpu, mut idx_cpu) =
-        (vec![0.0f32; shape.max_pool_output_len()], vec![0u8; shape.max_pool_output_len()]);
-    max_pool2x2_forward(shape, &x, &mut y_cpu, &mut idx_cpu);
-    let x_dev = stream.clone_htod(&x)?;
-    let mut y_dev = stream.alloc_zeros::<f32>(y_cpu.len())?;
-    let mut idx_dev = stream.alloc_zeros::<u8>(idx_cpu.len())?;
-    let mut launch = stream.launch_builder(device.function("max_pool2x2_forward_f32"));
-    launch.arg(&x_dev).arg(&mut y_dev).arg(&mut idx_dev).arg(&planes).arg(&h).arg(&w);
-    unsafe { launch.launch(elementwise(y_cpu.len())) }?;
-    let (y_gpu, idx_gpu) = (stream.clone_dtoh(&y_dev)?, stream.clone_dtoh(&idx_dev)?);
-    let index_mismatch = idx_gpu.iter().zip(&idx_cpu).any(|(g, c)| g != c);
-    rows.push(ParityRow {
-        kernel: "max_pool2x2_forward_f32".into(),
-        twin: "ops::pool::max_pool2x2_forward".into(),
-        elements: y_cpu.len(),
-        max_diff: if index_mismatch { f64::INFINITY } else { max_diff(&y_gpu, &y_cpu) },
-        tolerance: 0.0,
-    });
-    let dy = values(s, y_cpu.len(), -1.0, 1.0);
-    let mut dx_cpu = vec![0.0f32; shape.input_len()];
-    max_pool2x2_backward(shape, &dy, &idx_cpu, &mut dx_cpu);
-    let dy_dev = stream.clone_htod(&dy)?;
-    let mut dx_dev = stream.alloc_zeros::<f32>(dx_cpu.len())?;
-    let mut launch = stream.launch_builder(device.function("max_pool2x2_backward_f32"));
-    launch.arg(&dy_dev).arg(&idx_dev).arg(&mut dx_dev).arg(&planes).arg(&h).arg(&w);
-    unsafe { launch.launch(elementwise(dx_cpu.len())) }?;
-    let dx_gpu = stream.clone_dtoh(&dx_dev)?;
-    rows.push(ParityRow::new(
-        "max_pool2x2_backward_f32",
-        "ops::pool::max_pool2x2_backward",
-        dx_cpu.len(),
-        max_diff(&dx_gpu, &dx_cpu),
-        0.0,
-    ));
+    max_pool_rows(device, s, shape, &x, "", rows)?;
     // Even planes: the backward's one thread per window (the odd shape above takes one per element).
-    {
-        let even = PoolShape { envs: 2, batch: 3, channels: 4, h: 8, w: 8 };
-        let planes = (even.envs * even.batch * even.channels) as u64;
-        let x = values(s, even.input_len(), -1.0, 1.0);
-        let (mut y_cpu, mut idx_cpu) =
-            (vec![0.0f32; even.max_pool_output_len()], vec![0u8; even.max_pool_output_len()]);
-        max_pool2x2_forward(even, &x, &mut y_cpu, &mut idx_cpu);
-        let dy = values(s, y_cpu.len(), -1.0, 1.0);
-        let mut dx_cpu = vec![0.0f32; even.input_len()];
-        max_pool2x2_backward(even, &dy, &idx_cpu, &mut dx_cpu);
-        let (x_dev, dy_dev) = (stream.clone_htod(&x)?, stream.clone_htod(&dy)?);
-        let mut y_dev = stream.alloc_zeros::<f32>(y_cpu.len())?;
-        let mut idx_dev = stream.alloc_zeros::<u8>(idx_cpu.len())?;
-        let mut dx_dev = stream.clone_htod(&vec![f32::NAN; dx_cpu.len()])?;
-        let size = 8u32;
-        let mut launch = stream.launch_builder(device.function("max_pool2x2_forward_f32"));
-        launch.arg(&x_dev).arg(&mut y_dev).arg(&mut idx_dev).arg(&planes).arg(&size).arg(&size);
-        unsafe { launch.launch(elementwise(y_cpu.len())) }?;
-        let mut launch = stream.launch_builder(device.function("max_pool2x2_backward_f32"));
-        launch.arg(&dy_dev).arg(&idx_dev).arg(&mut dx_dev).arg(&planes).arg(&size).arg(&size);
-        unsafe { launch.launch(elementwise(dx_cpu.len())) }?;
-        let index_mismatch = stream.clone_dtoh(&idx_dev)?.iter().zip(&idx_cpu).any(|(g, c)| g != c);
-        let diff = max_diff(&stream.clone_dtoh(&y_dev)?, &y_cpu)
-            .max(max_diff(&stream.clone_dtoh(&dx_dev)?, &dx_cpu));
-        rows.push(ParityRow::new(
-            "max_pool2x2_{forward,backward}_f32 (8×8: a thread per window)",
-            "ops::pool::max_pool2x2_{forward,backward}",
-            y_cpu.len() + dx_cpu.len(),
-            if index_mismatch { f64::INFINITY } else { diff },
-            0.0,
-        ));
-    }
+    let even = PoolShape { envs: 2, batch: 3, channels: 4, h: 8, w: 8 };
+    let x_even = values(s, even.input_len(), -1.0, 1.0);
+    max_pool_rows(device, s, even, &x_even, " (8×8: a thread per window)", rows)?;
     let x: Vec<f32> = x.iter().map(|v| if v.is_nan() { 0.5 } else { *v }).collect();
     let mut gap_cpu = vec![0.0f32; shape.global_pool_output_len()];
     global_avg_pool_forward(shape, &x, &mut gap_cpu);
