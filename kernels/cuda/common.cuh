@@ -99,14 +99,16 @@ __device__ __forceinline__ u32 env_of(u64 t, const EnvIndex& ix) {
 
 // The total of eight lanes held by eight consecutive threads (lane j in the thread whose index ≡ j mod 8,
 // all eight active), combined in the CPU's LaneSums order ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 +
-// l7)); every one of the eight gets it. blockDim.x must be a multiple of 32.
-__device__ __forceinline__ float lanes8_total(float v) {
+// l7)); every one of the eight gets it. blockDim.x must be a multiple of 32. T: float, or double
+// (group norm's parameter partials).
+template <typename T>
+__device__ __forceinline__ T lanes8_total(T v) {
     u32 mask = 0xffu << (threadIdx.x & 24u);
-    float l0 = __shfl_sync(mask, v, 0, 8), l1 = __shfl_sync(mask, v, 1, 8);
-    float l2 = __shfl_sync(mask, v, 2, 8), l3 = __shfl_sync(mask, v, 3, 8);
-    float l4 = __shfl_sync(mask, v, 4, 8), l5 = __shfl_sync(mask, v, 5, 8);
-    float l6 = __shfl_sync(mask, v, 6, 8), l7 = __shfl_sync(mask, v, 7, 8);
-    float a0 = l0 + l4, a1 = l1 + l5, a2 = l2 + l6, a3 = l3 + l7;
+    T l0 = __shfl_sync(mask, v, 0, 8), l1 = __shfl_sync(mask, v, 1, 8);
+    T l2 = __shfl_sync(mask, v, 2, 8), l3 = __shfl_sync(mask, v, 3, 8);
+    T l4 = __shfl_sync(mask, v, 4, 8), l5 = __shfl_sync(mask, v, 5, 8);
+    T l6 = __shfl_sync(mask, v, 6, 8), l7 = __shfl_sync(mask, v, 7, 8);
+    T a0 = l0 + l4, a1 = l1 + l5, a2 = l2 + l6, a3 = l3 + l7;
     return (a0 + a2) + (a1 + a3);
 }
 

@@ -44,8 +44,30 @@ __device__ __forceinline__ void lane_run(u64 n, u32 lane, Load load, Use use) {
     for (; i < n; i += 8) use(i, load(i));
 }
 
+// What the forward writes at y, from the norm's value n at element i: n itself (GN_PLAIN), relu(n)
+// (GN_RELU: conv_heavy's inner relu(GN(conv))), residual[i] + relu(n) (GN_ADD_RELU: a seed's
+// y = x + relu(GN(…)), conv_small, conv_light, conv_heavy, depthwise) or residual[i] + n (GN_ADD: the
+// bottleneck's y = GN(…) + x). The ReLU is relu_forward_f32's (NaN passes) and the add add_f32's, so
+// each is the same bits as the norm written, then relu_forward_f32 / add_relu_f32 / add_f32 over it —
+// without writing the norm's output and reading it back. The backward recomputes the ReLU's mask from
+// the norm's input (group_norm_backward_input_lanes's relu_mask).
+#define GN_PLAIN 0
+#define GN_RELU 1
+#define GN_ADD_RELU 2
+#define GN_ADD 3
+__device__ __forceinline__ float group_norm_epilogue(float n, const float* residual, u64 i, int epilogue) {
+    float relu = !(n <= 0.0f) ? n : 0.0f;
+    switch (epilogue) {
+        case GN_RELU: return relu;
+        case GN_ADD_RELU: return residual[i] + relu;
+        case GN_ADD: return residual[i] + n;
+        default: return n;
+    }
+}
+
 // Per (env, image, group): mean and 1/sqrt(var + eps) over the group's C/G·H·W values (saved), then
-// y = (x − mean)·(inv_std·γ[e, c]) + β[e, c] over the group's planes (plane_mean_and_m2, affine).
+// n = (x − mean)·(inv_std·γ[e, c]) + β[e, c] over the group's planes (plane_mean_and_m2, affine),
+// written at y through group_norm_epilogue.
 // Eight threads per (image, group), thread j summing lane j's run (values j, j + 8, …: the CPU's lane
 // i % 8) and lanes8_total combining them: the CPU's sums, bit for bit, at eight times the parallelism
 // of one thread per group and with neighbouring threads reading neighbouring values.
@@ -55,8 +77,8 @@ __device__ __forceinline__ void lane_run(u64 n, u32 lane, Load load, Use use) {
 // from global memory, group_norm_forward_staged_f32 from its shared-memory copy.
 template <typename Load>
 __device__ __forceinline__ void group_norm_forward_lanes(
-    Load xg, u64 t, u32 lane, const float* gamma, const float* beta, float* y, float* save_mean,
-    float* save_inv_std, u32 batch, u32 channels, u32 plane, u32 groups) {
+    Load xg, u64 t, u32 lane, const float* gamma, const float* beta, const float* residual, int epilogue, float* y,
+    float* save_mean, float* save_inv_std, u32 batch, u32 channels, u32 plane, u32 groups) {
     u32 per_group = channels / groups;
     u64 group_len = (u64)per_group * plane, image = t / groups;
     u32 g = (u32)(t % groups), e = (u32)(image / batch);
@@ -77,22 +99,24 @@ __device__ __forceinline__ void group_norm_forward_lanes(
     for (u32 cl = 0; cl < per_group; ++cl) {
         u32 c = g * per_group + cl;
         float scale = inv_std * gamma[(u64)e * channels + c], shift = beta[(u64)e * channels + c];
-        float* yp = y + (image * channels + c) * plane;
+        u64 at = (image * channels + c) * plane;
+        float* yp = y + at;
+        const float* rp = residual + at;  // read only by GN_ADD_RELU and GN_ADD
         lane_run<float>(plane, lane, [&](u64 i) { return xg((u64)cl * plane + i); },
-                        [&](u64 i, float v) { yp[i] = (v - mean) * scale + shift; });
+                        [&](u64 i, float v) { yp[i] = group_norm_epilogue((v - mean) * scale + shift, rp, i, epilogue); });
     }
 }
 
 extern "C" __global__ void __launch_bounds__(1024) group_norm_forward_f32(
-    const float* x, const float* gamma, const float* beta, float* y, float* save_mean, float* save_inv_std,
-    u32 envs, u32 batch, u32 channels, u32 plane, u32 groups) {
+    const float* x, const float* gamma, const float* beta, const float* residual, int epilogue, float* y,
+    float* save_mean, float* save_inv_std, u32 envs, u32 batch, u32 channels, u32 plane, u32 groups) {
     u64 group_len = (u64)(channels / groups) * plane;
     FOR_EACH(u, (u64)envs * batch * groups * 8) {
         u64 t = u / 8;
         // Pair t's group starts at t·group_len: (image·G + g)·group_len = image·C·plane + g·group_len.
         const float* xg = x + t * group_len;
-        group_norm_forward_lanes([&](u64 i) { return xg[i]; }, t, (u32)(u % 8), gamma, beta, y, save_mean,
-                                 save_inv_std, batch, channels, plane, groups);
+        group_norm_forward_lanes([&](u64 i) { return xg[i]; }, t, (u32)(u % 8), gamma, beta, residual, epilogue, y,
+                                 save_mean, save_inv_std, batch, channels, plane, groups);
     }
 }
 
@@ -108,8 +132,8 @@ extern "C" __global__ void __launch_bounds__(1024) group_norm_forward_f32(
 #define GN_STAGED_PAIRS 8
 #define GN_STAGED_LEN 1024
 extern "C" __global__ void __launch_bounds__(GN_STAGED_PAIRS * 8) group_norm_forward_staged_f32(
-    const float* x, const float* gamma, const float* beta, float* y, float* save_mean, float* save_inv_std,
-    u32 envs, u32 batch, u32 channels, u32 plane, u32 groups) {
+    const float* x, const float* gamma, const float* beta, const float* residual, int epilogue, float* y,
+    float* save_mean, float* save_inv_std, u32 envs, u32 batch, u32 channels, u32 plane, u32 groups) {
     constexpr u32 STRIDE = GN_STAGED_LEN + 8;
     __shared__ __align__(16) float staged[GN_STAGED_PAIRS * STRIDE];
     u32 per_group = channels / groups, group_len = per_group * plane;
@@ -135,8 +159,8 @@ extern "C" __global__ void __launch_bounds__(GN_STAGED_PAIRS * 8) group_norm_for
     u32 p = threadIdx.x / 8, lane = threadIdx.x % 8;
     if (p >= block_pairs) return;  // whole octets: lanes8_total's shuffles stay within live threads
     const float* xs = staged + p * STRIDE;
-    group_norm_forward_lanes([&](u64 i) { return xs[i]; }, t0 + p, lane, gamma, beta, y, save_mean, save_inv_std,
-                             batch, channels, plane, groups);
+    group_norm_forward_lanes([&](u64 i) { return xs[i]; }, t0 + p, lane, gamma, beta, residual, epilogue, y,
+                             save_mean, save_inv_std, batch, channels, plane, groups);
 }
 
 // dβ[e, c] = Σ_b Σ_plane dy and dγ[e, c] = Σ_b Σ_plane dy·((x − mean)·inv_std), one lane run per plane,
@@ -199,32 +223,68 @@ extern "C" __global__ void group_norm_backward_params_fast_f32(
 // Lane `lane` of pair t = image·G + g's input gradient, its group's dy and x read through dyg and xg
 // (value i of the group, as group_norm_forward_lanes's). group_norm_backward_input_f32 reads them from
 // global memory, group_norm_backward_input_staged_f32 from its shared-memory copies.
+//
+// relu_mask != 0: dy is the gradient at relu(n) rather than at the norm's output n, as the forward's
+// GN_RELU and GN_ADD_RELU wrote it; each value of dy passes where n > 0 and is 0 elsewhere
+// (relu_backward_f32's mask), n recomputed from x with the forward's operations — (x − mean)·(inv_std·γ)
+// + β — so the same bits as relu_backward_f32 over the norm's written output, then this kernel.
+// partials != nullptr: also the parameter gradients' sums of each (image, channel), in double —
+// partials[2·(image·C + c)] = Σ dy and [… + 1] = Σ dy·x̂ over the plane (dy masked as above) — which
+// group_norm_backward_params_finish_f32 adds over the images: group_norm_backward_params_fast_f32's
+// values and products, without that kernel's second pass over dy and x.
 template <typename LoadDy, typename LoadX>
 __device__ __forceinline__ void group_norm_backward_input_lanes(
-    LoadDy dyg, LoadX xg, u64 t, u32 lane, const float* gamma, const float* save_mean, const float* save_inv_std,
-    float* dx, u32 batch, u32 channels, u32 plane, u32 groups, int accumulate) {
+    LoadDy dyg, LoadX xg, u64 t, u32 lane, const float* gamma, const float* beta, const float* save_mean,
+    const float* save_inv_std, float* dx, double* partials, u32 batch, u32 channels, u32 plane, u32 groups,
+    int accumulate, int relu_mask) {
     u32 per_group = channels / groups;
     float n = (float)((u64)per_group * plane);
     u64 image = t / groups;
     u32 g = (u32)(t % groups), e = (u32)(image / batch);
     float mean = save_mean[t], inv_std = save_inv_std[t];
     float sum_dyg = 0.0f, sum_dyg_xhat = 0.0f;
+    // dy at value i of the group, masked by the ReLU where relu_mask says so: the forward's scale and
+    // shift of the value's channel (inv_std·γ and β) give the norm's output n.
+    auto dy_of = [&](u64 i, float scale, float shift) {
+        float d = dyg(i);
+        return !relu_mask || (xg(i) - mean) * scale + shift > 0.0f ? d : 0.0f;
+    };
     for (u32 cl = 0; cl < per_group; ++cl) {
         u32 c = g * per_group + cl;
-        float gam = gamma[(u64)e * channels + c];
+        float gam = gamma[(u64)e * channels + c], scale = inv_std * gam;
+        float shift = relu_mask ? beta[(u64)e * channels + c] : 0.0f;
         u64 at = (u64)cl * plane;
-        lane_run<float>(plane, lane, [&](u64 i) { return dyg(at + i); }, [&](u64, float d) { sum_dyg += d * gam; });
-        lane_run<float2>(plane, lane, [&](u64 i) { return float2{dyg(at + i), xg(at + i)}; },
-                         [&](u64, float2 v) { sum_dyg_xhat += v.x * gam * ((v.y - mean) * inv_std); });
+        lane_run<float>(plane, lane, [&](u64 i) { return dy_of(at + i, scale, shift); },
+                        [&](u64, float d) { sum_dyg += d * gam; });
+        double channel_dy = 0.0, channel_dy_xhat = 0.0;
+        lane_run<float2>(plane, lane, [&](u64 i) { return float2{dy_of(at + i, scale, shift), xg(at + i)}; },
+                         [&](u64, float2 v) {
+                             float x_hat = (v.y - mean) * inv_std;
+                             sum_dyg_xhat += v.x * gam * x_hat;
+                             if (partials) {
+                                 channel_dy += (double)v.x;
+                                 channel_dy_xhat += (double)(v.x * x_hat);
+                             }
+                         });
+        if (partials) {
+            double total_dy = lanes8_total(channel_dy), total_dy_xhat = lanes8_total(channel_dy_xhat);
+            if (lane == 0) {
+                partials[2 * (image * channels + c)] = total_dy;
+                partials[2 * (image * channels + c) + 1] = total_dy_xhat;
+            }
+        }
     }
     float mean_dyg = lanes8_total(sum_dyg) / n, mean_dyg_xhat = lanes8_total(sum_dyg_xhat) / n;
     for (u32 cl = 0; cl < per_group; ++cl) {
         u32 c = g * per_group + cl;
-        float gam = gamma[(u64)e * channels + c];
+        float gam = gamma[(u64)e * channels + c], scale = inv_std * gam;
+        float shift = relu_mask ? beta[(u64)e * channels + c] : 0.0f;
         u64 at = (u64)cl * plane;
         float* dxp = dx + (image * channels + c) * plane;
         lane_run<float3>(plane, lane,
-                         [&](u64 i) { return float3{dyg(at + i), xg(at + i), accumulate ? dxp[i] : 0.0f}; },
+                         [&](u64 i) {
+                             return float3{dy_of(at + i, scale, shift), xg(at + i), accumulate ? dxp[i] : 0.0f};
+                         },
                          [&](u64 i, float3 v) {
                              float x_hat = (v.y - mean) * inv_std;
                              float value = inv_std * (v.x * gam - mean_dyg - x_hat * mean_dyg_xhat);
@@ -234,15 +294,16 @@ __device__ __forceinline__ void group_norm_backward_input_lanes(
 }
 
 extern "C" __global__ void __launch_bounds__(1024) group_norm_backward_input_f32(
-    const float* x, const float* gamma, const float* save_mean, const float* save_inv_std, const float* dy,
-    float* dx, u32 envs, u32 batch, u32 channels, u32 plane, u32 groups, int accumulate) {
+    const float* x, const float* gamma, const float* beta, const float* save_mean, const float* save_inv_std,
+    const float* dy, float* dx, double* partials, u32 envs, u32 batch, u32 channels, u32 plane, u32 groups,
+    int accumulate, int relu_mask) {
     u64 group_len = (u64)(channels / groups) * plane;
     FOR_EACH(u, (u64)envs * batch * groups * 8) {
         u64 t = u / 8;
         const float *dyg = dy + t * group_len, *xg = x + t * group_len;  // pair t's group (the forward's)
         group_norm_backward_input_lanes([&](u64 i) { return dyg[i]; }, [&](u64 i) { return xg[i]; }, t,
-                                        (u32)(u % 8), gamma, save_mean, save_inv_std, dx, batch, channels, plane,
-                                        groups, accumulate);
+                                        (u32)(u % 8), gamma, beta, save_mean, save_inv_std, dx, partials, batch,
+                                        channels, plane, groups, accumulate, relu_mask);
     }
 }
 
@@ -253,8 +314,9 @@ extern "C" __global__ void __launch_bounds__(1024) group_norm_backward_input_f32
 // multiple of 4 (the launcher checks).
 #define GN_STAGED_BACK_PAIRS 4
 extern "C" __global__ void __launch_bounds__(GN_STAGED_BACK_PAIRS * 8) group_norm_backward_input_staged_f32(
-    const float* x, const float* gamma, const float* save_mean, const float* save_inv_std, const float* dy,
-    float* dx, u32 envs, u32 batch, u32 channels, u32 plane, u32 groups, int accumulate) {
+    const float* x, const float* gamma, const float* beta, const float* save_mean, const float* save_inv_std,
+    const float* dy, float* dx, double* partials, u32 envs, u32 batch, u32 channels, u32 plane, u32 groups,
+    int accumulate, int relu_mask) {
     constexpr u32 STRIDE = GN_STAGED_LEN + 8;
     __shared__ __align__(16) float staged_dy[GN_STAGED_BACK_PAIRS * STRIDE];
     __shared__ __align__(16) float staged_x[GN_STAGED_BACK_PAIRS * STRIDE];
@@ -283,7 +345,30 @@ extern "C" __global__ void __launch_bounds__(GN_STAGED_BACK_PAIRS * 8) group_nor
     if (p >= block_pairs) return;  // whole octets: lanes8_total's shuffles stay within live threads
     const float *dys = staged_dy + p * STRIDE, *xs = staged_x + p * STRIDE;
     group_norm_backward_input_lanes([&](u64 i) { return dys[i]; }, [&](u64 i) { return xs[i]; }, t0 + p, lane,
-                                    gamma, save_mean, save_inv_std, dx, batch, channels, plane, groups, accumulate);
+                                    gamma, beta, save_mean, save_inv_std, dx, partials, batch, channels, plane, groups,
+                                    accumulate, relu_mask);
+}
+
+// Group norm's parameter gradients from group_norm_backward_input_*'s partials: dβ[e, c] = Σ_b
+// partials[2·((e·B + b)·C + c)] and dγ[e, c] = Σ_b of the next, one block of REDUCE_THREADS per
+// (env, channel), each thread a strided share of the images, then block_sum (a fixed order): f64 sums,
+// as group_norm_backward_params_fast_f32's, in another order; checked with its tolerance.
+extern "C" __global__ void group_norm_backward_params_finish_f32(
+    const double* partials, float* grad_gamma, float* grad_beta, u32 envs, u32 batch, u32 channels) {
+    __shared__ double lanes[REDUCE_THREADS];
+    u32 t = blockIdx.x, e = t / channels, c = t % channels;
+    double sum_dy = 0.0, sum_dy_xhat = 0.0;
+    for (u32 b = threadIdx.x; b < batch; b += REDUCE_THREADS) {
+        const double* at = partials + 2 * (((u64)e * batch + b) * channels + c);
+        sum_dy += at[0];
+        sum_dy_xhat += at[1];
+    }
+    double total_dy = block_sum(sum_dy, lanes);
+    double total_dy_xhat = block_sum(sum_dy_xhat, lanes);
+    if (threadIdx.x == 0) {
+        grad_beta[t] = (float)total_dy;
+        grad_gamma[t] = (float)total_dy_xhat;
+    }
 }
 
 // The amplitude of sample i = e·B + b, clamped: alpha[e] (per_sample == 0) or alpha[i].

@@ -30,6 +30,7 @@ inline pthread_barrier_t warp_barriers[32];
 // One barrier per 8-lane segment of the block, and the values the segment exchanges, for __shfl_sync.
 inline pthread_barrier_t segment_barriers[128];
 inline float shuffled[1024];
+inline double shuffled_double[1024];
 
 // conv.cu takes tf32_round and mma_tf32 from here instead of its inline PTX.
 #define ESPER_KERNEL_EMULATOR 1
@@ -61,17 +62,22 @@ inline double __shfl_down_sync(unsigned, double, unsigned, int = 32) {
 // Lane `src` of the calling thread's segment of `width` = 8 lanes. Every lane of the segment must call it
 // (as the mask says on the device): they meet at the segment's barrier, read, and meet again before
 // any of them writes its next value.
-inline float __shfl_sync(unsigned, float v, int src, int width) {
+template <typename T>
+inline T segment_shuffle(T* slots, T v, int src, int width) {
     if (width != 8) {
         std::fprintf(stderr, "kernel emulator: __shfl_sync only within 8 lanes\n");
         std::abort();
     }
     unsigned t = threadIdx.x, segment = t / 8;
-    shuffled[t] = v;
+    slots[t] = v;
     pthread_barrier_wait(&segment_barriers[segment]);
-    float got = shuffled[segment * 8 + (unsigned)src % 8];
+    T got = slots[segment * 8 + (unsigned)src % 8];
     pthread_barrier_wait(&segment_barriers[segment]);
     return got;
+}
+inline float __shfl_sync(unsigned, float v, int src, int width) { return segment_shuffle(shuffled, v, src, width); }
+inline double __shfl_sync(unsigned, double v, int src, int width) {
+    return segment_shuffle(shuffled_double, v, src, width);
 }
 
 struct alignas(16) float4 {

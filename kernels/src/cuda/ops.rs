@@ -353,7 +353,33 @@ pub(super) fn check_grad_source(d: &NormShape, dy: &CudaSlice<f32>, argmax: Opti
     }
 }
 
-/// Group norm forward with the statistics saved (`[E, B, G]` each).
+/// What [`group_norm_forward`] writes at `y`, from the norm's output `n` (`GN_*` in seeds.cu): `n`
+/// itself, `relu(n)` (conv_heavy's inner `relu(GN(conv))`), `residual + relu(n)` (a seed's
+/// `x + relu(GN(…))`) or `residual + n` (the bottleneck's `GN(…) + x`). Each is the same bits as the
+/// norm written and then `relu` / `add_relu` / `add` over it, one write and one read of the
+/// activation fewer; the backward recomputes the ReLU's mask from the norm's input
+/// ([`group_norm_backward_input`]'s `relu_mask`).
+#[derive(Clone, Copy)]
+pub enum GroupNormOut<'a> {
+    Norm,
+    Relu,
+    AddRelu(&'a CudaSlice<f32>),
+    Add(&'a CudaSlice<f32>),
+}
+
+impl GroupNormOut<'_> {
+    /// The kernels' `epilogue` argument (`GN_PLAIN`, `GN_RELU`, `GN_ADD_RELU`, `GN_ADD`).
+    fn code(self) -> i32 {
+        match self {
+            Self::Norm => 0,
+            Self::Relu => 1,
+            Self::AddRelu(_) => 2,
+            Self::Add(_) => 3,
+        }
+    }
+}
+
+/// Group norm forward with the statistics saved (`[E, B, G]` each), `out` written at `y`.
 #[allow(clippy::too_many_arguments)]
 pub fn group_norm_forward(
     device: &Device,
@@ -361,6 +387,7 @@ pub fn group_norm_forward(
     x: &CudaSlice<f32>,
     gamma: &CudaSlice<f32>,
     beta: &CudaSlice<f32>,
+    out: GroupNormOut<'_>,
     y: &mut CudaSlice<f32>,
     mean: &mut CudaSlice<f32>,
     inv_std: &mut CudaSlice<f32>,
@@ -369,8 +396,17 @@ pub fn group_norm_forward(
     let pairs = d.shape.envs * d.shape.batch * d.groups;
     let staged = group_norm_runs_staged(d);
     let name = if staged { "group_norm_forward_staged_f32" } else { "group_norm_forward_f32" };
+    // Without a residual the kernel reads none: any pointer stands in.
+    let residual = match out {
+        GroupNormOut::AddRelu(r) | GroupNormOut::Add(r) => {
+            assert!(r.len() >= d.shape.len(), "the residual is shorter than the norm's output");
+            r
+        }
+        GroupNormOut::Norm | GroupNormOut::Relu => x,
+    };
+    let epilogue = out.code();
     let mut launch = device.stream.launch_builder(device.function(name));
-    launch.arg(x).arg(gamma).arg(beta).arg(y).arg(mean).arg(inv_std);
+    launch.arg(x).arg(gamma).arg(beta).arg(residual).arg(&epilogue).arg(y).arg(mean).arg(inv_std);
     for a in &args {
         launch.arg(a);
     }
@@ -443,34 +479,110 @@ pub fn group_norm_backward_params(
     Ok(())
 }
 
-/// Group norm's input gradient (overwritten, or added with `accumulate`).
+/// A group norm's forward as its backward reads it: the input `x`, the affine parameters and the
+/// saved statistics.
+#[derive(Clone, Copy)]
+pub struct GroupNormSaved<'a> {
+    pub x: &'a CudaSlice<f32>,
+    pub gamma: &'a CudaSlice<f32>,
+    pub beta: &'a CudaSlice<f32>,
+    pub mean: &'a CudaSlice<f32>,
+    pub inv_std: &'a CudaSlice<f32>,
+}
+
+/// The length of [`group_norm_backward_input`]'s parameter partials for `d`: two f64 per (image,
+/// channel).
+pub fn group_norm_partials_len(d: &GroupNorm) -> usize {
+    2 * d.shape.envs * d.shape.batch * d.shape.channels
+}
+
+/// Group norm's input gradient (overwritten, or added with `accumulate`) from `dy`: the gradient at
+/// the norm's output, or with `relu_mask` at its ReLU's (the forward's [`GroupNormOut::Relu`] and
+/// [`GroupNormOut::AddRelu`]; the mask recomputed from `x`: the same bits as `relu_backward` over the
+/// norm's output first). With `partials` ([`group_norm_partials_len`] f64), also each (image,
+/// channel)'s sums for the parameter gradients, which [`group_norm_backward_params_finish`] adds up.
 #[allow(clippy::too_many_arguments)]
 pub fn group_norm_backward_input(
     device: &Device,
     d: &GroupNorm,
-    x: &CudaSlice<f32>,
-    gamma: &CudaSlice<f32>,
-    mean: &CudaSlice<f32>,
-    inv_std: &CudaSlice<f32>,
+    saved: GroupNormSaved<'_>,
     dy: &CudaSlice<f32>,
+    relu_mask: bool,
     dx: &mut CudaSlice<f32>,
     accumulate: bool,
+    partials: Option<&mut CudaSlice<f64>>,
 ) -> R {
     let args = d.args();
-    let accumulate = i32::from(accumulate);
+    let (accumulate, relu_mask) = (i32::from(accumulate), i32::from(relu_mask));
     let pairs = d.shape.envs * d.shape.batch * d.groups;
     let staged = group_norm_runs_staged(d);
     let name = if staged { "group_norm_backward_input_staged_f32" } else { "group_norm_backward_input_f32" };
+    let GroupNormSaved { x, gamma, beta, mean, inv_std } = saved;
     let mut launch = device.stream.launch_builder(device.function(name));
-    launch.arg(x).arg(gamma).arg(mean).arg(inv_std).arg(dy).arg(dx);
+    launch.arg(x).arg(gamma).arg(beta).arg(mean).arg(inv_std).arg(dy).arg(dx);
+    match partials {
+        Some(partials) => {
+            assert!(
+                partials.len() >= group_norm_partials_len(d),
+                "group norm's partials buffer is too short"
+            );
+            launch.arg(partials)
+        }
+        None => launch.arg(&NULL),
+    };
     for a in &args {
         launch.arg(a);
     }
-    launch.arg(&accumulate);
+    launch.arg(&accumulate).arg(&relu_mask);
     // Eight threads per (image, group): one per lane of the CPU's sums; staged, GN_STAGED_BACK_PAIRS a block.
     let config = if staged { staged_pairs(pairs, GN_STAGED_BACK_PAIRS) } else { elementwise(pairs * 8) };
     unsafe { launch.launch(config) }?;
     Ok(())
+}
+
+/// Group norm's parameter gradients (overwritten) from [`group_norm_backward_input`]'s `partials`:
+/// f64 sums over the images, a block per (env, channel) (`group_norm_backward_params_finish_f32`; to
+/// 1e-5 of the CPU's lane sums, as [`group_norm_backward_params`]).
+pub fn group_norm_backward_params_finish(
+    device: &Device,
+    d: &GroupNorm,
+    partials: &CudaSlice<f64>,
+    grad_gamma: &mut CudaSlice<f32>,
+    grad_beta: &mut CudaSlice<f32>,
+) -> R {
+    assert!(partials.len() >= group_norm_partials_len(d), "group norm's partials buffer is too short");
+    let s = &d.shape;
+    let [envs, batch, channels] = [s.envs, s.batch, s.channels].map(|v| v as u32);
+    let mut launch = device.stream.launch_builder(device.function("group_norm_backward_params_finish_f32"));
+    launch.arg(partials).arg(grad_gamma).arg(grad_beta).arg(&envs).arg(&batch).arg(&channels);
+    let per_channel = LaunchConfig {
+        grid_dim: ((s.envs * s.channels) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    unsafe { launch.launch(per_channel) }?;
+    Ok(())
+}
+
+/// Group norm's whole backward in two launches: the input gradient into `dx` (overwritten) with each
+/// (image, channel)'s parameter sums into `partials`, then the parameter gradients from them — instead
+/// of [`group_norm_backward_params`]'s own pass over `dy` and `x` (one block per (env, channel): 128
+/// blocks over conv_light's half-million values each at W16). `relu_mask` as in
+/// [`group_norm_backward_input`].
+#[allow(clippy::too_many_arguments)]
+pub fn group_norm_backward(
+    device: &Device,
+    d: &GroupNorm,
+    saved: GroupNormSaved<'_>,
+    dy: &CudaSlice<f32>,
+    relu_mask: bool,
+    dx: &mut CudaSlice<f32>,
+    partials: &mut CudaSlice<f64>,
+    grad_gamma: &mut CudaSlice<f32>,
+    grad_beta: &mut CudaSlice<f32>,
+) -> R {
+    group_norm_backward_input(device, d, saved, dy, relu_mask, dx, false, Some(partials))?;
+    group_norm_backward_params_finish(device, d, partials, grad_gamma, grad_beta)
 }
 
 /// The launch of a staged group-norm kernel over `pairs` (image, group) pairs, `per_block` a block of

@@ -2710,6 +2710,132 @@ fn epilogue_stats_check(
     Ok(())
 }
 
+/// The seeds' fused group norms through their launchers (staged where the shape fits) against the CPU's
+/// ops one by one on the same inputs: the forward's epilogues (`relu(n)`, `residual + relu(n)`,
+/// `residual + n`) against `relu_forward` / `add` over `ops::norm::group_norm_forward`'s output, bit
+/// for bit; the whole backward (`ops::group_norm_backward`: the input gradient with the parameter
+/// partials, then their finish), at the norm's output and through the ReLU's mask recomputed, against
+/// `relu_backward` over that output and then `ops::norm::group_norm_backward`: the input gradient bit
+/// for bit, the parameter gradients to 1e-5 of each tensor's largest (f64 sums in another order).
+#[allow(clippy::too_many_arguments)]
+fn group_norm_epilogue_checks(
+    device: &Device,
+    s: &mut Stream,
+    rows: &mut Vec<ParityRow>,
+    norm: &device_ops::GroupNorm,
+    [x, gamma, beta, dy]: [&Vec<f32>; 4],
+    y_cpu: &[f32],
+    mean_cpu: &[f32],
+    inv_std_cpu: &[f32],
+) -> Result<(), ParityError> {
+    let stream = &device.stream;
+    let (shape, groups) = (norm.shape, norm.groups);
+    let kernel = if device_ops::group_norm_runs_staged(norm) { "_staged" } else { "" };
+    let (x_dev, gamma_dev, beta_dev, dy_dev) =
+        (stream.clone_htod(x)?, stream.clone_htod(gamma)?, stream.clone_htod(beta)?, stream.clone_htod(dy)?);
+    let residual = values(s, shape.len(), -1.0, 1.0);
+    let residual_dev = stream.clone_htod(&residual)?;
+    let mut relu_cpu = vec![0.0f32; shape.len()];
+    relu_forward(y_cpu, &mut relu_cpu);
+    let add = |a: &[f32]| residual.iter().zip(a).map(|(r, v)| r + v).collect::<Vec<f32>>();
+    let stats = shape.envs * shape.batch * groups;
+    let (mut mean_dev, mut inv_std_dev) =
+        (stream.alloc_zeros::<f32>(stats)?, stream.alloc_zeros::<f32>(stats)?);
+    use device_ops::GroupNormOut;
+    for (out, name, twin, want) in [
+        (GroupNormOut::Relu, "relu", "relu_forward", relu_cpu.clone()),
+        (GroupNormOut::AddRelu(&residual_dev), "residual + relu", "relu_forward, add", add(&relu_cpu)),
+        (GroupNormOut::Add(&residual_dev), "residual +", "add", add(y_cpu)),
+    ] {
+        let mut y_dev = stream.clone_htod(&vec![f32::NAN; shape.len()])?;
+        device_ops::group_norm_forward(
+            device,
+            norm,
+            &x_dev,
+            &gamma_dev,
+            &beta_dev,
+            out,
+            &mut y_dev,
+            &mut mean_dev,
+            &mut inv_std_dev,
+        )?;
+        rows.push(ParityRow::new(
+            format!("group_norm_forward{kernel}_f32 ({name})"),
+            format!("ops::norm::group_norm_forward, {twin}"),
+            shape.len(),
+            max_diff(&stream.clone_dtoh(&y_dev)?, &want),
+            0.0,
+        ));
+    }
+    let saved = device_ops::GroupNormSaved {
+        x: &x_dev,
+        gamma: &gamma_dev,
+        beta: &beta_dev,
+        mean: &mean_dev,
+        inv_std: &inv_std_dev,
+    };
+    // The mask must pass some values and stop others, or the masked rows check nothing.
+    let passed = y_cpu.iter().filter(|v| **v > 0.0).count();
+    let mask_mixed = 0 < passed && passed < y_cpu.len();
+    for relu_mask in [false, true] {
+        let dy_cpu = if relu_mask {
+            let mut masked = vec![0.0f32; shape.len()];
+            relu_backward(y_cpu, dy, &mut masked);
+            masked
+        } else {
+            dy.clone()
+        };
+        let (mut dx_cpu, mut d_gamma_cpu, mut d_beta_cpu) =
+            (vec![0.0f32; shape.len()], vec![0.0f32; shape.params_len()], vec![0.0f32; shape.params_len()]);
+        group_norm_backward(
+            shape,
+            groups,
+            x,
+            gamma,
+            mean_cpu,
+            inv_std_cpu,
+            &dy_cpu,
+            &mut dx_cpu,
+            &mut d_gamma_cpu,
+            &mut d_beta_cpu,
+        );
+        let nan = vec![f32::NAN; shape.params_len()];
+        let mut dx_dev = stream.clone_htod(&vec![f32::NAN; shape.len()])?;
+        let (mut d_gamma_dev, mut d_beta_dev) = (stream.clone_htod(&nan)?, stream.clone_htod(&nan)?);
+        let mut partials = stream.clone_htod(&vec![f64::NAN; device_ops::group_norm_partials_len(norm)])?;
+        device_ops::group_norm_backward(
+            device,
+            norm,
+            saved,
+            &dy_dev,
+            relu_mask,
+            &mut dx_dev,
+            &mut partials,
+            &mut d_gamma_dev,
+            &mut d_beta_dev,
+        )?;
+        let (mask, through) = if relu_mask { (" (relu mask)", "relu_backward, ") } else { ("", "") };
+        rows.push(ParityRow::new(
+            format!("group_norm_backward_input{kernel}_f32{mask}"),
+            format!("{through}ops::norm::group_norm_backward"),
+            shape.len(),
+            if mask_mixed { max_diff(&stream.clone_dtoh(&dx_dev)?, &dx_cpu) } else { f64::INFINITY },
+            0.0,
+        ));
+        let (d_gamma_gpu, d_beta_gpu) = (stream.clone_dtoh(&d_gamma_dev)?, stream.clone_dtoh(&d_beta_dev)?);
+        rows.push(ParityRow::new(
+            format!(
+                "group_norm_backward_input{kernel}_f32{mask} partials + group_norm_backward_params_finish_f32"
+            ),
+            format!("{through}ops::norm::group_norm_backward (relative)"),
+            shape.params_len(),
+            max_diff_of_tensor(&d_gamma_gpu, &d_gamma_cpu).max(max_diff_of_tensor(&d_beta_gpu, &d_beta_cpu)),
+            1e-5,
+        ));
+    }
+    Ok(())
+}
+
 /// Group norm and the ADD blend against `ops::norm` and `ops::blend` on the seeds' shapes (8 channels in
 /// 8 groups at 32×32, 32 channels in 2 groups at 8×8, 16 in 1 group), two envs; bit for bit.
 fn seed_op_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
@@ -2734,11 +2860,14 @@ fn seed_op_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) ->
         let mut y_dev = stream.alloc_zeros::<f32>(shape.len())?;
         let mut mean_dev = stream.alloc_zeros::<f32>(stats)?;
         let mut inv_std_dev = stream.alloc_zeros::<f32>(stats)?;
+        let plain = 0i32; // GN_PLAIN: the residual argument is not read
         let mut launch = stream.launch_builder(device.function("group_norm_forward_f32"));
         launch
             .arg(&x_dev)
             .arg(&gamma_dev)
             .arg(&beta_dev)
+            .arg(&x_dev)
+            .arg(&plain)
             .arg(&mut y_dev)
             .arg(&mut mean_dev)
             .arg(&mut inv_std_dev);
@@ -2765,8 +2894,9 @@ fn seed_op_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) ->
                 stream.clone_htod(&vec![f32::NAN; stats])?,
             );
             let outputs = (&mut y_dev, &mut mean_dev, &mut inv_std_dev);
+            let out = device_ops::GroupNormOut::Norm;
             device_ops::group_norm_forward(
-                device, &norm, &x_dev, &gamma_dev, &beta_dev, outputs.0, outputs.1, outputs.2,
+                device, &norm, &x_dev, &gamma_dev, &beta_dev, out, outputs.0, outputs.1, outputs.2,
             )?;
             let diff = max_diff(&stream.clone_dtoh(&y_dev)?, &y_cpu)
                 .max(max_diff(&stream.clone_dtoh(&mean_dev)?, &mean_cpu))
@@ -2779,6 +2909,16 @@ fn seed_op_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) ->
                 0.0,
             ));
         }
+        group_norm_epilogue_checks(
+            device,
+            s,
+            rows,
+            &norm,
+            [&x, &gamma, &beta, &dy],
+            &y_cpu,
+            &mean_cpu,
+            &inv_std_cpu,
+        )?;
 
         let mut d_gamma_cpu = vec![0.0f32; shape.params_len()];
         let mut d_beta_cpu = vec![0.0f32; shape.params_len()];
@@ -2874,10 +3014,12 @@ fn seed_op_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) ->
                 );
             }
             let mut dx_dev = stream.clone_htod(&start)?;
+            let no_mask = 0i32;
             let mut launch = stream.launch_builder(device.function("group_norm_backward_input_f32"));
-            launch.arg(&x_dev).arg(&gamma_dev).arg(&mean_dev).arg(&inv_std_dev).arg(&dy_dev).arg(&mut dx_dev);
+            launch.arg(&x_dev).arg(&gamma_dev).arg(&beta_dev).arg(&mean_dev).arg(&inv_std_dev).arg(&dy_dev);
+            launch.arg(&mut dx_dev).arg(&NULL);
             push_dims(&mut launch, &dims);
-            launch.arg(&accumulate);
+            launch.arg(&accumulate).arg(&no_mask);
             unsafe { launch.launch(elementwise(stats * 8)) }?;
             let dx_gpu = stream.clone_dtoh(&dx_dev)?;
             let twin = if accumulate == 0 {
@@ -2896,18 +3038,23 @@ fn seed_op_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) ->
             if device_ops::group_norm_runs_staged(&norm) {
                 // The launcher's staged kernel (dy and x copied to shared memory once): the same bits.
                 let mut dx_dev = stream.clone_htod(&start)?;
-                let (m, inv) = (&mean_dev, &inv_std_dev);
+                let saved = device_ops::GroupNormSaved {
+                    x: &x_dev,
+                    gamma: &gamma_dev,
+                    beta: &beta_dev,
+                    mean: &mean_dev,
+                    inv_std: &inv_std_dev,
+                };
                 let acc = accumulate != 0;
                 device_ops::group_norm_backward_input(
                     device,
                     &norm,
-                    &x_dev,
-                    &gamma_dev,
-                    m,
-                    inv,
+                    saved,
                     &dy_dev,
+                    false,
                     &mut dx_dev,
                     acc,
+                    None,
                 )?;
                 rows.push(ParityRow::new(
                     "group_norm_backward_input_staged_f32",

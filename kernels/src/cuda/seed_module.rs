@@ -9,7 +9,7 @@
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::gemm_conv::GemmConv;
-use super::ops::{self, GroupNorm};
+use super::ops::{self, GroupNorm, GroupNormOut, GroupNormSaved};
 use super::parity::{Device, ParityError, elementwise, push_dims};
 use super::rows::TensorRows;
 use crate::ops::Conv2dShape;
@@ -72,6 +72,9 @@ pub struct DeviceSeed {
     stats: Vec<CudaSlice<f32>>,
     /// Backward temporaries.
     temp: Vec<CudaSlice<f32>>,
+    /// Each (image, channel)'s group-norm parameter sums (`ops::group_norm_backward`), one norm at a
+    /// time.
+    partials: CudaSlice<f64>,
 }
 
 impl DeviceSeed {
@@ -81,14 +84,14 @@ impl DeviceSeed {
         let (a, samples, c) = (dims.len(), dims.samples(), dims.channels);
         let n_stats = samples * group_norm_groups(c);
         let (saved, stats, temp): (Vec<usize>, Vec<usize>, Vec<usize>) = match bp {
-            CnnBlueprint::ConvSmall | CnnBlueprint::ConvLight => (vec![a, a], vec![n_stats; 2], vec![a, a]),
-            CnnBlueprint::ConvHeavy => (vec![a; 5], vec![n_stats; 4], vec![a, a]),
+            CnnBlueprint::ConvSmall | CnnBlueprint::ConvLight => (vec![a], vec![n_stats; 2], vec![a]),
+            CnnBlueprint::ConvHeavy => (vec![a; 3], vec![n_stats; 4], vec![a, a]),
             CnnBlueprint::Attention => {
                 let r = samples * dims.reduced();
                 (vec![samples * c, r, samples * c], Vec::new(), vec![samples * c, samples * c, r, r])
             }
             CnnBlueprint::Norm => (vec![a], vec![n_stats; 2], vec![a, samples]),
-            CnnBlueprint::Depthwise => (vec![a; 3], vec![n_stats; 2], vec![a, a]),
+            CnnBlueprint::Depthwise => (vec![a; 2], vec![n_stats; 2], vec![a, a]),
             CnnBlueprint::Bottleneck => {
                 let narrow = dims.activation_len(dims.narrow());
                 (vec![narrow, narrow, a], vec![n_stats; 2], vec![a.max(narrow), narrow])
@@ -104,6 +107,7 @@ impl DeviceSeed {
             saved: alloc(&saved)?,
             stats: alloc(&stats)?,
             temp: alloc(&temp)?,
+            partials: stream.alloc_zeros::<f64>(2 * samples * c)?,
         })
     }
 
@@ -124,37 +128,37 @@ impl DeviceSeed {
     ) -> R {
         let d = self.dims;
         let (a, c) = (d.len(), d.channels);
-        let (p, s, st, t) = (&self.rows.params, &mut self.saved, &mut self.stats, &mut self.temp);
+        let (p, s, st) = (&self.rows.params, &mut self.saved, &mut self.stats);
         match self.bp {
-            // y = x + relu(GN(conv(x))): saved conv out, GN out.
+            // y = x + relu(GN(conv(x))), the norm's epilogue doing the ReLU and the add: saved conv out.
             CnnBlueprint::ConvSmall | CnnBlueprint::ConvLight => {
                 let k = if self.bp == CnnBlueprint::ConvSmall { 1 } else { 3 };
-                let [conv_out, gn_out] = &mut s[..] else { unreachable!() };
+                let [conv_out] = &mut s[..] else { unreachable!() };
                 let [mean, inv_std] = &mut st[..] else { unreachable!() };
                 conv.forward(device, &d.conv(c, c, k, 1), x, &p[0], conv_out)?;
+                let out = GroupNormOut::AddRelu(x);
                 ops::group_norm_forward(
                     device,
                     &d.group_norm(c),
                     conv_out,
                     &p[1],
                     &p[2],
-                    gn_out,
+                    out,
+                    y,
                     mean,
                     inv_std,
-                )?;
-                ops::add_relu(device, x, gn_out, y, a)
+                )
             }
-            // y = x + U2(U1(x)), Uk = relu(GN(conv3×3)): saved conv1, GN1, U1 out, conv2, GN2.
+            // y = x + U2(U1(x)), Uk = relu(GN(conv3×3)), the norms' epilogues doing the ReLUs and the add:
+            // saved conv1, U1 out, conv2.
             CnnBlueprint::ConvHeavy => {
-                let [c1, g1, o1, c2, g2] = &mut s[..] else { unreachable!() };
+                let [c1, o1, c2] = &mut s[..] else { unreachable!() };
                 let [m1, i1, m2, i2] = &mut st[..] else { unreachable!() };
                 let (cd, gd) = (d.conv(c, c, 3, 1), d.group_norm(c));
                 conv.forward(device, &cd, x, &p[0], c1)?;
-                ops::group_norm_forward(device, &gd, c1, &p[1], &p[2], g1, m1, i1)?;
-                ops::relu(device, g1, o1, a)?;
+                ops::group_norm_forward(device, &gd, c1, &p[1], &p[2], GroupNormOut::Relu, o1, m1, i1)?;
                 conv.forward(device, &cd, o1, &p[3], c2)?;
-                ops::group_norm_forward(device, &gd, c2, &p[4], &p[5], g2, m2, i2)?;
-                ops::add_relu(device, x, g2, y, a)
+                ops::group_norm_forward(device, &gd, c2, &p[4], &p[5], GroupNormOut::AddRelu(x), y, m2, i2)
             }
             // y = x·σ(W2·relu(W1·GAP(x)) + b2): saved GAP(x), the hidden ReLU output, the scale.
             CnnBlueprint::Attention => {
@@ -170,7 +174,18 @@ impl DeviceSeed {
             // y = x + tanh(λ)·(GN(x) − x): saved GN(x).
             CnnBlueprint::Norm => {
                 let [mean, inv_std] = &mut st[..] else { unreachable!() };
-                ops::group_norm_forward(device, &d.group_norm(c), x, &p[0], &p[1], &mut s[0], mean, inv_std)?;
+                let out = GroupNormOut::Norm;
+                ops::group_norm_forward(
+                    device,
+                    &d.group_norm(c),
+                    x,
+                    &p[0],
+                    &p[1],
+                    out,
+                    &mut s[0],
+                    mean,
+                    inv_std,
+                )?;
                 let dims = [d.envs, d.batch, c * d.plane()].map(|v| v as u32);
                 let mut launch = device.stream.launch_builder(device.function("norm_seed_forward_f32"));
                 launch.arg(x).arg(&s[0]).arg(&p[2]).arg(y);
@@ -178,25 +193,17 @@ impl DeviceSeed {
                 unsafe { launch.launch(elementwise(a)) }?;
                 Ok(())
             }
-            // y = x + relu(GN(PW(DW(x)))): saved DW(x), PW(…), GN(…).
+            // y = x + relu(GN(PW(DW(x)))), the norm's epilogue doing the ReLU and the add: saved DW(x), PW(…).
             CnnBlueprint::Depthwise => {
-                let [dw_out, pw_out, gn_out] = &mut s[..] else { unreachable!() };
+                let [dw_out, pw_out] = &mut s[..] else { unreachable!() };
                 let [mean, inv_std] = &mut st[..] else { unreachable!() };
                 depthwise_forward(device, &d, x, &p[0], dw_out)?;
                 conv.forward(device, &d.conv(c, c, 1, 1), dw_out, &p[1], pw_out)?;
-                ops::group_norm_forward(
-                    device,
-                    &d.group_norm(c),
-                    pw_out,
-                    &p[2],
-                    &p[3],
-                    gn_out,
-                    mean,
-                    inv_std,
-                )?;
-                ops::add_relu(device, x, gn_out, y, a)
+                let out = GroupNormOut::AddRelu(x);
+                ops::group_norm_forward(device, &d.group_norm(c), pw_out, &p[2], &p[3], out, y, mean, inv_std)
             }
-            // y = GN(UP(relu(CONV(relu(DOWN(x)))))) + x: saved the two ReLU outputs and UP's.
+            // y = GN(UP(relu(CONV(relu(DOWN(x)))))) + x, the norm's epilogue doing the add: saved the two
+            // ReLU outputs and UP's.
             CnnBlueprint::Bottleneck => {
                 let b = d.narrow();
                 let narrow = d.activation_len(b);
@@ -207,17 +214,8 @@ impl DeviceSeed {
                 conv.forward(device, &d.conv(b, b, 3, 1), down_out, &p[1], conv_out)?;
                 ops::relu_in_place(device, conv_out, narrow)?;
                 conv.forward(device, &d.conv(b, c, 1, 1), conv_out, &p[2], up_out)?;
-                ops::group_norm_forward(
-                    device,
-                    &d.group_norm(c),
-                    up_out,
-                    &p[3],
-                    &p[4],
-                    &mut t[0],
-                    mean,
-                    inv_std,
-                )?;
-                ops::add(device, &t[0], x, y, a)
+                let out = GroupNormOut::Add(x);
+                ops::group_norm_forward(device, &d.group_norm(c), up_out, &p[3], &p[4], out, y, mean, inv_std)
             }
         }
     }
@@ -233,34 +231,53 @@ impl DeviceSeed {
     ) -> R {
         let d = self.dims;
         let (a, c) = (d.len(), d.channels);
-        let (p, g, s, st, t) =
-            (&self.rows.params, &mut self.rows.grads, &self.saved, &self.stats, &mut self.temp);
+        let (p, g, s, st, t, partials) = (
+            &self.rows.params,
+            &mut self.rows.grads,
+            &self.saved,
+            &self.stats,
+            &mut self.temp,
+            &mut self.partials,
+        );
+        // The norm whose input is `x`, with parameters p[γ], p[γ + 1] and statistics st[k], st[k + 1].
+        let saved = |x, gamma: usize, k: usize| GroupNormSaved {
+            x,
+            gamma: &p[gamma],
+            beta: &p[gamma + 1],
+            mean: &st[k],
+            inv_std: &st[k + 1],
+        };
         match self.bp {
+            // Through the add's ReLU (its mask recomputed by the norm's backward), the norm, the conv.
             CnnBlueprint::ConvSmall | CnnBlueprint::ConvLight => {
                 let k = if self.bp == CnnBlueprint::ConvSmall { 1 } else { 3 };
-                let [t0, t1] = &mut t[..] else { unreachable!() };
+                let [t0] = &mut t[..] else { unreachable!() };
                 let [dw, dgamma, dbeta] = &mut g[..] else { unreachable!() };
                 let gd = d.group_norm(c);
-                ops::relu_backward(device, &s[1], grad_y, t0, a)?;
-                ops::group_norm_backward_params(device, &gd, &s[0], &st[0], &st[1], t0, dgamma, dbeta)?;
-                ops::group_norm_backward_input(device, &gd, &s[0], &p[1], &st[0], &st[1], t0, t1, false)?;
-                conv.backward_weight(device, &d.conv(c, c, k, 1), x, t1, dw)
+                ops::group_norm_backward(
+                    device,
+                    &gd,
+                    saved(&s[0], 1, 0),
+                    grad_y,
+                    true,
+                    t0,
+                    partials,
+                    dgamma,
+                    dbeta,
+                )?;
+                conv.backward_weight(device, &d.conv(c, c, k, 1), x, t0, dw)
             }
             CnnBlueprint::ConvHeavy => {
                 let [t0, t1] = &mut t[..] else { unreachable!() };
                 let [dw1, dg1, db1, dw2, dg2, db2] = &mut g[..] else { unreachable!() };
-                let [c1, g1, o1, c2, g2] = &s[..] else { unreachable!() };
+                let [c1, o1, c2] = &s[..] else { unreachable!() };
                 let (cd, gd) = (d.conv(c, c, 3, 1), d.group_norm(c));
-                ops::relu_backward(device, g2, grad_y, t0, a)?;
-                ops::group_norm_backward_params(device, &gd, c2, &st[2], &st[3], t0, dg2, db2)?;
-                ops::group_norm_backward_input(device, &gd, c2, &p[4], &st[2], &st[3], t0, t1, false)?;
+                ops::group_norm_backward(device, &gd, saved(c2, 4, 2), grad_y, true, t1, partials, dg2, db2)?;
                 conv.backward_weight(device, &cd, o1, t1, dw2)?;
-                // ∂L/∂U1(x), then through U1.
+                // ∂L/∂U1(x), then through U1 (its ReLU's mask recomputed by the norm's backward).
                 conv.backward_input(device, &cd, t1, &p[3], t0)?;
-                ops::relu_backward(device, g1, t0, t1, a)?;
-                ops::group_norm_backward_params(device, &gd, c1, &st[0], &st[1], t1, dg1, db1)?;
-                ops::group_norm_backward_input(device, &gd, c1, &p[1], &st[0], &st[1], t1, t0, false)?;
-                conv.backward_weight(device, &cd, x, t0, dw1)
+                ops::group_norm_backward(device, &gd, saved(c1, 1, 0), t0, true, t1, partials, dg1, db1)?;
+                conv.backward_weight(device, &cd, x, t1, dw1)
             }
             CnnBlueprint::Attention => {
                 let (samples, r) = (d.samples(), d.reduced());
@@ -306,11 +323,19 @@ impl DeviceSeed {
             CnnBlueprint::Depthwise => {
                 let [t0, t1] = &mut t[..] else { unreachable!() };
                 let [d_dw, d_pw, dgamma, dbeta] = &mut g[..] else { unreachable!() };
-                let [dw_out, pw_out, gn_out] = &s[..] else { unreachable!() };
+                let [dw_out, pw_out] = &s[..] else { unreachable!() };
                 let (gd, pw) = (d.group_norm(c), d.conv(c, c, 1, 1));
-                ops::relu_backward(device, gn_out, grad_y, t0, a)?;
-                ops::group_norm_backward_params(device, &gd, pw_out, &st[0], &st[1], t0, dgamma, dbeta)?;
-                ops::group_norm_backward_input(device, &gd, pw_out, &p[2], &st[0], &st[1], t0, t1, false)?;
+                ops::group_norm_backward(
+                    device,
+                    &gd,
+                    saved(pw_out, 2, 0),
+                    grad_y,
+                    true,
+                    t1,
+                    partials,
+                    dgamma,
+                    dbeta,
+                )?;
                 conv.backward_weight(device, &pw, dw_out, t1, d_pw)?;
                 conv.backward_input(device, &pw, t1, &p[1], t0)?;
                 depthwise_backward_weight(device, &d, x, t0, d_dw)
@@ -323,9 +348,16 @@ impl DeviceSeed {
                 let [down_out, conv_out, up_out] = &s[..] else { unreachable!() };
                 let gd = d.group_norm(c);
                 let (down, mid, up) = (d.conv(c, b, 1, 1), d.conv(b, b, 3, 1), d.conv(b, c, 1, 1));
-                ops::group_norm_backward_params(device, &gd, up_out, &st[0], &st[1], grad_y, dgamma, dbeta)?;
-                ops::group_norm_backward_input(
-                    device, &gd, up_out, &p[3], &st[0], &st[1], grad_y, t0, false,
+                ops::group_norm_backward(
+                    device,
+                    &gd,
+                    saved(up_out, 3, 0),
+                    grad_y,
+                    false,
+                    t0,
+                    partials,
+                    dgamma,
+                    dbeta,
                 )?;
                 conv.backward_weight(device, &up, conv_out, t0, d_up)?;
                 conv.backward_input(device, &up, t0, &p[2], t1)?;

@@ -108,6 +108,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "group_norm_backward_params_fast_f32",
             "group_norm_backward_input_f32",
             "group_norm_backward_input_staged_f32",
+            "group_norm_backward_params_finish_f32",
             "blend_add_forward_f32",
             "blend_add_backward_f32",
             "sigmoid_forward_f32",
