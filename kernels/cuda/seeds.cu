@@ -423,18 +423,35 @@ extern "C" __global__ void sigmoid_backward_f32(const float* y, const float* dy,
 }
 
 // The attention seed's channel scaling, y[p, :] = x[p, :]·scale[p] per plane p (seeds::common::scale_planes).
+// The plane of element i by a FastDiv set up once per block where the launch's indices fit in 32 bits
+// (a 64-bit division routine per element before).
 extern "C" __global__ void scale_planes_f32(const float* x, const float* scale, float* y, u64 planes, u32 plane) {
-    FOR_EACH(i, planes * plane) y[i] = x[i] * scale[i / plane];
+    u64 n = planes * plane;
+    if (FITS_U32(n)) {
+        FastDiv f[1];
+        block_fast_divs({plane}, f);
+        FOR_EACH(i, n) y[i] = x[i] * scale[fdiv((u32)i, f[0])];
+    } else {
+        FOR_EACH(i, n) y[i] = x[i] * scale[i / plane];
+    }
 }
 
-// grad_scale[p] = Σ dy[p, :]·x[p, :] in the CPU's lanes (seeds::common::scale_planes_backward_scale).
+// grad_scale[p] = Σ dy[p, :]·x[p, :] in the CPU's lanes (seeds::common::scale_planes_backward_scale):
+// eight threads per plane, thread j summing lane j's run (positions j, j + 8, … in order) and
+// lanes8_total combining them — the CPU's sums, bit for bit. One thread walked a whole plane before,
+// its neighbours a plane apart (every load of a warp a different cache line) and its lanes in local
+// memory (indexed by i % 8).
 extern "C" __global__ void scale_planes_backward_scale_f32(
     const float* x, const float* dy, float* grad_scale, u64 planes, u32 plane) {
-    FOR_EACH(p, planes) {
-        Lanes sum;
-        lanes_zero(sum);
-        for (u32 i = 0; i < plane; ++i) sum.l[i % 8] += dy[p * plane + i] * x[p * plane + i];
-        grad_scale[p] = lanes_total(sum);
+    FOR_EACH(u, planes * 8) {  // whole octets: the grid's stride is a multiple of 8
+        u64 p = u / 8;
+        u32 lane = (u32)(u % 8);
+        const float *xp = x + p * plane, *dyp = dy + p * plane;
+        float sum = 0.0f;
+        lane_run<float2>(plane, lane, [&](u64 i) { return float2{dyp[i], xp[i]}; },
+                         [&](u64, float2 v) { sum += v.x * v.y; });
+        float total = lanes8_total(sum);
+        if (lane == 0) grad_scale[p] = total;
     }
 }
 

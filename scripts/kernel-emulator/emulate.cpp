@@ -812,6 +812,37 @@ static void check_group_norm(unsigned envs, unsigned batch, unsigned channels, u
     }
 }
 
+// The attention seed's channel scaling (y = x·scale[plane]) and its scale gradient (Σ dy·x per plane
+// in seeds::common::scale_planes_backward_scale's lanes: position i to lane i % 8) against loops written
+// here, bit for bit; planes of 256 (r0c1's 16×16) and of an odd length.
+static void check_scale_planes(unsigned planes, unsigned plane) {
+    size_t n = (size_t)planes * plane;
+    auto x = values(n, -2.0f, 2.0f), dy = values(n, -1.0f, 1.0f), scale = values(planes, 0.0f, 1.0f);
+    std::vector<float> y_ref(n), grad_ref(planes);
+    for (size_t p = 0; p < planes; ++p) {
+        float l[8] = {};
+        for (unsigned i = 0; i < plane; ++i) {
+            y_ref[p * plane + i] = x[p * plane + i] * scale[p];
+            l[i % 8] += dy[p * plane + i] * x[p * plane + i];
+        }
+        grad_ref[p] = lane_total(l);
+    }
+    std::vector<float> y(n, NAN), grad(planes, NAN);
+    // Fewer blocks than the work, so the grid-stride loops go round.
+    launch({2, 1, 1}, {64, 1, 1}, [&] { scale_planes_f32(x.data(), scale.data(), y.data(), planes, plane); });
+    launch({2, 1, 1}, {64, 1, 1}, [&] { scale_planes_backward_scale_f32(x.data(), dy.data(), grad.data(), planes, plane); });
+    size_t wrong_y = 0, wrong_grad = 0;
+    for (size_t i = 0; i < n; ++i) wrong_y += !same_bits(y[i], y_ref[i]);
+    for (size_t p = 0; p < planes; ++p) wrong_grad += !same_bits(grad[p], grad_ref[p]);
+    char what[160], detail[160];
+    std::snprintf(what, sizeof what, "scale_planes_f32 %u planes of %u", planes, plane);
+    std::snprintf(detail, sizeof detail, "%zu of %zu values differ in bits", wrong_y, n);
+    report(what, wrong_y == 0, detail);
+    std::snprintf(what, sizeof what, "scale_planes_backward_scale_f32 %u planes of %u", planes, plane);
+    std::snprintf(detail, sizeof detail, "%zu of %u values differ in bits", wrong_grad, planes);
+    report(what, wrong_grad == 0, detail);
+}
+
 // The head's per-env mean cross-entropy and its gradient, and the correct counts, against references in
 // ops::loss's order (each env's samples in order; the first largest logit), with ties and a padding
 // label (one no class has) among the samples. The same libm on both sides, so bit for bit.
@@ -1088,6 +1119,8 @@ int main() {
     check_gathers();
     check_pools(7, 8, 8);
     check_pools(5, 5, 7);
+    check_scale_planes(96, 256);
+    check_scale_planes(37, 67);
     check_slot_rows();
     check_head(3, 300, 10);
     check_head(2, 37, 10);

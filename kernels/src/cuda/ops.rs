@@ -727,7 +727,8 @@ pub fn scale_planes_backward_scale(
     let (planes64, plane32) = (planes as u64, plane as u32);
     let mut launch = device.stream.launch_builder(device.function("scale_planes_backward_scale_f32"));
     launch.arg(x).arg(dy).arg(grad_scale).arg(&planes64).arg(&plane32);
-    unsafe { launch.launch(elementwise(planes)) }?;
+    // Eight threads per plane: one per lane of the CPU's sums.
+    unsafe { launch.launch(elementwise(planes * 8)) }?;
     Ok(())
 }
 

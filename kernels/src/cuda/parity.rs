@@ -3119,7 +3119,7 @@ fn seed_op_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) ->
 
     // The attention seed's sigmoid and channel scaling, on its [B, C] logits and [B, C, H, W] input.
     let (planes, plane) = (2 * 3 * 16usize, 16 * 16usize);
-    let (planes64, plane32) = (planes as u64, plane as u32);
+    let planes64 = planes as u64;
     let mut logits = values(s, planes, -8.0, 8.0);
     logits[0] = 0.0;
     logits[1] = -0.0;
@@ -3163,9 +3163,7 @@ fn seed_op_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) ->
     scale_planes_backward_scale(plane, &x, &dy, &mut d_scale_cpu);
     let (x_dev, dy_dev) = (stream.clone_htod(&x)?, stream.clone_htod(&dy)?);
     let mut y_dev = stream.alloc_zeros::<f32>(planes * plane)?;
-    let mut launch = stream.launch_builder(device.function("scale_planes_f32"));
-    launch.arg(&x_dev).arg(&sig_cpu_dev).arg(&mut y_dev).arg(&planes64).arg(&plane32);
-    unsafe { launch.launch(elementwise(planes * plane)) }?;
+    device_ops::scale_planes(device, &x_dev, &sig_cpu_dev, &mut y_dev, planes, plane)?;
     let y_gpu = stream.clone_dtoh(&y_dev)?;
     rows.push(ParityRow::new(
         "scale_planes_f32",
@@ -3175,9 +3173,7 @@ fn seed_op_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) ->
         0.0,
     ));
     let mut d_scale_dev = stream.alloc_zeros::<f32>(planes)?;
-    let mut launch = stream.launch_builder(device.function("scale_planes_backward_scale_f32"));
-    launch.arg(&x_dev).arg(&dy_dev).arg(&mut d_scale_dev).arg(&planes64).arg(&plane32);
-    unsafe { launch.launch(elementwise(planes)) }?;
+    device_ops::scale_planes_backward_scale(device, &x_dev, &dy_dev, &mut d_scale_dev, planes, plane)?;
     let d_scale_gpu = stream.clone_dtoh(&d_scale_dev)?;
     rows.push(ParityRow::new(
         "scale_planes_backward_scale_f32",
