@@ -129,6 +129,35 @@ __device__ __forceinline__ float max_pool_window(const float (&window)[4], u32* 
     return best;
 }
 
+// A window's plane and place through the block's FastDivs (windows per plane, wo) where every index of
+// the launch fits in 32 bits, else by 64-bit division: the pools' kernels did two 64-bit divisions (called
+// routines) and two 32-bit ones per window or element, several times their loads and stores.
+struct PoolIndex {
+    bool fits;
+    FastDiv windows, wo;
+};
+
+__device__ __forceinline__ PoolIndex pool_index(u64 planes, u32 h, u32 w) {
+    PoolIndex ix;
+    ix.fits = FITS_U32(planes * h * w);
+    FastDiv f[2];
+    block_fast_divs<2>({(h / 2) * (w / 2), w / 2}, f);
+    ix.windows = f[0], ix.wo = f[1];
+    return ix;
+}
+
+// Window o → (plane, oy, ox).
+__device__ __forceinline__ void pool_window(u64 o, const PoolIndex& ix, u64& plane, u32& oy, u32& ox) {
+    u32 r;
+    if (ix.fits) {
+        u32 p = fdiv((u32)o, ix.windows);
+        plane = p, r = (u32)o - p * ix.windows.d;
+    } else {
+        plane = o / ix.windows.d, r = (u32)(o % ix.windows.d);
+    }
+    oy = fdiv(r, ix.wo), ox = r - oy * ix.wo.d;
+}
+
 // The output gradient element (iy, ix) of plane `plane_index` (an (env, image, channel); planes h × w)
 // gets from the 2x2 max-pool: its window's, if it was the window's winner, else 0 (dropped odd rows and
 // columns included).

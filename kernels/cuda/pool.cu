@@ -1,34 +1,8 @@
 // 2x2 max pooling (stride 2, floor mode) and global average pooling over [E, B, C, H, W]: the CUDA twins
 // of kernels/src/ops/pool.rs. `images` = E*B*C planes.
 
-// A window's plane and place through the block's FastDivs (windows per plane, wo) where every index of
-// the launch fits in 32 bits, else by 64-bit division: the pools' kernels did two 64-bit divisions (called
-// routines) and two 32-bit ones per window or element, several times their loads and stores.
-struct PoolIndex {
-    bool fits;
-    FastDiv windows, wo;
-};
-
-__device__ __forceinline__ PoolIndex pool_index(u64 planes, u32 h, u32 w) {
-    PoolIndex ix;
-    ix.fits = FITS_U32(planes * h * w);
-    FastDiv f[2];
-    block_fast_divs<2>({(h / 2) * (w / 2), w / 2}, f);
-    ix.windows = f[0], ix.wo = f[1];
-    return ix;
-}
-
-// Window o → (plane, oy, ox).
-__device__ __forceinline__ void pool_window(u64 o, const PoolIndex& ix, u64& plane, u32& oy, u32& ox) {
-    u32 r;
-    if (ix.fits) {
-        u32 p = fdiv((u32)o, ix.windows);
-        plane = p, r = (u32)o - p * ix.windows.d;
-    } else {
-        plane = o / ix.windows.d, r = (u32)(o % ix.windows.d);
-    }
-    oy = fdiv(r, ix.wo), ox = r - oy * ix.wo.d;
-}
+// PoolIndex, pool_index and pool_window (a window's plane and place) are in common.cuh, shared with the
+// slots' blend + pool (seeds.cu).
 
 // y[p, oy, ox] = max of the 2x2 window; argmax = its row-major index 0..4. Strictly greater replaces, so
 // ties keep the first maximum; a NaN wins and stays (PyTorch propagates NaN through max-pool).

@@ -543,6 +543,77 @@ extern "C" __global__ void __launch_bounds__(1024) slot_blend_select_f32(
     }
 }
 
+// ---- A slot before its block's 2x2 max-pool, the pool fused in: the slot's output is not written, its
+// pooled windows and winners are (pooled, argmax: [E, B, C, size/2, size/2]), as max_pool2x2_forward_f32
+// over slot_passthrough_f32's and slot_blend_select_f32's output would write them — the same values
+// through max_pool_window, so the same bits — a write and a read of the slot's output fewer. Even
+// planes only (size × size, size even: every element lies in a window, so s_mine is whole).
+
+// slot_passthrough_f32's rows pooled: env e's windows from h where slot_passthrough_f32 would copy h.
+// Grid (blocks of an env's windows, envs).
+extern "C" __global__ void __launch_bounds__(1024) slot_passthrough_pool_f32(
+    const float* h, const u8* mode, const u8* holds, float* pooled, u8* argmax, u32 envs, u32 batch, u32 channels,
+    u32 size) {
+    u32 e = blockIdx.y;
+    u64 planes = (u64)batch * channels;  // an env's
+    PoolIndex ix = pool_index(planes, size, size);
+    bool held = false;
+    for (u32 bp = 0; bp < 7; ++bp) held = held || holds[(u64)bp * envs + e] != 0;
+    if (mode[e] >= 2 && held) return;
+    const float* he = h + (u64)e * planes * size * size;
+    u64 windows = planes * ix.windows.d, first = (u64)e * windows;
+    for (u64 o = (u64)blockIdx.x * blockDim.x + threadIdx.x; o < windows; o += (u64)gridDim.x * blockDim.x) {
+        u64 p;
+        u32 oy, ox;
+        pool_window(o, ix, p, oy, ox);
+        const float* top = he + (p * size + 2 * oy) * size + 2 * ox;
+        float window[4] = {top[0], top[1], top[size], top[size + 1]};
+        u32 k;
+        pooled[first + o] = max_pool_window(window, &k);
+        argmax[first + o] = (u8)k;
+    }
+}
+
+// slot_blend_select_f32's rows pooled: the windows of the envs `holds` marks whose mode blends (2 ADD,
+// 3 MULTIPLY, 4 GATE), each of the window's four values blended as there (s kept in s_mine for
+// MULTIPLY and GATE), then pooled.
+extern "C" __global__ void __launch_bounds__(1024) slot_blend_select_pool_f32(
+    const float* h, const float* s, const float* alpha, const float* gate, const u8* mode, const u8* holds,
+    float* s_mine, float* pooled, u8* argmax, u32 envs, u32 batch, u32 channels, u32 size) {
+    u64 planes = (u64)envs * batch * channels;
+    u32 half = size / 2;
+    // One call of block_fast_divs: its shared slots are the function's, so a second call could overwrite
+    // them while a thread still reads the first's.
+    FastDiv f[3];
+    block_fast_divs<3>({half * half, half, batch * channels}, f);
+    PoolIndex ix;
+    ix.fits = FITS_U32(planes * size * size);
+    ix.windows = f[0], ix.wo = f[1];
+    FOR_EACH(o, planes * ix.windows.d) {
+        u64 p;
+        u32 oy, ox;
+        pool_window(o, ix, p, oy, ox);
+        u32 e = ix.fits ? fdiv((u32)p, f[2]) : (u32)(p / ((u64)batch * channels));
+        u8 m = mode[e];
+        if (!holds[e] || m < 2 || m > 4) continue;
+        float a = clamp01(alpha[e]);
+        // GATE: the sample's gate, at its image p / channels.
+        float a_eff = m == 4 ? clamp01(a * clamp01(gate[p / channels])) : a;
+        u64 top = (p * size + 2 * oy) * size + 2 * ox;
+        u64 at[4] = {top, top + 1, top + size, top + size + 1};
+        float window[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            float sv = s[at[j]], hv = h[at[j]];
+            if (m == 3 || m == 4) s_mine[at[j]] = sv;
+            window[j] = m == 3 ? hv * (1.0f + a * tanhf(sv - hv)) : blend_lerp(hv, sv, a_eff);
+        }
+        u32 k;
+        pooled[o] = max_pool_window(window, &k);
+        argmax[o] = (u8)k;
+    }
+}
+
 // The slot's backward split of the output gradient dy by each env's mode (0 off, 1 incubator, 2 ADD,
 // 3 MULTIPLY, 4 GATE): the host's direct path dh and the seed's ds — off: (dy, 0); incubator: (dy, dy
 // straight through); ADD: (dy·(1 − a), dy·a) as blend_add_backward; MULTIPLY with t = tanh(s − h):

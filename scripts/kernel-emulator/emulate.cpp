@@ -993,6 +993,54 @@ static void check_slot_rows() {
     report("slot_passthrough_f32 + slot_blend_select_f32 (6 modes)", wrong == 0, detail);
 }
 
+// The slot with its block's pool fused in (slot_passthrough_pool_f32, slot_blend_select_pool_f32) against
+// slot_passthrough_f32 and slot_blend_select_f32 writing the slot's output, then max_pool2x2_forward_f32
+// over it (each checked above): pooled values, winners and s_mine bit for bit, over the six modes of
+// check_slot_rows on 6×6 planes of 2 channels, with a NaN and a tie planted in a passthrough env's rows.
+static void check_slot_pool() {
+    const unsigned envs = 6, batch = 3, channels = 2, size = 6, features = channels * size * size;
+    size_t n = (size_t)envs * batch * features, windows = n / 4;
+    auto h = values(n, -1.0f, 1.0f), sv = values(n, -1.0f, 1.0f), gate = values(envs * batch, -0.2f, 1.2f);
+    size_t off = (size_t)5 * batch * features;  // env 5 (OFF): a NaN in one window, a tie in the next
+    h[off] = NAN;
+    h[off + 3] = h[off + 2];
+    std::vector<u8> mode = {2, 3, 4, 1, 2, 0}, holds(7 * envs, 0);
+    for (unsigned e : {0u, 1u, 2u, 3u, 5u}) holds[2 * envs + e] = 1;
+    std::vector<float> alpha = {0.3f, 0.7f, 1.5f, 0.5f, 0.2f, 0.9f};
+    std::vector<float> y(n, NAN), s_mine_ref(n, NAN), pooled_ref(windows, NAN);
+    std::vector<u8> argmax_ref(windows, 9);
+    launch({2, envs, 1}, {64, 1, 1}, [&] {
+        slot_passthrough_f32(h.data(), mode.data(), holds.data(), y.data(), envs, batch, features);
+    });
+    launch({4, 1, 1}, {64, 1, 1}, [&] {
+        slot_blend_select_f32(h.data(), sv.data(), alpha.data(), gate.data(), mode.data(), holds.data() + 2 * envs,
+                              s_mine_ref.data(), y.data(), envs, batch, features);
+    });
+    launch({2, 1, 1}, {64, 1, 1}, [&] {
+        max_pool2x2_forward_f32(y.data(), pooled_ref.data(), argmax_ref.data(), (u64)envs * batch * channels, size,
+                                size);
+    });
+    std::vector<float> s_mine(n, NAN), pooled(windows, NAN);
+    std::vector<u8> argmax(windows, 9);
+    launch({1, envs, 1}, {32, 1, 1}, [&] {
+        slot_passthrough_pool_f32(h.data(), mode.data(), holds.data(), pooled.data(), argmax.data(), envs, batch,
+                                  channels, size);
+    });
+    launch({2, 1, 1}, {32, 1, 1}, [&] {
+        slot_blend_select_pool_f32(h.data(), sv.data(), alpha.data(), gate.data(), mode.data(),
+                                   holds.data() + 2 * envs, s_mine.data(), pooled.data(), argmax.data(), envs, batch,
+                                   channels, size);
+    });
+    size_t wrong = 0;
+    for (size_t o = 0; o < windows; ++o) wrong += !same_bits(pooled[o], pooled_ref[o]) + (argmax[o] != argmax_ref[o]);
+    for (size_t t = 0; t < n; ++t) wrong += !same_bits(s_mine[t], s_mine_ref[t]);
+    bool planted = std::isnan(pooled_ref[windows / envs * 5]);
+    char detail[160];
+    std::snprintf(detail, sizeof detail, "%zu of %zu pooled values, winners and kept seed values wrong%s", wrong,
+                  2 * windows + n, planted ? "" : "; the planted NaN did not reach the reference");
+    report("slot_passthrough_pool_f32 + slot_blend_select_pool_f32 (6 modes, 6×6)", wrong == 0 && planted, detail);
+}
+
 static void check_head(unsigned envs, unsigned batch, unsigned classes) {
     size_t samples = (size_t)envs * batch;
     auto logits = values(samples * classes, -3.0f, 3.0f);
@@ -1122,6 +1170,7 @@ int main() {
     check_scale_planes(96, 256);
     check_scale_planes(37, 67);
     check_slot_rows();
+    check_slot_pool();
     check_head(3, 300, 10);
     check_head(2, 37, 10);
     std::printf("%d of %d checks passed\n", checks - failures, checks);

@@ -94,7 +94,9 @@ pub struct DeviceHost {
     /// written — the ReLU's backward (and the pool's, where no seed runs at r0) recomputed, the ReLU's
     /// mask from the norm's input, by the pass that sums dγ and dβ (`relu_bn_backward_partial_f32`) and
     /// by the one that writes the input gradient (`batch_norm_backward_input_from_f32`). The same bits as
-    /// the kernels one by one. Off with `ESPER_CUDA_FUSE=0` (to measure the gain) or [`Self::set_fuse`].
+    /// the kernels one by one. Where a seed runs at r0 before the block's pool: the pool in the slot's
+    /// blend (`DeviceSlot::forward`'s `pooled`), the slot's output never written. Off with
+    /// `ESPER_CUDA_FUSE=0` (to measure the gain) or [`Self::set_fuse`].
     fuse: bool,
     /// With `fuse`, where a staged 3×3 kernel runs a block's convolution: its backwards compute batch
     /// norm's input gradient as they load it ([`GemmConv::reads_norm_grad`]) instead of reading it written
@@ -378,11 +380,18 @@ impl DeviceHost {
             unsafe { launch.launch(elementwise(act_len)) }?;
         }
 
-        // The seeds: each slot runs when some env's seed takes part in this forward.
+        // The seeds: each slot runs when some env's seed takes part in this forward. Where r0 runs before
+        // the block's pool on even planes, the pool is fused into the slot's output
+        // (`DeviceSlot::forward`'s `pooled`: the slot's output is never written).
+        let slot_pools = self.fuse && r0_runs && block.pooled.is_some() && size.is_multiple_of(2);
         if !from_r1 {
             block.r0_ran = false;
             if let (Some(slot), true) = (block.r0.as_mut(), r0_runs) {
-                slot.forward(device, &mut self.conv, &block.act, eval_pass)?;
+                let pooled = match (&mut block.pooled, slot_pools) {
+                    (Some((pooled, argmax)), true) => Some((pooled, argmax)),
+                    _ => None,
+                };
+                slot.forward(device, &mut self.conv, &block.act, eval_pass, pooled)?;
                 block.r0_ran = true;
             }
         }
@@ -392,7 +401,7 @@ impl DeviceHost {
                 (Some(slot), true) => &slot.out,
                 _ => &block.act,
             };
-            if !from_r1 && !fused_pool {
+            if !from_r1 && !fused_pool && !slot_pools {
                 let planes = (self.envs * self.batch * arch.block_channels(b)) as u64;
                 let mut launch = stream.launch_builder(device.function("max_pool2x2_forward_f32"));
                 let windows = pooled.len();
@@ -400,7 +409,7 @@ impl DeviceHost {
                 unsafe { launch.launch(elementwise(windows)) }?;
             }
             if let Some(slot) = block.r1.as_mut().filter(|slot| slot.runs_in(eval_pass)) {
-                slot.forward(device, &mut self.conv, pooled, eval_pass)?;
+                slot.forward(device, &mut self.conv, pooled, eval_pass, None)?;
                 block.r1_ran = true;
             }
         }

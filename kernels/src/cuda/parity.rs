@@ -1296,9 +1296,10 @@ fn graph_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), P
 /// direct 3×3 convolutions at f32 (where the fused paths promise the same bits, the staged kernels'
 /// backwards reading batch norm's gradient on load included): two epochs without seeds (the pool's
 /// gradient routed inside batch norm's backward, normalisation + ReLU + pool in one pass), then
-/// [`seeded_plan`]'s seeds born and three more epochs (the ReLU's gradient behind r0 seeds, r1 seeds
-/// after the pool). Every epoch's losses and accuracies, every validation result and the parameters'
-/// checksums must be the same bits.
+/// [`seeded_plan`]'s seeds born and three more epochs (the ReLU's gradient behind r0 seeds, the r0
+/// slots' output pooled in their blend — `slot_passthrough_pool_f32`, `slot_blend_select_pool_f32` —
+/// in training and in every validation pass that runs them, r1 seeds after the pool). Every epoch's
+/// losses and accuracies, every validation result and the parameters' checksums must be the same bits.
 fn fusion_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
     let seed = 9u64;
     let SeededPair { data, mut batcher, backends: [mut fused, mut unfused], envs } =

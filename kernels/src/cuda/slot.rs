@@ -467,16 +467,27 @@ impl DeviceSlot {
     /// The slot's forward over `h` into [`Self::out`]: a training forward (`pass` None) runs every seed
     /// not off; an evaluation forward runs the blending ones with validation pass `pass`'s selection.
     /// The caller reads `out` only when [`Self::runs`] is true.
+    ///
+    /// With `pooled` (the block's 2×2 max-pool after the slot, on even square planes), the pool is
+    /// fused in: its output and winners are written instead of `out` (`slot_passthrough_pool_f32`,
+    /// `slot_blend_select_pool_f32`: the same bits as the pool over `out`), and `out` is left as it was.
     pub fn forward(
         &mut self,
         device: &Device,
         conv: &mut GemmConv,
         h: &CudaSlice<f32>,
         pass: Option<usize>,
+        mut pooled: Option<(&mut CudaSlice<f32>, &mut CudaSlice<u8>)>,
     ) -> R {
         self.prepare(device)?;
         let d = self.dims;
         let len = self.out.len();
+        let windows = len / 4;
+        if let Some((values, argmax)) = &pooled {
+            assert!(d.h == d.w && d.h.is_multiple_of(2), "the slot's fused pool takes even square planes");
+            assert!(values.len() >= windows && argmax.len() >= windows, "the pool's buffers are too short");
+        }
+        let (channels, size) = (d.channels as u32, d.h as u32);
         // The rows no seed blends into are h; the select below writes the others.
         {
             let n = CnnBlueprint::ALL.len() * d.envs;
@@ -488,10 +499,21 @@ impl DeviceSlot {
                 }
             };
             let dims = [d.envs, d.batch, d.channels * d.h * d.w].map(|v| v as u32);
-            let mut launch = device.stream.launch_builder(device.function("slot_passthrough_f32"));
-            launch.arg(h).arg(&self.mode).arg(&holds).arg(&mut self.out);
-            launch.arg(&dims[0]).arg(&dims[1]).arg(&dims[2]);
-            unsafe { launch.launch(per_env_rows(d.envs, len / d.envs)) }?;
+            match &mut pooled {
+                None => {
+                    let mut launch = device.stream.launch_builder(device.function("slot_passthrough_f32"));
+                    launch.arg(h).arg(&self.mode).arg(&holds).arg(&mut self.out);
+                    launch.arg(&dims[0]).arg(&dims[1]).arg(&dims[2]);
+                    unsafe { launch.launch(per_env_rows(d.envs, len / d.envs)) }?;
+                }
+                Some((values, argmax)) => {
+                    let mut launch =
+                        device.stream.launch_builder(device.function("slot_passthrough_pool_f32"));
+                    launch.arg(h).arg(&self.mode).arg(&holds).arg(&mut **values).arg(&mut **argmax);
+                    launch.arg(&dims[0]).arg(&dims[1]).arg(&channels).arg(&size);
+                    unsafe { launch.launch(per_env_rows(d.envs, windows / d.envs)) }?;
+                }
+            }
         }
         if self.roles.gated {
             self.gate.as_mut().expect("a GATE seed has its gate").forward(device, h)?;
@@ -516,13 +538,25 @@ impl DeviceSlot {
                 Some(_) => self.eval_holds.slice(at..at + d.envs),
             };
             let dims = [d.envs, d.batch, d.channels * d.h * d.w].map(|v| v as u32);
-            let mut launch = device.stream.launch_builder(device.function("slot_blend_select_f32"));
             // Without a gate the kernel reads none (no env is in GATE mode): alpha stands in.
             let gate = self.gate.as_ref().map_or(&self.alpha, |g| &g.gate);
-            launch.arg(h).arg(&self.s).arg(&self.alpha).arg(gate).arg(&self.mode).arg(&holds);
-            launch.arg(&mut self.s_mine).arg(&mut self.out);
-            launch.arg(&dims[0]).arg(&dims[1]).arg(&dims[2]);
-            unsafe { launch.launch(elementwise(len)) }?;
+            match &mut pooled {
+                None => {
+                    let mut launch = device.stream.launch_builder(device.function("slot_blend_select_f32"));
+                    launch.arg(h).arg(&self.s).arg(&self.alpha).arg(gate).arg(&self.mode).arg(&holds);
+                    launch.arg(&mut self.s_mine).arg(&mut self.out);
+                    launch.arg(&dims[0]).arg(&dims[1]).arg(&dims[2]);
+                    unsafe { launch.launch(elementwise(len)) }?;
+                }
+                Some((values, argmax)) => {
+                    let mut launch =
+                        device.stream.launch_builder(device.function("slot_blend_select_pool_f32"));
+                    launch.arg(h).arg(&self.s).arg(&self.alpha).arg(gate).arg(&self.mode).arg(&holds);
+                    launch.arg(&mut self.s_mine).arg(&mut **values).arg(&mut **argmax);
+                    launch.arg(&dims[0]).arg(&dims[1]).arg(&channels).arg(&size);
+                    unsafe { launch.launch(elementwise(windows)) }?;
+                }
+            }
         }
         Ok(())
     }

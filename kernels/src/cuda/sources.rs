@@ -121,6 +121,8 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "norm_seed_lambda_grad_f32",
             "slot_passthrough_f32",
             "slot_blend_select_f32",
+            "slot_passthrough_pool_f32",
+            "slot_blend_select_pool_f32",
             "slot_backward_split_f32",
             "slot_gate_grad_f32",
         ],
