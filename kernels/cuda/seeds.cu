@@ -619,35 +619,74 @@ extern "C" __global__ void __launch_bounds__(1024) slot_blend_select_pool_f32(
 // straight through); ADD: (dy·(1 − a), dy·a) as blend_add_backward; MULTIPLY with t = tanh(s − h):
 // (dy·(1 + a·t), dy·h·a·(1 − t²)) as blend_multiply_backward (the seed's input is detached, so no
 // x_s term reaches dh); GATE: (dy·(1 − a_eff), dy·a_eff) as blend_gate_backward.
+// Element t's split of its gradient g in mode m at amplitude a (gate_v: the sample's gate, read in
+// GATE only), shared by slot_backward_split_f32 and slot_backward_split_pool_f32.
+__device__ __forceinline__ void slot_split(
+    u64 t, u8 m, float a, float g, const float* h, const float* s_mine, float gate_v, float* dh, float* ds) {
+    switch (m) {
+        case 2:
+            dh[t] = g * (1.0f - a);
+            ds[t] = g * a;
+            break;
+        case 3: {
+            float tv = tanhf(s_mine[t] - h[t]);
+            dh[t] = g * (1.0f + a * tv);
+            ds[t] = g * h[t] * a * (1.0f - tv * tv);
+            break;
+        }
+        case 4: {
+            float a_eff = clamp01(a * clamp01(gate_v));
+            dh[t] = g * (1.0f - a_eff);
+            ds[t] = g * a_eff;
+            break;
+        }
+        default:
+            dh[t] = g;
+            ds[t] = m == 1 ? g : 0.0f;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(1024) slot_backward_split_f32(
     const float* dy, const float* h, const float* s_mine, const float* alpha, const float* gate,
     const u8* mode, float* dh, float* ds, u32 envs, u32 batch, u32 features) {
     EnvIndex ix = env_index(envs, (u64)batch * features);
     FOR_EACH(t, (u64)envs * batch * features) {
         u32 e = env_of(t, ix);
-        float g = dy[t];
-        float a = clamp01(alpha[e]);
-        switch (mode[e]) {
-            case 2:
-                dh[t] = g * (1.0f - a);
-                ds[t] = g * a;
-                break;
-            case 3: {
-                float tv = tanhf(s_mine[t] - h[t]);
-                dh[t] = g * (1.0f + a * tv);
-                ds[t] = g * h[t] * a * (1.0f - tv * tv);
-                break;
-            }
-            case 4: {
-                float a_eff = clamp01(a * clamp01(gate[t / features]));
-                dh[t] = g * (1.0f - a_eff);
-                ds[t] = g * a_eff;
-                break;
-            }
-            default:
-                dh[t] = g;
-                ds[t] = mode[e] == 1 ? g : 0.0f;
-        }
+        u8 m = mode[e];
+        slot_split(t, m, clamp01(alpha[e]), dy[t], h, s_mine, m == 4 ? gate[t / features] : 0.0f, dh, ds);
+    }
+}
+
+// slot_backward_split_f32 over the gradient its block's 2x2 max-pool routes back (even square planes),
+// the pool's backward fused in: one thread per window reads the pooled gradient and its winner, and
+// splits each of the window's four elements' gradients — the winner's the window's, the others 0.0f,
+// max_pool2x2_backward_f32's values — so the same bits, without writing the routed gradient and
+// reading it back. (A slot with a GATE seed reads the routed gradient again for the gate's gradient,
+// so it takes the kernels one by one.)
+extern "C" __global__ void __launch_bounds__(1024) slot_backward_split_pool_f32(
+    const float* dy_pooled, const u8* argmax, const float* h, const float* s_mine, const float* alpha,
+    const float* gate, const u8* mode, float* dh, float* ds, u32 envs, u32 batch, u32 channels, u32 size) {
+    u64 planes = (u64)envs * batch * channels;
+    u32 half = size / 2;
+    FastDiv f[3];  // one call: see slot_blend_select_pool_f32
+    block_fast_divs<3>({half * half, half, batch * channels}, f);
+    PoolIndex ix;
+    ix.fits = FITS_U32(planes * size * size);
+    ix.windows = f[0], ix.wo = f[1];
+    FOR_EACH(o, planes * ix.windows.d) {
+        u64 p;
+        u32 oy, ox;
+        pool_window(o, ix, p, oy, ox);
+        u32 e = ix.fits ? fdiv((u32)p, f[2]) : (u32)(p / ((u64)batch * channels));
+        u8 m = mode[e];
+        float a = clamp01(alpha[e]), gate_v = m == 4 ? gate[p / channels] : 0.0f;
+        float g = dy_pooled[o];
+        u32 k = argmax[o];
+        u64 top = (p * size + 2 * oy) * size + 2 * ox;
+        slot_split(top, m, a, k == 0 ? g : 0.0f, h, s_mine, gate_v, dh, ds);
+        slot_split(top + 1, m, a, k == 1 ? g : 0.0f, h, s_mine, gate_v, dh, ds);
+        slot_split(top + size, m, a, k == 2 ? g : 0.0f, h, s_mine, gate_v, dh, ds);
+        slot_split(top + size + 1, m, a, k == 3 ? g : 0.0f, h, s_mine, gate_v, dh, ds);
     }
 }
 

@@ -1041,6 +1041,41 @@ static void check_slot_pool() {
     report("slot_passthrough_pool_f32 + slot_blend_select_pool_f32 (6 modes, 6×6)", wrong == 0 && planted, detail);
 }
 
+// The slot's backward split with its block's pool backward fused in (slot_backward_split_pool_f32)
+// against max_pool2x2_backward_f32 routing the pooled gradient, then slot_backward_split_f32 (checked
+// against the CPU by the selftest): dh and ds bit for bit — the non-winners' zeros included, which
+// MULTIPLY's ds turns into −0 where h < 0 — over the six modes of check_slot_rows on 6×6 planes.
+static void check_slot_pool_backward() {
+    const unsigned envs = 6, batch = 3, channels = 2, size = 6, features = channels * size * size;
+    size_t n = (size_t)envs * batch * features, windows = n / 4;
+    auto h = values(n, -1.0f, 1.0f), s_mine = values(n, -1.0f, 1.0f), gate = values(envs * batch, -0.2f, 1.2f);
+    auto dy = values(windows, -1.0f, 1.0f);
+    std::vector<u8> mode = {2, 3, 4, 1, 2, 0}, argmax(windows);
+    for (size_t o = 0; o < windows; ++o) argmax[o] = (u8)((o * 7 + 3) % 4);
+    std::vector<float> alpha = {0.3f, 0.7f, 1.5f, 0.5f, 0.2f, 0.9f};
+    std::vector<float> routed(n, NAN), dh_ref(n, NAN), ds_ref(n, NAN), dh(n, NAN), ds(n, NAN);
+    launch({2, 1, 1}, {64, 1, 1}, [&] {
+        max_pool2x2_backward_f32(dy.data(), argmax.data(), routed.data(), (u64)envs * batch * channels, size, size);
+    });
+    launch({3, 1, 1}, {64, 1, 1}, [&] {
+        slot_backward_split_f32(routed.data(), h.data(), s_mine.data(), alpha.data(), gate.data(), mode.data(),
+                                dh_ref.data(), ds_ref.data(), envs, batch, features);
+    });
+    launch({2, 1, 1}, {32, 1, 1}, [&] {
+        slot_backward_split_pool_f32(dy.data(), argmax.data(), h.data(), s_mine.data(), alpha.data(), gate.data(),
+                                     mode.data(), dh.data(), ds.data(), envs, batch, channels, size);
+    });
+    size_t wrong = 0, negative_zeros = 0;
+    for (size_t t = 0; t < n; ++t) {
+        wrong += !same_bits(dh[t], dh_ref[t]) + !same_bits(ds[t], ds_ref[t]);
+        negative_zeros += ds_ref[t] == 0.0f && std::signbit(ds_ref[t]);
+    }
+    char detail[160];
+    std::snprintf(detail, sizeof detail, "%zu of %zu gradients wrong (%zu of the reference's are -0)", wrong, 2 * n,
+                  negative_zeros);
+    report("slot_backward_split_pool_f32 (6 modes, 6×6)", wrong == 0 && negative_zeros > 0, detail);
+}
+
 static void check_head(unsigned envs, unsigned batch, unsigned classes) {
     size_t samples = (size_t)envs * batch;
     auto logits = values(samples * classes, -3.0f, 3.0f);
@@ -1171,6 +1206,7 @@ int main() {
     check_scale_planes(37, 67);
     check_slot_rows();
     check_slot_pool();
+    check_slot_pool_backward();
     check_head(3, 300, 10);
     check_head(2, 37, 10);
     std::printf("%d of %d checks passed\n", checks - failures, checks);

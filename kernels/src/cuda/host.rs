@@ -16,7 +16,7 @@ use super::gemm_conv::{BatchNormGrad, GemmConv, stats_runs};
 use super::ops;
 use super::parity::{Device, ParityError, elementwise, per_env_block};
 use super::seed_module::DeviceSeedShape;
-use super::slot::DeviceSlot;
+use super::slot::{DeviceSlot, SlotGrad};
 use crate::host::{HostArch, HostParams};
 use crate::ops::Conv2dShape;
 use crate::optim::SgdConfig;
@@ -588,13 +588,25 @@ impl DeviceHost {
             let act_len = block.act.len();
             if let (Some(slot), true, Some((pooled, _))) = (&mut block.r1, block.r1_ran, &block.pooled) {
                 // grad_a (after r1) → grad_b (the pool's output), then the two trade places.
-                slot.backward(device, &mut self.conv, pooled, &self.grad_a, &mut self.grad_b)?;
+                slot.backward(
+                    device,
+                    &mut self.conv,
+                    pooled,
+                    SlotGrad::Output(&self.grad_a),
+                    &mut self.grad_b,
+                )?;
                 std::mem::swap(&mut self.grad_a, &mut self.grad_b);
             }
             // With fusion on, batch norm's output gradient is never written: the ReLU's backward (and, with
             // no seed at r0, the pool's) runs inside batch norm's two backward passes.
             let fuse_pool = self.fuse && !block.r0_ran && block.pooled.is_some();
-            if let (Some((_, argmax)), false) = (&block.pooled, fuse_pool) {
+            // Behind an r0 seed on even planes (no GATE seed there), the pool's backward runs inside the
+            // slot's split (`SlotGrad::Pooled`).
+            let slot_pool_grad = self.fuse
+                && block.pooled.is_some()
+                && size.is_multiple_of(2)
+                && block.r0.as_ref().is_some_and(|slot| block.r0_ran && !slot.gated());
+            if let (Some((_, argmax)), false, false) = (&block.pooled, fuse_pool, slot_pool_grad) {
                 // grad_a (pooled) → grad_b (the ReLU's output), then the two trade places.
                 let planes = (self.envs * self.batch * arch.block_channels(b)) as u64;
                 let mut launch = stream.launch_builder(device.function("max_pool2x2_backward_f32"));
@@ -603,8 +615,13 @@ impl DeviceHost {
                 std::mem::swap(&mut self.grad_a, &mut self.grad_b);
             }
             if let (Some(slot), true) = (&mut block.r0, block.r0_ran) {
-                // grad_a (after r0) → grad_b (the ReLU's output), then the two trade places.
-                slot.backward(device, &mut self.conv, &block.act, &self.grad_a, &mut self.grad_b)?;
+                // grad_a (after r0, or the pool's output gradient) → grad_b (the ReLU's output), then the
+                // two trade places.
+                let grad_y = match (&block.pooled, slot_pool_grad) {
+                    (Some((_, argmax)), true) => SlotGrad::Pooled { dy: &self.grad_a, argmax },
+                    _ => SlotGrad::Output(&self.grad_a),
+                };
+                slot.backward(device, &mut self.conv, &block.act, grad_y, &mut self.grad_b)?;
                 std::mem::swap(&mut self.grad_a, &mut self.grad_b);
             }
             let block = &self.blocks[b];

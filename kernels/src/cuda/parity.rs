@@ -1298,7 +1298,8 @@ fn graph_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), P
 /// gradient routed inside batch norm's backward, normalisation + ReLU + pool in one pass), then
 /// [`seeded_plan`]'s seeds born and three more epochs (the ReLU's gradient behind r0 seeds, the r0
 /// slots' output pooled in their blend — `slot_passthrough_pool_f32`, `slot_blend_select_pool_f32` —
-/// in training and in every validation pass that runs them, r1 seeds after the pool). Every epoch's
+/// in training and in every validation pass that runs them, and the pool's gradient routed inside
+/// their split, `slot_backward_split_pool_f32`, except at the gated one; r1 seeds after the pool). Every epoch's
 /// losses and accuracies, every validation result and the parameters' checksums must be the same bits.
 fn fusion_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
     let seed = 9u64;

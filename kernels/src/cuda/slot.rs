@@ -222,6 +222,16 @@ pub struct StatsTaken {
     pub gate_collected: bool,
 }
 
+/// The gradient at a slot's output as [`DeviceSlot::backward`] takes it: written out, or — before its
+/// block's 2×2 max-pool, on even square planes — the pool's output gradient `dy` with the winners
+/// `argmax`, the pool's backward fused into the slot's split (`slot_backward_split_pool_f32`: the same
+/// bits, the routed gradient never written). A slot with a GATE seed takes it written out.
+#[derive(Clone, Copy)]
+pub enum SlotGrad<'a> {
+    Output(&'a CudaSlice<f32>),
+    Pooled { dy: &'a CudaSlice<f32>, argmax: &'a CudaSlice<u8> },
+}
+
 impl DeviceSlot {
     /// A slot whose activations are `dims`, every env's seed off.
     pub fn new(device: &Device, dims: SeedShape) -> Result<Self, ParityError> {
@@ -561,6 +571,12 @@ impl DeviceSlot {
         Ok(())
     }
 
+    /// Whether some env's seed here is in GATE mode: its backward reads the gradient at the slot's
+    /// output written out ([`SlotGrad::Output`]).
+    pub fn gated(&self) -> bool {
+        self.roles.gated
+    }
+
     /// The backward of the last training forward over `h`: `grad_h` (overwritten) the host's direct
     /// path, and every trained blueprint's parameter gradients (the rows of envs that do not train it
     /// zero).
@@ -569,20 +585,56 @@ impl DeviceSlot {
         device: &Device,
         conv: &mut GemmConv,
         h: &CudaSlice<f32>,
-        grad_y: &CudaSlice<f32>,
+        grad_y: SlotGrad<'_>,
         grad_h: &mut CudaSlice<f32>,
     ) -> R {
         let d = self.dims;
         let len = self.out.len();
         let dims = [d.envs, d.batch, d.channels * d.h * d.w].map(|v| v as u32);
         let gate = self.gate.as_ref().map_or(&self.alpha, |g| &g.gate);
-        let mut launch = device.stream.launch_builder(device.function("slot_backward_split_f32"));
-        launch.arg(grad_y).arg(h).arg(&self.s_mine).arg(&self.alpha).arg(gate).arg(&self.mode);
-        launch.arg(grad_h).arg(&mut self.ds);
-        launch.arg(&dims[0]).arg(&dims[1]).arg(&dims[2]);
-        unsafe { launch.launch(elementwise(len)) }?;
+        let grad_y = match grad_y {
+            SlotGrad::Output(grad_y) => {
+                let mut launch = device.stream.launch_builder(device.function("slot_backward_split_f32"));
+                launch.arg(grad_y).arg(h).arg(&self.s_mine).arg(&self.alpha).arg(gate).arg(&self.mode);
+                launch.arg(&mut *grad_h).arg(&mut self.ds);
+                launch.arg(&dims[0]).arg(&dims[1]).arg(&dims[2]);
+                unsafe { launch.launch(elementwise(len)) }?;
+                Some(grad_y)
+            }
+            SlotGrad::Pooled { dy, argmax } => {
+                assert!(
+                    !self.roles.gated,
+                    "a GATE seed's backward reads the slot's output gradient written out"
+                );
+                assert!(
+                    d.h == d.w && d.h.is_multiple_of(2),
+                    "the slot's fused pool takes even square planes"
+                );
+                let windows = len / 4;
+                assert!(
+                    dy.len() >= windows && argmax.len() >= windows,
+                    "the pool's gradient exceeds its buffers"
+                );
+                let (channels, size) = (d.channels as u32, d.h as u32);
+                let mut launch =
+                    device.stream.launch_builder(device.function("slot_backward_split_pool_f32"));
+                launch
+                    .arg(dy)
+                    .arg(argmax)
+                    .arg(h)
+                    .arg(&self.s_mine)
+                    .arg(&self.alpha)
+                    .arg(gate)
+                    .arg(&self.mode);
+                launch.arg(&mut *grad_h).arg(&mut self.ds);
+                launch.arg(&dims[0]).arg(&dims[1]).arg(&channels).arg(&size);
+                unsafe { launch.launch(elementwise(windows)) }?;
+                None
+            }
+        };
         // The gate's gradient (GATE envs), then its parameters' for the envs whose gate gets one.
         if self.roles.gated {
+            let grad_y = grad_y.expect("checked above: a gated slot's gradient is written out");
             let gate = self.gate.as_ref().expect("a GATE seed has its gate");
             let mut launch = device.stream.launch_builder(device.function("slot_gate_grad_f32"));
             launch.arg(grad_y).arg(h).arg(&self.s_mine).arg(&self.alpha).arg(&gate.gate).arg(&self.mode);

@@ -124,6 +124,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "slot_passthrough_pool_f32",
             "slot_blend_select_pool_f32",
             "slot_backward_split_f32",
+            "slot_backward_split_pool_f32",
             "slot_gate_grad_f32",
         ],
     },
