@@ -305,7 +305,7 @@ pub fn host_bytes_per_image(arch: &HostArch, staged: bool) -> (u64, u64) {
     for b in 0..arch.n_blocks {
         let BlockValues { i, o, p } = BlockValues::of(arch, b);
         let pools = arch.pools_after(b);
-        let norm_and_pool = match (pools, fused_pool(arch, b, false)) {
+        let norm_and_pool = match (pools, fused_pool(arch, b)) {
             (true, true) => o + p,
             (true, false) => 2 * o + o + p,
             (false, _) => 2 * o,
@@ -317,25 +317,28 @@ pub fn host_bytes_per_image(arch: &HostArch, staged: bool) -> (u64, u64) {
         // The statistics read the conv's output, unless its epilogue summed them.
         let stats = if on_tensor_cores { 0 } else { o };
         train += (i + o) + stats + norm_and_pool + weight_grad + input_grad;
-        eval += eval_block_floats(arch, b, false);
+        eval += eval_block_floats(arch, b);
     }
     (4 * train, 4 * eval)
 }
 
-/// Whether block `b`'s normalisation, ReLU and pool run as one pass on the GPU (`batch_norm_relu_pool_f32`):
-/// it pools, on even planes, and no seed runs at its r0 slot (`r0_runs`).
-fn fused_pool(arch: &HostArch, b: usize, r0_runs: bool) -> bool {
-    arch.pools_after(b) && arch.block_size(b).is_multiple_of(2) && !r0_runs
+/// Whether block `b`'s 2×2 pool runs inside the pass before it on the GPU: it pools, on even planes —
+/// then with no seed running at its r0 slot, batch norm's normalisation, ReLU and pool are one pass
+/// (`batch_norm_relu_pool_f32`), and with one, the slot's blend writes the pool's output
+/// (`slot_blend_select_pool_f32`), its own output never written or read.
+fn fused_pool(arch: &HostArch, b: usize) -> bool {
+    arch.pools_after(b) && arch.block_size(b).is_multiple_of(2)
 }
 
-/// Activation floats one image's evaluation moves through host block `b` as the GPU runs it: the
-/// convolution reads `i` and writes `o`; the normalisation + ReLU reads `o` and writes `o` (the
-/// activation a later validation pass from the r0 slot reads); then the pool reads `o` and writes `p`,
-/// or (fused, [`fused_pool`]) writes `p` from the values it normalised: `i + 3o + p`, `i + 4o + p`
-/// with a seed running at r0, `i + 3o` without a pool.
-fn eval_block_floats(arch: &HostArch, b: usize, r0_runs: bool) -> u64 {
+/// Activation floats one image's evaluation moves through host block `b` as the GPU runs it, a seed at
+/// its r0 slot running or not (the slot's own traffic is the seed's): the convolution reads `i` and
+/// writes `o`; the normalisation + ReLU reads `o` and writes `o` (the activation a later validation pass
+/// from the r0 slot, and the slot, read); then the pool writes `p` from the values the pass before it
+/// made ([`fused_pool`]), or reads `o` and writes `p`: `i + 3o + p`, `i + 4o + p` on odd planes, `i +
+/// 3o` without a pool.
+fn eval_block_floats(arch: &HostArch, b: usize) -> u64 {
     let BlockValues { i, o, p } = BlockValues::of(arch, b);
-    let pool = match (arch.pools_after(b), fused_pool(arch, b, r0_runs)) {
+    let pool = match (arch.pools_after(b), fused_pool(arch, b)) {
         (true, true) => p,
         (true, false) => o + p,
         (false, _) => 0,
@@ -343,11 +346,10 @@ fn eval_block_floats(arch: &HostArch, b: usize, r0_runs: bool) -> u64 {
     i + 3 * o + pool
 }
 
-/// Bytes of activations one test image's whole forward with every seed of `slots` on moves through the
-/// host ([`eval_block_floats`]; `slots` as [`validation_work_per_image`] takes them).
-fn whole_forward_bytes(arch: &HostArch, slots: &[((usize, u8), u64)]) -> u64 {
-    let r0_runs = |b: usize| slots.iter().any(|&((sb, row), _)| sb == b && row == 0);
-    4 * (0..arch.n_blocks).map(|b| eval_block_floats(arch, b, r0_runs(b))).sum::<u64>()
+/// Bytes of activations one test image's whole forward moves through the host ([`eval_block_floats`]:
+/// the same with every seed on as without).
+fn whole_forward_bytes(arch: &HostArch) -> u64 {
+    4 * (0..arch.n_blocks).map(|b| eval_block_floats(arch, b)).sum::<u64>()
 }
 
 /// One block's activation sizes per image: `i` input, `o` output and `p` pooled values.
@@ -383,10 +385,6 @@ pub fn validation_work_per_image(arch: &HostArch, slots: &[((usize, u8), u64)]) 
     let (mut macs, mut floats) = (0u64, 0u64);
     for &(j, start) in planner.plan(&configs, &positions) {
         let mask = configs[0].masks[j];
-        // Whether block b's r0 slot holds a seed this pass leaves on.
-        let r0_runs = |b: usize| {
-            slots.iter().enumerate().any(|(k, &((sb, row), _))| sb == b && row == 0 && mask & (1 << k) == 0)
-        };
         for b in 0..arch.n_blocks {
             let v = BlockValues::of(arch, b);
             match start {
@@ -396,7 +394,7 @@ pub fn validation_work_per_image(arch: &HostArch, slots: &[((usize, u8), u64)]) 
                 }
                 _ => {
                     macs += arch.block_macs(b);
-                    floats += eval_block_floats(arch, b, r0_runs(b));
+                    floats += eval_block_floats(arch, b);
                 }
             }
         }
@@ -450,7 +448,7 @@ impl StepWork {
             validate_whole_gflop: forward_gflop * test_images * configs.max(1) as f64,
             train_host_gbytes: train_bytes as f64 * train_images / 1e9,
             validate_host_gbytes: validate_bytes as f64 * test_images / 1e9,
-            validate_whole_host_gbytes: whole_forward_bytes(&arch, &seeds) as f64
+            validate_whole_host_gbytes: whole_forward_bytes(&arch) as f64
                 * test_images
                 * configs.max(1) as f64
                 / 1e9,
@@ -896,9 +894,10 @@ mod tests {
         assert!((none.train_host_gbytes - 530_432.0 * 49_152.0 / 1e9).abs() < 1e-9, "{none:?}");
         assert!((none.validate_host_gbytes - 210_944.0 * 10_000.0 / 1e9).abs() < 1e-9, "{none:?}");
         assert!((none.validate_whole_host_gbytes - none.validate_host_gbytes).abs() < 1e-9);
-        // With a seed at every block's r0 slot each whole forward runs unfused: 4 · 67 072 bytes.
-        assert!((seeded.validate_whole_host_gbytes - 8.0 * 268_288.0 * 10_000.0 / 1e9).abs() < 1e-9);
-        assert!((seeded.validate_host_gbytes - 585_728.0 * 10_000.0 / 1e9).abs() < 1e-9);
+        // With a seed at every block's r0 slot each whole forward pools inside the slots' blends: 4 ·
+        // 52 736 bytes, as without seeds.
+        assert!((seeded.validate_whole_host_gbytes - 8.0 * 210_944.0 * 10_000.0 / 1e9).abs() < 1e-9);
+        assert!((seeded.validate_host_gbytes - 487_424.0 * 10_000.0 / 1e9).abs() < 1e-9);
     }
 
     /// Hand-derived for the forced seeds of W16 on cifar_baseline. The segment after each slot, with
@@ -908,17 +907,17 @@ mod tests {
     /// validation_passes_form_a_tree_over_three_slots), by off-mask in network order: 001 from r0c2
     /// (320), 010 from r0c1 (294 912 and 1 179 968), 011 from r0c2 (320), 100 from r0c0 (294 912,
     /// 295 040 and 1 179 968), 101 from r0c2 (320), 110 from r0c1 (294 912 and 1 179 968), 111 from
-    /// r0c2 (320): 4 720 960 in all. Bytes, in floats per image (evaluation with the block's r0 seed
-    /// running i + 4o + p per block: 37 888, 19 456, 9 728 — every block a pass runs whole has its seed
-    /// on, the ablated ones lying at or before the pass's start; a start at a block's r0 slot pools it,
-    /// o + p: 10 240, 5 120, 2 560): the main forward 67 072, the passes 4 · 2 560 from r0c2, 2 ·
-    /// (5 120 + 9 728) from r0c1 and 10 240 + 19 456 + 9 728 from r0c0, 79 360 in all. Without seeds,
-    /// the main forward alone, fused: i + 3o + p per block, 52 736.
+    /// r0c2 (320): 4 720 960 in all. Bytes, in floats per image (evaluation i + 3o + p per block, the
+    /// pool inside the r0 slot's blend where its seed runs: 29 696, 15 360, 7 680 — every block a pass
+    /// runs whole has its seed on, the ablated ones lying at or before the pass's start; a start at a
+    /// block's r0 slot, its seed off, pools the activation, o + p: 10 240, 5 120, 2 560): the main
+    /// forward 52 736, the passes 4 · 2 560 from r0c2, 2 · (5 120 + 7 680) from r0c1 and 10 240 +
+    /// 15 360 + 7 680 from r0c0, 69 120 in all. Without seeds, the main forward alone: 52 736.
     #[test]
     fn validation_work_counts_the_tree_of_passes() {
         let arch = HostArch::CIFAR_BASELINE;
         let seeds = [((0, 0), 589_824), ((1, 0), 128), ((2, 0), 1_179_648)];
-        assert_eq!(validation_work_per_image(&arch, &seeds), (2_580_928 + 4_720_960, 4 * (67_072 + 79_360)));
+        assert_eq!(validation_work_per_image(&arch, &seeds), (2_580_928 + 4_720_960, 4 * (52_736 + 69_120)));
         // Without seeds, the main forward alone.
         assert_eq!(validation_work_per_image(&arch, &[]), (arch.forward_macs(), 4 * 52_736));
         assert_eq!(host_bytes_per_image(&arch, false).1, 4 * 52_736);
