@@ -48,8 +48,10 @@ struct DeviceBlock {
 }
 
 impl DeviceBlock {
-    /// What the pool reads: slot r0's output, or the ReLU's.
+    /// The block's output where it does not pool: slot r0's output, or the ReLU's. (Where the block
+    /// pools, a slot's fused forward may leave its output unwritten: see `DeviceSlot::forward`.)
     fn r0_output(&self) -> &CudaSlice<f32> {
+        debug_assert!(self.pooled.is_none(), "a pooling block's output is its pool's");
         match (&self.r0, self.r0_ran) {
             (Some(slot), true) => &slot.out,
             _ => &self.act,

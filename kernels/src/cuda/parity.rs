@@ -2821,7 +2821,11 @@ fn group_norm_epilogue_checks(
             format!("group_norm_backward_input{kernel}_f32{mask}"),
             format!("{through}ops::norm::group_norm_backward"),
             shape.len(),
-            if mask_mixed { max_diff(&stream.clone_dtoh(&dx_dev)?, &dx_cpu) } else { f64::INFINITY },
+            if mask_mixed || !relu_mask {
+                max_diff(&stream.clone_dtoh(&dx_dev)?, &dx_cpu)
+            } else {
+                f64::INFINITY
+            },
             0.0,
         ));
         let (d_gamma_gpu, d_beta_gpu) = (stream.clone_dtoh(&d_gamma_dev)?, stream.clone_dtoh(&d_beta_dev)?);

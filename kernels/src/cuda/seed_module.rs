@@ -107,7 +107,11 @@ impl DeviceSeed {
             saved: alloc(&saved)?,
             stats: alloc(&stats)?,
             temp: alloc(&temp)?,
-            partials: stream.alloc_zeros::<f64>(2 * samples * c)?,
+            // Only the blueprints whose group norm takes its whole backward (`ops::group_norm_backward`).
+            partials: stream.alloc_zeros::<f64>(match bp {
+                CnnBlueprint::Attention | CnnBlueprint::Norm => 1,
+                _ => 2 * samples * c,
+            })?,
         })
     }
 
