@@ -549,6 +549,36 @@ extern "C" __global__ void __launch_bounds__(1024) slot_blend_select_f32(
 // through max_pool_window, so the same bits — a write and a read of the slot's output fewer. Even
 // planes only (size × size, size even: every element lies in a window, so s_mine is whole).
 
+// The windows of the slot-pool kernels over all envs: window o's plane p, env e (p / (batch·channels))
+// and the flat index of its top-left element, through FastDivs set up by one block_fast_divs call (its
+// shared slots are the function's, so a second call could overwrite them while a thread still reads
+// the first's).
+struct SlotPoolIndex {
+    PoolIndex pool;
+    FastDiv env_planes;
+    u64 windows;
+};
+
+__device__ __forceinline__ SlotPoolIndex slot_pool_index(u32 envs, u32 batch, u32 channels, u32 size) {
+    u64 planes = (u64)envs * batch * channels;
+    u32 half = size / 2;
+    FastDiv f[3];
+    block_fast_divs<3>({half * half, half, batch * channels}, f);
+    SlotPoolIndex ix;
+    ix.pool.fits = FITS_U32(planes * size * size);
+    ix.pool.windows = f[0], ix.pool.wo = f[1], ix.env_planes = f[2];
+    ix.windows = planes * f[0].d;
+    return ix;
+}
+
+__device__ __forceinline__ void slot_pool_window(
+    u64 o, const SlotPoolIndex& ix, u32 size, u64& p, u32& e, u64& top) {
+    u32 oy, ox;
+    pool_window(o, ix.pool, p, oy, ox);
+    e = ix.pool.fits ? fdiv((u32)p, ix.env_planes) : (u32)(p / ix.env_planes.d);
+    top = (p * size + 2 * oy) * size + 2 * ox;
+}
+
 // slot_passthrough_f32's rows pooled: env e's windows from h where slot_passthrough_f32 would copy h.
 // Grid (blocks of an env's windows, envs).
 extern "C" __global__ void __launch_bounds__(1024) slot_passthrough_pool_f32(
@@ -580,26 +610,16 @@ extern "C" __global__ void __launch_bounds__(1024) slot_passthrough_pool_f32(
 extern "C" __global__ void __launch_bounds__(1024) slot_blend_select_pool_f32(
     const float* h, const float* s, const float* alpha, const float* gate, const u8* mode, const u8* holds,
     float* s_mine, float* pooled, u8* argmax, u32 envs, u32 batch, u32 channels, u32 size) {
-    u64 planes = (u64)envs * batch * channels;
-    u32 half = size / 2;
-    // One call of block_fast_divs: its shared slots are the function's, so a second call could overwrite
-    // them while a thread still reads the first's.
-    FastDiv f[3];
-    block_fast_divs<3>({half * half, half, batch * channels}, f);
-    PoolIndex ix;
-    ix.fits = FITS_U32(planes * size * size);
-    ix.windows = f[0], ix.wo = f[1];
-    FOR_EACH(o, planes * ix.windows.d) {
-        u64 p;
-        u32 oy, ox;
-        pool_window(o, ix, p, oy, ox);
-        u32 e = ix.fits ? fdiv((u32)p, f[2]) : (u32)(p / ((u64)batch * channels));
+    SlotPoolIndex ix = slot_pool_index(envs, batch, channels, size);
+    FOR_EACH(o, ix.windows) {
+        u64 p, top;
+        u32 e;
+        slot_pool_window(o, ix, size, p, e, top);
         u8 m = mode[e];
         if (!holds[e] || m < 2 || m > 4) continue;
         float a = clamp01(alpha[e]);
         // GATE: the sample's gate, at its image p / channels.
         float a_eff = m == 4 ? clamp01(a * clamp01(gate[p / channels])) : a;
-        u64 top = (p * size + 2 * oy) * size + 2 * ox;
         u64 at[4] = {top, top + 1, top + size, top + size + 1};
         float window[4];
 #pragma unroll
@@ -666,23 +686,15 @@ extern "C" __global__ void __launch_bounds__(1024) slot_backward_split_f32(
 extern "C" __global__ void __launch_bounds__(1024) slot_backward_split_pool_f32(
     const float* dy_pooled, const u8* argmax, const float* h, const float* s_mine, const float* alpha,
     const float* gate, const u8* mode, float* dh, float* ds, u32 envs, u32 batch, u32 channels, u32 size) {
-    u64 planes = (u64)envs * batch * channels;
-    u32 half = size / 2;
-    FastDiv f[3];  // one call: see slot_blend_select_pool_f32
-    block_fast_divs<3>({half * half, half, batch * channels}, f);
-    PoolIndex ix;
-    ix.fits = FITS_U32(planes * size * size);
-    ix.windows = f[0], ix.wo = f[1];
-    FOR_EACH(o, planes * ix.windows.d) {
-        u64 p;
-        u32 oy, ox;
-        pool_window(o, ix, p, oy, ox);
-        u32 e = ix.fits ? fdiv((u32)p, f[2]) : (u32)(p / ((u64)batch * channels));
+    SlotPoolIndex ix = slot_pool_index(envs, batch, channels, size);
+    FOR_EACH(o, ix.windows) {
+        u64 p, top;
+        u32 e;
+        slot_pool_window(o, ix, size, p, e, top);
         u8 m = mode[e];
         float a = clamp01(alpha[e]), gate_v = m == 4 ? gate[p / channels] : 0.0f;
         float g = dy_pooled[o];
         u32 k = argmax[o];
-        u64 top = (p * size + 2 * oy) * size + 2 * ox;
         slot_split(top, m, a, k == 0 ? g : 0.0f, h, s_mine, gate_v, dh, ds);
         slot_split(top + 1, m, a, k == 1 ? g : 0.0f, h, s_mine, gate_v, dh, ds);
         slot_split(top + size, m, a, k == 2 ? g : 0.0f, h, s_mine, gate_v, dh, ds);
