@@ -158,6 +158,13 @@ __device__ __forceinline__ void pool_window(u64 o, const PoolIndex& ix, u64& pla
     oy = fdiv(r, ix.wo), ox = r - oy * ix.wo.d;
 }
 
+// The 2x2 max-pool of window (oy, ox) of plane p of x (planes h × w): its maximum, in *k its winner.
+__device__ __forceinline__ float max_pool_at(const float* x, u64 p, u32 oy, u32 ox, u32 h, u32 w, u32* k) {
+    const float* top = x + (p * h + 2 * oy) * w + 2 * ox;
+    float window[4] = {top[0], top[1], top[w], top[w + 1]};
+    return max_pool_window(window, k);
+}
+
 // The output gradient element (iy, ix) of plane `plane_index` (an (env, image, channel); planes h × w)
 // gets from the 2x2 max-pool: its window's, if it was the window's winner, else 0 (dropped odd rows and
 // columns included).

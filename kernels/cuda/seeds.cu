@@ -596,10 +596,8 @@ extern "C" __global__ void __launch_bounds__(1024) slot_passthrough_pool_f32(
         u64 p;
         u32 oy, ox;
         pool_window(o, ix, p, oy, ox);
-        const float* top = he + (p * size + 2 * oy) * size + 2 * ox;
-        float window[4] = {top[0], top[1], top[size], top[size + 1]};
         u32 k;
-        pooled[first + o] = max_pool_window(window, &k);
+        pooled[first + o] = max_pool_at(he, p, oy, ox, size, size, &k);
         argmax[first + o] = (u8)k;
     }
 }
