@@ -279,17 +279,24 @@ extern "C" __global__ void batch_norm_backward_params_partial_f32(
 // gradient (batch_norm_backward_input_from_f32) recomputes g as well, so neither the ReLU's output nor
 // g itself is ever read or written — the same sums, bit for bit, as the unfused kernels on the g they
 // would write. Grid (E·C, splits), REDUCE_THREADS threads.
+//
+// slot_mode, slot_alpha (null where no r0 slot runs): the pool's gradient reached the block through
+// an r0 slot's split, whose host gradient this recomputes — slot_host_factor's factor on the routed
+// gradient (ADD: dy·(1 − a)) — instead of reading it written (bn_slot_grad's order: the same bits).
 extern "C" __global__ void relu_bn_backward_partial_f32(
     const float* dy, const u8* argmax, const float* x, const float* save_mean, const float* save_inv_std,
     const float* gamma, const float* beta, double* partial, u32 batch, u32 channels, u32 h, u32 w,
-    u32 splits, u32 run, int pooled) {
+    u32 splits, u32 run, int pooled, const u8* slot_mode, const float* slot_alpha) {
     u32 p = blockIdx.x;
     float mean = save_mean[p], scale = bn_scale(save_inv_std, gamma, p, 0), shift = beta[p];
+    bool scaled;
+    float factor = slot_host_factor(slot_mode, slot_alpha, p / channels, &scaled);
     FastDiv f_w = fast_div(w);  // a row by multiply and shifts, not a division per element
     auto terms = [&](u64 i, u64 plane_index, u32 r) {
         float xi = x[i];
         u32 iy = fdiv(r, f_w);
         float g = bn_output_grad(xi, mean, scale, shift, dy, argmax, pooled, i, plane_index, iy, r - iy * w, h, w);
+        if (scaled) g = g * factor;
         double gd = (double)g;
         return make_double2(gd, gd * (double)(xi - mean));
     };
@@ -302,7 +309,8 @@ extern "C" __global__ void relu_bn_backward_partial_f32(
 // values batch_norm_backward_input_f32 computes from the same tensors).
 extern "C" __global__ void batch_norm_backward_params_finish_f32(
     const double* partial, const float* save_mean, const float* save_inv_std, const float* gamma,
-    const float* beta, float* grad_gamma, float* grad_beta, float* coef, u32 pairs, u32 splits, u64 count) {
+    const float* beta, float* grad_gamma, float* grad_beta, float* coef, u32 pairs, u32 splits, u64 count,
+    const u8* slot_mode, const float* slot_alpha, u32 channels) {
     FOR_EACH(p, pairs) {
         double sum_dy = 0.0, sum_dy_centered = 0.0;
         for (u32 s = 0; s < splits; ++s) {
@@ -321,8 +329,9 @@ extern "C" __global__ void batch_norm_backward_params_finish_f32(
             c[3] = inv_std;
             c[4] = d_beta / n;
             c[5] = d_gamma / n;
-            c[6] = 0.0f;
-            c[7] = 0.0f;
+            bool scaled;
+            c[6] = slot_host_factor(slot_mode, slot_alpha, (u32)(p / channels), &scaled);
+            c[7] = scaled ? 1.0f : 0.0f;
         }
     }
 }
@@ -380,7 +389,7 @@ extern "C" __global__ void __launch_bounds__(1024) batch_norm_backward_input_fro
                 float xi = x[at[j]];
                 float v = (xi - c[0]) * c[1] + c[2];
                 float g = !(v > 0.0f) ? 0.0f : (k == j ? routed : 0.0f);
-                dx[at[j]] = bn_input_grad(c, xi, g);
+                dx[at[j]] = bn_input_grad(c, xi, bn_slot_grad(c, g));
             }
         }
         return;
@@ -393,6 +402,6 @@ extern "C" __global__ void __launch_bounds__(1024) batch_norm_backward_input_fro
         float xi = x[i];
         u32 iy = fdiv(r, ix.row);
         float g = bn_output_grad(xi, c[0], c[1], c[2], dy, argmax, pooled, i, plane_index, iy, r - iy * w, h, w);
-        dx[i] = bn_input_grad(c, xi, g);
+        dx[i] = bn_input_grad(c, xi, bn_slot_grad(c, g));
     }
 }

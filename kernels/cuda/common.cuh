@@ -165,6 +165,19 @@ __device__ __forceinline__ float max_pool_at(const float* x, u64 p, u32 oy, u32 
     return max_pool_window(window, k);
 }
 
+// v clamped to [0, 1] (a seed's blend amplitude).
+__device__ __forceinline__ float clamp01(float v) { return fminf(fmaxf(v, 0.0f), 1.0f); }
+
+// The factor an r0 slot's split puts on the host's direct gradient of an env in `mode` at `alpha`
+// (slot_backward_split_f32's dh = dy·(1 − a) in ADD, mode 2; dy itself in OFF and INCUBATOR, modes 0
+// and 1, where *scaled is false and the factor is not applied), for batch norm's backwards reading the
+// pool's gradient before the slot (slot_mode null: no slot, not scaled). MULTIPLY and GATE (3, 4)
+// need the seed's output: their slots write the split's gradient instead.
+__device__ __forceinline__ float slot_host_factor(const u8* slot_mode, const float* slot_alpha, u32 e, bool* scaled) {
+    *scaled = slot_mode && slot_mode[e] == 2;
+    return *scaled ? 1.0f - clamp01(slot_alpha[e]) : 1.0f;
+}
+
 // The output gradient element (iy, ix) of plane `plane_index` (an (env, image, channel); planes h × w)
 // gets from the 2x2 max-pool: its window's, if it was the window's winner, else 0 (dropped odd rows and
 // columns included).
@@ -205,12 +218,19 @@ __device__ __forceinline__ float bn_output_grad(
 
 // Per (env, channel), what the input gradient needs once the parameter gradients are summed
 // (batch_norm_backward_params_finish_f32 writes them): BN_COEF floats {mean, scale = inv_std·γ, shift
-// = β, inv_std, dβ/N, dγ/N, 0, 0}, N = B·H·W.
+// = β, inv_std, dβ/N, dγ/N, factor, scaled}, N = B·H·W; factor and scaled (1 or 0) slot_host_factor's
+// for the pair's env (bn_slot_grad applies them).
 #define BN_COEF 8
 
 // Batch norm's input gradient at an element of value xi whose output gradient is g, from its (env,
 // channel)'s coefficients c: γ·inv_std·(g − dβ/N − x̂·dγ/N), x̂ = (xi − mean)·inv_std — the operations
 // and order of batch_norm_backward_input_f32 (and the CPU twin's DxConsts::input_grad): the same bits.
+// Batch norm's output gradient g (bn_output_grad's, from the pool's gradient before an r0 slot) times
+// the slot's factor where its split scales the host's gradient (c[7] != 0): g·(1 − a), as
+// slot_backward_split_f32 computes dh from the routed gradient — the ReLU's mask then keeps it or
+// gives 0, and 0·(1 − a) is 0, so the same bits either way round.
+__device__ __forceinline__ float bn_slot_grad(const float* c, float g) { return c[7] != 0.0f ? g * c[6] : g; }
+
 __device__ __forceinline__ float bn_input_grad(const float* c, float xi, float g) {
     float x_hat = (xi - c[0]) * c[3];
     return c[1] * (g - c[4] - x_hat * c[5]);

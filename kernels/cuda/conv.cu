@@ -557,7 +557,7 @@ __device__ __forceinline__ float load_or_bn(
     float xi = bn.x[at];
     float g = bn_output_grad(xi, cf[0], cf[1], cf[2], bn.dy, bn.argmax, bn.mode == BN_LOAD_POOLED, at, plane_index,
                              iy, ix, h, w);
-    return bn_input_grad(cf, xi, g);
+    return bn_input_grad(cf, xi, bn_slot_grad(cf, g));
 }
 
 // fast_div(chunk) for a chunk of 1 .. DC_CHUNK channels: each branch's divisor is a constant, so the

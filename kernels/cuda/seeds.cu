@@ -25,7 +25,6 @@ __device__ __forceinline__ float lanes_total(const Lanes& s) {
     return (a0 + a2) + (a1 + a3);
 }
 
-__device__ __forceinline__ float clamp01(float v) { return fminf(fmaxf(v, 0.0f), 1.0f); }
 
 // One lane's run of the CPU's LaneSums in its order: use(i, load(i)) for i = lane, lane + 8, … below n,
 // the loads of eight steps issued before their uses. Written as a plain loop, ptxas issued each load
@@ -639,8 +638,14 @@ extern "C" __global__ void __launch_bounds__(1024) slot_blend_select_pool_f32(
 // x_s term reaches dh); GATE: (dy·(1 − a_eff), dy·a_eff) as blend_gate_backward.
 // Element t's split of its gradient g in mode m at amplitude a (gate_v: the sample's gate, read in
 // GATE only), shared by slot_backward_split_f32 and slot_backward_split_pool_f32.
+// dh null: ds alone (an ADD-only slot whose host gradient batch norm's backward recomputes:
+// slot_host_factor).
 __device__ __forceinline__ void slot_split(
     u64 t, u8 m, float a, float g, const float* h, const float* s_mine, float gate_v, float* dh, float* ds) {
+    if (!dh) {
+        ds[t] = m == 2 ? g * a : m == 1 ? g : 0.0f;
+        return;
+    }
     switch (m) {
         case 2:
             dh[t] = g * (1.0f - a);
@@ -680,7 +685,8 @@ extern "C" __global__ void __launch_bounds__(1024) slot_backward_split_f32(
 // splits each of the window's four elements' gradients — the winner's the window's, the others 0.0f,
 // max_pool2x2_backward_f32's values — so the same bits, without writing the routed gradient and
 // reading it back. (A slot with a GATE seed reads the routed gradient again for the gate's gradient,
-// so it takes the kernels one by one.)
+// so it takes the kernels one by one.) dh null: the host's gradient is not written (a slot whose envs
+// are all OFF, INCUBATOR or ADD: batch norm's backward recomputes it, slot_host_factor), ds alone.
 extern "C" __global__ void __launch_bounds__(1024) slot_backward_split_pool_f32(
     const float* dy_pooled, const u8* argmax, const float* h, const float* s_mine, const float* alpha,
     const float* gate, const u8* mode, float* dh, float* ds, u32 envs, u32 batch, u32 channels, u32 size) {

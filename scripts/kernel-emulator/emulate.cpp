@@ -373,6 +373,8 @@ static void check_staged_bn(unsigned envs, unsigned batch, unsigned c_in, unsign
         float* c = coef.data() + p * BN_COEF;
         c[0] = uniform(-0.5f, 0.5f), c[1] = uniform(0.5f, 2.0f), c[2] = uniform(-0.5f, 0.5f);
         c[3] = uniform(0.5f, 2.0f), c[4] = uniform(-0.1f, 0.1f), c[5] = uniform(-0.1f, 0.1f);
+        // Every other pair behind an r0 slot's ADD split (its host gradient's factor, bn_slot_grad).
+        c[6] = uniform(0.0f, 1.0f), c[7] = p % 2 ? 1.0f : 0.0f;
     }
     std::vector<float> dconv(n_out, NAN);
     launch({64, 1, 1}, {256, 1, 1}, [&] {
@@ -483,13 +485,40 @@ static void check_fused_pool(unsigned envs, unsigned batch, unsigned channels, u
         // against max_pool2x2_backward_f32, relu_backward_f32, batch_norm_backward_params_partial_f32,
         // the finish kernel and batch_norm_backward_input_f32 one by one — runs of a third of each
         // pair's values, the last short.
-        for (int pooled_grad = 1; pooled_grad >= 0; --pooled_grad) {
+        // Source 2: the pool's gradient through an r0 slot's split (env e in mode slot_mode[e]: ADD, then
+        // INCUBATOR, OFF, ADD …): against the pool's backward, slot_backward_split_f32 writing the host's
+        // gradient, then the kernels one by one — and slot_backward_split_pool_f32 without the host's
+        // gradient must write the seed's the same.
+        std::vector<u8> slot_mode(envs);
+        std::vector<float> slot_alpha(envs), zeros(n, 0.0f);
+        for (unsigned e = 0; e < envs; ++e) slot_mode[e] = e % 3 == 0 ? 2 : e % 3 == 1 ? 1 : 0, slot_alpha[e] = 0.3f + 0.5f * e;
+        for (int source = 2; source >= 0; --source) {
+            int pooled_grad = source >= 1;
+            const u8* sm = source == 2 ? slot_mode.data() : nullptr;
+            const float* sa = source == 2 ? slot_alpha.data() : nullptr;
             auto dy = values(pooled_grad ? windows : n, -1.0f, 1.0f);
-            std::vector<float> g(n, NAN), routed(n, NAN);
+            std::vector<float> g(n, NAN), routed(n, NAN), dh(n, NAN), ds(n, NAN);
             if (pooled_grad)
                 launch({64, 1, 1}, {256, 1, 1}, [&] { max_pool2x2_backward_f32(dy.data(), arg.data(), routed.data(), planes, h, w); });
             else
                 routed = dy;
+            size_t wrong_ds = 0;
+            if (source == 2) {
+                launch({64, 1, 1}, {256, 1, 1}, [&] {
+                    slot_backward_split_f32(routed.data(), zeros.data(), zeros.data(), slot_alpha.data(), zeros.data(),
+                                            slot_mode.data(), dh.data(), ds.data(), envs, batch, channels * h * w);
+                });
+                routed = dh;
+                if (h % 2 == 0 && w == h) {
+                    std::vector<float> ds_fused(n, NAN);
+                    launch({3, 1, 1}, {64, 1, 1}, [&] {
+                        slot_backward_split_pool_f32(dy.data(), arg.data(), zeros.data(), zeros.data(), slot_alpha.data(),
+                                                     zeros.data(), slot_mode.data(), nullptr, ds_fused.data(), envs,
+                                                     batch, channels, h);
+                    });
+                    for (size_t i = 0; i < n; ++i) wrong_ds += !same_bits(ds_fused[i], ds[i]);
+                }
+            }
             launch({64, 1, 1}, {256, 1, 1}, [&] { relu_backward_f32(act.data(), routed.data(), g.data(), (u64)n); });
             size_t cut = 0;
             for (size_t i = 0; i < n; ++i) cut += act[i] == 0.0f;
@@ -497,7 +526,8 @@ static void check_fused_pool(unsigned envs, unsigned batch, unsigned channels, u
             std::vector<double> sums(pairs * splits * 2, NAN), sums1(pairs * splits * 2, NAN);
             launch({(unsigned)pairs, splits, 1}, {REDUCE_THREADS, 1, 1}, [&] {
                 relu_bn_backward_partial_f32(dy.data(), arg.data(), x.data(), mean.data(), scale.data(), gamma.data(),
-                                             beta.data(), sums.data(), batch, channels, h, w, splits, run, pooled_grad);
+                                             beta.data(), sums.data(), batch, channels, h, w, splits, run, pooled_grad,
+                                             sm, sa);
             });
             launch({(unsigned)pairs, splits, 1}, {REDUCE_THREADS, 1, 1}, [&] {
                 batch_norm_backward_params_partial_f32(x.data(), g.data(), mean.data(), sums1.data(), batch, channels,
@@ -511,12 +541,12 @@ static void check_fused_pool(unsigned envs, unsigned batch, unsigned channels, u
             launch({1, 1, 1}, {256, 1, 1}, [&] {
                 batch_norm_backward_params_finish_f32(sums.data(), mean.data(), scale.data(), gamma.data(), beta.data(),
                                                       dgamma.data(), dbeta.data(), coef.data(), (u32)pairs, splits,
-                                                      (u64)count);
+                                                      (u64)count, sm, sa, channels);
             });
             launch({1, 1, 1}, {256, 1, 1}, [&] {
                 batch_norm_backward_params_finish_f32(sums1.data(), mean.data(), scale.data(), gamma.data(),
                                                       beta.data(), dgamma1.data(), dbeta1.data(), nullptr, (u32)pairs,
-                                                      splits, (u64)count);
+                                                      splits, (u64)count, nullptr, nullptr, channels);
             });
             for (size_t i = 0; i < pairs; ++i) wrong += !same_bits(dgamma[i], dgamma1[i]) + !same_bits(dbeta[i], dbeta1[i]);
             std::vector<float> dx(n, NAN), dx1(n, NAN);
@@ -529,10 +559,12 @@ static void check_fused_pool(unsigned envs, unsigned batch, unsigned channels, u
                                               dbeta1.data(), dx1.data(), envs, batch, channels, h * w);
             });
             for (size_t i = 0; i < n; ++i) wrong += !same_bits(dx[i], dx1[i]);
+            wrong += wrong_ds;
             std::snprintf(what, sizeof what, "relu_bn_backward_{partial,input_from} %s E%u B%u C%u %u×%u (%u runs)",
-                          pooled_grad ? "pooled" : "relu  ", envs, batch, channels, h, w, splits);
-            std::snprintf(detail, sizeof detail, "%zu of %zu sums, parameter and input gradients differ in bits (%zu cut by the ReLU)",
-                          wrong, sums.size() + 2 * pairs + n, cut);
+                          source == 2 ? "slot  " : pooled_grad ? "pooled" : "relu  ", envs, batch, channels, h, w, splits);
+            std::snprintf(detail, sizeof detail, "%zu of %zu sums, parameter and input gradients%s differ in bits (%zu cut by the ReLU)",
+                          wrong, sums.size() + 2 * pairs + n + (source == 2 && w == h ? n : 0),
+                          source == 2 && w == h ? " and the seed's" : "", cut);
             report(what, wrong == 0 && splits > 1 && cut > 0, detail);
         }
     }
@@ -579,7 +611,7 @@ static void check_batch_norm(unsigned envs, unsigned batch, unsigned channels, u
     launch({1, 1, 1}, {256, 1, 1}, [&] {
         batch_norm_backward_params_finish_f32(partial.data(), mean.data(), inv.data(), rm.data(), rv.data(),
                                               dgamma.data(), dbeta.data(), nullptr, (unsigned)pairs, splits,
-                                              (u64)count);
+                                              (u64)count, nullptr, nullptr, channels);
     });
     double worst = 0.0, worst_grad = 0.0, largest_grad = 0.0;
     std::vector<double> want_gamma(pairs), want_beta(pairs);
@@ -1184,6 +1216,7 @@ int main() {
     // The fused normalisation + ReLU + pool and its backward: square and oblong even planes.
     check_add_relu(5003);
     check_fused_pool(2, 3, 4, 8, 8);
+    check_fused_pool(5, 2, 3, 6, 6);  // an r0 slot's five envs: ADD, INCUBATOR, OFF, ADD, INCUBATOR
     check_fused_pool(1, 5, 3, 8, 6);
     // Batch norm: one run, several (the last short), and a mean far from zero.
     check_batch_norm(3, 4, 5, 49, 1, -2.0f, 3.0f);

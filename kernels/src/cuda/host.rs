@@ -608,6 +608,11 @@ impl DeviceHost {
                 && block.pooled.is_some()
                 && size.is_multiple_of(2)
                 && block.r0.as_ref().is_some_and(|slot| block.r0_ran && !slot.gated());
+            // And where the slot's envs are all OFF, INCUBATOR or ADD, the host's gradient is not written
+            // either: batch norm's backward recomputes it from the pool's gradient and the slot's
+            // per-env factors (`ops::SlotFactor`).
+            let slot_scales =
+                slot_pool_grad && block.r0.as_ref().is_some_and(|slot| slot.host_grad_recomputable());
             if let (Some((_, argmax)), false, false) = (&block.pooled, fuse_pool, slot_pool_grad) {
                 // grad_a (pooled) → grad_b (the ReLU's output), then the two trade places.
                 let planes = (self.envs * self.batch * arch.block_channels(b)) as u64;
@@ -620,11 +625,16 @@ impl DeviceHost {
                 // grad_a (after r0, or the pool's output gradient) → grad_b (the ReLU's output), then the
                 // two trade places.
                 let grad_y = match (&block.pooled, slot_pool_grad) {
-                    (Some((_, argmax)), true) => SlotGrad::Pooled { dy: &self.grad_a, argmax },
+                    (Some((_, argmax)), true) => {
+                        SlotGrad::Pooled { dy: &self.grad_a, argmax, host_grad: !slot_scales }
+                    }
                     _ => SlotGrad::Output(&self.grad_a),
                 };
                 slot.backward(device, &mut self.conv, &block.act, grad_y, &mut self.grad_b)?;
-                std::mem::swap(&mut self.grad_a, &mut self.grad_b);
+                // Where the host's gradient was not written, grad_a keeps the pool's.
+                if !slot_scales {
+                    std::mem::swap(&mut self.grad_a, &mut self.grad_b);
+                }
             }
             let block = &self.blocks[b];
             let norm = arch.block_norm(b, self.envs, self.batch);
@@ -637,14 +647,17 @@ impl DeviceHost {
             // never written (`on_load`).
             let mut on_load = None;
             if self.fuse {
-                // grad_a: the pool's output gradient (fuse_pool) or the ReLU's; dγ, dβ and the input
-                // gradient's coefficients.
-                let argmax = block.pooled.as_ref().filter(|_| fuse_pool).map(|(_, argmax)| argmax);
+                // grad_a: the pool's output gradient (fuse_pool; or slot_scales, the r0 slot's factors
+                // applied) or the ReLU's; dγ, dβ and the input gradient's coefficients.
+                let argmax =
+                    block.pooled.as_ref().filter(|_| fuse_pool || slot_scales).map(|(_, argmax)| argmax);
+                let slot_factor = block.r0.as_ref().filter(|_| slot_scales).map(DeviceSlot::factor);
                 ops::relu_batch_norm_backward_params(
                     device,
                     &norm,
                     &self.grad_a,
                     argmax,
+                    slot_factor,
                     &block.conv_out,
                     &block.save_mean,
                     &block.save_inv_std,

@@ -2,7 +2,7 @@
 //! kernel's arguments in the kernel's order, so a composition reads as the CPU code it mirrors and an
 //! argument list is written once.
 
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchArgs, LaunchConfig, PushKernelArg};
 
 use crate::ops::{LinearShape, NormShape};
 use crate::optim::{MAX_GRAD_NORM, SgdConfig};
@@ -222,12 +222,41 @@ pub fn batch_norm_backward_params(
     launch.arg(x).arg(dy).arg(save_mean).arg(&mut *partial);
     push_dims(&mut launch, &dims);
     unsafe { launch.launch(config) }?;
-    batch_norm_params_finish(device, d, partial, save_mean, save_inv_std, None, grad_gamma, grad_beta, splits)
+    batch_norm_params_finish(
+        device,
+        d,
+        partial,
+        save_mean,
+        save_inv_std,
+        None,
+        grad_gamma,
+        grad_beta,
+        splits,
+        None,
+    )
+}
+
+/// An r0 slot's per-env modes and amplitudes (`DeviceSlot`'s), where batch norm's backward reads the
+/// pool's gradient before the slot and recomputes the host's gradient the slot's split leaves
+/// unwritten: `dy·(1 − a)` for an ADD env, `dy` for an OFF or INCUBATOR one (`slot_host_factor` in
+/// common.cuh; a slot with MULTIPLY or GATE seeds writes it instead).
+#[derive(Clone, Copy)]
+pub struct SlotFactor<'a> {
+    pub mode: &'a CudaSlice<u8>,
+    pub alpha: &'a CudaSlice<f32>,
+}
+
+/// Appends a batch-norm kernel's `slot_mode, slot_alpha` arguments: `slot`'s, or two nulls.
+fn push_slot<'a>(launch: &mut LaunchArgs<'a>, slot: Option<SlotFactor<'a>>) {
+    match slot {
+        Some(SlotFactor { mode, alpha }) => launch.arg(mode).arg(alpha),
+        None => launch.arg(&NULL).arg(&NULL),
+    };
 }
 
 /// dγ, dβ (overwritten) from the runs' sums in `partial`, added in order; with `coef`, also each
 /// (env, channel)'s coefficients of the input gradient (`[pairs, BN_COEF]`, see
-/// [`batch_norm_backward_input_from`]) from `save_mean`, `save_inv_std`, `gamma` and `beta`.
+/// [`batch_norm_backward_input_from`]) from `save_mean`, `save_inv_std`, `gamma`, `beta` and `slot`.
 #[allow(clippy::too_many_arguments)]
 fn batch_norm_params_finish(
     device: &Device,
@@ -239,9 +268,10 @@ fn batch_norm_params_finish(
     grad_gamma: &mut CudaSlice<f32>,
     grad_beta: &mut CudaSlice<f32>,
     splits: u32,
+    slot: Option<SlotFactor<'_>>,
 ) -> R {
     let pairs = d.params_len() as u32;
-    let count = (d.batch * d.plane()) as u64;
+    let (count, channels) = ((d.batch * d.plane()) as u64, d.channels as u32);
     let mut launch = device.stream.launch_builder(device.function("batch_norm_backward_params_finish_f32"));
     launch.arg(partial).arg(save_mean).arg(save_inv_std);
     match norm_params {
@@ -254,6 +284,8 @@ fn batch_norm_params_finish(
         }
     }
     launch.arg(&pairs).arg(&splits).arg(&count);
+    push_slot(&mut launch, slot);
+    launch.arg(&channels);
     unsafe { launch.launch(elementwise(d.params_len())) }?;
     Ok(())
 }
@@ -268,13 +300,17 @@ pub const BN_COEF: usize = 8;
 /// ReLU's mask as the training forward computed it, and summed into `dγ`, `dβ` in the same runs as
 /// [`batch_norm_backward_params`] (`relu_bn_backward_partial_f32`) — the same bits as the backwards one
 /// by one, without the ReLU's output or that gradient ever written. `coef` (`[E·C, BN_COEF]`) gets what
-/// [`batch_norm_backward_input_from`] needs. `d` is the block's norm shape (the pool's input).
+/// [`batch_norm_backward_input_from`] needs. `d` is the block's norm shape (the pool's input). With
+/// `slot` (and `argmax`), the pool's gradient reached the block through an r0 slot's split that left
+/// the host's gradient unwritten: each env's factor on it ([`SlotFactor`]) is applied here and, through
+/// `coef`, by the input gradient.
 #[allow(clippy::too_many_arguments)]
 pub fn relu_batch_norm_backward_params(
     device: &Device,
     d: &NormShape,
     dy: &CudaSlice<f32>,
     argmax: Option<&CudaSlice<u8>>,
+    slot: Option<SlotFactor<'_>>,
     x: &CudaSlice<f32>,
     save_mean: &CudaSlice<f32>,
     save_inv_std: &CudaSlice<f32>,
@@ -294,6 +330,8 @@ pub fn relu_batch_norm_backward_params(
     push_optional(&mut launch, argmax);
     launch.arg(x).arg(save_mean).arg(save_inv_std).arg(gamma).arg(beta).arg(&mut *partial);
     launch.arg(&batch).arg(&channels).arg(&h).arg(&w).arg(&splits).arg(&run).arg(&pooled);
+    assert!(slot.is_none() || argmax.is_some(), "a slot's host gradient is recomputed from the pool's");
+    push_slot(&mut launch, slot);
     unsafe { launch.launch(config) }?;
     let norm_params = Some((gamma, beta, coef));
     batch_norm_params_finish(
@@ -306,6 +344,7 @@ pub fn relu_batch_norm_backward_params(
         grad_gamma,
         grad_beta,
         splits,
+        slot,
     )
 }
 

@@ -1299,7 +1299,9 @@ fn graph_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), P
 /// [`seeded_plan`]'s seeds born and three more epochs (the ReLU's gradient behind r0 seeds, the r0
 /// slots' output pooled in their blend — `slot_passthrough_pool_f32`, `slot_blend_select_pool_f32` —
 /// in training and in every validation pass that runs them, and the pool's gradient routed inside
-/// their split, `slot_backward_split_pool_f32`, except at the gated one; r1 seeds after the pool). Every epoch's
+/// their split, `slot_backward_split_pool_f32`, except at the gated one (r0c0); at r0c2, whose envs
+/// are ADD or INCUBATOR, the host's gradient not written but recomputed by batch norm's backward with
+/// the slot's factors (`ops::SlotFactor`), at r0c1 (a MULTIPLY env) written; r1 seeds after the pool). Every epoch's
 /// losses and accuracies, every validation result and the parameters' checksums must be the same bits.
 fn fusion_checks(devices: [Device; 2], rows: &mut Vec<ParityRow>) -> Result<(), ParityError> {
     let seed = 9u64;
@@ -1934,6 +1936,7 @@ fn fused_backward_checks(
         &bn,
         &dy_dev,
         argmax,
+        None,
         x_dev,
         mean,
         inv_std,

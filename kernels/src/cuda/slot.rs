@@ -12,8 +12,8 @@ use cudarc::driver::{CudaSlice, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::gate::DeviceGate;
 use super::gemm_conv::GemmConv;
-use super::ops;
-use super::parity::{Device, ParityError, elementwise};
+use super::ops::{self, SlotFactor};
+use super::parity::{Device, NULL, ParityError, elementwise};
 use super::seed_module::DeviceSeed;
 use crate::host::{SeedEnvState, SeedMode};
 use crate::optim::SgdConfig;
@@ -196,6 +196,10 @@ pub struct SlotLaunchKey {
     collecting: u8,
     takes_stats: bool,
     gate_collects: bool,
+    /// Whether the backward leaves the host's gradient to batch norm
+    /// ([`DeviceSlot::host_grad_recomputable`]: no MULTIPLY or GATE env), which changes the launches of
+    /// the slot's split and of the block's norm.
+    host_grad_recomputable: bool,
 }
 
 /// What decides a slot's launches in an evaluation forward: whether it runs, which blueprints run,
@@ -226,10 +230,14 @@ pub struct StatsTaken {
 /// block's 2×2 max-pool, on even square planes — the pool's output gradient `dy` with the winners
 /// `argmax`, the pool's backward fused into the slot's split (`slot_backward_split_pool_f32`: the same
 /// bits, the routed gradient never written). A slot with a GATE seed takes it written out.
+///
+/// `Pooled { host_grad: false }`: the host's gradient is left unwritten (a slot whose envs are all
+/// OFF, INCUBATOR or ADD, [`DeviceSlot::host_grad_recomputable`]): batch norm's backward recomputes it
+/// from the pool's gradient with [`DeviceSlot::factor`], and only the seeds' gradient is split off.
 #[derive(Clone, Copy)]
 pub enum SlotGrad<'a> {
     Output(&'a CudaSlice<f32>),
-    Pooled { dy: &'a CudaSlice<f32>, argmax: &'a CudaSlice<u8> },
+    Pooled { dy: &'a CudaSlice<f32>, argmax: &'a CudaSlice<u8>, host_grad: bool },
 }
 
 impl DeviceSlot {
@@ -392,6 +400,7 @@ impl DeviceSlot {
             collecting: r.collecting,
             takes_stats: r.takes_stats,
             gate_collects: r.gate_collects,
+            host_grad_recomputable: self.host_grad_recomputable(),
         }
     }
 
@@ -577,6 +586,24 @@ impl DeviceSlot {
         self.roles.gated
     }
 
+    /// Whether the host's gradient through this slot is the routed gradient times a per-env factor
+    /// (every env OFF, INCUBATOR or ADD: `dy`, `dy`, `dy·(1 − a)`), so that batch norm's backward can
+    /// recompute it ([`Self::factor`]) instead of reading it written. MULTIPLY's and GATE's need the
+    /// seed's output.
+    pub fn host_grad_recomputable(&self) -> bool {
+        !self.roles.gated
+            && self
+                .state
+                .iter()
+                .all(|s| matches!(s.mode, SeedMode::Off | SeedMode::Incubator | SeedMode::Add))
+    }
+
+    /// The per-env modes and amplitudes batch norm's backward reads to recompute the host's gradient
+    /// (as uploaded for the last forward).
+    pub fn factor(&self) -> SlotFactor<'_> {
+        SlotFactor { mode: &self.mode, alpha: &self.alpha }
+    }
+
     /// The backward of the last training forward over `h`: `grad_h` (overwritten) the host's direct
     /// path, and every trained blueprint's parameter gradients (the rows of envs that do not train it
     /// zero).
@@ -601,7 +628,11 @@ impl DeviceSlot {
                 unsafe { launch.launch(elementwise(len)) }?;
                 Some(grad_y)
             }
-            SlotGrad::Pooled { dy, argmax } => {
+            SlotGrad::Pooled { dy, argmax, host_grad } => {
+                assert!(
+                    host_grad || self.host_grad_recomputable(),
+                    "MULTIPLY's host gradient needs the seed's output"
+                );
                 assert!(
                     !self.roles.gated,
                     "a GATE seed's backward reads the slot's output gradient written out"
@@ -626,7 +657,11 @@ impl DeviceSlot {
                     .arg(&self.alpha)
                     .arg(gate)
                     .arg(&self.mode);
-                launch.arg(&mut *grad_h).arg(&mut self.ds);
+                match host_grad {
+                    true => launch.arg(&mut *grad_h),
+                    false => launch.arg(&NULL),
+                };
+                launch.arg(&mut self.ds);
                 launch.arg(&dims[0]).arg(&dims[1]).arg(&channels).arg(&size);
                 unsafe { launch.launch(elementwise(windows)) }?;
                 None
