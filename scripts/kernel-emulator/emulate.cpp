@@ -534,7 +534,7 @@ static void check_fused_pool(unsigned envs, unsigned batch, unsigned channels, u
                                                        h * w, splits, run);
             });
             size_t wrong = 0;
-            for (size_t i = 0; i < sums.size(); ++i) wrong += !(sums[i] == sums1[i]);
+            for (size_t i = 0; i < sums.size(); ++i) wrong += std::memcmp(&sums[i], &sums1[i], sizeof(double)) != 0;
             // The finish with the input gradient's coefficients, and without (the same dγ, dβ).
             std::vector<float> dgamma(pairs, NAN), dbeta(pairs, NAN), dgamma1(pairs, NAN), dbeta1(pairs, NAN);
             std::vector<float> coef(pairs * BN_COEF, NAN);

@@ -2440,7 +2440,8 @@ fn conv_checks(device: &Device, s: &mut Stream, rows: &mut Vec<ParityRow>) -> Re
 /// fusion on), direct at f32 and on the tensor cores at TF32, against the same kernels on that
 /// gradient written by `batch_norm_backward_input_from_f32` (itself checked against the CPU in the batch
 /// norm group): bit for bit, from the pool's output gradient (even planes) and from the ReLU's. Random
-/// coefficients and argmax; shifts of either sign, so the ReLU cuts.
+/// coefficients and argmax; shifts of either sign, so the ReLU cuts; every other pair behind an r0
+/// slot's ADD split (its factor on the host's gradient in c[6], c[7]: `bn_slot_grad`).
 fn staged_norm_grad_checks(
     device: &Device,
     s: &mut Stream,
@@ -2454,11 +2455,12 @@ fn staged_norm_grad_checks(
     let windows = c.envs * c.batch * c.c_out * (c.h / 2) * (c.w / 2);
     let xbn = stream.clone_htod(&values(s, c.output_len(), -2.0, 2.0))?;
     let mut coef = vec![0.0f32; norm.params_len() * device_ops::BN_COEF];
-    for p in coef.chunks_mut(device_ops::BN_COEF) {
-        let [mean, scale, shift, inv_std, gb, gg] =
-            [(-0.5, 0.5), (0.5, 2.0), (-0.5, 0.5), (0.5, 2.0), (-0.1, 0.1), (-0.1, 0.1)]
+    for (k, p) in coef.chunks_mut(device_ops::BN_COEF).enumerate() {
+        let [mean, scale, shift, inv_std, gb, gg, factor] =
+            [(-0.5, 0.5), (0.5, 2.0), (-0.5, 0.5), (0.5, 2.0), (-0.1, 0.1), (-0.1, 0.1), (0.0, 1.0)]
                 .map(|(lo, hi)| values(s, 1, lo, hi)[0]);
-        p[..6].copy_from_slice(&[mean, scale, shift, inv_std, gb, gg]);
+        let scaled = if k % 2 == 1 { 1.0 } else { 0.0 };
+        p.copy_from_slice(&[mean, scale, shift, inv_std, gb, gg, factor, scaled]);
     }
     let coef = stream.clone_htod(&coef)?;
     let argmax: Vec<u8> = values(s, windows, 0.0, 3.999).iter().map(|&v| v as u8).collect();

@@ -178,8 +178,9 @@ impl SlotRoles {
 /// [`DeviceSlot::prepare`] uploads (alpha, mode, which env holds and trains which blueprint, the gate
 /// masks). Two epochs with the same keys make the same launches with the same arguments, whatever
 /// their envs' states: what lets a CUDA graph of one replay the other (`super::epoch_graph`). (One
-/// exception, harmless: the host's two gradient scratch buffers trade places per slot backward, so a
-/// replay may bind them the other way round; each step writes both before it reads them.) A buffer a
+/// exception, harmless: the host's two gradient scratch buffers trade places per slot backward — not
+/// behind an r0 slot that leaves the host's gradient to batch norm — so a replay may bind them the
+/// other way round; each step writes both before it reads them.) A buffer a
 /// graph holds is never freed while its key can recur: the ones reallocated to grow (the plan, the
 /// validation's sums and selections) have their lengths in the keys, the dataset its upload count,
 /// and modules and gates, once made, are kept.
