@@ -48,6 +48,12 @@ struct DeviceBlock {
 }
 
 impl DeviceBlock {
+    /// Whether the block pools `size × size` planes in whole 2×2 windows: where the pool can run inside
+    /// the pass before it (batch norm's, or an r0 slot's blend) and its backward inside the pass after.
+    fn pools_whole_windows(&self, size: u32) -> bool {
+        self.pooled.is_some() && size.is_multiple_of(2)
+    }
+
     /// The block's output where it does not pool: slot r0's output, or the ReLU's. (Where the block
     /// pools, a slot's fused forward may leave its output unwritten: see `DeviceSlot::forward`.)
     fn r0_output(&self) -> &CudaSlice<f32> {
@@ -362,8 +368,7 @@ impl DeviceHost {
         // ablated there). With no seed at r0 in this forward, the normalisation, ReLU and pool run as
         // one pass.
         let r0_runs = !from_r1 && block.r0.as_ref().is_some_and(|slot| slot.runs_in(eval_pass));
-        let fused_pool =
-            self.fuse && from_row.is_none() && !r0_runs && block.pooled.is_some() && size.is_multiple_of(2);
+        let fused_pool = self.fuse && from_row.is_none() && !r0_runs && block.pools_whole_windows(size);
         if fused_pool {
             let (pooled, argmax) = block.pooled.as_mut().expect("checked above");
             let windows = pooled.len();
@@ -385,7 +390,7 @@ impl DeviceHost {
         // The seeds: each slot runs when some env's seed takes part in this forward. Where r0 runs before
         // the block's pool on even planes, the pool is fused into the slot's output
         // (`DeviceSlot::forward`'s `pooled`: the slot's output is never written).
-        let slot_pools = self.fuse && r0_runs && block.pooled.is_some() && size.is_multiple_of(2);
+        let slot_pools = self.fuse && r0_runs && block.pools_whole_windows(size);
         if !from_r1 {
             block.r0_ran = false;
             if let (Some(slot), true) = (block.r0.as_mut(), r0_runs) {
@@ -605,8 +610,7 @@ impl DeviceHost {
             // Behind an r0 seed on even planes (no GATE seed there), the pool's backward runs inside the
             // slot's split (`SlotGrad::Pooled`).
             let slot_pool_grad = self.fuse
-                && block.pooled.is_some()
-                && size.is_multiple_of(2)
+                && block.pools_whole_windows(size)
                 && block.r0.as_ref().is_some_and(|slot| block.r0_ran && !slot.gated());
             // And where the slot's envs are all OFF, INCUBATOR or ADD, the host's gradient is not written
             // either: batch norm's backward recomputes it from the pool's gradient and the slot's

@@ -147,6 +147,8 @@ struct SlotRoles {
     collecting: u8,
     takes_stats: bool,
     gate_collects: bool,
+    /// Some env's seed in MULTIPLY mode (its host gradient needs the seed's output).
+    multiplies: bool,
 }
 
 impl SlotRoles {
@@ -157,6 +159,7 @@ impl SlotRoles {
             r.runs_train |= train;
             r.runs_eval |= eval;
             r.gated |= s.mode == SeedMode::Gate;
+            r.multiplies |= s.mode == SeedMode::Multiply;
             r.gate_grad |= s.gate_grad;
             r.gate_step |= s.gate_step && s.gate_grad;
             let Some(bp) = s.blueprint else { continue };
@@ -592,11 +595,7 @@ impl DeviceSlot {
     /// recompute it ([`Self::factor`]) instead of reading it written. MULTIPLY's and GATE's need the
     /// seed's output.
     pub fn host_grad_recomputable(&self) -> bool {
-        !self.roles.gated
-            && self
-                .state
-                .iter()
-                .all(|s| matches!(s.mode, SeedMode::Off | SeedMode::Incubator | SeedMode::Add))
+        !self.roles.gated && !self.roles.multiplies
     }
 
     /// The per-env modes and amplitudes batch norm's backward reads to recompute the host's gradient
