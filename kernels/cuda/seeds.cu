@@ -46,9 +46,9 @@ __device__ __forceinline__ void lane_run(u64 n, u32 lane, Load load, Use use) {
 // What the forward writes at y, from the norm's value n at element i: n itself (GN_PLAIN), relu(n)
 // (GN_RELU: conv_heavy's inner relu(GN(conv))), residual[i] + relu(n) (GN_ADD_RELU: a seed's
 // y = x + relu(GN(…)), conv_small, conv_light, conv_heavy, depthwise) or residual[i] + n (GN_ADD: the
-// bottleneck's y = GN(…) + x). The ReLU is relu_forward_f32's (NaN passes) and the add add_f32's, so
-// each is the same bits as the norm written, then relu_forward_f32 / add_relu_f32 / add_f32 over it —
-// without writing the norm's output and reading it back. The backward recomputes the ReLU's mask from
+// bottleneck's y = GN(…) + x). The ReLU is relu_forward_f32's (NaN passes) and the add one f32 add, so
+// each is the same bits as the norm written, then the ReLU and the residual add over it — without
+// writing the norm's output and reading it back. The backward recomputes the ReLU's mask from
 // the norm's input (group_norm_backward_input_lanes's relu_mask).
 #define GN_PLAIN 0
 #define GN_RELU 1

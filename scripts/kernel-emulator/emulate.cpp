@@ -570,22 +570,6 @@ static void check_fused_pool(unsigned envs, unsigned batch, unsigned channels, u
     }
 }
 
-// add_relu_f32 against relu_forward_f32 then add_f32 (bit for bit; a NaN and signed zeros in the branch).
-static void check_add_relu(size_t n) {
-    auto a = values(n, -1.0f, 1.0f), b = values(n, -2.0f, 2.0f);
-    b[3] = NAN, b[4] = 0.0f, b[5] = -0.0f;
-    std::vector<float> fused(n, 0.5f), relu(n, 0.5f), sum(n, 0.5f);
-    launch({8, 1, 1}, {128, 1, 1}, [&] { add_relu_f32(a.data(), b.data(), fused.data(), (u64)n); });
-    launch({8, 1, 1}, {128, 1, 1}, [&] { relu_forward_f32(b.data(), relu.data(), (u64)n); });
-    launch({8, 1, 1}, {128, 1, 1}, [&] { add_f32(a.data(), relu.data(), sum.data(), (u64)n); });
-    size_t wrong = 0;
-    for (size_t i = 0; i < n; ++i) wrong += !same_bits(fused[i], sum[i]);
-    char what[160], detail[160];
-    std::snprintf(what, sizeof what, "add_relu_f32 n=%zu", n);
-    std::snprintf(detail, sizeof detail, "%zu of %zu values differ in bits", wrong, n);
-    report(what, wrong == 0, detail);
-}
-
 static void check_batch_norm(unsigned envs, unsigned batch, unsigned channels, unsigned plane, unsigned splits,
                              float lo, float hi) {
     size_t count = (size_t)batch * plane, pairs = (size_t)envs * channels;
@@ -657,8 +641,8 @@ static float lane_total(const float (&l)[8]) {
 // epilogues (the norm, its ReLU, a residual plus its ReLU, a residual plus the norm) and the input
 // gradient (overwriting and accumulating; dy at the norm's output, or at its ReLU's with the mask
 // recomputed) against references written from ops/norm.rs's order — a group's values (forward) or each
-// plane's positions (backward, restarting per plane) to lane i % 8 — and from relu_forward_f32,
-// add_f32 and relu_backward_f32 over the norm's output, bit for bit, on the unstaged kernels and, where
+// plane's positions (backward, restarting per plane) to lane i % 8 — and from relu_forward_f32's
+// ReLU, the residual add and relu_backward_f32's mask over the norm's output, bit for bit, on the unstaged kernels and, where
 // the shape fits, the staged ones; the parameter gradients (group_norm_backward_params_fast_f32's f64
 // block sums, and the input gradient's partials through group_norm_backward_params_finish_f32) against
 // double sums to 1e-6 of the largest.
@@ -734,8 +718,8 @@ static void check_group_norm(unsigned envs, unsigned batch, unsigned channels, u
         report(what, wrong == 0, detail);
     };
 
-    // The forward, each epilogue against the norm's output with relu_forward_f32's, add_relu_f32's and
-    // add_f32's operations over it.
+    // The forward, each epilogue against the norm's output with relu_forward_f32's ReLU and the
+    // residual add over it.
     const char* epilogue_names[4] = {"", " (relu)", " (residual + relu)", " (residual +)"};
     for (int epilogue = GN_PLAIN; epilogue <= GN_ADD; ++epilogue) {
         std::vector<float> want(n);
@@ -1214,7 +1198,6 @@ int main() {
         check_staged_bn(2, 21, 5, 12, 6, 8, 1, mode);
     }
     // The fused normalisation + ReLU + pool and its backward: square and oblong even planes.
-    check_add_relu(5003);
     check_fused_pool(2, 3, 4, 8, 8);
     check_fused_pool(5, 2, 3, 6, 6);  // an r0 slot's five envs: ADD, INCUBATOR, OFF, ADD, INCUBATOR
     check_fused_pool(1, 5, 3, 8, 6);

@@ -32,15 +32,6 @@ fn linear_args(d: &LinearShape) -> [u32; 4] {
     [d.envs, d.batch, d.in_features, d.out_features].map(|v| v as u32)
 }
 
-/// `y = max(x, 0)` over `n` values (`x` may be `y`'s own buffer only through [`relu_in_place`]).
-pub fn relu(device: &Device, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, n: usize) -> R {
-    let n64 = n as u64;
-    let mut launch = device.stream.launch_builder(device.function("relu_forward_f32"));
-    launch.arg(x).arg(y).arg(&n64);
-    unsafe { launch.launch(elementwise(n)) }?;
-    Ok(())
-}
-
 /// An element-wise kernel `(x, y, n)` over the first `n` values of `x` in place (the kernels read and
 /// write each element in one thread, so the same pointer twice is safe).
 fn in_place(device: &Device, kernel: &str, x: &mut CudaSlice<f32>, n: usize) -> R {
@@ -83,23 +74,6 @@ pub fn relu_backward(
     n: usize,
 ) -> R {
     binary(device, "relu_backward_f32", y, dy, dx, n)
-}
-
-/// `out = a + b` over `n` values.
-pub fn add(device: &Device, a: &CudaSlice<f32>, b: &CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize) -> R {
-    binary(device, "add_f32", a, b, out, n)
-}
-
-/// `out = a + relu(b)` over the first `n` values: a seed's residual add of its ReLU'd branch in one pass
-/// (the same bits as [`relu`] then [`add`]).
-pub fn add_relu(
-    device: &Device,
-    a: &CudaSlice<f32>,
-    b: &CudaSlice<f32>,
-    out: &mut CudaSlice<f32>,
-    n: usize,
-) -> R {
-    binary(device, "add_relu_f32", a, b, out, n)
 }
 
 /// Blocks batch norm's reductions aim for: about two waves of an H100 (132 SMs, eight 256-thread blocks
@@ -395,7 +369,7 @@ pub(super) fn check_grad_source(d: &NormShape, dy: &CudaSlice<f32>, argmax: Opti
 /// What [`group_norm_forward`] writes at `y`, from the norm's output `n` (`GN_*` in seeds.cu): `n`
 /// itself, `relu(n)` (conv_heavy's inner `relu(GN(conv))`), `residual + relu(n)` (a seed's
 /// `x + relu(GN(…))`) or `residual + n` (the bottleneck's `GN(…) + x`). Each is the same bits as the
-/// norm written and then `relu` / `add_relu` / `add` over it, one write and one read of the
+/// norm written and then the ReLU (`relu_forward_f32`'s) and the add over it, one write and one read of the
 /// activation fewer; the backward recomputes the ReLU's mask from the norm's input
 /// ([`group_norm_backward_input`]'s `relu_mask`).
 #[derive(Clone, Copy)]

@@ -17,7 +17,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     KernelFile {
         name: "activation.cu",
         source: include_str!("../../cuda/activation.cu"),
-        functions: &["relu_forward_f32", "relu_backward_f32", "add_f32", "add_relu_f32"],
+        functions: &["relu_forward_f32", "relu_backward_f32"],
     },
     KernelFile {
         name: "pool.cu",
