@@ -523,22 +523,28 @@ extern "C" __global__ void __launch_bounds__(1024) slot_passthrough_f32(
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < row; i += (u64)gridDim.x * blockDim.x) ye[i] = he[i];
 }
 
+// GATE's amplitude a_eff = clamp(a·clamp(g)) from the env's clamped a and the sample's gate g.
+__device__ __forceinline__ float gate_amplitude(float a, float g) { return clamp01(a * clamp01(g)); }
+
+// A blending env's output at an element (mode m: 2 ADD, 3 MULTIPLY, 4 GATE; a = clamp(alpha[e]); gate_v
+// the sample's gate, read in GATE only) from h and its seed's s. Shared by slot_blend_select_f32 and
+// slot_blend_select_pool_f32.
+__device__ __forceinline__ float slot_blend(u8 m, float a, float gate_v, float hv, float sv) {
+    if (m == 3) return hv * (1.0f + a * tanhf(sv - hv));
+    return blend_lerp(hv, sv, m == 4 ? gate_amplitude(a, gate_v) : a);
+}
+
 extern "C" __global__ void __launch_bounds__(1024) slot_blend_select_f32(
     const float* h, const float* s, const float* alpha, const float* gate, const u8* mode, const u8* holds,
     float* s_mine, float* y, u32 envs, u32 batch, u32 features) {
     EnvIndex ix = env_index(envs, (u64)batch * features);
     FOR_EACH(t, (u64)envs * batch * features) {
         u32 e = env_of(t, ix);
-        if (!holds[e]) continue;
+        u8 m = mode[e];
+        if (!holds[e] || m < 2 || m > 4) continue;
         float sv = s[t], hv = h[t];
-        if (mode[e] == 3 || mode[e] == 4) s_mine[t] = sv;
-        float a = clamp01(alpha[e]);
-        if (mode[e] == 2) y[t] = blend_lerp(hv, sv, a);
-        else if (mode[e] == 3) y[t] = hv * (1.0f + a * tanhf(sv - hv));
-        else if (mode[e] == 4) {
-            float a_eff = clamp01(a * clamp01(gate[t / features]));
-            y[t] = blend_lerp(hv, sv, a_eff);
-        }
+        if (m != 2) s_mine[t] = sv;
+        y[t] = slot_blend(m, clamp01(alpha[e]), m == 4 ? gate[t / features] : 0.0f, hv, sv);
     }
 }
 
@@ -614,16 +620,15 @@ extern "C" __global__ void __launch_bounds__(1024) slot_blend_select_pool_f32(
         slot_pool_window(o, ix, size, p, e, top);
         u8 m = mode[e];
         if (!holds[e] || m < 2 || m > 4) continue;
-        float a = clamp01(alpha[e]);
         // GATE: the sample's gate, at its image p / channels.
-        float a_eff = m == 4 ? clamp01(a * clamp01(gate[p / channels])) : a;
+        float a = clamp01(alpha[e]), gate_v = m == 4 ? gate[p / channels] : 0.0f;
         u64 at[4] = {top, top + 1, top + size, top + size + 1};
         float window[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             float sv = s[at[j]], hv = h[at[j]];
-            if (m == 3 || m == 4) s_mine[at[j]] = sv;
-            window[j] = m == 3 ? hv * (1.0f + a * tanhf(sv - hv)) : blend_lerp(hv, sv, a_eff);
+            if (m != 2) s_mine[at[j]] = sv;
+            window[j] = slot_blend(m, a, gate_v, hv, sv);
         }
         u32 k;
         pooled[o] = max_pool_window(window, &k);
@@ -631,11 +636,6 @@ extern "C" __global__ void __launch_bounds__(1024) slot_blend_select_pool_f32(
     }
 }
 
-// The slot's backward split of the output gradient dy by each env's mode (0 off, 1 incubator, 2 ADD,
-// 3 MULTIPLY, 4 GATE): the host's direct path dh and the seed's ds — off: (dy, 0); incubator: (dy, dy
-// straight through); ADD: (dy·(1 − a), dy·a) as blend_add_backward; MULTIPLY with t = tanh(s − h):
-// (dy·(1 + a·t), dy·h·a·(1 − t²)) as blend_multiply_backward (the seed's input is detached, so no
-// x_s term reaches dh); GATE: (dy·(1 − a_eff), dy·a_eff) as blend_gate_backward.
 // Element t's split of its gradient g in mode m at amplitude a (gate_v: the sample's gate, read in
 // GATE only), shared by slot_backward_split_f32 and slot_backward_split_pool_f32.
 // dh null: ds alone (an ADD-only slot whose host gradient batch norm's backward recomputes:
@@ -658,7 +658,7 @@ __device__ __forceinline__ void slot_split(
             break;
         }
         case 4: {
-            float a_eff = clamp01(a * clamp01(gate_v));
+            float a_eff = gate_amplitude(a, gate_v);
             dh[t] = g * (1.0f - a_eff);
             ds[t] = g * a_eff;
             break;
@@ -669,6 +669,11 @@ __device__ __forceinline__ void slot_split(
     }
 }
 
+// The slot's backward split of the output gradient dy by each env's mode (0 off, 1 incubator, 2 ADD,
+// 3 MULTIPLY, 4 GATE): the host's direct path dh and the seed's ds — off: (dy, 0); incubator: (dy, dy
+// straight through); ADD: (dy·(1 − a), dy·a) as blend_add_backward; MULTIPLY with t = tanh(s − h):
+// (dy·(1 + a·t), dy·h·a·(1 − t²)) as blend_multiply_backward (the seed's input is detached, so no
+// x_s term reaches dh); GATE: (dy·(1 − a_eff), dy·a_eff) as blend_gate_backward.
 extern "C" __global__ void __launch_bounds__(1024) slot_backward_split_f32(
     const float* dy, const float* h, const float* s_mine, const float* alpha, const float* gate,
     const u8* mode, float* dh, float* ds, u32 envs, u32 batch, u32 features) {
