@@ -296,7 +296,7 @@ extern "C" __global__ void relu_bn_backward_partial_f32(
         float xi = x[i];
         u32 iy = fdiv(r, f_w);
         float g = bn_output_grad(xi, mean, scale, shift, dy, argmax, pooled, i, plane_index, iy, r - iy * w, h, w);
-        if (scaled) g = g * factor;
+        g = slot_scaled_grad(scaled, factor, g);
         double gd = (double)g;
         return make_double2(gd, gd * (double)(xi - mean));
     };

@@ -229,7 +229,8 @@ __device__ __forceinline__ float bn_output_grad(
 // the slot's factor where its split scales the host's gradient (c[7] != 0): g·(1 − a), as
 // slot_backward_split_f32 computes dh from the routed gradient — the ReLU's mask then keeps it or
 // gives 0, and 0·(1 − a) is 0, so the same bits either way round.
-__device__ __forceinline__ float bn_slot_grad(const float* c, float g) { return c[7] != 0.0f ? g * c[6] : g; }
+__device__ __forceinline__ float slot_scaled_grad(bool scaled, float factor, float g) { return scaled ? g * factor : g; }
+__device__ __forceinline__ float bn_slot_grad(const float* c, float g) { return slot_scaled_grad(c[7] != 0.0f, c[6], g); }
 
 __device__ __forceinline__ float bn_input_grad(const float* c, float xi, float g) {
     float x_hat = (xi - c[0]) * c[3];
