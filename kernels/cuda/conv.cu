@@ -943,7 +943,8 @@ __device__ __forceinline__ int tc_row_offset(u32 k, u32 valid, u32 padded, u32 w
 // first value (its pixel 0's; 0 where not finite, as batch_norm_stats_partial_f32's shift), in double:
 // stats[((e·c_out + o)·runs + run)·3 + {0, 1, 2}] = (shift, Σ d, Σ d²), d = y − shift, run = the block's
 // image group (blockIdx.x, runs = gridDim.x). Each thread sums its values, then the 256 threads' sums
-// are added in (warp, row group) order through shared memory, so a result depends only on the shape;
+// are added through shared memory, each warp's row groups in order and then the warps in order, so a
+// result depends only on the shape;
 // batch_norm_stats_finish_runs_f32 combines the runs in a fixed order. `acc`, `tiles`, `first`, `pixels`,
 // `o0` as conv3x3_tc's; `tile` its shared staging tile, free once every warp is past the K loop.
 template <int NT>
@@ -951,9 +952,11 @@ __device__ __forceinline__ void tc_block_stats(
     const float (&acc)[TC_TILES_PER_WARP][NT][4], float* tile, u32 tiles, u32 first, u32 pixels, u32 o0, u32 c_out,
     double* stats) {
     u32 t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane / 4, tg = lane % 4;
-    // 256 threads × NT·2 channels × 2 sums, then NT·8 shifts.
+    // 256 threads × NT·2 channels × 2 sums, then 8 warps × NT·8 channels × 2 sums, then NT·8 shifts
+    // (18.5 KB at NT = 2, within the tile's 38.9).
     double* sums = reinterpret_cast<double*>(tile);
-    float* shift = reinterpret_cast<float*>(sums + 256 * NT * 2 * 2);
+    double* warp_sums = sums + 256 * NT * 2 * 2;
+    float* shift = reinterpret_cast<float*>(warp_sums + 8 * NT * 8 * 2);
     __syncthreads();  // every warp is past the K loop: the tile is free
     // Pixel 0 is row g = 0 of warp 0's first m-tile: lanes 0..3 hold its channels 2·tg + j of each n-tile.
     if (warp == 0 && g == 0)
@@ -986,16 +989,31 @@ __device__ __forceinline__ void tc_block_stats(
             sums[(t * NT * 2 + k) * 2 + 1] = s2;
         }
     __syncthreads();
-    if (t < NT * 8 && o0 + t < c_out) {
-        // Channel t of the block: n-tile t / 8, held by the lanes with tg = (t % 8) / 2 as their j = t % 2.
-        u32 nt = t / 8, tgc = (t % 8) / 2, k = nt * 2 + t % 2;
+    // Each warp's eight lanes of a channel, then the eight warps, both in order: two chains of 8 adds
+    // (64 threads a channel group) rather than one thread's chain of 64, which had kept the block alive
+    // for hundreds of cycles after its other warps were done.
+    if (t < NT * 64) {
+        // Channel c of the block, warp v: n-tile c / 8, held by the lanes with tg = (c % 8) / 2 as their
+        // j = c % 2.
+        u32 c = t % (NT * 8), v = t / (NT * 8), tgc = (c % 8) / 2, k = (c / 8) * 2 + c % 2;
         double s1 = 0.0, s2 = 0.0;
-        for (u32 v = 0; v < 8; ++v)
-            for (u32 gg = 0; gg < 8; ++gg) {
-                u32 th = v * 32 + gg * 4 + tgc;
-                s1 += sums[(th * NT * 2 + k) * 2];
-                s2 += sums[(th * NT * 2 + k) * 2 + 1];
-            }
+#pragma unroll
+        for (u32 gg = 0; gg < 8; ++gg) {
+            u32 th = v * 32 + gg * 4 + tgc;
+            s1 += sums[(th * NT * 2 + k) * 2];
+            s2 += sums[(th * NT * 2 + k) * 2 + 1];
+        }
+        warp_sums[(v * NT * 8 + c) * 2] = s1;
+        warp_sums[(v * NT * 8 + c) * 2 + 1] = s2;
+    }
+    __syncthreads();
+    if (t < NT * 8 && o0 + t < c_out) {
+        double s1 = 0.0, s2 = 0.0;
+#pragma unroll
+        for (u32 v = 0; v < 8; ++v) {
+            s1 += warp_sums[(v * NT * 8 + t) * 2];
+            s2 += warp_sums[(v * NT * 8 + t) * 2 + 1];
+        }
         double* out = stats + (((u64)blockIdx.z * c_out + o0 + t) * gridDim.x + blockIdx.x) * 3;
         out[0] = (double)shift[t];
         out[1] = s1;
@@ -1240,9 +1258,12 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
                 float b[NT][2];
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
-                    const float* d = dy_lane[nt] + group_at + image * image_stride + q;
-                    b[nt][0] = tf32_round(d[0]);
-                    b[nt][1] = tf32_round(d[1]);
+                    // The lane's two pixels side by side at an even index of dy (p0, q, the planes and
+                    // the images' strides are even), which a whole allocation starts 256-byte aligned:
+                    // one 8-byte load.
+                    float2 d = *reinterpret_cast<const float2*>(dy_lane[nt] + group_at + image * image_stride + q);
+                    b[nt][0] = tf32_round(d.x);
+                    b[nt][1] = tf32_round(d.y);
                 }
 #pragma unroll
                 for (int mt = 0; mt < TC_WG_TILES; ++mt) {
@@ -1309,28 +1330,47 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
     }
 }
 
-// n8: output channels in one n-tile (c_out ≤ 8), n16: two (more blocks past 16). __launch_bounds__(256,
-// 2): two blocks an SM, so at most 128 registers a thread.
-#define TC_CONV_KERNEL(NAME, NT, W)                                                                             \
-    extern "C" __global__ void __launch_bounds__(256, 2) NAME(                                                  \
+// n8: output channels in one n-tile (c_out ≤ 8), n16: two (more blocks past 16). BLOCKS: the blocks an SM
+// each kernel's launch bounds ask for, so that ptxas keeps a thread's registers within 65 536 / (256 ·
+// BLOCKS), rounded down to 8 (128, 80, 64). The kernels wait on their loads with little else to issue
+// (ncu: 25 % occupancy at two blocks, issue slots 26–57 % busy), so each asks for as many as it takes
+// without spilling in its loops (ptxas -v, sm_90: the n8 forwards fit 80 registers, the n8 and w8
+// weight gradients 64 — n8 w32 with three registers spilled, reloaded once an image group, outside
+// its k-steps — and the n16 w16 one 80); the n16 forwards keep two (their
+// 64 accumulators a thread spill 192 bytes at three), as do the general n16 weight gradient and the
+// w32 one (spills in the staging). Shared memory allows it (40 KB a forward block, 37 KB a weight
+// gradient's). TC_MIN_BLOCKS (`ESPER_CUDA_TC_MIN_BLOCKS=N` adds it to NVRTC's options) gives every
+// kernel N, to measure the two.
+#ifdef TC_MIN_BLOCKS
+#define TC_BLOCKS(n) TC_MIN_BLOCKS
+#else
+#define TC_BLOCKS(n) n
+#endif
+#define TC_CONV_KERNEL(NAME, NT, W, BLOCKS)                                                                     \
+    extern "C" __global__ void __launch_bounds__(256, TC_BLOCKS(BLOCKS)) NAME(                                  \
         const float* x, const float* weight, float* y, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, int flip,   \
         BN_ARGS, double* stats) {                                                                               \
         conv3x3_tc<NT, W>(x, weight, y, batch, c_in, c_out, h, w, flip, BN_LOAD, stats);                        \
     }
-#define TC_WGRAD_KERNEL(NAME, NT, W)                                                                            \
-    extern "C" __global__ void __launch_bounds__(256, 2) NAME(                                                  \
+#define TC_WGRAD_KERNEL(NAME, NT, W, BLOCKS)                                                                    \
+    extern "C" __global__ void __launch_bounds__(256, TC_BLOCKS(BLOCKS)) NAME(                                  \
         const float* x, const float* dy, float* partial, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, u32 runs, \
         u32 groups_per_run, BN_ARGS) {                                                                          \
         conv3x3_wgrad_tc<NT, W>(x, dy, partial, batch, c_in, c_out, h, w, runs, groups_per_run, BN_LOAD);      \
     }
-#define TC_KERNELS(N, NT)                                                                                       \
-    TC_CONV_KERNEL(conv3x3_tc_n##N##_tf32, NT, 0)                                                               \
-    TC_CONV_KERNEL(conv3x3_tc_n##N##_w8_tf32, NT, 8)                                                            \
-    TC_CONV_KERNEL(conv3x3_tc_n##N##_w16_tf32, NT, 16)                                                          \
-    TC_CONV_KERNEL(conv3x3_tc_n##N##_w32_tf32, NT, 32)                                                          \
-    TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n##N##_tf32, NT, 0)                                                         \
-    TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n##N##_w8_tf32, NT, 8)                                                      \
-    TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n##N##_w16_tf32, NT, 16)                                                    \
-    TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n##N##_w32_tf32, NT, 32)
-TC_KERNELS(8, 1)
-TC_KERNELS(16, 2)
+TC_CONV_KERNEL(conv3x3_tc_n8_tf32, 1, 0, 2)
+TC_CONV_KERNEL(conv3x3_tc_n8_w8_tf32, 1, 8, 3)
+TC_CONV_KERNEL(conv3x3_tc_n8_w16_tf32, 1, 16, 3)
+TC_CONV_KERNEL(conv3x3_tc_n8_w32_tf32, 1, 32, 3)
+TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n8_tf32, 1, 0, 3)
+TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n8_w8_tf32, 1, 8, 4)
+TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n8_w16_tf32, 1, 16, 4)
+TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n8_w32_tf32, 1, 32, 4)
+TC_CONV_KERNEL(conv3x3_tc_n16_tf32, 2, 0, 2)
+TC_CONV_KERNEL(conv3x3_tc_n16_w8_tf32, 2, 8, 2)
+TC_CONV_KERNEL(conv3x3_tc_n16_w16_tf32, 2, 16, 2)
+TC_CONV_KERNEL(conv3x3_tc_n16_w32_tf32, 2, 32, 2)
+TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n16_tf32, 2, 0, 2)
+TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n16_w8_tf32, 2, 8, 4)
+TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n16_w16_tf32, 2, 16, 3)
+TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n16_w32_tf32, 2, 32, 2)

@@ -7,6 +7,7 @@
 
 use esper_kernels::cuda::{
     CacheOutcome, DEFAULT_ARCH, KERNEL_FILES, KernelCache, KernelFile, cache_key, compile, compile_all,
+    compile_options_with, translation_unit,
 };
 
 /// The names after `.entry` in a PTX text: the kernels it defines.
@@ -76,4 +77,45 @@ fn the_cache_compiles_once_then_reads_and_keys_by_architecture() {
     let (text, outcome) = KernelCache::new(None).ptx(file, DEFAULT_ARCH).unwrap();
     assert_eq!((text.as_str(), outcome), (first[0].1.as_str(), CacheOutcome::Compiled));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The `.minnctapersm` (blocks an SM) each kernel of `ptx` asks for: (kernel, blocks), in order.
+fn min_blocks(ptx: &str) -> Vec<(String, u32)> {
+    let mut out = Vec::new();
+    let mut current = None;
+    for line in ptx.lines().map(str::trim_start) {
+        if let Some(rest) = line.strip_prefix(".visible .entry ") {
+            current = Some(rest.split(['(', ' ']).next().unwrap_or("").to_string());
+        } else if let (Some(rest), Some(name)) = (line.strip_prefix(".minnctapersm "), current.as_ref()) {
+            out.push((name.clone(), rest.trim().parse().expect("a number of blocks")));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_tensor_core_kernels_ask_for_their_own_blocks_an_sm_unless_told_a_number() {
+    let conv = KERNEL_FILES.iter().find(|f| f.name == "conv.cu").expect("conv.cu is listed");
+    let compile_with = |blocks| {
+        let options = compile_options_with(DEFAULT_ARCH, blocks);
+        let ptx =
+            cudarc::nvrtc::compile_ptx_with_opts(translation_unit(conv), options).expect("conv.cu compiles");
+        let mut found: Vec<(String, u32)> =
+            min_blocks(&ptx.to_src()).into_iter().filter(|(name, _)| name.contains("_tc_")).collect();
+        found.sort();
+        found
+    };
+    // Each kernel's own (conv.cu's table: three or four where ptxas fits it without spilling in its loops).
+    let own = compile_with(None);
+    assert_eq!(own.len(), 16, "16 tensor-core kernels: {own:?}");
+    let of = |name: &str| own.iter().find(|(n, _)| n == name).map(|(_, b)| *b);
+    assert_eq!(of("conv3x3_tc_n8_w32_tf32"), Some(3));
+    assert_eq!(of("conv3x3_tc_n16_w16_tf32"), Some(2));
+    assert_eq!(of("conv3x3_wgrad_tc_n8_w32_tf32"), Some(4));
+    assert_eq!(of("conv3x3_wgrad_tc_n16_w16_tf32"), Some(3));
+    assert_eq!(own.iter().filter(|(_, b)| *b > 2).count(), 9, "{own:?}");
+    // ESPER_CUDA_TC_MIN_BLOCKS=2's option: every one asks for 2.
+    let two = compile_with(Some(2));
+    assert_eq!(two.len(), 16);
+    assert!(two.iter().all(|(_, b)| *b == 2), "{two:?}");
 }

@@ -49,13 +49,40 @@ impl std::error::Error for KernelCompileError {}
 ///
 /// `--fmad=false`: the CPU twins never fuse a multiply and an add (Rust does not contract), so the
 /// element-wise kernels (SGD, scaling, blends) give the same bits only without contraction.
+///
+/// `ESPER_CUDA_TC_MIN_BLOCKS=N` (1 to 8) compiles every tensor-core convolution with launch bounds of N
+/// blocks an SM instead of each kernel's own choice (conv.cu, `TC_BLOCKS`), to measure occupancy
+/// against registers on one machine; the option is part of the cache key, so the two never mix.
 pub fn compile_options(arch: &'static str) -> CompileOptions {
-    CompileOptions {
-        fmad: Some(false),
-        arch: Some(arch),
-        options: vec!["--std=c++17".to_string()],
-        ..Default::default()
+    compile_options_with(arch, tc_min_blocks())
+}
+
+/// [`compile_options`] with the tensor-core kernels' blocks an SM given (`None`: each kernel's own).
+pub fn compile_options_with(arch: &'static str, tc_min_blocks: Option<u32>) -> CompileOptions {
+    let mut options = vec!["--std=c++17".to_string()];
+    if let Some(blocks) = tc_min_blocks {
+        options.push(format!("-DTC_MIN_BLOCKS={blocks}"));
     }
+    CompileOptions { fmad: Some(false), arch: Some(arch), options, ..Default::default() }
+}
+
+/// `ESPER_CUDA_TC_MIN_BLOCKS`, where it is set to a number of blocks from 1 to 8 (a warning on
+/// anything else, which leaves the kernels' own choice).
+fn tc_min_blocks() -> Option<u32> {
+    static BLOCKS: std::sync::LazyLock<Option<u32>> = std::sync::LazyLock::new(|| {
+        let text = std::env::var("ESPER_CUDA_TC_MIN_BLOCKS").ok()?;
+        parse_min_blocks(&text).or_else(|| {
+            eprintln!(
+                "warning: ESPER_CUDA_TC_MIN_BLOCKS={text:?} ignored: expected a number of blocks from 1 to 8"
+            );
+            None
+        })
+    });
+    *BLOCKS
+}
+
+fn parse_min_blocks(text: &str) -> Option<u32> {
+    text.trim().parse().ok().filter(|blocks| (1..=8).contains(blocks))
 }
 
 /// The text NVRTC compiles for `file`: the shared header, then the file.
@@ -82,4 +109,19 @@ pub fn compile_all(
     arch: &'static str,
 ) -> Result<Vec<(&'static KernelFile, String, CacheOutcome)>, KernelCompileError> {
     KERNEL_FILES.iter().map(|file| cache.ptx(file, arch).map(|(ptx, outcome)| (file, ptx, outcome))).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_min_blocks;
+
+    #[test]
+    fn min_blocks_takes_one_to_eight_and_nothing_else() {
+        assert_eq!(parse_min_blocks("2"), Some(2));
+        assert_eq!(parse_min_blocks(" 4\n"), Some(4));
+        assert_eq!(parse_min_blocks("8"), Some(8));
+        for bad in ["0", "9", "-1", "", "two", "2.5"] {
+            assert_eq!(parse_min_blocks(bad), None, "{bad:?}");
+        }
+    }
 }
