@@ -17,6 +17,7 @@ set -u
 OUT=${OUT:-gpu-out}
 WORK=/tmp/gpu-ab
 mkdir -p "$OUT" "$WORK/json"
+rm -f "$WORK/json/"*  # no report of an earlier run is read as this one's
 export ESPER_KERNEL_CACHE=${ESPER_KERNEL_CACHE:-$WORK/kernel-cache}
 unpack() {  # $1: path, $2: name → prints the executable's path
     case $1 in

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The measurements the kernels built without a device are waiting for, in one device call of at most
+# NEXT_BUDGET seconds (default 540), the most telling first; a step that would start with under 30 s
+# left is skipped and says so. Needs three gzipped builds in gpu/ (carry `gpu`):
+#
+#   bash scripts/gpu-build.sh a=f94e9da b=d01b65e c=HEAD     # here: the last measured build, the
+#                                                            # 2026-11-27 kernels, everything since
+#   bash scripts/gpu-next.sh                                 # on the device
+#
+# Steps: A/B of a against c (W16 bare and seeded, E256 seeded, at TF32, after both selftests); the
+# per-kernel device time of one bare and one seeded W16 training batch + validation under ncu (c);
+# c's own switches A/B'd against c — the tensor-core kernels' occupancy (ESPER_CUDA_TC_MIN_BLOCKS=2),
+# then the square kernels and the staged group norm together — and b against c (the 2026-11-28 seed and
+# slot fusions); a short heuristic `train` with the profile table and the copies per step. Everything
+# goes to $OUT/next.txt (the summary: each step's exit, time and last lines) and $OUT/next.tgz (logs,
+# JSON), rewritten after every step.
+set -u
+OUT=${OUT:-gpu-out}
+WORK=/tmp/gpu-next
+BUDGET=${NEXT_BUDGET:-540}
+mkdir -p "$OUT" "$WORK/logs"
+: >"$OUT/next.txt"
+export ESPER_KERNEL_CACHE=${ESPER_KERNEL_CACHE:-$WORK/kernel-cache}
+for build in a b c; do
+    [ -f "gpu/$build.gz" ] || { echo "gpu/$build.gz missing: build it with scripts/gpu-build.sh" | tee -a "$OUT/next.txt"; exit 2; }
+done
+gunzip -c gpu/c.gz >"$WORK/c" && chmod +x "$WORK/c"
+STARTED=$SECONDS
+
+# run NAME LIMIT CMD…: CMD (a command or an exported function) under min(LIMIT, what the budget has
+# left), its output in logs/NAME.log.
+run() {
+    local name=$1 limit=$2
+    shift 2
+    local left=$((BUDGET - (SECONDS - STARTED)))
+    if [ "$left" -lt 30 ]; then
+        echo "== $name skipped: ${left} s of the budget left" | tee -a "$OUT/next.txt"
+        return 0
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
+    echo "== $name (limit ${limit} s): $*" | tee -a "$OUT/next.txt"
+    local began=$SECONDS
+    timeout "$limit" bash -c '"$@"' "$name" "$@" >"$WORK/logs/$name.log" 2>&1
+    local rc=$?
+    {
+        echo "   exit $rc after $((SECONDS - began)) s; last lines:"
+        tail -n "${TAIL:-20}" "$WORK/logs/$name.log" | sed 's/^/   | /'
+    } | tee -a "$OUT/next.txt"
+    tar czf "$OUT/next.tgz" -C "$WORK" logs
+    return $rc
+}
+
+NCU_BIN=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+NCU_STEP=(--task cifar_baseline --batch-per-env 512 --train-batches 1 --test-per-env 625 --envs 16 --reps 1
+    --warmup 0 --cuda-graphs off --precision tf32)
+# ncu's CSV, then its per-kernel table (ncu-kernels.py) as the log's last lines.
+ncu_table() {
+    local log=$1
+    shift
+    "$NCU_BIN" --metrics gpu__time_duration.sum --csv --print-units base "$@" >"$log" 2>&1
+    local rc=$?
+    python3 scripts/ncu-kernels.py "$log" --top 25
+    return $rc
+}
+export -f ncu_table
+export NCU_BIN
+
+TAIL=12 run ab-a-c 240 env OUT="$WORK/logs/ab-a-c" AB_CASES="w16-none-tf32 w16-seeded-tf32 e256-seeded-tf32" \
+    bash scripts/gpu-ab.sh gpu/a.gz gpu/c.gz
+TAIL=40 run ncu-bare 120 ncu_table "$WORK/logs/ncu-bare.csv" "$WORK/c" bench --device cuda --seeds none \
+    "${NCU_STEP[@]}" --json "$WORK/ncu-bare.json"
+TAIL=8 run ab-occupancy 90 env OUT="$WORK/logs/ab-occupancy" AB_SELFTEST=0 AB_CASES="w16-none-tf32 w16-seeded-tf32" \
+    A_ENV=ESPER_CUDA_TC_MIN_BLOCKS=2 bash scripts/gpu-ab.sh gpu/c.gz gpu/c.gz
+TAIL=8 run ab-square-gn 90 env OUT="$WORK/logs/ab-square-gn" AB_SELFTEST=0 AB_CASES="w16-none-tf32 w16-seeded-tf32" \
+    A_ENV="ESPER_CUDA_TC_SQUARE=0 ESPER_CUDA_GN_STAGED=0" bash scripts/gpu-ab.sh gpu/c.gz gpu/c.gz
+TAIL=40 run ncu-seeded 120 ncu_table "$WORK/logs/ncu-seeded.csv" "$WORK/c" bench --device cuda "${NCU_STEP[@]}" \
+    --json "$WORK/ncu-seeded.json"
+TAIL=8 run ab-b-c 90 env OUT="$WORK/logs/ab-b-c" AB_SELFTEST=0 AB_CASES="w16-seeded-tf32 e256-seeded-tf32" \
+    bash scripts/gpu-ab.sh gpu/b.gz gpu/c.gz
+TAIL=40 run train-profile 60 "$WORK/c" train --device cuda --envs 16 --epochs 4 --policy heuristic --count-syncs \
+    --profile table
+echo "== done after $((SECONDS - STARTED)) s" | tee -a "$OUT/next.txt"
+exit 0
