@@ -9,7 +9,8 @@
 #
 # Steps: A/B of a against c (W16 bare and seeded, E256 seeded, at TF32, after both selftests); the
 # per-kernel device time of one bare and one seeded W16 training batch + validation under ncu (c);
-# c's own switches A/B'd against c — the tensor-core kernels' occupancy (ESPER_CUDA_TC_MIN_BLOCKS=2),
+# c's own switches A/B'd against c — the tensor-core kernels' occupancy (ESPER_CUDA_TC_MIN_BLOCKS=2
+# ESPER_CUDA_TC_WIDE=0),
 # then the square kernels and the staged group norm together — and b against c (the 2026-11-28 seed and
 # slot fusions); a short heuristic `train` with the profile table and the copies per step. Everything
 # goes to $OUT/next.txt (the summary: each step's exit, time and last lines) and $OUT/next.tgz (logs,
@@ -70,7 +71,7 @@ TAIL=12 run ab-a-c 240 env OUT="$WORK/logs/ab-a-c" AB_CASES="w16-none-tf32 w16-s
 TAIL=40 run ncu-bare 120 ncu_table "$WORK/logs/ncu-bare.csv" "$WORK/c" bench --device cuda --seeds none \
     "${NCU_STEP[@]}" --json "$WORK/ncu-bare.json"
 TAIL=8 run ab-occupancy 90 env OUT="$WORK/logs/ab-occupancy" AB_SELFTEST=0 AB_CASES="w16-none-tf32 w16-seeded-tf32" \
-    A_ENV=ESPER_CUDA_TC_MIN_BLOCKS=2 bash scripts/gpu-ab.sh gpu/c.gz gpu/c.gz
+    A_ENV="ESPER_CUDA_TC_MIN_BLOCKS=2 ESPER_CUDA_TC_WIDE=0" bash scripts/gpu-ab.sh gpu/c.gz gpu/c.gz
 TAIL=8 run ab-square-gn 90 env OUT="$WORK/logs/ab-square-gn" AB_SELFTEST=0 AB_CASES="w16-none-tf32 w16-seeded-tf32" \
     A_ENV="ESPER_CUDA_TC_SQUARE=0 ESPER_CUDA_GN_STAGED=0" bash scripts/gpu-ab.sh gpu/c.gz gpu/c.gz
 TAIL=40 run ncu-seeded 120 ncu_table "$WORK/logs/ncu-seeded.csv" "$WORK/c" bench --device cuda "${NCU_STEP[@]}" \

@@ -601,7 +601,7 @@ __device__ __forceinline__ u32 stage_div(u32 n, u32 constant, const FastDiv& f) 
     return W > 0 ? n / constant : fdiv(n, f);
 }
 
-template <int W = 0>
+template <int W = 0, int THREADS = 256>
 __device__ __forceinline__ void dc_stage(
     float* tile, const float* x, u32 e, u32 batch, u32 c_in, u32 s0, u32 chunk, u32 stride, u32 b0, u32 images,
     u32 h, u32 w, const StageDivs& divs, const FastDiv& f_chunk, bool zero_border, bool tf32, BnLoad bn) {
@@ -610,7 +610,7 @@ __device__ __forceinline__ void dc_stage(
     u32 quads = W > 0 ? W * W / 4 : divs.quads.d, wq = W > 0 ? W / 4 : divs.wq.d;
     if (zero_border) {
         u32 border = W > 0 ? 4 * W + 4 : divs.border.d, cells = images * chunk * border;
-        for (u32 l = threadIdx.x; l < cells; l += 256) {
+        for (u32 l = threadIdx.x; l < cells; l += THREADS) {
             u32 pc = stage_div<W>(l, border, divs.border), r = l - pc * border, i = fdiv(pc, f_chunk), c = pc - i * chunk;
             u32 cell = r < wp ? r
                        : r < 2 * wp ? (h + 1) * wp + (r - wp)
@@ -622,7 +622,7 @@ __device__ __forceinline__ void dc_stage(
     bool vec = bn.mode == BN_LOAD_NONE && (reinterpret_cast<unsigned long long>(xb) & 15) == 0;
     u32 staged = images * chunk * quads;
 #pragma unroll 2
-    for (u32 l = threadIdx.x; l < staged; l += 256) {
+    for (u32 l = threadIdx.x; l < staged; l += THREADS) {
         u32 pc = stage_div<W>(l, quads, divs.quads), q = l - pc * quads, i = fdiv(pc, f_chunk), c = pc - i * chunk;
         u32 yy = stage_div<W>(q, wq, divs.wq), xx = (q - yy * wq) * 4;
         float v[4];
@@ -915,17 +915,18 @@ extern "C" __global__ void __launch_bounds__(1024) conv2d_wgrad_reduce_f32(
 // of 8; the padding rows read as 0).
 #define TC_K ((DC_CHUNK * 9 + 7) / 8 * 8)
 #define TC_PIXELS 1024
-#define TC_TILES_PER_WARP (TC_PIXELS / 16 / 8)
+// A forward block's warps (8 or 16) and each warp's m-tiles of 16 pixels: TC_PIXELS / 16 in all.
+#define TC_TILES_PER_WARP(WARPS) (TC_PIXELS / 16 / (WARPS))
 // Zeroed floats after the staged tile (at DC_TILE) that the W > 0 kernels' padding rows read: a warp's
 // 8 m-tiles span tc_place<W>(127) + 1 ≤ 478 cells (W = 8).
 #define TC_ZERO 512
 
 // The place in the staged tile of pixel p of a block's W × W images (image p / W², row, column; each
 // image DC_CHUNK padded planes of (W + 2)²): a constant expression where p is. For W = 8, 16, 32 and a
-// warp's first pixel p0 (a multiple of 128, plus a lane's g < 8), tc_place<W>(p0 + d) = tc_place<W>(p0)
-// + tc_place<W>(d) for the m-tiles' d = 16·mt + 8·half < 128: a row of 32 holds two m-tiles, one of
-// 16 one, one of 8 two half-tiles, and 128 pixels are whole rows (W = 32), half an image (16) or two
-// images (8).
+// warp's first pixel p0 (a multiple of 16·TILES, 128 or 64, plus a lane's g < 8), tc_place<W>(p0 + d) =
+// tc_place<W>(p0) + tc_place<W>(d) for the m-tiles' d = 16·mt + 8·half < 16·TILES: a row of 32 holds
+// two m-tiles, one of 16 one, one of 8 two half-tiles, and 128 or 64 pixels are whole rows (W = 32), a
+// half or a quarter of an image (16), or two images or one (8).
 template <int W>
 __device__ __forceinline__ constexpr int tc_place(u32 p) {
     constexpr u32 V = W > 0 ? W : 1;  // W = 0 (the general kernels) never calls it: no division by 0
@@ -947,16 +948,20 @@ __device__ __forceinline__ int tc_row_offset(u32 k, u32 valid, u32 padded, u32 w
 // result depends only on the shape;
 // batch_norm_stats_finish_runs_f32 combines the runs in a fixed order. `acc`, `tiles`, `first`, `pixels`,
 // `o0` as conv3x3_tc's; `tile` its shared staging tile, free once every warp is past the K loop.
-template <int NT>
+template <int NT, int WARPS>
 __device__ __forceinline__ void tc_block_stats(
-    const float (&acc)[TC_TILES_PER_WARP][NT][4], float* tile, u32 tiles, u32 first, u32 pixels, u32 o0, u32 c_out,
-    double* stats) {
+    const float (&acc)[TC_TILES_PER_WARP(WARPS)][NT][4], float* tile, u32 tiles, u32 first, u32 pixels, u32 o0,
+    u32 c_out, double* stats) {
+    constexpr int TILES = TC_TILES_PER_WARP(WARPS);
+    constexpr u32 THREADS = WARPS * 32;
     u32 t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane / 4, tg = lane % 4;
-    // 256 threads × NT·2 channels × 2 sums, then 8 warps × NT·8 channels × 2 sums, then NT·8 shifts
-    // (18.5 KB at NT = 2, within the tile's 38.9).
+    // THREADS × NT·2 channels × 2 sums, then WARPS × NT·8 channels × 2 sums, then NT·8 shifts (36.1 KB
+    // at NT = 2 and 16 warps, within the tile's 38.0).
+    static_assert(THREADS * NT * 4 * 8 + WARPS * NT * 16 * 8 + NT * 8 * 4 <= (DC_TILE + TC_ZERO) * 4,
+                  "the statistics' sums fit the staging tile");
     double* sums = reinterpret_cast<double*>(tile);
-    double* warp_sums = sums + 256 * NT * 2 * 2;
-    float* shift = reinterpret_cast<float*>(warp_sums + 8 * NT * 8 * 2);
+    double* warp_sums = sums + THREADS * NT * 2 * 2;
+    float* shift = reinterpret_cast<float*>(warp_sums + WARPS * NT * 8 * 2);
     __syncthreads();  // every warp is past the K loop: the tile is free
     // Pixel 0 is row g = 0 of warp 0's first m-tile: lanes 0..3 hold its channels 2·tg + j of each n-tile.
     if (warp == 0 && g == 0)
@@ -974,7 +979,7 @@ __device__ __forceinline__ void tc_block_stats(
         for (int j = 0; j < 2; ++j) {
             double s = (double)shift[nt * 8 + 2 * tg + j], s1 = 0.0, s2 = 0.0;
 #pragma unroll
-            for (int mt = 0; mt < TC_TILES_PER_WARP; ++mt) {
+            for (int mt = 0; mt < TILES; ++mt) {
                 if ((u32)mt >= tiles) break;
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
@@ -989,10 +994,10 @@ __device__ __forceinline__ void tc_block_stats(
             sums[(t * NT * 2 + k) * 2 + 1] = s2;
         }
     __syncthreads();
-    // Each warp's eight lanes of a channel, then the eight warps, both in order: two chains of 8 adds
-    // (64 threads a channel group) rather than one thread's chain of 64, which had kept the block alive
-    // for hundreds of cycles after its other warps were done.
-    if (t < NT * 64) {
+    // Each warp's eight lanes of a channel, then the warps, both in order: chains of 8 and WARPS adds
+    // (NT·8·WARPS threads) rather than one thread's chain of 8·WARPS, which had kept the block alive for
+    // hundreds of cycles after its other warps were done.
+    if (t < NT * 8 * WARPS) {
         // Channel c of the block, warp v: n-tile c / 8, held by the lanes with tg = (c % 8) / 2 as their
         // j = c % 2.
         u32 c = t % (NT * 8), v = t / (NT * 8), tgc = (c % 8) / 2, k = (c / 8) * 2 + c % 2;
@@ -1010,7 +1015,7 @@ __device__ __forceinline__ void tc_block_stats(
     if (t < NT * 8 && o0 + t < c_out) {
         double s1 = 0.0, s2 = 0.0;
 #pragma unroll
-        for (u32 v = 0; v < 8; ++v) {
+        for (u32 v = 0; v < WARPS; ++v) {
             s1 += warp_sums[(v * NT * 8 + t) * 2];
             s2 += warp_sums[(v * NT * 8 + t) * 2 + 1];
         }
@@ -1022,9 +1027,10 @@ __device__ __forceinline__ void tc_block_stats(
 }
 
 // The forward, and with flip != 0 the input gradient (the forward over the transposed, flipped weights,
-// as conv3x3_direct_f32's flip). Block: 256 threads (8 warps) over TC_PIXELS output pixels = 1024 /
-// (h·w) whole images of one env, and NT·8 output channels (NT n-tiles of 8); warp v takes the m-tiles
-// (16 pixels each) 8v .. 8v + 7, each with all NT n-tiles; pixels past the block's images read pixel
+// as conv3x3_direct_f32's flip). Block: WARPS warps (8 or 16) over TC_PIXELS output pixels = 1024 /
+// (h·w) whole images of one env, and NT·8 output channels (NT n-tiles of 8); warp v takes the TILES =
+// 64 / WARPS m-tiles (16 pixels each) TILES·v .. TILES·v + TILES − 1, each with all NT n-tiles (an
+// output's products in the same order whatever the warps: the same bits); pixels past the block's images read pixel
 // 0's place in the tile (W = 0; W > 0: their own, below) — their rows are multiplied and not written.
 // Grid (⌈B / images per block⌉,
 // ⌈c_out / (8·NT)⌉, envs).
@@ -1036,7 +1042,7 @@ __device__ __forceinline__ void tc_block_stats(
 // it per load (two instructions a load, two thirds of the K loop's). A padding row (past `valid`) reads
 // a zeroed stretch of the tile (TC_ZERO floats at DC_TILE) rather than being selected away per value:
 // the same zeros, so the same sums bit for bit.
-template <int NT, int W>
+template <int NT, int W, int WARPS>
 __device__ __forceinline__ void conv3x3_tc(
     const float* x, const float* weight, float* y, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, int flip,
     BnLoad bn, double* stats) {
@@ -1046,6 +1052,8 @@ __device__ __forceinline__ void conv3x3_tc(
     constexpr int WT_STRIDE = NT == 1 ? 8 : 24;
     __shared__ float wt[TC_K][WT_STRIDE];
     __shared__ int row_offset[TC_K];
+    constexpr int TILES = TC_TILES_PER_WARP(WARPS);
+    constexpr u32 THREADS = WARPS * 32;
     u32 t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane / 4, tg = lane % 4;
     u32 e = blockIdx.z, o0 = blockIdx.y * (NT * 8);
     u32 plane = h * w, per_block = TC_PIXELS / plane;
@@ -1053,15 +1061,15 @@ __device__ __forceinline__ void conv3x3_tc(
     u32 wp = w + 2, padded = (h + 2) * wp;
     StageDivs divs = stage_divs(h, w);
     FastDiv f_plane = divs.plane, f_w = divs.w;
-    u32 first = warp * TC_TILES_PER_WARP * 16;
-    u32 tiles = first >= pixels ? 0 : min((u32)TC_TILES_PER_WARP, (pixels - first + 15) / 16);
+    u32 first = warp * TILES * 16;
+    u32 tiles = first >= pixels ? 0 : min((u32)TILES, (pixels - first + 15) / 16);
 
     // The places in the tile of this lane's pixels: rows g and g + 8 of each m-tile (W = 0).
     // (Pointers into the tile rather than indices: a load is then one add of the row's offset.)
-    const float* place[W > 0 ? 1 : TC_TILES_PER_WARP][2];
+    const float* place[W > 0 ? 1 : TILES][2];
     if constexpr (W == 0) {
 #pragma unroll
-        for (int mt = 0; mt < TC_TILES_PER_WARP; ++mt)
+        for (int mt = 0; mt < TILES; ++mt)
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 u32 p = first + mt * 16 + g + 8 * half;
@@ -1074,12 +1082,12 @@ __device__ __forceinline__ void conv3x3_tc(
     // from it. Pixels past the block's images read tile cells within the block's per_block images
     // (stale or unwritten: their rows are multiplied and never written, nor summed by tc_block_stats).
     static_assert(W == 0 || W == 8 || W == 16 || W == 32, "tc_place's m-tile offsets hold for W = 8, 16, 32");
-    static_assert(W == 0 || tc_place<W>(TC_TILES_PER_WARP * 16 - 1) < TC_ZERO, "the zeroed stretch covers a warp");
+    static_assert(W == 0 || tc_place<W>(TILES * 16 - 1) < TC_ZERO, "the zeroed stretch covers a warp");
     int base = W > 0 ? tc_place<W>(first + g) : 0, zero_row = W > 0 ? DC_TILE - base : 0;
 
-    float acc[TC_TILES_PER_WARP][NT][4];
+    float acc[TILES][NT][4];
 #pragma unroll
-    for (int mt = 0; mt < TC_TILES_PER_WARP; ++mt)
+    for (int mt = 0; mt < TILES; ++mt)
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -1089,10 +1097,10 @@ __device__ __forceinline__ void conv3x3_tc(
         u32 chunk = min((u32)DC_CHUNK, c_in - s0), valid = chunk * 9;
         FastDiv f_chunk = chunk_div(chunk);
         __syncthreads();  // the previous chunk's reads are done
-        dc_stage<W>(tile, x, e, batch, c_in, s0, chunk, DC_CHUNK, b0, images, h, w, divs, f_chunk, s0 == 0, true, bn);
+        dc_stage<W, THREADS>(tile, x, e, batch, c_in, s0, chunk, DC_CHUNK, b0, images, h, w, divs, f_chunk, s0 == 0, true, bn);
         if (W > 0 && s0 == 0)
-            for (u32 l = t; l < TC_ZERO; l += 256) tile[DC_TILE + l] = 0.0f;
-        for (u32 l = t; l < TC_K * NT * 8; l += 256) {
+            for (u32 l = t; l < TC_ZERO; l += THREADS) tile[DC_TILE + l] = 0.0f;
+        for (u32 l = t; l < TC_K * NT * 8; l += THREADS) {
             u32 k = l / (NT * 8), n = l % (NT * 8), o = o0 + n, s = s0 + k / 9, tap = k % 9;
             float v = 0.0f;
             if (k < valid && o < c_out)
@@ -1120,7 +1128,7 @@ __device__ __forceinline__ void conv3x3_tc(
                 const float* at_lo = tile + base + (lo >= 0 ? lo : zero_row);
                 const float* at_hi = tile + base + (hi >= 0 ? hi : zero_row);
 #pragma unroll
-                for (int mt = 0; mt < TC_TILES_PER_WARP; ++mt) {
+                for (int mt = 0; mt < TILES; ++mt) {
                     float a[4] = {at_lo[tc_place<W>(16 * mt)], at_lo[tc_place<W>(16 * mt + 8)],
                                   at_hi[tc_place<W>(16 * mt)], at_hi[tc_place<W>(16 * mt + 8)]};
 #pragma unroll
@@ -1130,7 +1138,7 @@ __device__ __forceinline__ void conv3x3_tc(
                 bool lo_ok = lo >= 0, hi_ok = hi >= 0;
                 lo = max(lo, 0), hi = max(hi, 0);
 #pragma unroll
-                for (int mt = 0; mt < TC_TILES_PER_WARP; ++mt) {
+                for (int mt = 0; mt < TILES; ++mt) {
                     float a0 = place[mt][0][lo], a1 = place[mt][1][lo];
                     float a2 = place[mt][0][hi], a3 = place[mt][1][hi];
                     float a[4] = {lo_ok ? a0 : 0.0f, lo_ok ? a1 : 0.0f, hi_ok ? a2 : 0.0f, hi_ok ? a3 : 0.0f};
@@ -1142,7 +1150,7 @@ __device__ __forceinline__ void conv3x3_tc(
     }
 
 #pragma unroll
-    for (int mt = 0; mt < TC_TILES_PER_WARP; ++mt) {
+    for (int mt = 0; mt < TILES; ++mt) {
         if ((u32)mt >= tiles) break;
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
@@ -1162,7 +1170,7 @@ __device__ __forceinline__ void conv3x3_tc(
                 }
         }
     }
-    if (stats) tc_block_stats<NT>(acc, tile, tiles, first, pixels, o0, c_out, stats);
+    if (stats) tc_block_stats<NT, WARPS>(acc, tile, tiles, first, pixels, o0, c_out, stats);
 }
 
 // The weight gradient on the tensor cores: per env dWᵀ (K × c_out) = Σ over pixels of A (K × pixels) ·
@@ -1331,26 +1339,37 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
 }
 
 // n8: output channels in one n-tile (c_out ≤ 8), n16: two (more blocks past 16). BLOCKS: the blocks an SM
-// each kernel's launch bounds ask for, so that ptxas keeps a thread's registers within 65 536 / (256 ·
-// BLOCKS), rounded down to 8 (128, 80, 64). The kernels wait on their loads with little else to issue
-// (ncu: 25 % occupancy at two blocks, issue slots 26–57 % busy), so each asks for as many as it takes
-// without spilling in its loops (ptxas -v, sm_90: the n8 forwards fit 80 registers, the n8 and w8
-// weight gradients 64 — n8 w32 with three registers spilled, reloaded once an image group, outside
-// its k-steps — and the n16 w16 one 80); the n16 forwards keep two (their
-// 64 accumulators a thread spill 192 bytes at three), as do the general n16 weight gradient and the
-// w32 one (spills in the staging). Shared memory allows it (40 KB a forward block, 37 KB a weight
-// gradient's). TC_MIN_BLOCKS (`ESPER_CUDA_TC_MIN_BLOCKS=N` adds it to NVRTC's options) gives every
-// kernel N, to measure the two.
+// each kernel's launch bounds ask for, so that ptxas keeps a thread's registers within 65 536 /
+// (threads · BLOCKS), rounded down to 8 (at 256 threads: 128, 80, 64). The kernels wait on their
+// loads with little else to issue (ncu: 25 % occupancy at two blocks of 8 warps, issue slots 26–57 %
+// busy), so each asks for as many as it takes without spilling in its loops (ptxas -v, sm_90: the n8
+// forwards fit 80 registers, the n8 and w8 weight gradients 64 — n8 w32 with three registers spilled,
+// reloaded once an image group, outside its k-steps — and the n16 w16 one 80); the general n16
+// weight gradient and the w32 one keep two (spills in the staging). Shared memory allows it (40 KB a
+// forward block, 37 KB a weight gradient's). TC_MIN_BLOCKS (`ESPER_CUDA_TC_MIN_BLOCKS=N` adds it to
+// NVRTC's options) gives every kernel N, to measure the two.
+//
+// The square n16 forwards hold 64 accumulators a thread at 8 warps of 8 m-tiles (126 registers; at
+// three blocks an SM they spill 192 bytes in the K loop), so they run 16 warps of 4 m-tiles instead
+// (TC_N16_WARPS): 64 registers, two blocks of 512 threads an SM, 50 % occupancy, with the K loop
+// spill-free (ptxas spills a few registers in the staging). The same pixels a block, so the same grid
+// and the same bits; the launcher gives them 512 threads. TC_N16_NARROW (`ESPER_CUDA_TC_WIDE=0`)
+// builds them with 8 warps again, and the launcher then gives 256.
 #ifdef TC_MIN_BLOCKS
 #define TC_BLOCKS(n) TC_MIN_BLOCKS
 #else
 #define TC_BLOCKS(n) n
 #endif
-#define TC_CONV_KERNEL(NAME, NT, W, BLOCKS)                                                                     \
-    extern "C" __global__ void __launch_bounds__(256, TC_BLOCKS(BLOCKS)) NAME(                                  \
+#ifdef TC_N16_NARROW
+#define TC_N16_WARPS 8
+#else
+#define TC_N16_WARPS 16
+#endif
+#define TC_CONV_KERNEL(NAME, NT, W, WARPS, BLOCKS)                                                              \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, TC_BLOCKS(BLOCKS)) NAME(                           \
         const float* x, const float* weight, float* y, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, int flip,   \
         BN_ARGS, double* stats) {                                                                               \
-        conv3x3_tc<NT, W>(x, weight, y, batch, c_in, c_out, h, w, flip, BN_LOAD, stats);                        \
+        conv3x3_tc<NT, W, WARPS>(x, weight, y, batch, c_in, c_out, h, w, flip, BN_LOAD, stats);                 \
     }
 #define TC_WGRAD_KERNEL(NAME, NT, W, BLOCKS)                                                                    \
     extern "C" __global__ void __launch_bounds__(256, TC_BLOCKS(BLOCKS)) NAME(                                  \
@@ -1358,18 +1377,18 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
         u32 groups_per_run, BN_ARGS) {                                                                          \
         conv3x3_wgrad_tc<NT, W>(x, dy, partial, batch, c_in, c_out, h, w, runs, groups_per_run, BN_LOAD);      \
     }
-TC_CONV_KERNEL(conv3x3_tc_n8_tf32, 1, 0, 2)
-TC_CONV_KERNEL(conv3x3_tc_n8_w8_tf32, 1, 8, 3)
-TC_CONV_KERNEL(conv3x3_tc_n8_w16_tf32, 1, 16, 3)
-TC_CONV_KERNEL(conv3x3_tc_n8_w32_tf32, 1, 32, 3)
+TC_CONV_KERNEL(conv3x3_tc_n8_tf32, 1, 0, 8, 2)
+TC_CONV_KERNEL(conv3x3_tc_n8_w8_tf32, 1, 8, 8, 3)
+TC_CONV_KERNEL(conv3x3_tc_n8_w16_tf32, 1, 16, 8, 3)
+TC_CONV_KERNEL(conv3x3_tc_n8_w32_tf32, 1, 32, 8, 3)
 TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n8_tf32, 1, 0, 3)
 TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n8_w8_tf32, 1, 8, 4)
 TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n8_w16_tf32, 1, 16, 4)
 TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n8_w32_tf32, 1, 32, 4)
-TC_CONV_KERNEL(conv3x3_tc_n16_tf32, 2, 0, 2)
-TC_CONV_KERNEL(conv3x3_tc_n16_w8_tf32, 2, 8, 2)
-TC_CONV_KERNEL(conv3x3_tc_n16_w16_tf32, 2, 16, 2)
-TC_CONV_KERNEL(conv3x3_tc_n16_w32_tf32, 2, 32, 2)
+TC_CONV_KERNEL(conv3x3_tc_n16_tf32, 2, 0, 8, 2)
+TC_CONV_KERNEL(conv3x3_tc_n16_w8_tf32, 2, 8, TC_N16_WARPS, 2)
+TC_CONV_KERNEL(conv3x3_tc_n16_w16_tf32, 2, 16, TC_N16_WARPS, 2)
+TC_CONV_KERNEL(conv3x3_tc_n16_w32_tf32, 2, 32, TC_N16_WARPS, 2)
 TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n16_tf32, 2, 0, 2)
 TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n16_w8_tf32, 2, 8, 4)
 TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n16_w16_tf32, 2, 16, 3)

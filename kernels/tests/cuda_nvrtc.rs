@@ -79,43 +79,47 @@ fn the_cache_compiles_once_then_reads_and_keys_by_architecture() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// The `.minnctapersm` (blocks an SM) each kernel of `ptx` asks for: (kernel, blocks), in order.
-fn min_blocks(ptx: &str) -> Vec<(String, u32)> {
-    let mut out = Vec::new();
-    let mut current = None;
+/// Each kernel of `ptx` with its `.maxntid` (threads a block) and `.minnctapersm` (blocks an SM), in order.
+fn launch_bounds(ptx: &str) -> Vec<(String, u32, u32)> {
+    let mut out: Vec<(String, u32, u32)> = Vec::new();
     for line in ptx.lines().map(str::trim_start) {
         if let Some(rest) = line.strip_prefix(".visible .entry ") {
-            current = Some(rest.split(['(', ' ']).next().unwrap_or("").to_string());
-        } else if let (Some(rest), Some(name)) = (line.strip_prefix(".minnctapersm "), current.as_ref()) {
-            out.push((name.clone(), rest.trim().parse().expect("a number of blocks")));
+            out.push((rest.split(['(', ' ']).next().unwrap_or("").to_string(), 0, 0));
+        } else if let (Some(rest), Some(last)) = (line.strip_prefix(".maxntid "), out.last_mut()) {
+            last.1 = rest.split(',').next().unwrap().trim().parse().expect("a number of threads");
+        } else if let (Some(rest), Some(last)) = (line.strip_prefix(".minnctapersm "), out.last_mut()) {
+            last.2 = rest.trim().parse().expect("a number of blocks");
         }
     }
     out
 }
 
 #[test]
-fn the_tensor_core_kernels_ask_for_their_own_blocks_an_sm_unless_told_a_number() {
+fn the_tensor_core_kernels_launch_bounds_are_their_own_unless_the_switches_say_otherwise() {
     let conv = KERNEL_FILES.iter().find(|f| f.name == "conv.cu").expect("conv.cu is listed");
-    let compile_with = |blocks| {
-        let options = compile_options_with(DEFAULT_ARCH, blocks);
+    let compile_with = |blocks, warps| {
+        let options = compile_options_with(DEFAULT_ARCH, blocks, warps);
         let ptx =
             cudarc::nvrtc::compile_ptx_with_opts(translation_unit(conv), options).expect("conv.cu compiles");
-        let mut found: Vec<(String, u32)> =
-            min_blocks(&ptx.to_src()).into_iter().filter(|(name, _)| name.contains("_tc_")).collect();
+        let mut found: Vec<(String, u32, u32)> =
+            launch_bounds(&ptx.to_src()).into_iter().filter(|(name, _, _)| name.contains("_tc_")).collect();
         found.sort();
         found
     };
-    // Each kernel's own (conv.cu's table: three or four where ptxas fits it without spilling in its loops).
-    let own = compile_with(None);
+    // Each kernel's own (conv.cu's table: three or four blocks where ptxas fits it without spilling in
+    // its loops; the square n16 forwards 16 warps).
+    let own = compile_with(None, 16);
     assert_eq!(own.len(), 16, "16 tensor-core kernels: {own:?}");
-    let of = |name: &str| own.iter().find(|(n, _)| n == name).map(|(_, b)| *b);
-    assert_eq!(of("conv3x3_tc_n8_w32_tf32"), Some(3));
-    assert_eq!(of("conv3x3_tc_n16_w16_tf32"), Some(2));
-    assert_eq!(of("conv3x3_wgrad_tc_n8_w32_tf32"), Some(4));
-    assert_eq!(of("conv3x3_wgrad_tc_n16_w16_tf32"), Some(3));
-    assert_eq!(own.iter().filter(|(_, b)| *b > 2).count(), 9, "{own:?}");
-    // ESPER_CUDA_TC_MIN_BLOCKS=2's option: every one asks for 2.
-    let two = compile_with(Some(2));
-    assert_eq!(two.len(), 16);
-    assert!(two.iter().all(|(_, b)| *b == 2), "{two:?}");
+    let of = |name: &str| own.iter().find(|(n, _, _)| n == name).map(|(_, t, b)| (*t, *b));
+    assert_eq!(of("conv3x3_tc_n8_w32_tf32"), Some((256, 3)));
+    assert_eq!(of("conv3x3_tc_n16_tf32"), Some((256, 2)));
+    assert_eq!(of("conv3x3_tc_n16_w16_tf32"), Some((512, 2)));
+    assert_eq!(of("conv3x3_wgrad_tc_n8_w32_tf32"), Some((256, 4)));
+    assert_eq!(of("conv3x3_wgrad_tc_n16_w16_tf32"), Some((256, 3)));
+    assert_eq!(own.iter().filter(|(_, _, b)| *b > 2).count(), 9, "{own:?}");
+    assert_eq!(own.iter().filter(|(_, t, _)| *t == 512).count(), 3, "{own:?}");
+    // ESPER_CUDA_TC_MIN_BLOCKS=2 and ESPER_CUDA_TC_WIDE=0's options: every one 256 threads and 2 blocks.
+    let before = compile_with(Some(2), 8);
+    assert_eq!(before.len(), 16);
+    assert!(before.iter().all(|(_, t, b)| (*t, *b) == (256, 2)), "{before:?}");
 }

@@ -50,6 +50,10 @@ static const Named<decltype(&conv3x3_wgrad_tc_n8_tf32)> TC_WGRADS[2][4] = {
 // The tables' column for width `sq` (0: the general kernel).
 static unsigned square_column(unsigned sq) { return sq == 0 ? 0 : sq == 8 ? 1 : sq == 16 ? 2 : 3; }
 
+// The threads a block of that forward runs: the square n16 forwards' TC_N16_WARPS warps (16, or 8 built
+// with -DTC_N16_NARROW), 256 for the others (conv.cu; the launcher's Staged::conv_threads).
+static unsigned tc_threads(unsigned nt, unsigned sq) { return nt == 2 && sq != 0 ? 32 * TC_N16_WARPS : 256; }
+
 // conv3x3_tc_n{8,16}[_w{8,16,32}]_tf32 by n-tiles and width (0: the general kernel), its name in `name`
 // (written by one emulated thread: they run at once).
 static void tc_forward(unsigned nt, unsigned sq, const char** name, const float* x, const float* weight, float* y,
@@ -262,7 +266,7 @@ static void check_tc(unsigned envs, unsigned batch, unsigned c_in, unsigned c_ou
         std::vector<float> general(want.size(), NAN);
         for (unsigned width : widths) {
             std::vector<float> y(want.size(), NAN);
-            launch({groups, (k_out + 8 * nt - 1) / (8 * nt), envs}, {256, 1, 1}, [&] {
+            launch({groups, (k_out + 8 * nt - 1) / (8 * nt), envs}, {tc_threads(nt, width), 1, 1}, [&] {
                 tc_forward(nt, width, &name, x.data(), weight.data(), y.data(), batch, k_in, k_out, h, w, flip, NO_BN,
                            nullptr);
             });
@@ -323,7 +327,7 @@ static void check_tc_stats(unsigned envs, unsigned batch, unsigned c_in, unsigne
     for (int with = 0; with < 2; ++with) {
         float* out = with ? y_stats.data() : y.data();
         double* st = with ? stats.data() : nullptr;
-        launch({runs, (c_out + 8 * nt - 1) / (8 * nt), envs}, {256, 1, 1}, [&] {
+        launch({runs, (c_out + 8 * nt - 1) / (8 * nt), envs}, {tc_threads(nt, tc_square(h, w)), 1, 1}, [&] {
             tc_forward(nt, tc_square(h, w), &name, x.data(), weight.data(), out, batch, c_in, c_out, h, w, 0, NO_BN, st);
         });
     }
@@ -394,7 +398,7 @@ static void check_staged_bn(unsigned envs, unsigned batch, unsigned c_in, unsign
             float* out = from_bn ? on_load.data() : written.data();
             const float* src = from_bn ? nullptr : dconv.data();
             int m = from_bn ? mode : BN_LOAD_NONE;
-            launch({groups, tiles, envs}, {256, 1, 1}, [&] {
+            launch({groups, tiles, envs}, {tc ? tc_threads(nt, tc_square(h, w)) : 256, 1, 1}, [&] {
                 if (!tc)
                     conv3x3_direct_f32(src, weight.data(), out, batch, c_out, c_in, h, w, 1, xbn.data(), dy.data(), arg.data(), coef.data(), m);
                 else  // the kernel the launcher takes: the square one where it applies (BN read by the staging)

@@ -22,5 +22,9 @@ case "${EMULATOR_SANITIZE:-}" in
             export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1} ;;
     *) echo "EMULATOR_SANITIZE: address or thread, not ${EMULATOR_SANITIZE}" >&2; exit 2 ;;
 esac
-g++ -std=c++17 "${flags[@]}" -ffp-contract=off -Wno-unknown-pragmas -pthread -o "$out/emulate" "$here/emulate.cpp"
+# EMULATOR_DEFINES: -D options for the kernels, as the NVRTC switches add them (e.g. -DTC_N16_NARROW, what
+# ESPER_CUDA_TC_WIDE=0 compiles: the square n16 forwards with 8 warps).
+read -r -a defines <<<"${EMULATOR_DEFINES:-}"
+g++ -std=c++17 "${flags[@]}" "${defines[@]}" -ffp-contract=off -Wno-unknown-pragmas -pthread -o "$out/emulate" \
+    "$here/emulate.cpp"
 "$out/emulate"

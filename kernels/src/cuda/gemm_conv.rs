@@ -24,7 +24,7 @@
 use cudarc::cublas::sys::cublasOperation_t::{self, CUBLAS_OP_N, CUBLAS_OP_T};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasMath_t, cudaDataType_t};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchArgs, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchArgs, LaunchConfig, PushKernelArg};
 
 use super::ops;
 use super::parity::{Device, NULL, ParityError, blocks_of_256, elementwise, push_dims, push_optional};
@@ -680,6 +680,15 @@ impl Staged {
         }
     }
 
+    /// The threads a block of [`Self::conv_kernel`] runs: 256, or the square n16 forwards' warps
+    /// ([`super::tc_n16_warps`], 16 unless `ESPER_CUDA_TC_WIDE=0`), as conv.cu compiled them.
+    fn conv_threads(self, c_out: usize, square: Option<usize>) -> u32 {
+        match self {
+            Staged::TensorCores if self.n_tiles(c_out) == 1 && square.is_some() => 32 * super::tc_n16_warps(),
+            _ => 256,
+        }
+    }
+
     /// The weight-gradient kernel for `c_out` output channels, as [`Self::conv_kernel`].
     fn wgrad_kernel(self, c_out: usize, square: Option<usize>) -> &'static str {
         match self {
@@ -785,7 +794,10 @@ pub(super) fn staged_conv(
         };
     }
     let grid = (image_blocks as u32, c_out.div_ceil(outputs) as u32, d.envs as u32);
-    unsafe { launch.launch(blocks_of_256(grid)) }?;
+    let threads = kernel.conv_threads(c_out, square);
+    unsafe {
+        launch.launch(LaunchConfig { grid_dim: grid, block_dim: (threads, 1, 1), shared_mem_bytes: 0 })
+    }?;
     Ok(())
 }
 
@@ -1052,6 +1064,15 @@ mod tests {
         assert_eq!(tc.conv_kernel(16, Some(16)), "conv3x3_tc_n16_w16_tf32");
         assert_eq!(tc.wgrad_kernel(32, Some(8)), "conv3x3_wgrad_tc_n16_w8_tf32");
         assert_eq!(tc.wgrad_kernel(3, Some(16)), "conv3x3_wgrad_tc_n8_w16_tf32");
+        // Threads a block: the square n16 forwards' warps as conv.cu compiles them (16 unless
+        // ESPER_CUDA_TC_WIDE=0), 256 for the rest.
+        let wide = 32 * crate::cuda::tc_n16_warps();
+        if std::env::var_os("ESPER_CUDA_TC_WIDE").is_none() {
+            assert_eq!(wide, 512);
+        }
+        assert_eq!([Some(8), Some(16), Some(32)].map(|sq| tc.conv_threads(16, sq)), [wide; 3]);
+        assert_eq!([None, Some(8), Some(32)].map(|sq| tc.conv_threads(8, sq)), [256; 3]);
+        assert_eq!((tc.conv_threads(40, None), Staged::Direct.conv_threads(16, Some(16))), (256, 256));
         // Every name the launchers pick is a function the loader loads from conv.cu.
         let conv_cu = crate::cuda::sources::KERNEL_FILES.iter().find(|f| f.name == "conv.cu").unwrap();
         let mut picked = std::collections::BTreeSet::new();

@@ -50,20 +50,41 @@ impl std::error::Error for KernelCompileError {}
 /// `--fmad=false`: the CPU twins never fuse a multiply and an add (Rust does not contract), so the
 /// element-wise kernels (SGD, scaling, blends) give the same bits only without contraction.
 ///
-/// `ESPER_CUDA_TC_MIN_BLOCKS=N` (1 to 8) compiles every tensor-core convolution with launch bounds of N
-/// blocks an SM instead of each kernel's own choice (conv.cu, `TC_BLOCKS`), to measure occupancy
-/// against registers on one machine; the option is part of the cache key, so the two never mix.
+/// Two switches reach the kernels as NVRTC defines, part of the cache key, so builds of the two never
+/// mix, to measure them on one machine: `ESPER_CUDA_TC_MIN_BLOCKS=N` (1 to 8) compiles every
+/// tensor-core convolution with launch bounds of N blocks an SM instead of each kernel's own choice
+/// (conv.cu, `TC_BLOCKS`), and `ESPER_CUDA_TC_WIDE=0` the square n16 forwards with 8 warps instead of
+/// 16 ([`tc_n16_warps`], which the launcher reads too).
 pub fn compile_options(arch: &'static str) -> CompileOptions {
-    compile_options_with(arch, tc_min_blocks())
+    compile_options_with(arch, tc_min_blocks(), tc_n16_warps())
 }
 
-/// [`compile_options`] with the tensor-core kernels' blocks an SM given (`None`: each kernel's own).
-pub fn compile_options_with(arch: &'static str, tc_min_blocks: Option<u32>) -> CompileOptions {
+/// [`compile_options`] with the tensor-core kernels' blocks an SM (`None`: each kernel's own) and the
+/// square n16 forwards' warps (16, or 8) given.
+pub fn compile_options_with(
+    arch: &'static str,
+    tc_min_blocks: Option<u32>,
+    tc_n16_warps: u32,
+) -> CompileOptions {
+    assert!(matches!(tc_n16_warps, 8 | 16), "the square n16 forwards run 8 or 16 warps, not {tc_n16_warps}");
     let mut options = vec!["--std=c++17".to_string()];
     if let Some(blocks) = tc_min_blocks {
         options.push(format!("-DTC_MIN_BLOCKS={blocks}"));
     }
+    if tc_n16_warps == 8 {
+        options.push("-DTC_N16_NARROW".to_string());
+    }
     CompileOptions { fmad: Some(false), arch: Some(arch), options, ..Default::default() }
+}
+
+/// The warps of the square n16 tensor-core forwards (`conv3x3_tc_n16_w{8,16,32}_tf32`): 16 of 4
+/// m-tiles each (64 registers, two blocks of 512 threads an SM), or 8 of 8 with `ESPER_CUDA_TC_WIDE=0`
+/// (126 registers, two blocks of 256), as they were built before. The same sums, bit for bit.
+pub fn tc_n16_warps() -> u32 {
+    static WARPS: std::sync::LazyLock<u32> = std::sync::LazyLock::new(|| {
+        if std::env::var("ESPER_CUDA_TC_WIDE").is_ok_and(|v| v == "0") { 8 } else { 16 }
+    });
+    *WARPS
 }
 
 /// `ESPER_CUDA_TC_MIN_BLOCKS`, where it is set to a number of blocks from 1 to 8 (a warning on
