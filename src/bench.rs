@@ -484,6 +484,9 @@ pub struct BenchReport {
     pub config: BenchConfig,
     pub threads: usize,
     pub forced_state: String,
+    /// The CUDA backend's measuring switches set for this run (`ESPER_CUDA_*=value`, docs/gpu.md), so
+    /// that a report of an A/B run says which side it was; empty on the CPU.
+    pub kernel_switches: Vec<String>,
     /// Validation configurations per env (the full model, each seed off, all off, pairs, …).
     pub counterfactual_configs: usize,
     pub tiers: Vec<TierResult>,
@@ -724,6 +727,16 @@ fn format_tier_row(r: &TierResult) -> String {
     )
 }
 
+/// The `ESPER_CUDA_*` settings among `vars`, as `NAME=value`, sorted.
+fn cuda_switches(vars: impl Iterator<Item = (String, String)>) -> Vec<String> {
+    let mut set: Vec<String> = vars
+        .filter(|(name, _)| name.starts_with("ESPER_CUDA_"))
+        .map(|(name, value)| format!("{name}={value}"))
+        .collect();
+    set.sort();
+    set
+}
+
 /// Run the bench. `on_line` receives each table line as soon as it is measured (the CLI prints them).
 pub fn run(config: &BenchConfig, mut on_line: impl FnMut(&str)) -> Result<BenchReport, RunError> {
     if config.reps == 0 {
@@ -750,6 +763,11 @@ pub fn run(config: &BenchConfig, mut on_line: impl FnMut(&str)) -> Result<BenchR
         config.test_per_env
     ));
     on_line(&format!("forced state: {forced_state}"));
+    let kernel_switches =
+        if config.device == HostDevice::Cpu { Vec::new() } else { cuda_switches(std::env::vars()) };
+    if !kernel_switches.is_empty() {
+        on_line(&format!("kernel switches: {}", kernel_switches.join(" ")));
+    }
     on_line(&format!(
         "{} warm-up + {} timed steps per tier; median, spread = (max − min) / median",
         config.warmup, config.reps
@@ -759,6 +777,7 @@ pub fn run(config: &BenchConfig, mut on_line: impl FnMut(&str)) -> Result<BenchR
         config: config.clone(),
         threads,
         forced_state,
+        kernel_switches,
         counterfactual_configs: 0,
         tiers: Vec::new(),
         boundary: Vec::new(),
@@ -861,6 +880,19 @@ pub fn format_boundary(report: &BenchReport) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn cuda_switches_are_the_esper_cuda_settings_sorted() {
+        let vars = [
+            ("PATH", "/bin"),
+            ("ESPER_CUDA_TC_WIDE", "0"),
+            ("ESPER_KERNEL_CACHE", "/tmp/k"),
+            ("ESPER_CUDA_FUSE", "0"),
+        ]
+        .map(|(n, v)| (n.to_string(), v.to_string()));
+        assert_eq!(super::cuda_switches(vars.into_iter()), ["ESPER_CUDA_FUSE=0", "ESPER_CUDA_TC_WIDE=0"]);
+        assert!(super::cuda_switches(std::iter::empty()).is_empty());
+    }
+
     use super::*;
 
     /// Hand-derived for W16 on cifar_baseline: the host's 811,328 multiply-adds per image (its own test
