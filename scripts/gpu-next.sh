@@ -7,7 +7,8 @@
 #                                                            # 2026-11-27 kernels, everything since
 #   bash scripts/gpu-next.sh                                 # on the device
 #
-# Steps: A/B of a against c (W16 bare and seeded, E256 seeded, at TF32, after both selftests); the
+# Steps: c's selftest (and, should it fail, again with the new kernels' switches set back); A/B of a
+# against c (W16 bare and seeded, E256 seeded, at TF32); the
 # per-kernel device time of one bare and one seeded W16 training batch + validation under ncu (c);
 # c's own switches A/B'd against c — the tensor-core kernels' occupancy (ESPER_CUDA_TC_MIN_BLOCKS=2
 # ESPER_CUDA_TC_WIDE=0),
@@ -66,8 +67,14 @@ ncu_table() {
 export -f ncu_table
 export NCU_BIN
 
-TAIL=12 run ab-a-c 240 env OUT="$WORK/logs/ab-a-c" AB_CASES="w16-none-tf32 w16-seeded-tf32 e256-seeded-tf32" \
-    bash scripts/gpu-ab.sh gpu/a.gz gpu/c.gz
+# c's selftest (a's passed on an H200, 324 of 324); where it fails, again with every switch of the
+# unmeasured kernels set back, to tell whether they are the cause.
+if ! TAIL=30 run selftest-c 150 "$WORK/c" selftest --device cuda; then
+    TAIL=30 run selftest-c-switched-back 150 env ESPER_CUDA_TC_WIDE=0 ESPER_CUDA_TC_MIN_BLOCKS=2 \
+        ESPER_CUDA_TC_SQUARE=0 ESPER_CUDA_GN_STAGED=0 ESPER_CUDA_FUSE=0 "$WORK/c" selftest --device cuda
+fi
+TAIL=12 run ab-a-c 200 env OUT="$WORK/logs/ab-a-c" AB_SELFTEST=0 \
+    AB_CASES="w16-none-tf32 w16-seeded-tf32 e256-seeded-tf32" bash scripts/gpu-ab.sh gpu/a.gz gpu/c.gz
 TAIL=40 run ncu-bare 120 ncu_table "$WORK/logs/ncu-bare.csv" "$WORK/c" bench --device cuda --seeds none \
     "${NCU_STEP[@]}" --json "$WORK/ncu-bare.json"
 TAIL=8 run ab-occupancy 90 env OUT="$WORK/logs/ab-occupancy" AB_SELFTEST=0 AB_CASES="w16-none-tf32 w16-seeded-tf32" \
