@@ -5,17 +5,19 @@
 #
 #   bash scripts/gpu-build.sh a=f94e9da b=d01b65e c=HEAD     # here: the last measured build, the
 #                                                            # 2026-11-27 kernels, everything since
-#   bash scripts/gpu-next.sh                                 # on the device
+#   bash scripts/gpu-next.sh [STEP …]                        # on the device: every step, or those named
 #
 # Steps: c's selftest (and, should it fail, again with the new kernels' switches set back); A/B of a
 # against c (W16 bare and seeded, E256 seeded, at TF32); the
 # per-kernel device time of one bare and one seeded W16 training batch + validation under ncu (c);
 # c's own switches A/B'd against c — the tensor-core kernels' occupancy (ESPER_CUDA_TC_MIN_BLOCKS=2
-# ESPER_CUDA_TC_WIDE=0),
+# ESPER_CUDA_TC_WIDE=0), batch norm's gradient on load in the first block (ESPER_CUDA_BN_ON_LOAD=0),
 # then the square kernels and the staged group norm together — and b against c (the 2026-11-28 seed and
 # slot fusions); a short heuristic `train` with the profile table and the copies per step. Everything
 # goes to $OUT/next.txt (the summary: each step's exit, time and last lines) and $OUT/next.tgz (logs,
-# JSON), rewritten after every step.
+# JSON), rewritten after every step. The steps' names, in order: selftest-c (selftest-c-switched-back),
+# ab-a-c, ncu-bare, ab-occupancy, ab-bn-on-load, ab-square-gn, ncu-seeded, ab-b-c, train-profile — so
+# that a second call can run what the first had no time for.
 set -u
 OUT=${OUT:-gpu-out}
 WORK=/tmp/gpu-next
@@ -31,9 +33,13 @@ STARTED=$SECONDS
 
 # run NAME LIMIT CMD…: CMD (a command or an exported function) under min(LIMIT, what the budget has
 # left), its output in logs/NAME.log.
+WANTED=" $* "
 run() {
     local name=$1 limit=$2
     shift 2
+    if [ "$WANTED" != "  " ] && [[ "$WANTED" != *" $name "* ]]; then
+        return 0
+    fi
     local left=$((BUDGET - (SECONDS - STARTED)))
     if [ "$left" -lt 30 ]; then
         echo "== $name skipped: ${left} s of the budget left" | tee -a "$OUT/next.txt"
@@ -71,7 +77,8 @@ export NCU_BIN
 # unmeasured kernels set back, to tell whether they are the cause.
 if ! TAIL=30 run selftest-c 150 "$WORK/c" selftest --device cuda; then
     TAIL=30 run selftest-c-switched-back 150 env ESPER_CUDA_TC_WIDE=0 ESPER_CUDA_TC_MIN_BLOCKS=2 \
-        ESPER_CUDA_TC_SQUARE=0 ESPER_CUDA_GN_STAGED=0 ESPER_CUDA_FUSE=0 "$WORK/c" selftest --device cuda
+        ESPER_CUDA_BN_ON_LOAD=0 ESPER_CUDA_TC_SQUARE=0 ESPER_CUDA_GN_STAGED=0 ESPER_CUDA_FUSE=0 \
+        "$WORK/c" selftest --device cuda
 fi
 TAIL=12 run ab-a-c 200 env OUT="$WORK/logs/ab-a-c" AB_SELFTEST=0 \
     AB_CASES="w16-none-tf32 w16-seeded-tf32 e256-seeded-tf32" bash scripts/gpu-ab.sh gpu/a.gz gpu/c.gz
@@ -79,6 +86,8 @@ TAIL=40 run ncu-bare 120 ncu_table "$WORK/logs/ncu-bare.csv" "$WORK/c" bench --d
     "${NCU_STEP[@]}" --json "$WORK/ncu-bare.json"
 TAIL=8 run ab-occupancy 90 env OUT="$WORK/logs/ab-occupancy" AB_SELFTEST=0 AB_CASES="w16-none-tf32 w16-seeded-tf32" \
     A_ENV="ESPER_CUDA_TC_MIN_BLOCKS=2 ESPER_CUDA_TC_WIDE=0" bash scripts/gpu-ab.sh gpu/c.gz gpu/c.gz
+TAIL=8 run ab-bn-on-load 90 env OUT="$WORK/logs/ab-bn-on-load" AB_SELFTEST=0 AB_CASES="w16-none-tf32 w16-seeded-tf32" \
+    A_ENV=ESPER_CUDA_BN_ON_LOAD=0 bash scripts/gpu-ab.sh gpu/c.gz gpu/c.gz
 TAIL=8 run ab-square-gn 90 env OUT="$WORK/logs/ab-square-gn" AB_SELFTEST=0 AB_CASES="w16-none-tf32 w16-seeded-tf32" \
     A_ENV="ESPER_CUDA_TC_SQUARE=0 ESPER_CUDA_GN_STAGED=0" bash scripts/gpu-ab.sh gpu/c.gz gpu/c.gz
 TAIL=40 run ncu-seeded 120 ncu_table "$WORK/logs/ncu-seeded.csv" "$WORK/c" bench --device cuda "${NCU_STEP[@]}" \

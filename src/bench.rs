@@ -296,9 +296,11 @@ pub struct StepWork {
 /// `i` and `o`, and past the first block the input gradient reads `o` and writes `i`: `2g + 4o + i`,
 /// `+ o + i`. With `staged` (`--precision tf32`: the 3×3 convolutions on the staged tensor-core
 /// kernels, where the shape fits them), the forward's epilogue sums batch norm's statistics (`i + 2o +
-/// p`); the backward is the same (batch norm's input gradient written and read back: computing it as
-/// the staged backwards load it, `ESPER_CUDA_BN_ON_LOAD=1`, moves fewer bytes but was slower on an
-/// H200, so it is off by default).
+/// p`); in the backward, batch norm's input gradient is written and read back, except in the first
+/// block when its weight gradient takes all its channels in one block
+/// ([`Conv2dShape::tc_weight_grad_single_block`]) from the pool's gradient: the weight gradient then
+/// computes it as it loads it, reading `i`, `o` and `g` (`2g + 2o + i`; elsewhere, computing it on load,
+/// `ESPER_CUDA_BN_ON_LOAD=1`, repeats it per output group and input chunk and was slower on an H200).
 /// Evaluation: [`eval_block_floats`].
 pub fn host_bytes_per_image(arch: &HostArch, staged: bool) -> (u64, u64) {
     let (mut train, mut eval) = (0u64, 0u64);
@@ -311,8 +313,13 @@ pub fn host_bytes_per_image(arch: &HostArch, staged: bool) -> (u64, u64) {
             (false, _) => 2 * o,
         };
         let g = if pools { p } else { o };
-        let on_tensor_cores = staged && arch.block_conv(b, 1, 1).fits_staged_3x3();
-        let weight_grad = (g + o) + (g + 2 * o) + (i + o);
+        let conv = arch.block_conv(b, 1, 1);
+        let on_tensor_cores = staged && conv.fits_staged_3x3();
+        let grad_on_load = on_tensor_cores && b == 0 && pools && conv.tc_weight_grad_single_block();
+        let weight_grad = match grad_on_load {
+            true => (g + o) + (i + o + g),
+            false => (g + o) + (g + 2 * o) + (i + o),
+        };
         let input_grad = if b > 0 { o + i } else { 0 };
         // The statistics read the conv's output, unless its epilogue summed them.
         let stats = if on_tensor_cores { 0 } else { o };
@@ -969,8 +976,10 @@ mod tests {
         let arch = HostArch::CIFAR_BASELINE;
         assert_eq!(host_bytes_per_image(&arch, false), (4 * 132_608, 4 * 52_736));
         // At TF32 the tensor-core kernels sum the statistics in the forward's epilogue: one read of
-        // each block's output fewer, o = 8 192 + 4 096 + 2 048 floats.
-        assert_eq!(host_bytes_per_image(&arch, true), (4 * (132_608 - 14_336), 4 * 52_736));
+        // each block's output fewer, o = 8 192 + 4 096 + 2 048 floats; and the first block's weight
+        // gradient computes batch norm's input gradient as it loads it: its write and read back, 2 ·
+        // 8 192, fewer.
+        assert_eq!(host_bytes_per_image(&arch, true), (4 * (132_608 - 14_336 - 16_384), 4 * 52_736));
         let minimal =
             HostArch { base_channels: 2, pool_layers: 0, kernel_size: 1, ..HostArch::CIFAR_BASELINE };
         assert_eq!(host_bytes_per_image(&minimal, false), (4 * 180_224, 4 * 52_224));

@@ -1191,8 +1191,17 @@ __device__ __forceinline__ void conv3x3_tc(
 // select per step (the W = 0 loop finds each step's pixel with two divisions and selects past the
 // group's pixels); a group's k-steps past its images (the last group of a batch) end the loop for the
 // whole block. The same k-steps in the same order: the same sums, bit for bit.
+//
+// BN_POOLED (W > 0 only): dy is batch norm's input gradient computed as it is loaded (BN_LOAD_POOLED:
+// from batch norm's input bn.x, the pool's output gradient bn.dy routed through bn.argmax, and the
+// pair's coefficients), with load_or_bn's operations — the same values, so the same sums, as the
+// plain kernel on the gradient batch_norm_backward_input_from_f32 writes. A lane's two pixels lie side
+// by side at an even column, so they share their 2×2 window: one argmax and one pooled gradient for
+// both, at a window a constant number of windows from the lane's first (the k-steps' rows are even:
+// 64·j / W is). The launcher takes it where each value is loaded once (one input-channel chunk and one
+// output group: the host's first block), so the gradient is never written nor read back.
 #define TC_WG_TILES ((DC_CHUNK * 9 + 15) / 16)
-template <int NT, int W>
+template <int NT, int W, bool BN_POOLED = false>
 __device__ __forceinline__ void conv3x3_wgrad_tc(
     const float* x, const float* dy, float* partial, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, u32 runs,
     u32 groups_per_run, BnLoad bn) {
@@ -1248,6 +1257,29 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
             dy_lane[nt] = dy + ((u64)e * batch * c_out + min(o, c_out - 1)) * PLANE + p0;
         }
     }
+    // BN_POOLED: the lane's batch-norm input at p0 (dy_lane's places in bn.x), its pixels' window in the
+    // pooled planes and their places k_win, k_win + 1 in it, and its channels' coefficients.
+    static_assert(!BN_POOLED || W > 0, "batch norm on load in the square kernels only");
+    constexpr u32 WINDOWS = PLANE / 4;
+    const float* x_lane[BN_POOLED ? NT : 1];
+    const float* pooled_lane[BN_POOLED ? NT : 1];
+    const u8* argmax_lane[BN_POOLED ? NT : 1];
+    float coef[BN_POOLED ? NT : 1][BN_COEF];
+    u32 k_win = 0;
+    if constexpr (BN_POOLED) {
+        u32 lane_row = p0 / W, lane_col = p0 % W, window = (lane_row / 2) * (W / 2) + lane_col / 2;
+        k_win = (lane_row % 2) * 2;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            u32 o = min(o0 + nt * 8 + g, c_out - 1);
+            u64 plane0 = (u64)e * batch * c_out + o;  // image 0's plane of channel o
+            x_lane[nt] = bn.x + plane0 * PLANE + p0;
+            pooled_lane[nt] = bn.dy + plane0 * WINDOWS + window;
+            argmax_lane[nt] = bn.argmax + plane0 * WINDOWS + window;
+#pragma unroll
+            for (int c = 0; c < BN_COEF; ++c) coef[nt][c] = bn.coef[((u64)e * c_out + o) * BN_COEF + c];
+        }
+    }
 
     for (u32 gi = first; gi < last; ++gi) {
         u32 b0 = gi * per_block, images = min(per_block, batch - b0), pixels = images * plane;
@@ -1269,9 +1301,27 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
                     // The lane's two pixels side by side at an even index of dy (p0, q, the planes and
                     // the images' strides are even), which a whole allocation starts 256-byte aligned:
                     // one 8-byte load.
-                    float2 d = *reinterpret_cast<const float2*>(dy_lane[nt] + group_at + image * image_stride + q);
-                    b[nt][0] = tf32_round(d.x);
-                    b[nt][1] = tf32_round(d.y);
+                    u64 at = group_at + image * image_stride + q;
+                    if constexpr (BN_POOLED) {
+                        // Batch norm's input gradient at both pixels (load_or_bn's operations; at / 4:
+                        // the pixel pair's window, its row 64·j / W even).
+                        float2 xv = *reinterpret_cast<const float2*>(x_lane[nt] + at);
+                        float dy_window = pooled_lane[nt][at / 4];
+                        u32 won = argmax_lane[nt][at / 4];
+                        const float* cf = coef[nt];
+                        float xs[2] = {xv.x, xv.y};
+#pragma unroll
+                        for (int half = 0; half < 2; ++half) {
+                            float v = (xs[half] - cf[0]) * cf[1] + cf[2];
+                            float routed = won == k_win + half ? dy_window : 0.0f;
+                            float out_grad = v > 0.0f ? routed : 0.0f;  // bn_output_grad's ReLU mask
+                            b[nt][half] = tf32_round(bn_input_grad(cf, xs[half], bn_slot_grad(cf, out_grad)));
+                        }
+                    } else {
+                        float2 d = *reinterpret_cast<const float2*>(dy_lane[nt] + at);
+                        b[nt][0] = tf32_round(d.x);
+                        b[nt][1] = tf32_round(d.y);
+                    }
                 }
 #pragma unroll
                 for (int mt = 0; mt < TC_WG_TILES; ++mt) {
@@ -1371,12 +1421,14 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
         BN_ARGS, double* stats) {                                                                               \
         conv3x3_tc<NT, W, WARPS>(x, weight, y, batch, c_in, c_out, h, w, flip, BN_LOAD, stats);                 \
     }
-#define TC_WGRAD_KERNEL(NAME, NT, W, BLOCKS)                                                                    \
+#define TC_WGRAD_KERNEL_BN(NAME, NT, W, BN_POOLED, BLOCKS)                                                      \
     extern "C" __global__ void __launch_bounds__(256, TC_BLOCKS(BLOCKS)) NAME(                                  \
         const float* x, const float* dy, float* partial, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, u32 runs, \
         u32 groups_per_run, BN_ARGS) {                                                                          \
-        conv3x3_wgrad_tc<NT, W>(x, dy, partial, batch, c_in, c_out, h, w, runs, groups_per_run, BN_LOAD);      \
+        conv3x3_wgrad_tc<NT, W, BN_POOLED>(x, dy, partial, batch, c_in, c_out, h, w, runs, groups_per_run,      \
+                                           BN_LOAD);                                                            \
     }
+#define TC_WGRAD_KERNEL(NAME, NT, W, BLOCKS) TC_WGRAD_KERNEL_BN(NAME, NT, W, false, BLOCKS)
 TC_CONV_KERNEL(conv3x3_tc_n8_tf32, 1, 0, 8, 2)
 TC_CONV_KERNEL(conv3x3_tc_n8_w8_tf32, 1, 8, 8, 3)
 TC_CONV_KERNEL(conv3x3_tc_n8_w16_tf32, 1, 16, 8, 3)
@@ -1393,3 +1445,10 @@ TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n16_tf32, 2, 0, 2)
 TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n16_w8_tf32, 2, 8, 4)
 TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n16_w16_tf32, 2, 16, 3)
 TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n16_w32_tf32, 2, 32, 2)
+// Batch norm's input gradient on load (BN_POOLED; blocks as the plain ones', ptxas -v).
+TC_WGRAD_KERNEL_BN(conv3x3_wgrad_tc_n8_w8_bnpool_tf32, 1, 8, true, 4)
+TC_WGRAD_KERNEL_BN(conv3x3_wgrad_tc_n8_w16_bnpool_tf32, 1, 16, true, 4)
+TC_WGRAD_KERNEL_BN(conv3x3_wgrad_tc_n8_w32_bnpool_tf32, 1, 32, true, 4)
+TC_WGRAD_KERNEL_BN(conv3x3_wgrad_tc_n16_w8_bnpool_tf32, 2, 8, true, 4)
+TC_WGRAD_KERNEL_BN(conv3x3_wgrad_tc_n16_w16_bnpool_tf32, 2, 16, true, 3)
+TC_WGRAD_KERNEL_BN(conv3x3_wgrad_tc_n16_w32_bnpool_tf32, 2, 32, true, 2)

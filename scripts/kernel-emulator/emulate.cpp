@@ -45,6 +45,13 @@ static const Named<decltype(&conv3x3_wgrad_tc_n8_tf32)> TC_WGRADS[2][4] = {
      NAMED(conv3x3_wgrad_tc_n8_w32_tf32)},
     {NAMED(conv3x3_wgrad_tc_n16_tf32), NAMED(conv3x3_wgrad_tc_n16_w8_tf32), NAMED(conv3x3_wgrad_tc_n16_w16_tf32),
      NAMED(conv3x3_wgrad_tc_n16_w32_tf32)}};
+// The square weight gradients computing batch norm's input gradient from the pool's on load, by n-tiles
+// and width (8, 16, 32).
+static const Named<decltype(&conv3x3_wgrad_tc_n8_tf32)> TC_WGRADS_BN_POOLED[2][3] = {
+    {NAMED(conv3x3_wgrad_tc_n8_w8_bnpool_tf32), NAMED(conv3x3_wgrad_tc_n8_w16_bnpool_tf32),
+     NAMED(conv3x3_wgrad_tc_n8_w32_bnpool_tf32)},
+    {NAMED(conv3x3_wgrad_tc_n16_w8_bnpool_tf32), NAMED(conv3x3_wgrad_tc_n16_w16_bnpool_tf32),
+     NAMED(conv3x3_wgrad_tc_n16_w32_bnpool_tf32)}};
 #undef NAMED
 
 // The tables' column for width `sq` (0: the general kernel).
@@ -409,10 +416,13 @@ static void check_staged_bn(unsigned envs, unsigned batch, unsigned c_in, unsign
         for (size_t i = 0; i < on_load.size(); ++i) wrong += !same_bits(on_load[i], written[i]);
         outputs += on_load.size();
     }
-    // The weight gradient.
-    unsigned runs = (groups + per_run - 1) / per_run;
+    // The weight gradient: direct, tensor-core general, and (pooled, square planes) the square
+    // tensor-core kernel on the written gradient against its _bnpool form on load, as the launcher pairs
+    // them.
+    unsigned runs = (groups + per_run - 1) / per_run, sq = tc_square(h, w);
     size_t per_env = (size_t)c_out * c_in * 9;
-    for (int tc = 0; tc < 2; ++tc) {
+    for (int tc = 0; tc < 3; ++tc) {
+        if (tc == 2 && !(pooled && sq)) continue;
         unsigned nt = c_out <= 8 ? 1 : 2, tiles = ((c_in + 3) / 4) * (tc ? (c_out + 8 * nt - 1) / (8 * nt) : (c_out + 7) / 8);
         std::vector<float> on_load(envs * per_env, NAN), written(envs * per_env, NAN);
         for (int from_bn = 0; from_bn < 2; ++from_bn) {
@@ -422,6 +432,12 @@ static void check_staged_bn(unsigned envs, unsigned batch, unsigned c_in, unsign
             launch({runs, tiles, envs}, {256, 1, 1}, [&] {
                 if (!tc)
                     conv3x3_wgrad_direct_f32(x.data(), src, partial.data(), batch, c_in, c_out, h, w, runs, per_run, xbn.data(), dy.data(), arg.data(), coef.data(), m);
+                else if (tc == 2 && from_bn) {
+                    const auto& k = TC_WGRADS_BN_POOLED[nt - 1][square_column(sq) - 1];
+                    if (threadIdx.x == 0) name = k.name;
+                    k.kernel(x.data(), nullptr, partial.data(), batch, c_in, c_out, h, w, runs, per_run, xbn.data(), dy.data(), arg.data(), coef.data(), m);
+                } else if (tc == 2)
+                    tc_wgrad(nt, sq, &name, x.data(), src, partial.data(), batch, c_in, c_out, h, w, runs, per_run, xbn.data(), dy.data(), arg.data(), coef.data(), BN_LOAD_NONE);
                 else if (nt == 1)
                     conv3x3_wgrad_tc_n8_tf32(x.data(), src, partial.data(), batch, c_in, c_out, h, w, runs, per_run, xbn.data(), dy.data(), arg.data(), coef.data(), m);
                 else
@@ -437,8 +453,8 @@ static void check_staged_bn(unsigned envs, unsigned batch, unsigned c_in, unsign
     size_t nans = 0;
     for (float v : dconv) nans += std::isnan(v);
     char what[160], detail[160];
-    std::snprintf(what, sizeof what, "staged dx, dW reading BN's gradient (%s) E%u B%u %u→%u %u×%u", pooled ? "pooled" : "relu  ",
-                  envs, batch, c_in, c_out, h, w);
+    std::snprintf(what, sizeof what, "staged dx, dW reading BN's gradient (%s) E%u B%u %u→%u %u×%u%s", pooled ? "pooled" : "relu  ",
+                  envs, batch, c_in, c_out, h, w, pooled && sq ? " (+ _bnpool)" : "");
     std::snprintf(detail, sizeof detail, "%zu of %zu outputs differ in bits from the written gradient's", wrong, outputs);
     report(what, wrong == 0 && nans == 0, detail);
 }
@@ -1200,6 +1216,12 @@ int main() {
         check_staged_bn(1, 5, 8, 16, 16, 16, 1, mode);
         check_staged_bn(1, 33, 16, 32, 8, 8, 1, mode);
         check_staged_bn(2, 21, 5, 12, 6, 8, 1, mode);
+        // The other square _bnpool kernels: 8×8 with a short last image group and runs of 3 groups,
+        // 16×16 with output channels (5) past c_out in the n-tile and two input chunks, 32×32 with a
+        // second, partial output group.
+        check_staged_bn(1, 40, 4, 8, 8, 8, 3, mode);
+        check_staged_bn(1, 9, 6, 5, 16, 16, 2, mode);
+        check_staged_bn(1, 2, 3, 20, 32, 32, 1, mode);
     }
     // The fused normalisation + ReLU + pool and its backward: square and oblong even planes.
     check_fused_pool(2, 3, 4, 8, 8);

@@ -441,6 +441,16 @@ impl GemmConv {
         self.staged(d).is_some()
     }
 
+    /// Whether [`Self::backward_weight_from_norm`] loads each value of batch norm's input gradient of
+    /// `d` once, from the pool's gradient: on a square tensor-core weight gradient
+    /// (`conv3x3_wgrad_tc_n*_w*_bnpool_tf32`) whose blocks each take all of `d`'s input and output
+    /// channels (one chunk of 4 by one output group), as the host's first block's (3 → 8). Where the
+    /// input gradient is not wanted either, the gradient is then computed exactly once and never
+    /// written, which `DeviceHost` takes by default.
+    pub fn reads_norm_grad_once(&self, d: &Conv2dShape) -> bool {
+        self.staged(d) == Some(Staged::TensorCores) && self.square && d.tc_weight_grad_single_block()
+    }
+
     /// [`Self::backward_weight`] with the output gradient batch norm's input gradient, computed as the
     /// staged kernel loads it from `grad` (never written): the same bits as `backward_weight` on that
     /// gradient written by `ops::batch_norm_backward_input_from`. Only where [`Self::reads_norm_grad`].
@@ -455,8 +465,10 @@ impl GemmConv {
         self.check(d);
         let kernel = self.staged(d).expect("backward_weight_from_norm: a staged kernel runs the shape");
         grad.check(d);
-        // The square weight-gradient kernels read dy as it is: batch norm's gradient takes the general ones.
-        staged_weight_grad(device, kernel, d, x, grad.dy, &mut self.col, grad_weight, Some(grad), None)
+        // The square tensor-core weight gradients compute batch norm's gradient from the pool's
+        // (`_bnpool`); the ReLU's alone, and the direct kernels, take the general ones.
+        let square = self.square(d).filter(|_| kernel == Staged::TensorCores && grad.argmax.is_some());
+        staged_weight_grad(device, kernel, d, x, grad.dy, &mut self.col, grad_weight, Some(grad), square)
     }
 
     /// [`Self::backward_input`] from batch norm's input gradient computed on load, as
@@ -697,6 +709,17 @@ impl Staged {
         }
     }
 
+    /// The square tensor-core weight gradient of planes `width` × `width` that computes batch norm's
+    /// input gradient from the pool's as it loads it (`conv3x3_wgrad_tc_n*_w*_bnpool_tf32`).
+    fn wgrad_bn_pooled_kernel(self, c_out: usize, width: usize) -> &'static str {
+        assert_eq!(
+            self,
+            Staged::TensorCores,
+            "batch norm on load in the square kernels is the tensor cores'"
+        );
+        TC_WGRAD_BN_POOLED_KERNELS[self.n_tiles(c_out)][square_index(Some(width)) - 1]
+    }
+
     /// The tensor-core kernels' row of [`TC_CONV_KERNELS`] / [`TC_WGRAD_KERNELS`]: one n-tile of 8
     /// output channels (0) or two (1).
     fn n_tiles(self, c_out: usize) -> usize {
@@ -721,6 +744,20 @@ const TC_WGRAD_KERNELS: [[&str; 4]; 2] = [
         "conv3x3_wgrad_tc_n16_w8_tf32",
         "conv3x3_wgrad_tc_n16_w16_tf32",
         "conv3x3_wgrad_tc_n16_w32_tf32",
+    ],
+];
+
+/// [`Staged::wgrad_bn_pooled_kernel`]'s, by n-tiles and width (8, 16, 32).
+const TC_WGRAD_BN_POOLED_KERNELS: [[&str; 3]; 2] = [
+    [
+        "conv3x3_wgrad_tc_n8_w8_bnpool_tf32",
+        "conv3x3_wgrad_tc_n8_w16_bnpool_tf32",
+        "conv3x3_wgrad_tc_n8_w32_bnpool_tf32",
+    ],
+    [
+        "conv3x3_wgrad_tc_n16_w8_bnpool_tf32",
+        "conv3x3_wgrad_tc_n16_w16_bnpool_tf32",
+        "conv3x3_wgrad_tc_n16_w32_bnpool_tf32",
     ],
 ];
 
@@ -839,7 +876,8 @@ fn staged_wgrad_partial_len(d: &Conv2dShape, kernel: Staged) -> usize {
 /// `d`'s weight gradient (overwritten) by a staged kernel: it sums each run of image groups into
 /// `partial` (sized by [`staged_wgrad_partial_len`]), then `conv2d_wgrad_reduce_f32` adds the runs in
 /// order. With `bn` the output gradient is batch norm's input gradient computed on load (`dy` unread);
-/// `square` as [`staged_conv`]'s (not with `bn`).
+/// `square` as [`staged_conv`]'s (with `bn` only on the tensor cores and from the pool's gradient: the
+/// `_bnpool` kernels).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn staged_weight_grad(
     device: &Device,
@@ -853,7 +891,12 @@ pub(super) fn staged_weight_grad(
     square: Option<usize>,
 ) -> R {
     assert!(direct_fits(d), "the staged 3×3 weight gradients do not take {d:?}");
-    assert!(square.is_none() || (square == square_width(d) && bn.is_none()), "the square kernels take {d:?}");
+    assert!(square.is_none() || square == square_width(d), "the square kernels take {d:?}");
+    let bn_pooled = bn.is_some_and(|g| g.argmax.is_some());
+    assert!(
+        square.is_none() || bn.is_none() || (kernel == Staged::TensorCores && bn_pooled),
+        "the square weight gradients take batch norm's gradient only on the tensor cores, from the pool's"
+    );
     let (runs, per_run) = staged_wgrad_runs(d, kernel);
     let depth = col_rows(d);
     assert!(
@@ -865,7 +908,11 @@ pub(super) fn staged_weight_grad(
         "staged weight gradient: grid exceeds the device's"
     );
     let dims = [d.batch, d.c_in, d.c_out, d.h, d.w, runs, per_run].map(|v| v as u32);
-    let mut launch = device.stream.launch_builder(device.function(kernel.wgrad_kernel(d.c_out, square)));
+    let name = match (square, bn) {
+        (Some(width), Some(_)) => kernel.wgrad_bn_pooled_kernel(d.c_out, width),
+        _ => kernel.wgrad_kernel(d.c_out, square),
+    };
+    let mut launch = device.stream.launch_builder(device.function(name));
     launch.arg(x).arg(dy).arg(&mut *partial);
     push_dims(&mut launch, &dims);
     push_bn(&mut launch, bn);
@@ -1064,6 +1111,8 @@ mod tests {
         assert_eq!(tc.conv_kernel(16, Some(16)), "conv3x3_tc_n16_w16_tf32");
         assert_eq!(tc.wgrad_kernel(32, Some(8)), "conv3x3_wgrad_tc_n16_w8_tf32");
         assert_eq!(tc.wgrad_kernel(3, Some(16)), "conv3x3_wgrad_tc_n8_w16_tf32");
+        assert_eq!(tc.wgrad_bn_pooled_kernel(8, 32), "conv3x3_wgrad_tc_n8_w32_bnpool_tf32");
+        assert_eq!(tc.wgrad_bn_pooled_kernel(32, 8), "conv3x3_wgrad_tc_n16_w8_bnpool_tf32");
         // Threads a block: the square n16 forwards' warps as conv.cu compiles them (16 unless
         // ESPER_CUDA_TC_WIDE=0), 256 for the rest.
         let wide = 32 * crate::cuda::tc_n16_warps();
@@ -1084,11 +1133,29 @@ mod tests {
                 }
             }
         }
-        assert_eq!(picked.len(), 2 + 2 * 2 * 4, "{picked:?}");
+        for c_out in [3, 8, 9, 40] {
+            for width in SQUARE_WIDTHS {
+                picked.insert(tc.wgrad_bn_pooled_kernel(c_out, width));
+            }
+        }
+        assert_eq!(picked.len(), 2 + 2 * 2 * 4 + 2 * 3, "{picked:?}");
         assert!(picked.iter().all(|name| conv_cu.functions.contains(name)), "{picked:?}");
         let d = Conv2dShape { envs: 2, batch: 5, c_in: 9, c_out: 40, h: 8, w: 8, k: 3, pad: 1, groups: 1 };
         // 3 input chunks of 4 by 5 output groups of 8 (direct) or 3 of 16 (tensor cores).
         assert_eq!((staged_tiles(&d, Staged::Direct), staged_tiles(&d, tc)), (15, 9));
+        // One tensor-core block takes all of the host's first block (3 → 8 at 32×32), as
+        // Conv2dShape::tc_weight_grad_single_block says; not the second (8 → 16) nor 5 → 20 channels.
+        let first = Conv2dShape { c_in: 3, c_out: 8, h: 32, w: 32, ..d };
+        assert_eq!(staged_tiles(&first, tc), 1);
+        assert!(first.tc_weight_grad_single_block());
+        for other in [
+            Conv2dShape { c_in: 8, c_out: 16, h: 16, w: 16, ..d },
+            Conv2dShape { c_in: 5, c_out: 20, ..first },
+        ] {
+            assert!(staged_tiles(&other, tc) > 1 && !other.tc_weight_grad_single_block(), "{other:?}");
+        }
+        assert!(Conv2dShape { c_in: 4, c_out: 16, h: 8, w: 8, ..d }.tc_weight_grad_single_block());
+        assert!(!Conv2dShape { h: 6, w: 8, ..first }.tc_weight_grad_single_block(), "square planes only");
     }
 
     /// The specialised tensor-core kernels take square planes of 8, 16 and 32 (the host's three blocks) and

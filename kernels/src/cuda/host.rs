@@ -83,6 +83,35 @@ enum Pass {
     Eval(usize),
 }
 
+/// Where a host block's backward computes batch norm's input gradient as its convolution's kernels load
+/// it instead of writing it (`ESPER_CUDA_BN_ON_LOAD`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum NormGradOnLoad {
+    /// Nowhere (`0`).
+    Never,
+    /// The default: where each value is loaded exactly once — the first block (no input gradient) whose
+    /// square tensor-core weight gradient takes all its channels in one block
+    /// ([`GemmConv::reads_norm_grad_once`]), from the pool's gradient: the write and the read back of
+    /// the block's largest activation saved (at W16 268 MB each a training batch), for two gathers a
+    /// pixel pair in the weight gradient. Built in a session without a device.
+    Once,
+    /// Wherever a staged kernel runs the convolution (`1`): each value is then computed once per
+    /// output group and input chunk of the weight gradient and the input gradient, which on an H200
+    /// was slower than the write (W16 at TF32: 41.6 against 37.2 ms a step bare, 106.3 against 103.3
+    /// with seeds; a gather per value where the staging otherwise reads four values at once).
+    Always,
+}
+
+impl NormGradOnLoad {
+    fn from_setting(value: Option<&str>) -> Self {
+        match value {
+            Some("1") => Self::Always,
+            Some("0") => Self::Never,
+            _ => Self::Once,
+        }
+    }
+}
+
 /// An env-stacked host on the device for one `(E, B)`: parameters (in [`HostParams`]' tensor order:
 /// per block conv, γ, β, then the head's weight and bias), their gradients and momentum, running
 /// statistics and activations.
@@ -106,13 +135,10 @@ pub struct DeviceHost {
     /// blend (`DeviceSlot::forward`'s `pooled`), the slot's output never written. Off with
     /// `ESPER_CUDA_FUSE=0` (to measure the gain) or [`Self::set_fuse`].
     fuse: bool,
-    /// With `fuse`, where a staged 3×3 kernel runs a block's convolution: its backwards compute batch
-    /// norm's input gradient as they load it ([`GemmConv::reads_norm_grad`]) instead of reading it written
-    /// by `batch_norm_backward_input_from_f32`. The same bits either way. Off by default: on an H200 the
-    /// write and plain loads were faster (W16 at TF32: 37.2 against 41.6 ms a step bare, 103.3 against
-    /// 106.3 with seeds; the load is a gather per value, repeated per output group, where the staging
-    /// otherwise reads four values at once). `ESPER_CUDA_BN_ON_LOAD=1` turns it on, to measure again.
-    norm_grad_on_load: bool,
+    /// With `fuse`, where a staged 3×3 kernel runs a block's convolution: whether its backwards compute
+    /// batch norm's input gradient as they load it ([`GemmConv::reads_norm_grad`]) instead of reading it
+    /// written by `batch_norm_backward_input_from_f32`. The same bits either way.
+    norm_grad_on_load: NormGradOnLoad,
     params: Vec<CudaSlice<f32>>,
     grads: Vec<CudaSlice<f32>>,
     momentum: Vec<CudaSlice<f32>>,
@@ -224,7 +250,9 @@ impl DeviceHost {
             batch,
             capacity: batch,
             fuse: std::env::var("ESPER_CUDA_FUSE").map_or(true, |v| v != "0"),
-            norm_grad_on_load: std::env::var("ESPER_CUDA_BN_ON_LOAD").is_ok_and(|v| v == "1"),
+            norm_grad_on_load: NormGradOnLoad::from_setting(
+                std::env::var("ESPER_CUDA_BN_ON_LOAD").ok().as_deref(),
+            ),
             blocks,
             conv: GemmConv::new(device, &conv_dims_all)?,
             params: device_params,
@@ -672,7 +700,16 @@ impl DeviceHost {
                     &mut beta_g[0],
                     &mut self.bn_coef,
                 )?;
-                if self.norm_grad_on_load && self.conv.reads_norm_grad(&dims) {
+                let on_load_here = match self.norm_grad_on_load {
+                    NormGradOnLoad::Never => false,
+                    // The first block has no input gradient to compute, so its weight gradient is the
+                    // gradient's one reader.
+                    NormGradOnLoad::Once => {
+                        b == 0 && argmax.is_some() && self.conv.reads_norm_grad_once(&dims)
+                    }
+                    NormGradOnLoad::Always => self.conv.reads_norm_grad(&dims),
+                };
+                if on_load_here {
                     on_load = Some(BatchNormGrad {
                         x: &block.conv_out,
                         dy: &self.grad_a,
@@ -903,4 +940,17 @@ impl DeviceHost {
 fn env_rows(len: usize, envs: usize, env: usize) -> std::ops::Range<usize> {
     let per_env = len / envs;
     env * per_env..(env + 1) * per_env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NormGradOnLoad;
+
+    #[test]
+    fn bn_on_load_is_once_unless_set_to_1_or_0() {
+        assert_eq!(NormGradOnLoad::from_setting(None), NormGradOnLoad::Once);
+        assert_eq!(NormGradOnLoad::from_setting(Some("1")), NormGradOnLoad::Always);
+        assert_eq!(NormGradOnLoad::from_setting(Some("0")), NormGradOnLoad::Never);
+        assert_eq!(NormGradOnLoad::from_setting(Some("yes")), NormGradOnLoad::Once);
+    }
 }

@@ -2471,7 +2471,9 @@ fn staged_norm_grad_checks(
             gemm.backward_input(&on, &c, &written, w_dev, &mut dx_written)?;
             let diff = max_diff(&stream.clone_dtoh(&dw_load)?, &stream.clone_dtoh(&dw_written)?)
                 .max(max_diff(&stream.clone_dtoh(&dx_load)?, &stream.clone_dtoh(&dx_written)?));
-            let kernels = if tensor_cores {
+            let kernels = if tensor_cores && pooled && square_width(&c).is_some() {
+                "conv3x3_tc_*_tf32, conv3x3_wgrad_tc_*_bnpool_tf32"
+            } else if tensor_cores {
                 "conv3x3_{tc,wgrad_tc}_*_tf32"
             } else {
                 "conv3x3_{direct,wgrad_direct}_f32"

@@ -96,6 +96,12 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "conv3x3_wgrad_tc_n16_w8_tf32",
             "conv3x3_wgrad_tc_n16_w16_tf32",
             "conv3x3_wgrad_tc_n16_w32_tf32",
+            "conv3x3_wgrad_tc_n8_w8_bnpool_tf32",
+            "conv3x3_wgrad_tc_n8_w16_bnpool_tf32",
+            "conv3x3_wgrad_tc_n8_w32_bnpool_tf32",
+            "conv3x3_wgrad_tc_n16_w8_bnpool_tf32",
+            "conv3x3_wgrad_tc_n16_w16_bnpool_tf32",
+            "conv3x3_wgrad_tc_n16_w32_bnpool_tf32",
         ],
     },
     KernelFile {

@@ -66,6 +66,20 @@ impl Conv2dShape {
             && self.h * self.w <= 1024
     }
 
+    /// Whether the GPU backend's square tensor-core weight gradient (kernels/cuda/conv.cu,
+    /// `conv3x3_wgrad_tc_n*_w*_tf32`) takes all of this shape's channels in one block: square planes of
+    /// 8, 16 or 32, at most 4 input channels (one staged chunk) and 16 output channels (one output
+    /// group), as the host's first block (3 → 8 at 32×32). Each value of its output gradient is then
+    /// loaded exactly once, so batch norm's input gradient is computed there rather than written
+    /// (`GemmConv::reads_norm_grad_once`).
+    pub fn tc_weight_grad_single_block(&self) -> bool {
+        self.fits_staged_3x3()
+            && self.h == self.w
+            && [8, 16, 32].contains(&self.w)
+            && self.c_in <= 4
+            && self.c_out <= 16
+    }
+
     pub fn h_out(&self) -> usize {
         self.h + 2 * self.pad + 1 - self.k
     }
