@@ -29,6 +29,11 @@ for build in a b c; do
     [ -f "gpu/$build.gz" ] || { echo "gpu/$build.gz missing: build it with scripts/gpu-build.sh" | tee -a "$OUT/next.txt"; exit 2; }
 done
 gunzip -c gpu/c.gz >"$WORK/c" && chmod +x "$WORK/c"
+# Which GPU and which commits, for the record.
+{
+    nvidia-smi -L 2>&1 | head -n 2
+    for build in a b c; do echo "$build: $(cat "gpu/$build.commit" 2>/dev/null || echo '(commit unknown)')"; done
+} | tee -a "$OUT/next.txt"
 STARTED=$SECONDS
 
 # run NAME LIMIT CMD…: CMD (a command or an exported function) under min(LIMIT, what the budget has
