@@ -943,7 +943,7 @@ __device__ __forceinline__ int tc_row_offset(u32 k, u32 valid, u32 padded, u32 w
 // `stats` not null): the block's sums of each of its output channels' values, shifted by the block's
 // first value (its pixel 0's; 0 where not finite, as batch_norm_stats_partial_f32's shift), in double:
 // stats[((e·c_out + o)·runs + run)·3 + {0, 1, 2}] = (shift, Σ d, Σ d²), d = y − shift, run = the block's
-// image group (blockIdx.x, runs = gridDim.x). Each thread sums its values, then the 256 threads' sums
+// image group (blockIdx.x, runs = gridDim.x). Each thread sums its values, then the block's threads' sums
 // are added through shared memory, each warp's row groups in order and then the warps in order, so a
 // result depends only on the shape;
 // batch_norm_stats_finish_runs_f32 combines the runs in a fixed order. `acc`, `tiles`, `first`, `pixels`,
@@ -1184,8 +1184,8 @@ __device__ __forceinline__ void conv3x3_tc(
 // warp order through shared memory and the block writes partial[e][run][o][s·9 + tap];
 // conv2d_wgrad_reduce_f32 adds the runs in order.
 //
-// W > 0: the kernel for square W × W planes (W = 8, 16, 32) and dy read as it is (no batch norm on
-// load; the launcher takes W = 0 for that): a lane's pixels at k-step j lie tc_place<W>(64·j) from its
+// W > 0: the kernel for square W × W planes (W = 8, 16, 32), dy read as it is or (BN_POOLED, below)
+// computed from the pool's gradient (batch norm on load from the ReLU's takes W = 0): a lane's pixels at k-step j lie tc_place<W>(64·j) from its
 // first k-step's in the tile and a constant number of images and pixels from them in dy, so the
 // k-steps are unrolled with every load at a fixed offset from a per-lane pointer and no division or
 // select per step (the W = 0 loop finds each step's pixel with two divisions and selects past the
@@ -1301,13 +1301,13 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
                     // The lane's two pixels side by side at an even index of dy (p0, q, the planes and
                     // the images' strides are even), which a whole allocation starts 256-byte aligned:
                     // one 8-byte load.
-                    u64 at = group_at + image * image_stride + q;
+                    u64 dy_at = group_at + image * image_stride + q;  // in dy's planes (at: the tile's)
                     if constexpr (BN_POOLED) {
-                        // Batch norm's input gradient at both pixels (load_or_bn's operations; at / 4:
+                        // Batch norm's input gradient at both pixels (load_or_bn's operations; dy_at / 4:
                         // the pixel pair's window, its row 64·j / W even).
-                        float2 xv = *reinterpret_cast<const float2*>(x_lane[nt] + at);
-                        float dy_window = pooled_lane[nt][at / 4];
-                        u32 won = argmax_lane[nt][at / 4];
+                        float2 xv = *reinterpret_cast<const float2*>(x_lane[nt] + dy_at);
+                        float dy_window = pooled_lane[nt][dy_at / 4];
+                        u32 won = argmax_lane[nt][dy_at / 4];
                         const float* cf = coef[nt];
                         float xs[2] = {xv.x, xv.y};
 #pragma unroll
@@ -1318,7 +1318,7 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
                             b[nt][half] = tf32_round(bn_input_grad(cf, xs[half], bn_slot_grad(cf, out_grad)));
                         }
                     } else {
-                        float2 d = *reinterpret_cast<const float2*>(dy_lane[nt] + at);
+                        float2 d = *reinterpret_cast<const float2*>(dy_lane[nt] + dy_at);
                         b[nt][0] = tf32_round(d.x);
                         b[nt][1] = tf32_round(d.y);
                     }
@@ -1397,7 +1397,8 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
 // reloaded once an image group, outside its k-steps — and the n16 w16 one 80); the general n16
 // weight gradient and the w32 one keep two (spills in the staging). Shared memory allows it (40 KB a
 // forward block, 37 KB a weight gradient's). TC_MIN_BLOCKS (`ESPER_CUDA_TC_MIN_BLOCKS=N` adds it to
-// NVRTC's options) gives every kernel N, to measure the two.
+// NVRTC's options) gives every kernel N (the 512-thread forwards at most 4: TC_FIT), to measure the
+// two; N = 2 is what they all had.
 //
 // The square n16 forwards hold 64 accumulators a thread at 8 warps of 8 m-tiles (126 registers; at
 // three blocks an SM they spill 192 bytes in the K loop), so they run 16 warps of 4 m-tiles instead
@@ -1415,8 +1416,10 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
 #else
 #define TC_N16_WARPS 16
 #endif
+// At most 2 048 threads an SM: TC_MIN_BLOCKS past that for the 512-thread forwards is capped at 4.
+#define TC_FIT(WARPS, n) ((n) * (WARPS) > 64 ? 64 / (WARPS) : (n))
 #define TC_CONV_KERNEL(NAME, NT, W, WARPS, BLOCKS)                                                              \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32, TC_BLOCKS(BLOCKS)) NAME(                           \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, TC_FIT(WARPS, TC_BLOCKS(BLOCKS))) NAME(            \
         const float* x, const float* weight, float* y, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, int flip,   \
         BN_ARGS, double* stats) {                                                                               \
         conv3x3_tc<NT, W, WARPS>(x, weight, y, batch, c_in, c_out, h, w, flip, BN_LOAD, stats);                 \
@@ -1445,10 +1448,12 @@ TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n16_tf32, 2, 0, 2)
 TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n16_w8_tf32, 2, 8, 4)
 TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n16_w16_tf32, 2, 16, 3)
 TC_WGRAD_KERNEL(conv3x3_wgrad_tc_n16_w32_tf32, 2, 32, 2)
-// Batch norm's input gradient on load (BN_POOLED; blocks as the plain ones', ptxas -v).
+// Batch norm's input gradient on load (BN_POOLED), blocks by the same rule (ptxas -v, sm_90): the n8
+// ones 4 (n8 w32, the host's first block, with two registers spilled and reloaded once an image group,
+// outside its k-steps), n16 w8 3 (79 registers; at 4 it spills 36 bytes), n16 w16 and w32 2.
 TC_WGRAD_KERNEL_BN(conv3x3_wgrad_tc_n8_w8_bnpool_tf32, 1, 8, true, 4)
 TC_WGRAD_KERNEL_BN(conv3x3_wgrad_tc_n8_w16_bnpool_tf32, 1, 16, true, 4)
 TC_WGRAD_KERNEL_BN(conv3x3_wgrad_tc_n8_w32_bnpool_tf32, 1, 32, true, 4)
-TC_WGRAD_KERNEL_BN(conv3x3_wgrad_tc_n16_w8_bnpool_tf32, 2, 8, true, 4)
-TC_WGRAD_KERNEL_BN(conv3x3_wgrad_tc_n16_w16_bnpool_tf32, 2, 16, true, 3)
+TC_WGRAD_KERNEL_BN(conv3x3_wgrad_tc_n16_w8_bnpool_tf32, 2, 8, true, 3)
+TC_WGRAD_KERNEL_BN(conv3x3_wgrad_tc_n16_w16_bnpool_tf32, 2, 16, true, 2)
 TC_WGRAD_KERNEL_BN(conv3x3_wgrad_tc_n16_w32_bnpool_tf32, 2, 32, true, 2)
