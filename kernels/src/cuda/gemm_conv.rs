@@ -28,6 +28,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchArgs, LaunchConfi
 
 use super::ops;
 use super::parity::{Device, NULL, ParityError, blocks_of_256, elementwise, push_dims, push_optional};
+use crate::ops::conv::TC_SQUARE_WIDTHS;
 use crate::ops::precision::Precision;
 use crate::ops::{Conv2dShape, NormShape};
 
@@ -762,17 +763,15 @@ const TC_WGRAD_BN_POOLED_KERNELS: [[&str; 3]; 2] = [
 ];
 
 /// The column of [`TC_CONV_KERNELS`] / [`TC_WGRAD_KERNELS`] for `square`: 0 for the general kernels,
-/// else 1 + the width's place in [`SQUARE_WIDTHS`].
+/// else 1 + the width's place in [`TC_SQUARE_WIDTHS`].
 fn square_index(square: Option<usize>) -> usize {
-    square.map_or(0, |w| 1 + SQUARE_WIDTHS.iter().position(|&s| s == w).expect("a square kernel's width"))
+    square.map_or(0, |w| 1 + TC_SQUARE_WIDTHS.iter().position(|&s| s == w).expect("a square kernel's width"))
 }
 
-/// The plane widths the tensor-core kernels are specialised to (conv.cu's `tc_place<W>`).
-const SQUARE_WIDTHS: [usize; 3] = [8, 16, 32];
-
-/// The width of `d`'s planes where the specialised tensor-core kernels take them: square, of 8, 16 or 32.
+/// The width of `d`'s planes where the specialised tensor-core kernels take them: square, of 8, 16 or 32
+/// ([`Conv2dShape::tc_square_width`], which the bench's traffic count reads too).
 pub(super) fn square_width(d: &Conv2dShape) -> Option<usize> {
-    (d.h == d.w && SQUARE_WIDTHS.contains(&d.w)).then_some(d.w)
+    d.tc_square_width()
 }
 
 /// How the tensor-core forward of `d` (a shape [`direct_fits`] takes) cuts batch norm's statistics per
@@ -1134,7 +1133,7 @@ mod tests {
             }
         }
         for c_out in [3, 8, 9, 40] {
-            for width in SQUARE_WIDTHS {
+            for width in TC_SQUARE_WIDTHS {
                 picked.insert(tc.wgrad_bn_pooled_kernel(c_out, width));
             }
         }

@@ -51,6 +51,10 @@ pub struct Conv2dShape {
     pub groups: usize,
 }
 
+/// The plane widths the GPU backend's square tensor-core 3×3 kernels are specialised to
+/// ([`Conv2dShape::tc_square_width`]).
+pub const TC_SQUARE_WIDTHS: [usize; 3] = [8, 16, 32];
+
 impl Conv2dShape {
     /// Whether the GPU backend's staged 3×3 kernels (`conv3x3_direct_f32` and the tensor-core ones in
     /// kernels/cuda/conv.cu) take this shape, forward and input gradient alike: 3×3, padding 1 (so the
@@ -73,11 +77,13 @@ impl Conv2dShape {
     /// loaded exactly once, so batch norm's input gradient is computed there rather than written
     /// (`GemmConv::reads_norm_grad_once`).
     pub fn tc_weight_grad_single_block(&self) -> bool {
-        self.fits_staged_3x3()
-            && self.h == self.w
-            && [8, 16, 32].contains(&self.w)
-            && self.c_in <= 4
-            && self.c_out <= 16
+        self.fits_staged_3x3() && self.tc_square_width().is_some() && self.c_in <= 4 && self.c_out <= 16
+    }
+
+    /// The width of this shape's planes where the GPU backend's tensor-core 3×3 kernels specialised to
+    /// square planes take them (conv.cu's `tc_place<W>`): square, of one of [`TC_SQUARE_WIDTHS`].
+    pub fn tc_square_width(&self) -> Option<usize> {
+        (self.h == self.w && TC_SQUARE_WIDTHS.contains(&self.w)).then_some(self.w)
     }
 
     pub fn h_out(&self) -> usize {
