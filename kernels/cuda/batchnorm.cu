@@ -386,10 +386,7 @@ extern "C" __global__ void __launch_bounds__(1024) batch_norm_backward_input_fro
             u64 at[4] = {top, top + 1, top + w, top + w + 1};
 #pragma unroll
             for (u32 j = 0; j < 4; ++j) {
-                float xi = x[at[j]];
-                float v = (xi - c[0]) * c[1] + c[2];
-                float g = !(v > 0.0f) ? 0.0f : (k == j ? routed : 0.0f);
-                dx[at[j]] = bn_input_grad(c, xi, bn_slot_grad(c, g));
+                dx[at[j]] = bn_window_input_grad(c, x[at[j]], k, j, routed);
             }
         }
         return;

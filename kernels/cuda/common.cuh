@@ -208,11 +208,14 @@ __device__ __forceinline__ float routed_gradient(const float* dy, const u8* argm
 // compute the ReLU's input: the same mask as relu_backward_f32's y > 0, NaN included); elsewhere, with
 // `pooled`, the pool's output gradient dy routed to element (iy, ix) of plane `plane_index` (as
 // max_pool2x2_backward_f32), else the gradient dy[i] at the ReLU's output.
+__device__ __forceinline__ bool bn_relu_open(float xi, float mean, float scale, float shift) {
+    return (xi - mean) * scale + shift > 0.0f;
+}
+
 __device__ __forceinline__ float bn_output_grad(
     float xi, float mean, float scale, float shift, const float* dy, const u8* argmax, int pooled, u64 i,
     u64 plane_index, u32 iy, u32 ix, u32 h, u32 w) {
-    float v = (xi - mean) * scale + shift;
-    if (!(v > 0.0f)) return 0.0f;
+    if (!bn_relu_open(xi, mean, scale, shift)) return 0.0f;
     return pooled ? routed_gradient_at(dy, argmax, plane_index, iy, ix, h, w) : dy[i];
 }
 
@@ -235,4 +238,14 @@ __device__ __forceinline__ float bn_slot_grad(const float* c, float g) { return 
 __device__ __forceinline__ float bn_input_grad(const float* c, float xi, float g) {
     float x_hat = (xi - c[0]) * c[3];
     return c[1] * (g - c[4] - x_hat * c[5]);
+}
+
+// Batch norm's input gradient at element j (0 .. 4, row-major) of a 2×2 pool window whose winner is
+// `won` and whose output gradient is `routed`, from its (env, channel)'s coefficients c: the pool's
+// routing, the ReLU's mask and the slot's factor as bn_output_grad and bn_slot_grad apply them, so the
+// same bits as load_or_bn's at that element. Shared by the fused batch-norm backward's window path and
+// the tensor-core weight gradients that compute it on load.
+__device__ __forceinline__ float bn_window_input_grad(const float* c, float xi, u32 won, u32 j, float routed) {
+    float g = bn_relu_open(xi, c[0], c[1], c[2]) && won == j ? routed : 0.0f;
+    return bn_input_grad(c, xi, bn_slot_grad(c, g));
 }

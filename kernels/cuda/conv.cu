@@ -1308,15 +1308,8 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
                         float2 xv = *reinterpret_cast<const float2*>(x_lane[nt] + dy_at);
                         float dy_window = pooled_lane[nt][dy_at / 4];
                         u32 won = argmax_lane[nt][dy_at / 4];
-                        const float* cf = coef[nt];
-                        float xs[2] = {xv.x, xv.y};
-#pragma unroll
-                        for (int half = 0; half < 2; ++half) {
-                            float v = (xs[half] - cf[0]) * cf[1] + cf[2];
-                            float routed = won == k_win + half ? dy_window : 0.0f;
-                            float out_grad = v > 0.0f ? routed : 0.0f;  // bn_output_grad's ReLU mask
-                            b[nt][half] = tf32_round(bn_input_grad(cf, xs[half], bn_slot_grad(cf, out_grad)));
-                        }
+                        b[nt][0] = tf32_round(bn_window_input_grad(coef[nt], xv.x, won, k_win, dy_window));
+                        b[nt][1] = tf32_round(bn_window_input_grad(coef[nt], xv.y, won, k_win + 1, dy_window));
                     } else {
                         float2 d = *reinterpret_cast<const float2*>(dy_lane[nt] + dy_at);
                         b[nt][0] = tf32_round(d.x);
