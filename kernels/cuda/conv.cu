@@ -1201,6 +1201,20 @@ __device__ __forceinline__ void conv3x3_tc(
 // 64·j / W is). The launcher takes it where each value is loaded once (one input-channel chunk and one
 // output group: the host's first block), so the gradient is never written nor read back.
 #define TC_WG_TILES ((DC_CHUNK * 9 + 15) / 16)
+// What the square weight gradients load from global memory for one k-step and one n-tile: dy at the
+// lane's two pixels (v), or with BN_POOLED batch norm's input there (v), the pair's window's pooled
+// gradient and its winner. TC_WG_BATCH: the k-steps whose loads are issued together (1, 2, 4, 8 or 16;
+// `ESPER_CUDA_WG_BATCH=N` adds -DTC_WG_BATCH=N to NVRTC's options, to measure them).
+struct WgradLoad {
+    float2 v;
+    float pooled;
+    u32 won;
+};
+#ifndef TC_WG_BATCH
+#define TC_WG_BATCH 4
+#endif
+static_assert(TC_WG_BATCH == 1 || TC_WG_BATCH == 2 || TC_WG_BATCH == 4 || TC_WG_BATCH == 8 || TC_WG_BATCH == 16,
+              "a batch of k-steps divides an image group's 16");
 template <int NT, int W, bool BN_POOLED = false>
 __device__ __forceinline__ void conv3x3_wgrad_tc(
     const float* x, const float* dy, float* partial, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, u32 runs,
@@ -1289,31 +1303,36 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
         __syncthreads();
         if constexpr (W > 0) {
             u64 group_at = (u64)b0 * c_out * PLANE, image_stride = (u64)c_out * PLANE;
-#pragma unroll
-            for (u32 j = 0; j < TC_PIXELS / 64; ++j) {
-                // k-step j: pixels 64·j + p0 and the next, in image 64·j / W² of the group.
-                u32 image = 64 * j / PLANE, q = 64 * j % PLANE;
-                if (image >= images) break;  // the same for the whole block
+            // What k-step j (pixels 64·j + p0 and the next, in image 64·j / W² of the group) loads from
+            // global memory for n-tile nt: the lane's two pixels side by side at an even index of dy (p0,
+            // q, the planes and the images' strides are even), which a whole allocation starts 256-byte
+            // aligned: one 8-byte load; with BN_POOLED batch norm's input there, the pair's window's
+            // pooled gradient and its winner (dy_at / 4: the window, its row 64·j / W even).
+            auto load = [&](u32 j, int nt) {
+                u64 dy_at = group_at + (u64)(64 * j / PLANE) * image_stride + 64 * j % PLANE;  // in dy's planes
+                WgradLoad l;
+                if constexpr (BN_POOLED) {
+                    l.v = *reinterpret_cast<const float2*>(x_lane[nt] + dy_at);
+                    l.pooled = pooled_lane[nt][dy_at / 4];
+                    l.won = argmax_lane[nt][dy_at / 4];
+                } else {
+                    l.v = *reinterpret_cast<const float2*>(dy_lane[nt] + dy_at);
+                }
+                return l;
+            };
+            // k-step j's multiplies from its loads (at: the pixels' place in the tile).
+            auto multiply = [&](u32 j, const WgradLoad (&l)[NT]) {
                 u32 at = tc_place<W>(64 * j);
                 float b[NT][2];
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
-                    // The lane's two pixels side by side at an even index of dy (p0, q, the planes and
-                    // the images' strides are even), which a whole allocation starts 256-byte aligned:
-                    // one 8-byte load.
-                    u64 dy_at = group_at + image * image_stride + q;  // in dy's planes (at: the tile's)
                     if constexpr (BN_POOLED) {
-                        // Batch norm's input gradient at both pixels (load_or_bn's operations; dy_at / 4:
-                        // the pixel pair's window, its row 64·j / W even).
-                        float2 xv = *reinterpret_cast<const float2*>(x_lane[nt] + dy_at);
-                        float dy_window = pooled_lane[nt][dy_at / 4];
-                        u32 won = argmax_lane[nt][dy_at / 4];
-                        b[nt][0] = tf32_round(bn_window_input_grad(coef[nt], xv.x, won, k_win, dy_window));
-                        b[nt][1] = tf32_round(bn_window_input_grad(coef[nt], xv.y, won, k_win + 1, dy_window));
+                        // Batch norm's input gradient at both pixels (load_or_bn's operations).
+                        b[nt][0] = tf32_round(bn_window_input_grad(coef[nt], l[nt].v.x, l[nt].won, k_win, l[nt].pooled));
+                        b[nt][1] = tf32_round(bn_window_input_grad(coef[nt], l[nt].v.y, l[nt].won, k_win + 1, l[nt].pooled));
                     } else {
-                        float2 d = *reinterpret_cast<const float2*>(dy_lane[nt] + dy_at);
-                        b[nt][0] = tf32_round(d.x);
-                        b[nt][1] = tf32_round(d.y);
+                        b[nt][0] = tf32_round(l[nt].v.x);
+                        b[nt][1] = tf32_round(l[nt].v.y);
                     }
                 }
 #pragma unroll
@@ -1321,6 +1340,37 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
                     float a[4] = {a_row[mt][0][at], a_row[mt][1][at], a_row[mt][0][at + 1], a_row[mt][1][at + 1]};
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt) mma_tf32(acc[mt][nt], a, b[nt]);
+                }
+            };
+            // The group's k-steps (64 pixels each) that lie in its images: all 16 but in the last group of
+            // a batch that does not fill it. The same for the whole block.
+            u32 steps = min((u32)TC_PIXELS / 64, images * (PLANE / 64));
+            // TC_WG_BATCH k-steps at a time: first every global load of the batch, then its multiplies,
+            // with no branch between them (ptxas sinks a load past a branch to its first use). One k-step
+            // at a time (TC_WG_BATCH 1, as before), each step's load was used a dozen instructions after
+            // it was issued, and the next step's load came after the early exit between them: a warp
+            // waited a global load's whole latency per k-step, 16 an image group (the SASS: LDG, then
+            // FSETP on its result). A batch waits once. A batch past `steps` in part (W = 8 and a last
+            // group of fewer images than a batch) runs step by step: the same k-steps in the same order
+            // either way, so the same sums, bit for bit.
+#pragma unroll
+            for (u32 j0 = 0; j0 < TC_PIXELS / 64; j0 += TC_WG_BATCH) {
+                if (j0 >= steps) break;  // the same for the whole block
+                if (j0 + TC_WG_BATCH <= steps) {
+                    WgradLoad ld[TC_WG_BATCH][NT];
+#pragma unroll
+                    for (u32 jj = 0; jj < TC_WG_BATCH; ++jj)
+#pragma unroll
+                        for (int nt = 0; nt < NT; ++nt) ld[jj][nt] = load(j0 + jj, nt);
+#pragma unroll
+                    for (u32 jj = 0; jj < TC_WG_BATCH; ++jj) multiply(j0 + jj, ld[jj]);
+                } else {
+                    for (u32 j = j0; j < steps; ++j) {
+                        WgradLoad ld[NT];
+#pragma unroll
+                        for (int nt = 0; nt < NT; ++nt) ld[nt] = load(j, nt);
+                        multiply(j, ld);
+                    }
                 }
             }
         } else {
@@ -1388,7 +1438,10 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
 // busy), so each asks for as many as it takes without spilling in its loops (ptxas -v, sm_90: the n8
 // forwards fit 80 registers, the n8 and w8 weight gradients 64 — n8 w32 with three registers spilled,
 // reloaded once an image group, outside its k-steps — and the n16 w16 one 80); the general n16
-// weight gradient and the w32 one keep two (spills in the staging). Shared memory allows it (40 KB a
+// weight gradient and the w32 one keep two (spills in the staging). With the weight gradients' loads
+// batched (TC_WG_BATCH 4) the counts hold: ptxas issues the n16 w8's eight loads of a batch ahead of its
+// multiplies at 64 registers for the first batch and four ahead for the others, and the n8 w8 spills 20
+// bytes in its set-up and its step-by-step tail, not in a full batch. Shared memory allows it (40 KB a
 // forward block, 37 KB a weight gradient's). TC_MIN_BLOCKS (`ESPER_CUDA_TC_MIN_BLOCKS=N` adds it to
 // NVRTC's options) gives every kernel N (the 512-thread forwards at most 4: TC_FIT), to measure the
 // two; N = 2 is what they all had.

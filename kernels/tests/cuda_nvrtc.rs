@@ -6,8 +6,8 @@
 #![cfg(feature = "cuda")]
 
 use esper_kernels::cuda::{
-    CacheOutcome, DEFAULT_ARCH, KERNEL_FILES, KernelCache, KernelFile, cache_key, compile, compile_all,
-    compile_options_with, translation_unit,
+    CacheOutcome, DEFAULT_ARCH, KERNEL_FILES, KernelCache, KernelFile, TcBuild, cache_key, compile,
+    compile_all, compile_options_with, translation_unit,
 };
 
 /// The names after `.entry` in a PTX text: the kernels it defines.
@@ -97,8 +97,8 @@ fn launch_bounds(ptx: &str) -> Vec<(String, u32, u32)> {
 #[test]
 fn the_tensor_core_kernels_launch_bounds_are_their_own_unless_the_switches_say_otherwise() {
     let conv = KERNEL_FILES.iter().find(|f| f.name == "conv.cu").expect("conv.cu is listed");
-    let compile_with = |blocks, warps| {
-        let options = compile_options_with(DEFAULT_ARCH, blocks, warps);
+    let compile_with = |min_blocks, n16_warps| {
+        let options = compile_options_with(DEFAULT_ARCH, TcBuild { min_blocks, n16_warps, ..TcBuild::OWN });
         let ptx =
             cudarc::nvrtc::compile_ptx_with_opts(translation_unit(conv), options).expect("conv.cu compiles");
         let mut found: Vec<(String, u32, u32)> =
@@ -127,4 +127,43 @@ fn the_tensor_core_kernels_launch_bounds_are_their_own_unless_the_switches_say_o
     let eight = compile_with(Some(8), 16);
     let of = |name: &str| eight.iter().find(|(n, _, _)| n == name).map(|(_, t, b)| (*t, *b));
     assert_eq!((of("conv3x3_tc_n16_w8_tf32"), of("conv3x3_tc_n8_w8_tf32")), (Some((512, 4)), Some((256, 8))));
+}
+
+/// The longest run of 8-byte global loads (`ld.global.v2.f32`: the square weight gradients' dy, one per
+/// k-step and n-tile) with no `mma.sync` between them, in the kernel `name` of `ptx`.
+fn loads_ahead_of_multiplies(ptx: &str, name: &str) -> usize {
+    let start = ptx.find(&format!(".entry {name}(")).unwrap_or_else(|| panic!("{name} is in the PTX"));
+    let body = &ptx[start..];
+    let body = &body[..body.find("\n}").expect("the kernel's body ends")];
+    let (mut run, mut longest) = (0, 0);
+    for line in body.lines().map(str::trim) {
+        if line.starts_with("ld.global.v2.f32") {
+            run += 1;
+            longest = longest.max(run);
+        } else if line.starts_with("mma.sync") {
+            run = 0;
+        }
+    }
+    longest
+}
+
+#[test]
+fn the_square_weight_gradients_issue_a_batch_of_loads_before_its_multiplies() {
+    let conv = KERNEL_FILES.iter().find(|f| f.name == "conv.cu").expect("conv.cu is listed");
+    let ptx_with = |wg_batch| {
+        let options = compile_options_with(DEFAULT_ARCH, TcBuild { wg_batch, ..TcBuild::OWN });
+        cudarc::nvrtc::compile_ptx_with_opts(translation_unit(conv), options).map(|ptx| ptx.to_src())
+    };
+    let ahead = |batch: Option<u32>| {
+        let ptx = ptx_with(batch).unwrap_or_else(|e| panic!("batch {batch:?}: {e:?}"));
+        // n16: two n-tiles, so two loads a k-step.
+        loads_ahead_of_multiplies(&ptx, "conv3x3_wgrad_tc_n16_w8_tf32")
+    };
+    // ESPER_CUDA_WG_BATCH=1, as they ran before: each k-step's two loads, then its multiplies.
+    assert_eq!(ahead(Some(1)), 2);
+    // conv.cu's own batch of 4 k-steps: eight loads ahead of the first multiply.
+    assert_eq!(ahead(None), 8);
+    assert_eq!(ahead(Some(16)), 32);
+    // conv.cu refuses a batch that does not divide an image group's 16 k-steps.
+    assert!(ptx_with(Some(3)).is_err(), "a batch of 3 compiled");
 }

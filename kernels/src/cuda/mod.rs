@@ -50,29 +50,54 @@ impl std::error::Error for KernelCompileError {}
 /// `--fmad=false`: the CPU twins never fuse a multiply and an add (Rust does not contract), so the
 /// element-wise kernels (SGD, scaling, blends) give the same bits only without contraction.
 ///
-/// Two switches reach the kernels as NVRTC defines, part of the cache key, so builds of the two never
-/// mix, to measure them on one machine: `ESPER_CUDA_TC_MIN_BLOCKS=N` (1 to 8) compiles every
-/// tensor-core convolution with launch bounds of N blocks an SM instead of each kernel's own choice
-/// (conv.cu, `TC_BLOCKS`), and `ESPER_CUDA_TC_WIDE=0` the square n16 forwards with 8 warps instead of
-/// 16 ([`tc_n16_warps`], which the launcher reads too).
+/// The tensor-core kernels' measuring switches ([`TcBuild::from_env`]) reach them as NVRTC defines,
+/// part of the cache key, so builds of the two sides never mix, to measure them on one machine.
 pub fn compile_options(arch: &'static str) -> CompileOptions {
-    compile_options_with(arch, tc_min_blocks(), tc_n16_warps())
+    compile_options_with(arch, TcBuild::from_env())
 }
 
-/// [`compile_options`] with the tensor-core kernels' blocks an SM (`None`: each kernel's own) and the
-/// square n16 forwards' warps (16, or 8) given.
-pub fn compile_options_with(
-    arch: &'static str,
-    tc_min_blocks: Option<u32>,
-    tc_n16_warps: u32,
-) -> CompileOptions {
-    assert!(matches!(tc_n16_warps, 8 | 16), "the square n16 forwards run 8 or 16 warps, not {tc_n16_warps}");
+/// How the tensor-core 3×3 kernels (conv.cu) are built: the switches that reach them as NVRTC defines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TcBuild {
+    /// `ESPER_CUDA_TC_MIN_BLOCKS=N` (1 to 8): every kernel's launch bounds ask for N blocks an SM
+    /// (`-DTC_MIN_BLOCKS=N`) instead of each kernel's own choice (conv.cu, `TC_BLOCKS`).
+    pub min_blocks: Option<u32>,
+    /// The square n16 forwards' warps: 16, or 8 with `ESPER_CUDA_TC_WIDE=0` (`-DTC_N16_NARROW`;
+    /// [`tc_n16_warps`], which the launcher reads too).
+    pub n16_warps: u32,
+    /// `ESPER_CUDA_WG_BATCH=N` (1, 2, 4, 8 or 16): the k-steps of the square weight gradients whose
+    /// global loads are issued together (`-DTC_WG_BATCH=N`; conv.cu's own: 4). 1 is how they ran
+    /// before: a load's whole latency waited per k-step.
+    pub wg_batch: Option<u32>,
+}
+
+impl TcBuild {
+    /// Every kernel's own choice: no define.
+    pub const OWN: TcBuild = TcBuild { min_blocks: None, n16_warps: 16, wg_batch: None };
+
+    /// The switches as the environment sets them (a warning on a value out of range, which leaves the
+    /// kernels' own choice).
+    pub fn from_env() -> TcBuild {
+        TcBuild { min_blocks: tc_min_blocks(), n16_warps: tc_n16_warps(), wg_batch: tc_wg_batch() }
+    }
+}
+
+/// [`compile_options`] with the tensor-core kernels' switches given.
+pub fn compile_options_with(arch: &'static str, tc: TcBuild) -> CompileOptions {
+    assert!(
+        matches!(tc.n16_warps, 8 | 16),
+        "the square n16 forwards run 8 or 16 warps, not {}",
+        tc.n16_warps
+    );
     let mut options = vec!["--std=c++17".to_string()];
-    if let Some(blocks) = tc_min_blocks {
+    if let Some(blocks) = tc.min_blocks {
         options.push(format!("-DTC_MIN_BLOCKS={blocks}"));
     }
-    if tc_n16_warps == 8 {
+    if tc.n16_warps == 8 {
         options.push("-DTC_N16_NARROW".to_string());
+    }
+    if let Some(batch) = tc.wg_batch {
+        options.push(format!("-DTC_WG_BATCH={batch}"));
     }
     CompileOptions { fmad: Some(false), arch: Some(arch), options, ..Default::default() }
 }
@@ -106,6 +131,24 @@ fn parse_min_blocks(text: &str) -> Option<u32> {
     text.trim().parse().ok().filter(|blocks| (1..=8).contains(blocks))
 }
 
+/// `ESPER_CUDA_WG_BATCH`, where it is set to 1, 2, 4, 8 or 16 k-steps (a warning on anything else,
+/// which leaves conv.cu's own).
+fn tc_wg_batch() -> Option<u32> {
+    static BATCH: std::sync::LazyLock<Option<u32>> = std::sync::LazyLock::new(|| {
+        let text = std::env::var("ESPER_CUDA_WG_BATCH").ok()?;
+        parse_wg_batch(&text).or_else(|| {
+            eprintln!("warning: ESPER_CUDA_WG_BATCH={text:?} ignored: expected 1, 2, 4, 8 or 16 k-steps");
+            None
+        })
+    });
+    *BATCH
+}
+
+/// A batch of k-steps divides an image group's 16 (conv.cu's static_assert says the same).
+fn parse_wg_batch(text: &str) -> Option<u32> {
+    text.trim().parse().ok().filter(|batch: &u32| batch.is_power_of_two() && *batch <= 16)
+}
+
 /// The text NVRTC compiles for `file`: the shared header, then the file.
 pub fn translation_unit(file: &KernelFile) -> String {
     format!("{COMMON_HEADER}\n// ---- {} ----\n{}", file.name, file.source)
@@ -134,7 +177,7 @@ pub fn compile_all(
 
 #[cfg(test)]
 mod tests {
-    use super::parse_min_blocks;
+    use super::{parse_min_blocks, parse_wg_batch};
 
     #[test]
     fn min_blocks_takes_one_to_eight_and_nothing_else() {
@@ -143,6 +186,16 @@ mod tests {
         assert_eq!(parse_min_blocks("8"), Some(8));
         for bad in ["0", "9", "-1", "", "two", "2.5"] {
             assert_eq!(parse_min_blocks(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn wg_batch_takes_the_divisors_of_sixteen_and_nothing_else() {
+        let accepted: Vec<u32> = (0..=40).filter_map(|n| parse_wg_batch(&n.to_string())).collect();
+        assert_eq!(accepted, [1, 2, 4, 8, 16]);
+        assert_eq!(parse_wg_batch(" 8\n"), Some(8));
+        for bad in ["", "four", "-4", "4.0", "32"] {
+            assert_eq!(parse_wg_batch(bad), None, "{bad:?}");
         }
     }
 }
