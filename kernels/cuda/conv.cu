@@ -621,6 +621,34 @@ __device__ __forceinline__ void dc_stage(
     const float* xb = x + (((u64)e * batch + b0) * c_in + s0) * plane;
     bool vec = bn.mode == BN_LOAD_NONE && (reinterpret_cast<unsigned long long>(xb) & 15) == 0;
     u32 staged = images * chunk * quads;
+    // W > 0 with x read as it is: every quad of the thread loaded first, then each stored. In the loop
+    // below a quad's 16-byte load was used by its rounding a few instructions later, so a thread waited
+    // a global load's whole latency per quad, one after another (four a chunk at 256 threads). The
+    // square kernels stage at most 1 024 pixels of DC_CHUNK planes (TC_PIXELS; static_assert there):
+    // SQUARE_PER quads a thread. Branch-free between the loads and the stores (a load of a quad past
+    // `staged` is predicated off), so ptxas keeps the loads together.
+    constexpr u32 SQUARE_PER = (1024 * DC_CHUNK / 4 + THREADS - 1) / THREADS;
+    if (W > 0 && vec) {
+        float4 quad[SQUARE_PER];
+        float* dst[SQUARE_PER];
+#pragma unroll
+        for (u32 k = 0; k < SQUARE_PER; ++k) {
+            u32 l = threadIdx.x + k * THREADS;
+            u32 pc = stage_div<W>(l, quads, divs.quads), q = l - pc * quads, i = fdiv(pc, f_chunk), c = pc - i * chunk;
+            u32 yy = stage_div<W>(q, wq, divs.wq), xx = (q - yy * wq) * 4;
+            dst[k] = tile + (i * stride + c) * padded + (yy + 1) * wp + xx + 1;
+            quad[k] = l < staged ? *reinterpret_cast<const float4*>(xb + (i * c_in + c) * plane + 4 * q)
+                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (u32 k = 0; k < SQUARE_PER; ++k) {
+            if (threadIdx.x + k * THREADS >= staged) break;
+            float v[4] = {quad[k].x, quad[k].y, quad[k].z, quad[k].w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) dst[k][j] = tf32 ? tf32_round(v[j]) : v[j];
+        }
+        return;
+    }
 #pragma unroll 2
     for (u32 l = threadIdx.x; l < staged; l += THREADS) {
         u32 pc = stage_div<W>(l, quads, divs.quads), q = l - pc * quads, i = fdiv(pc, f_chunk), c = pc - i * chunk;
@@ -915,6 +943,7 @@ extern "C" __global__ void __launch_bounds__(1024) conv2d_wgrad_reduce_f32(
 // of 8; the padding rows read as 0).
 #define TC_K ((DC_CHUNK * 9 + 7) / 8 * 8)
 #define TC_PIXELS 1024
+static_assert(TC_PIXELS == 1024, "dc_stage's square staging holds a thread's quads of 1 024 pixels in registers");
 // A forward block's warps (8 or 16) and each warp's m-tiles of 16 pixels: TC_PIXELS / 16 in all.
 #define TC_TILES_PER_WARP(WARPS) (TC_PIXELS / 16 / (WARPS))
 // Zeroed floats after the staged tile (at DC_TILE) that the W > 0 kernels' padding rows read: a warp's
@@ -1097,16 +1126,33 @@ __device__ __forceinline__ void conv3x3_tc(
         u32 chunk = min((u32)DC_CHUNK, c_in - s0), valid = chunk * 9;
         FastDiv f_chunk = chunk_div(chunk);
         __syncthreads();  // the previous chunk's reads are done
+        // The chunk's weights: loaded before the tile is staged and stored after it, so that their loads
+        // wait together with the tile's (the loop below stores each value right after loading it: a
+        // wait of its own). Square kernels of 256 threads only: the 512-thread ones' 64 registers then
+        // spill in the staging (ptxas -v: 104 bytes where the loop leaves 48), and the general n16 one
+        // spills 36 bytes where it spilled 12.
+        constexpr u32 WT_VALUES = TC_K * NT * 8, WT_PER = (WT_VALUES + THREADS - 1) / THREADS;
+        constexpr bool WT_AHEAD = W > 0 && THREADS == 256;
+        auto weight_at = [&](u32 l) {
+            u32 k = l / (NT * 8), n = l % (NT * 8), o = o0 + n, s = s0 + k / 9, tap = k % 9;
+            float v = 0.0f;
+            if (l < WT_VALUES && k < valid && o < c_out)
+                v = flip ? weight[(((u64)e * c_in + s) * c_out + o) * 9 + (8 - tap)]
+                         : weight[(((u64)e * c_out + o) * c_in + s) * 9 + tap];
+            return v;
+        };
+        float wv[WT_PER];
+        if constexpr (WT_AHEAD) {
+#pragma unroll
+            for (u32 j = 0; j < WT_PER; ++j) wv[j] = weight_at(t + j * THREADS);
+        }
         dc_stage<W, THREADS>(tile, x, e, batch, c_in, s0, chunk, DC_CHUNK, b0, images, h, w, divs, f_chunk, s0 == 0, true, bn);
         if (W > 0 && s0 == 0)
             for (u32 l = t; l < TC_ZERO; l += THREADS) tile[DC_TILE + l] = 0.0f;
-        for (u32 l = t; l < TC_K * NT * 8; l += THREADS) {
-            u32 k = l / (NT * 8), n = l % (NT * 8), o = o0 + n, s = s0 + k / 9, tap = k % 9;
-            float v = 0.0f;
-            if (k < valid && o < c_out)
-                v = flip ? weight[(((u64)e * c_in + s) * c_out + o) * 9 + (8 - tap)]
-                         : weight[(((u64)e * c_out + o) * c_in + s) * 9 + tap];
-            wt[k][n] = tf32_round(v);
+#pragma unroll
+        for (u32 j = 0; j < WT_PER; ++j) {
+            u32 l = t + j * THREADS;
+            if (l < WT_VALUES) wt[l / (NT * 8)][l % (NT * 8)] = tf32_round(WT_AHEAD ? wv[j] : weight_at(l));
         }
         if (t < TC_K) row_offset[t] = tc_row_offset(t, valid, padded, wp);
         __syncthreads();

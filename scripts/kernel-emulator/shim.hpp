@@ -93,6 +93,7 @@ struct alignas(16) double2 {
     double x, y;
 };
 inline double2 make_double2(double x, double y) { return {x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 
 using std::fmaf;
 using std::fmax;
