@@ -59,6 +59,47 @@ __device__ __forceinline__ u32 bn_param(u64 i, const BnParamIndex& ix) {
 // partial[(p·splits + s)·2 + {0, 1}], and a finish kernel, one thread per pair, adds the runs in order:
 // a result depends only on the shape (the env count included: it sets the runs).
 
+#define BN_RUN_BATCH (LOADS_AHEAD ? 4 : 1)
+
+// Thread threadIdx.x's share of run [first, last) of pair (e, c): BN_RUN_BATCH of its elements at a time,
+// their terms (the loads) first, then added in the thread's order — the same sums as one at a time, bit
+// for bit. One at a time, each load was used two instructions after it was issued (SASS: LDG, then
+// F2F.F64 on it), so a thread had one load in flight and an SM far fewer bytes than its share of the
+// memory's bandwidth × latency. FITS: j's split into image and position in 32 bits (a FastDiv); a
+// template argument, as the callers' own uniform choices are, so that no branch separates the loads.
+template <bool FITS, typename Terms>
+__device__ __forceinline__ void bn_run_loop(
+    Terms terms, u32 e, u32 c, u32 batch, u32 channels, u32 plane, FastDiv fplane, u64 first, u64 last,
+    double& s0, double& s1) {
+    auto term = [&](u64 j) {
+        u64 b, k;
+        if (FITS) {
+            u32 image = fdiv((u32)j, fplane);
+            b = image, k = (u32)j - image * plane;
+        } else {
+            b = j / plane, k = j % plane;
+        }
+        u64 plane_index = ((u64)e * batch + b) * channels + c;
+        return terms(plane_index * plane + k, plane_index, (u32)k);
+    };
+    u64 j = first + threadIdx.x;
+    for (; j + (BN_RUN_BATCH - 1) * REDUCE_THREADS < last; j += BN_RUN_BATCH * REDUCE_THREADS) {
+        double2 t[BN_RUN_BATCH];
+#pragma unroll
+        for (int q = 0; q < BN_RUN_BATCH; ++q) t[q] = term(j + (u64)q * REDUCE_THREADS);
+#pragma unroll
+        for (int q = 0; q < BN_RUN_BATCH; ++q) {
+            s0 += t[q].x;
+            s1 += t[q].y;
+        }
+    }
+    for (; j < last; j += REDUCE_THREADS) {
+        double2 t = term(j);
+        s0 += t.x;
+        s1 += t.y;
+    }
+}
+
 // Block (p, s)'s sums over run s of pair p of the two terms `terms(i, plane_index, r)` gives for element
 // i (a flat [E, B, C, P] index: element r of plane `plane_index` = (e·B + image)·C + c), into partial.
 // The split of j into image and position in 32 bits (a FastDiv) when B·P fits.
@@ -68,23 +109,13 @@ __device__ __forceinline__ void bn_run_sums(
     __shared__ double lanes[REDUCE_THREADS];
     u32 p = blockIdx.x, s = blockIdx.y, e = p / channels, c = p % channels;
     u64 count = (u64)batch * plane;
-    bool fits = FITS_U32(count);
     FastDiv fplane = fast_div(plane);
     u64 first = (u64)s * run, last = min(first + run, count);
     double s0 = 0.0, s1 = 0.0;
-    for (u64 j = first + threadIdx.x; j < last; j += REDUCE_THREADS) {
-        u64 b, k;
-        if (fits) {
-            u32 image = fdiv((u32)j, fplane);
-            b = image, k = (u32)j - image * plane;
-        } else {
-            b = j / plane, k = j % plane;
-        }
-        u64 plane_index = ((u64)e * batch + b) * channels + c;
-        double2 t = terms(plane_index * plane + k, plane_index, (u32)k);
-        s0 += t.x;
-        s1 += t.y;
-    }
+    if (FITS_U32(count))
+        bn_run_loop<true>(terms, e, c, batch, channels, plane, fplane, first, last, s0, s1);
+    else
+        bn_run_loop<false>(terms, e, c, batch, channels, plane, fplane, first, last, s0, s1);
     s0 = block_sum(s0, lanes);
     s1 = block_sum(s1, lanes);
     if (threadIdx.x == 0) {
@@ -292,15 +323,28 @@ extern "C" __global__ void relu_bn_backward_partial_f32(
     bool scaled;
     float factor = slot_host_factor(slot_mode, slot_alpha, p / channels, &scaled);
     FastDiv f_w = fast_div(w);  // a row by multiply and shifts, not a division per element
-    auto terms = [&](u64 i, u64 plane_index, u32 r) {
-        float xi = x[i];
-        u32 iy = fdiv(r, f_w);
-        float g = bn_output_grad(xi, mean, scale, shift, dy, argmax, pooled, i, plane_index, iy, r - iy * w, h, w);
-        g = slot_scaled_grad(scaled, factor, g);
-        double gd = (double)g;
+    // The terms from batch norm's output gradient g (bn_output_grad's value: the ReLU's mask on the
+    // gradient that reached the block), each case its own loop (bn_run_loop: no branch between loads).
+    auto terms_of = [&](float xi, float g) {
+        double gd = (double)slot_scaled_grad(scaled, factor, bn_relu_open(xi, mean, scale, shift) ? g : 0.0f);
         return make_double2(gd, gd * (double)(xi - mean));
     };
-    bn_run_sums(terms, partial, batch, channels, h * w, splits, run);
+    u32 ho = h / 2, wo = w / 2;
+    if (pooled && ho > 0 && wo > 0) {
+        auto terms = [&](u64 i, u64 plane_index, u32 r) {
+            float xi = x[i];
+            u32 iy = fdiv(r, f_w);
+            return terms_of(xi, routed_gradient_window(dy, argmax, plane_index, iy, r - iy * w, ho, wo));
+        };
+        bn_run_sums(terms, partial, batch, channels, h * w, splits, run);
+    } else if (!pooled) {
+        auto terms = [&](u64 i, u64, u32) { return terms_of(x[i], dy[i]); };
+        bn_run_sums(terms, partial, batch, channels, h * w, splits, run);
+    } else {
+        // A pool over planes under 2×2: no window, every gradient 0.
+        auto terms = [&](u64 i, u64, u32) { return terms_of(x[i], 0.0f); };
+        bn_run_sums(terms, partial, batch, channels, h * w, splits, run);
+    }
 }
 
 // dβ = Σ dy, dγ = Σ dy·(x − mean) · inv_std from the runs' sums, for every (env, channel) p < pairs.

@@ -19,6 +19,16 @@ typedef unsigned long long u64;
 // tree, so the total depends only on the launch shape. Every thread gets the block's total.
 #define REDUCE_THREADS 256
 
+// LOADS_AHEAD (1 unless -DLOADS_ONE_AT_A_TIME, which `ESPER_CUDA_LOADS_AHEAD=0` adds to NVRTC's options
+// to measure it): loops that load several values per thread issue the loads first and use them after
+// (batch norm's reductions, the square tensor-core kernels' staging and weights) instead of using each
+// load right after issuing it, which left a thread one load in flight. The same values either way.
+#ifdef LOADS_ONE_AT_A_TIME
+#define LOADS_AHEAD 0
+#else
+#define LOADS_AHEAD 1
+#endif
+
 __device__ double block_sum(double v, double* lanes) {
     lanes[threadIdx.x] = v;
     __syncthreads();
@@ -181,14 +191,27 @@ __device__ __forceinline__ float slot_host_factor(const u8* slot_mode, const flo
 // The output gradient element (iy, ix) of plane `plane_index` (an (env, image, channel); planes h × w)
 // gets from the 2x2 max-pool: its window's, if it was the window's winner, else 0 (dropped odd rows and
 // columns included).
+// routed_gradient_at for planes with at least one window (ho = h / 2, wo = w / 2 ≥ 1), without a branch:
+// a dropped row or column reads its plane's last window and gets 0 by a select, and dy is read whether
+// or not the element won, so that a caller's loads of several elements issue together (a branch per
+// element had put each load behind the one before).
+__device__ __forceinline__ float routed_gradient_window(
+    const float* dy, const u8* argmax, u64 plane_index, u32 iy, u32 ix, u32 ho, u32 wo) {
+    u32 oy = iy / 2, ox = ix / 2;
+    bool inside = oy < ho && ox < wo;
+    u64 o = (plane_index * ho + min(oy, ho - 1)) * wo + min(ox, wo - 1);
+    u32 k = (iy % 2) * 2 + (ix % 2);
+    u32 won = argmax[o];
+    float g = dy[o];
+    return inside && won == k ? g : 0.0f;
+}
+
+// Planes under 2×2 have no window: 0 (the branch is the same for every element of a launch).
 __device__ __forceinline__ float routed_gradient_at(
     const float* dy, const u8* argmax, u64 plane_index, u32 iy, u32 ix, u32 h, u32 w) {
     u32 ho = h / 2, wo = w / 2;
-    u32 oy = iy / 2, ox = ix / 2;
-    if (oy >= ho || ox >= wo) return 0.0f;
-    u64 o = (plane_index * ho + oy) * wo + ox;
-    u32 k = (iy % 2) * 2 + (ix % 2);
-    return argmax[o] == k ? dy[o] : 0.0f;
+    if (ho == 0 || wo == 0) return 0.0f;
+    return routed_gradient_window(dy, argmax, plane_index, iy, ix, ho, wo);
 }
 
 // routed_gradient_at for flat input element i (of planes h × w). Shared by the pool's backward kernels
@@ -215,8 +238,10 @@ __device__ __forceinline__ bool bn_relu_open(float xi, float mean, float scale, 
 __device__ __forceinline__ float bn_output_grad(
     float xi, float mean, float scale, float shift, const float* dy, const u8* argmax, int pooled, u64 i,
     u64 plane_index, u32 iy, u32 ix, u32 h, u32 w) {
-    if (!bn_relu_open(xi, mean, scale, shift)) return 0.0f;
-    return pooled ? routed_gradient_at(dy, argmax, plane_index, iy, ix, h, w) : dy[i];
+    // The gradient loaded whether or not the ReLU let it through, then selected (no branch: see
+    // routed_gradient_at); the same value.
+    float g = pooled ? routed_gradient_at(dy, argmax, plane_index, iy, ix, h, w) : dy[i];
+    return bn_relu_open(xi, mean, scale, shift) ? g : 0.0f;
 }
 
 // Per (env, channel), what the input gradient needs once the parameter gradients are summed

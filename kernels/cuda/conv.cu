@@ -628,7 +628,7 @@ __device__ __forceinline__ void dc_stage(
     // SQUARE_PER quads a thread. Branch-free between the loads and the stores (a load of a quad past
     // `staged` is predicated off), so ptxas keeps the loads together.
     constexpr u32 SQUARE_PER = (1024 * DC_CHUNK / 4 + THREADS - 1) / THREADS;
-    if (W > 0 && vec) {
+    if (LOADS_AHEAD && W > 0 && vec) {
         float4 quad[SQUARE_PER];
         float* dst[SQUARE_PER];
 #pragma unroll
@@ -1132,7 +1132,7 @@ __device__ __forceinline__ void conv3x3_tc(
         // spill in the staging (ptxas -v: 104 bytes where the loop leaves 48), and the general n16 one
         // spills 36 bytes where it spilled 12.
         constexpr u32 WT_VALUES = TC_K * NT * 8, WT_PER = (WT_VALUES + THREADS - 1) / THREADS;
-        constexpr bool WT_AHEAD = W > 0 && THREADS == 256;
+        constexpr bool WT_AHEAD = LOADS_AHEAD && W > 0 && THREADS == 256;
         auto weight_at = [&](u32 l) {
             u32 k = l / (NT * 8), n = l % (NT * 8), o = o0 + n, s = s0 + k / 9, tap = k % 9;
             float v = 0.0f;

@@ -6,7 +6,7 @@
 #![cfg(feature = "cuda")]
 
 use esper_kernels::cuda::{
-    CacheOutcome, DEFAULT_ARCH, KERNEL_FILES, KernelCache, KernelFile, TcBuild, cache_key, compile,
+    CacheOutcome, DEFAULT_ARCH, KERNEL_FILES, KernelCache, KernelFile, KernelSwitches, cache_key, compile,
     compile_all, compile_options_with, translation_unit,
 };
 
@@ -98,7 +98,10 @@ fn launch_bounds(ptx: &str) -> Vec<(String, u32, u32)> {
 fn the_tensor_core_kernels_launch_bounds_are_their_own_unless_the_switches_say_otherwise() {
     let conv = KERNEL_FILES.iter().find(|f| f.name == "conv.cu").expect("conv.cu is listed");
     let compile_with = |min_blocks, n16_warps| {
-        let options = compile_options_with(DEFAULT_ARCH, TcBuild { min_blocks, n16_warps, ..TcBuild::OWN });
+        let options = compile_options_with(
+            DEFAULT_ARCH,
+            KernelSwitches { min_blocks, n16_warps, ..KernelSwitches::OWN },
+        );
         let ptx =
             cudarc::nvrtc::compile_ptx_with_opts(translation_unit(conv), options).expect("conv.cu compiles");
         let mut found: Vec<(String, u32, u32)> =
@@ -151,7 +154,7 @@ fn loads_ahead_of_multiplies(ptx: &str, name: &str) -> usize {
 fn the_square_weight_gradients_issue_a_batch_of_loads_before_its_multiplies() {
     let conv = KERNEL_FILES.iter().find(|f| f.name == "conv.cu").expect("conv.cu is listed");
     let ptx_with = |wg_batch| {
-        let options = compile_options_with(DEFAULT_ARCH, TcBuild { wg_batch, ..TcBuild::OWN });
+        let options = compile_options_with(DEFAULT_ARCH, KernelSwitches { wg_batch, ..KernelSwitches::OWN });
         cudarc::nvrtc::compile_ptx_with_opts(translation_unit(conv), options).map(|ptx| ptx.to_src())
     };
     let ahead = |batch: Option<u32>| {
@@ -166,4 +169,23 @@ fn the_square_weight_gradients_issue_a_batch_of_loads_before_its_multiplies() {
     assert_eq!(ahead(Some(16)), 32);
     // conv.cu refuses a batch that does not divide an image group's 16 k-steps.
     assert!(ptx_with(Some(3)).is_err(), "a batch of 3 compiled");
+}
+
+#[test]
+fn every_kernel_file_compiles_with_every_switch_set_back() {
+    // The switches that restore the kernels as they were measured last (docs/gpu.md): each one's other
+    // side of the preprocessor must compile too, or an A/B on the device would fail where it starts.
+    let before = KernelSwitches { min_blocks: Some(2), n16_warps: 8, wg_batch: Some(1), loads_ahead: false };
+    for file in KERNEL_FILES {
+        let options = compile_options_with(DEFAULT_ARCH, before);
+        assert!(options.options.iter().any(|o| o == "-DLOADS_ONE_AT_A_TIME"), "{:?}", options.options);
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(translation_unit(file), options)
+            .unwrap_or_else(|e| panic!("{}: {e:?}", file.name))
+            .to_src();
+        let mut found = entries(&ptx);
+        found.sort();
+        let mut listed: Vec<String> = file.functions.iter().map(|f| f.to_string()).collect();
+        listed.sort();
+        assert_eq!(found, listed, "{}: the PTX's kernels differ from the table", file.name);
+    }
 }

@@ -1227,6 +1227,9 @@ int main() {
     check_fused_pool(2, 3, 4, 8, 8);
     check_fused_pool(5, 2, 3, 6, 6);  // an r0 slot's five envs: ADD, INCUBATOR, OFF, ADD, INCUBATOR
     check_fused_pool(1, 5, 3, 8, 6);
+    // Runs of 3 414 values: each thread's loads four at a time (bn_run_loop's batches) and the rest one
+    // by one, where the runs above are all rest.
+    check_fused_pool(1, 40, 2, 16, 16);
     // Batch norm: one run, several (the last short), and a mean far from zero.
     check_batch_norm(3, 4, 5, 49, 1, -2.0f, 3.0f);
     check_batch_norm(2, 41, 3, 225, 4, 40.0f, 44.0f);

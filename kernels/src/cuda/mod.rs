@@ -50,15 +50,15 @@ impl std::error::Error for KernelCompileError {}
 /// `--fmad=false`: the CPU twins never fuse a multiply and an add (Rust does not contract), so the
 /// element-wise kernels (SGD, scaling, blends) give the same bits only without contraction.
 ///
-/// The tensor-core kernels' measuring switches ([`TcBuild::from_env`]) reach them as NVRTC defines,
-/// part of the cache key, so builds of the two sides never mix, to measure them on one machine.
+/// The kernels' measuring switches ([`KernelSwitches::from_env`]) reach them as NVRTC defines, part of
+/// the cache key, so builds of the two sides never mix, to measure them on one machine.
 pub fn compile_options(arch: &'static str) -> CompileOptions {
-    compile_options_with(arch, TcBuild::from_env())
+    compile_options_with(arch, KernelSwitches::from_env())
 }
 
-/// How the tensor-core 3×3 kernels (conv.cu) are built: the switches that reach them as NVRTC defines.
+/// The measuring switches that reach the kernels as NVRTC defines (docs/gpu.md lists them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TcBuild {
+pub struct KernelSwitches {
     /// `ESPER_CUDA_TC_MIN_BLOCKS=N` (1 to 8): every kernel's launch bounds ask for N blocks an SM
     /// (`-DTC_MIN_BLOCKS=N`) instead of each kernel's own choice (conv.cu, `TC_BLOCKS`).
     pub min_blocks: Option<u32>,
@@ -69,21 +69,31 @@ pub struct TcBuild {
     /// global loads are issued together (`-DTC_WG_BATCH=N`; conv.cu's own: 4). 1 is how they ran
     /// before: a load's whole latency waited per k-step.
     pub wg_batch: Option<u32>,
+    /// `ESPER_CUDA_LOADS_AHEAD=0` (`-DLOADS_ONE_AT_A_TIME`): batch norm's reductions and the square
+    /// tensor-core kernels' staging use each global load right after issuing it, as before 2026-11-28,
+    /// instead of issuing several first (common.cuh, `LOADS_AHEAD`).
+    pub loads_ahead: bool,
 }
 
-impl TcBuild {
+impl KernelSwitches {
     /// Every kernel's own choice: no define.
-    pub const OWN: TcBuild = TcBuild { min_blocks: None, n16_warps: 16, wg_batch: None };
+    pub const OWN: KernelSwitches =
+        KernelSwitches { min_blocks: None, n16_warps: 16, wg_batch: None, loads_ahead: true };
 
     /// The switches as the environment sets them (a warning on a value out of range, which leaves the
     /// kernels' own choice).
-    pub fn from_env() -> TcBuild {
-        TcBuild { min_blocks: tc_min_blocks(), n16_warps: tc_n16_warps(), wg_batch: tc_wg_batch() }
+    pub fn from_env() -> KernelSwitches {
+        KernelSwitches {
+            min_blocks: tc_min_blocks(),
+            n16_warps: tc_n16_warps(),
+            wg_batch: tc_wg_batch(),
+            loads_ahead: !std::env::var("ESPER_CUDA_LOADS_AHEAD").is_ok_and(|v| v == "0"),
+        }
     }
 }
 
-/// [`compile_options`] with the tensor-core kernels' switches given.
-pub fn compile_options_with(arch: &'static str, tc: TcBuild) -> CompileOptions {
+/// [`compile_options`] with the kernels' switches given.
+pub fn compile_options_with(arch: &'static str, tc: KernelSwitches) -> CompileOptions {
     assert!(
         matches!(tc.n16_warps, 8 | 16),
         "the square n16 forwards run 8 or 16 warps, not {}",
@@ -98,6 +108,9 @@ pub fn compile_options_with(arch: &'static str, tc: TcBuild) -> CompileOptions {
     }
     if let Some(batch) = tc.wg_batch {
         options.push(format!("-DTC_WG_BATCH={batch}"));
+    }
+    if !tc.loads_ahead {
+        options.push("-DLOADS_ONE_AT_A_TIME".to_string());
     }
     CompileOptions { fmad: Some(false), arch: Some(arch), options, ..Default::default() }
 }
