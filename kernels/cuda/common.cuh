@@ -22,7 +22,9 @@ typedef unsigned long long u64;
 // LOADS_AHEAD (1 unless -DLOADS_ONE_AT_A_TIME, which `ESPER_CUDA_LOADS_AHEAD=0` adds to NVRTC's options
 // to measure it): loops that load several values per thread issue the loads first and use them after
 // (batch norm's reductions, the square tensor-core kernels' staging and weights) instead of using each
-// load right after issuing it, which left a thread one load in flight. The same values either way.
+// load right after issuing it, which left a thread one load in flight. The same values either way. It
+// does not bring back relu_bn_backward_partial_f32's single loop (it runs a loop per case, the pooled one
+// with routed_gradient_window's selects).
 #ifdef LOADS_ONE_AT_A_TIME
 #define LOADS_AHEAD 0
 #else
@@ -188,13 +190,13 @@ __device__ __forceinline__ float slot_host_factor(const u8* slot_mode, const flo
     return *scaled ? 1.0f - clamp01(slot_alpha[e]) : 1.0f;
 }
 
-// The output gradient element (iy, ix) of plane `plane_index` (an (env, image, channel); planes h × w)
-// gets from the 2x2 max-pool: its window's, if it was the window's winner, else 0 (dropped odd rows and
-// columns included).
 // routed_gradient_at for planes with at least one window (ho = h / 2, wo = w / 2 ≥ 1), without a branch:
 // a dropped row or column reads its plane's last window and gets 0 by a select, and dy is read whether
 // or not the element won, so that a caller's loads of several elements issue together (a branch per
-// element had put each load behind the one before).
+// element had put each load behind the one before). For batch norm's batched reduction
+// (relu_bn_backward_partial_f32); the per-element users keep routed_gradient_at's branches, which cost
+// them fewer registers (the wide n16 forwards' staging, whose batch norm on load reads it, spilled
+// 128 bytes with the selects where it spills 48 with the branches).
 __device__ __forceinline__ float routed_gradient_window(
     const float* dy, const u8* argmax, u64 plane_index, u32 iy, u32 ix, u32 ho, u32 wo) {
     u32 oy = iy / 2, ox = ix / 2;
@@ -206,12 +208,17 @@ __device__ __forceinline__ float routed_gradient_window(
     return inside && won == k ? g : 0.0f;
 }
 
-// Planes under 2×2 have no window: 0 (the branch is the same for every element of a launch).
+// The output gradient element (iy, ix) of plane `plane_index` (an (env, image, channel); planes h × w)
+// gets from the 2x2 max-pool: its window's, if it was the window's winner, else 0 (dropped odd rows and
+// columns included).
 __device__ __forceinline__ float routed_gradient_at(
     const float* dy, const u8* argmax, u64 plane_index, u32 iy, u32 ix, u32 h, u32 w) {
     u32 ho = h / 2, wo = w / 2;
-    if (ho == 0 || wo == 0) return 0.0f;
-    return routed_gradient_window(dy, argmax, plane_index, iy, ix, ho, wo);
+    u32 oy = iy / 2, ox = ix / 2;
+    if (oy >= ho || ox >= wo) return 0.0f;
+    u64 o = (plane_index * ho + oy) * wo + ox;
+    u32 k = (iy % 2) * 2 + (ix % 2);
+    return argmax[o] == k ? dy[o] : 0.0f;
 }
 
 // routed_gradient_at for flat input element i (of planes h × w). Shared by the pool's backward kernels
@@ -230,7 +237,7 @@ __device__ __forceinline__ float routed_gradient(const float* dy, const u8* argm
 // recomputing it ((xi − mean)·scale + shift > 0, as batch_norm_apply_f32 and batch_norm_relu_pool_f32
 // compute the ReLU's input: the same mask as relu_backward_f32's y > 0, NaN included); elsewhere, with
 // `pooled`, the pool's output gradient dy routed to element (iy, ix) of plane `plane_index` (as
-// max_pool2x2_backward_f32), else the gradient dy[i] at the ReLU's output.
+// max_pool2x2_backward_f32), else the gradient dy[i] at the ReLU's output. bn_relu_open: that mask.
 __device__ __forceinline__ bool bn_relu_open(float xi, float mean, float scale, float shift) {
     return (xi - mean) * scale + shift > 0.0f;
 }
@@ -238,10 +245,8 @@ __device__ __forceinline__ bool bn_relu_open(float xi, float mean, float scale, 
 __device__ __forceinline__ float bn_output_grad(
     float xi, float mean, float scale, float shift, const float* dy, const u8* argmax, int pooled, u64 i,
     u64 plane_index, u32 iy, u32 ix, u32 h, u32 w) {
-    // The gradient loaded whether or not the ReLU let it through, then selected (no branch: see
-    // routed_gradient_at); the same value.
-    float g = pooled ? routed_gradient_at(dy, argmax, plane_index, iy, ix, h, w) : dy[i];
-    return bn_relu_open(xi, mean, scale, shift) ? g : 0.0f;
+    if (!bn_relu_open(xi, mean, scale, shift)) return 0.0f;
+    return pooled ? routed_gradient_at(dy, argmax, plane_index, iy, ix, h, w) : dy[i];
 }
 
 // Per (env, channel), what the input gradient needs once the parameter gradients are summed

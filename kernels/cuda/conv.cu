@@ -621,12 +621,29 @@ __device__ __forceinline__ void dc_stage(
     const float* xb = x + (((u64)e * batch + b0) * c_in + s0) * plane;
     bool vec = bn.mode == BN_LOAD_NONE && (reinterpret_cast<unsigned long long>(xb) & 15) == 0;
     u32 staged = images * chunk * quads;
+    // Quad l (< staged) of the staging: image i of the block's, channel c of the chunk, quad q of the
+    // plane at row yy, columns xx .. xx + 3; where x has it (in the block's images), and its place in the
+    // tile.
+    struct Quad {
+        u32 i, c, q, yy, xx;
+    };
+    auto quad_at = [&](u32 l) {
+        u32 pc = stage_div<W>(l, quads, divs.quads), q = l - pc * quads, i = fdiv(pc, f_chunk), c = pc - i * chunk;
+        u32 yy = stage_div<W>(q, wq, divs.wq);
+        return Quad{i, c, q, yy, (q - yy * wq) * 4};
+    };
+    auto src_of = [&](const Quad& a) { return reinterpret_cast<const float4*>(xb + (a.i * c_in + a.c) * plane + 4 * a.q); };
+    auto dst_of = [&](const Quad& a) { return tile + (a.i * stride + a.c) * padded + (a.yy + 1) * wp + a.xx + 1; };
+    auto store = [&](float* dst, const float (&v)[4]) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) dst[k] = tf32 ? tf32_round(v[k]) : v[k];
+    };
     // W > 0 with x read as it is: every quad of the thread loaded first, then each stored. In the loop
     // below a quad's 16-byte load was used by its rounding a few instructions later, so a thread waited
     // a global load's whole latency per quad, one after another (four a chunk at 256 threads). The
     // square kernels stage at most 1 024 pixels of DC_CHUNK planes (TC_PIXELS; static_assert there):
     // SQUARE_PER quads a thread. Branch-free between the loads and the stores (a load of a quad past
-    // `staged` is predicated off), so ptxas keeps the loads together.
+    // `staged` is predicated off, its place that of the last quad), so ptxas keeps the loads together.
     constexpr u32 SQUARE_PER = (1024 * DC_CHUNK / 4 + THREADS - 1) / THREADS;
     if (LOADS_AHEAD && W > 0 && vec) {
         float4 quad[SQUARE_PER];
@@ -634,37 +651,31 @@ __device__ __forceinline__ void dc_stage(
 #pragma unroll
         for (u32 k = 0; k < SQUARE_PER; ++k) {
             u32 l = threadIdx.x + k * THREADS;
-            u32 pc = stage_div<W>(l, quads, divs.quads), q = l - pc * quads, i = fdiv(pc, f_chunk), c = pc - i * chunk;
-            u32 yy = stage_div<W>(q, wq, divs.wq), xx = (q - yy * wq) * 4;
-            dst[k] = tile + (i * stride + c) * padded + (yy + 1) * wp + xx + 1;
-            quad[k] = l < staged ? *reinterpret_cast<const float4*>(xb + (i * c_in + c) * plane + 4 * q)
-                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            Quad a = quad_at(min(l, staged - 1));
+            dst[k] = dst_of(a);
+            quad[k] = l < staged ? *src_of(a) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
 #pragma unroll
         for (u32 k = 0; k < SQUARE_PER; ++k) {
             if (threadIdx.x + k * THREADS >= staged) break;
-            float v[4] = {quad[k].x, quad[k].y, quad[k].z, quad[k].w};
-#pragma unroll
-            for (int j = 0; j < 4; ++j) dst[k][j] = tf32 ? tf32_round(v[j]) : v[j];
+            store(dst[k], {quad[k].x, quad[k].y, quad[k].z, quad[k].w});
         }
         return;
     }
 #pragma unroll 2
     for (u32 l = threadIdx.x; l < staged; l += THREADS) {
-        u32 pc = stage_div<W>(l, quads, divs.quads), q = l - pc * quads, i = fdiv(pc, f_chunk), c = pc - i * chunk;
-        u32 yy = stage_div<W>(q, wq, divs.wq), xx = (q - yy * wq) * 4;
+        Quad a = quad_at(l);
         float v[4];
         if (vec) {
-            float4 f = *reinterpret_cast<const float4*>(xb + (i * c_in + c) * plane + 4 * q);
+            float4 f = *src_of(a);
             v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
         } else {
 #pragma unroll
             for (int k = 0; k < 4; ++k)
-                v[k] = load_or_bn(x, bn, e, c_in, s0 + c, ((u64)e * batch + b0 + i) * c_in + s0 + c, yy, xx + k, h, w);
+                v[k] = load_or_bn(x, bn, e, c_in, s0 + a.c, ((u64)e * batch + b0 + a.i) * c_in + s0 + a.c, a.yy,
+                                  a.xx + k, h, w);
         }
-        float* dst = tile + (i * stride + c) * padded + (yy + 1) * wp + xx + 1;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) dst[k] = tf32 ? tf32_round(v[k]) : v[k];
+        store(dst_of(a), v);
     }
 }
 
@@ -1356,7 +1367,7 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
             // pooled gradient and its winner (dy_at / 4: the window, its row 64·j / W even).
             auto load = [&](u32 j, int nt) {
                 u64 dy_at = group_at + (u64)(64 * j / PLANE) * image_stride + 64 * j % PLANE;  // in dy's planes
-                WgradLoad l;
+                WgradLoad l{};  // the fields a kernel does not load stay 0
                 if constexpr (BN_POOLED) {
                     l.v = *reinterpret_cast<const float2*>(x_lane[nt] + dy_at);
                     l.pooled = pooled_lane[nt][dy_at / 4];
@@ -1396,9 +1407,9 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
             // at a time (TC_WG_BATCH 1, as before), each step's load was used a dozen instructions after
             // it was issued, and the next step's load came after the early exit between them: a warp
             // waited a global load's whole latency per k-step, 16 an image group (the SASS: LDG, then
-            // FSETP on its result). A batch waits once. A batch past `steps` in part (W = 8 and a last
-            // group of fewer images than a batch) runs step by step: the same k-steps in the same order
-            // either way, so the same sums, bit for bit.
+            // FSETP on its result). A batch waits once. A batch past `steps` in part (a last group of
+            // fewer images than the batch's k-steps span: W = 8, or W = 16 at batches of 8 and 16) runs
+            // step by step: the same k-steps in the same order either way, so the same sums, bit for bit.
 #pragma unroll
             for (u32 j0 = 0; j0 < TC_PIXELS / 64; j0 += TC_WG_BATCH) {
                 if (j0 >= steps) break;  // the same for the whole block

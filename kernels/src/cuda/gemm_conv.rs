@@ -210,15 +210,15 @@ impl GemmConv {
         Ok(())
     }
 
-    /// At TF32 on the tensor cores: the square planes [`square_width`] takes by their specialised kernels
-    /// (`on`, the default) or by the general ones.
+    /// At TF32 on the tensor cores: the square planes [`Conv2dShape::tc_square_width`] takes by their
+    /// specialised kernels (`on`, the default) or by the general ones.
     pub(super) fn set_square_kernels(&mut self, on: bool) {
         self.square = on;
     }
 
     /// The width of the specialised tensor-core kernels that run `d`'s planes, if they do.
     fn square(&self, d: &Conv2dShape) -> Option<usize> {
-        if self.square { square_width(d) } else { None }
+        if self.square { d.tc_square_width() } else { None }
     }
 
     /// The staged 3×3 kernel that runs `d`, if one does: the tensor-core one at TF32, the direct one
@@ -685,7 +685,8 @@ impl Staged {
     }
 
     /// The forward / input-gradient kernel for `c_out` output channels (the kernel's view), on the
-    /// tensor cores the one specialised to `square` planes (a [`square_width`]) where one is named.
+    /// tensor cores the one specialised to `square` planes (a [`Conv2dShape::tc_square_width`]) where
+    /// one is named.
     fn conv_kernel(self, c_out: usize, square: Option<usize>) -> &'static str {
         match self {
             Staged::Direct => "conv3x3_direct_f32",
@@ -768,12 +769,6 @@ fn square_index(square: Option<usize>) -> usize {
     square.map_or(0, |w| 1 + TC_SQUARE_WIDTHS.iter().position(|&s| s == w).expect("a square kernel's width"))
 }
 
-/// The width of `d`'s planes where the specialised tensor-core kernels take them: square, of 8, 16 or 32
-/// ([`Conv2dShape::tc_square_width`], which the bench's traffic count reads too).
-pub(super) fn square_width(d: &Conv2dShape) -> Option<usize> {
-    d.tc_square_width()
-}
-
 /// How the tensor-core forward of `d` (a shape [`direct_fits`] takes) cuts batch norm's statistics per
 /// (env, channel): (runs, images per run), a run per block of `1024 / (h·w)` images.
 pub fn stats_runs(d: &Conv2dShape) -> (usize, usize) {
@@ -787,7 +782,7 @@ pub fn stats_runs(d: &Conv2dShape) -> (usize, usize) {
 /// norm's input gradient (`x` unread). With `stats` (tensor cores, forward only) batch norm's training
 /// statistics of `y` summed in the epilogue. Blocks of 256 threads over `1024 / (h·w)` images of one env
 /// and [`Staged::outputs`] output channels; `square`: the tensor-core kernel specialised to `d`'s planes
-/// ([`square_width`]) instead of the general one.
+/// ([`Conv2dShape::tc_square_width`]) instead of the general one.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn staged_conv(
     device: &Device,
@@ -816,7 +811,7 @@ pub(super) fn staged_conv(
     );
     let dims = [d.batch, c_in, c_out, d.h, d.w].map(|v| v as u32);
     let flip = i32::from(input_grad);
-    assert!(square.is_none() || square == square_width(d), "the square kernels take {d:?}'s planes");
+    assert!(square.is_none() || square == d.tc_square_width(), "the square kernels take {d:?}'s planes");
     let mut launch = device.stream.launch_builder(device.function(kernel.conv_kernel(c_out, square)));
     launch.arg(x).arg(weight).arg(y);
     push_dims(&mut launch, &dims);
@@ -890,7 +885,7 @@ pub(super) fn staged_weight_grad(
     square: Option<usize>,
 ) -> R {
     assert!(direct_fits(d), "the staged 3×3 weight gradients do not take {d:?}");
-    assert!(square.is_none() || square == square_width(d), "the square kernels take {d:?}");
+    assert!(square.is_none() || square == d.tc_square_width(), "the square kernels take {d:?}");
     let bn_pooled = bn.is_some_and(|g| g.argmax.is_some());
     assert!(
         square.is_none() || bn.is_none() || (kernel == Staged::TensorCores && bn_pooled),
@@ -1164,7 +1159,7 @@ mod tests {
         let plane =
             |h, w| Conv2dShape { envs: 1, batch: 2, c_in: 3, c_out: 8, h, w, k: 3, pad: 1, groups: 1 };
         let taken: Vec<_> = [(32, 32), (16, 16), (8, 8), (4, 4), (6, 8), (16, 8), (2, 2), (12, 12)]
-            .map(|(h, w)| square_width(&plane(h, w)))
+            .map(|(h, w)| plane(h, w).tc_square_width())
             .to_vec();
         assert_eq!(taken, [Some(32), Some(16), Some(8), None, None, None, None, None]);
     }

@@ -69,9 +69,11 @@ pub struct KernelSwitches {
     /// global loads are issued together (`-DTC_WG_BATCH=N`; conv.cu's own: 4). 1 is how they ran
     /// before: a load's whole latency waited per k-step.
     pub wg_batch: Option<u32>,
-    /// `ESPER_CUDA_LOADS_AHEAD=0` (`-DLOADS_ONE_AT_A_TIME`): batch norm's reductions and the square
-    /// tensor-core kernels' staging use each global load right after issuing it, as before 2026-11-28,
-    /// instead of issuing several first (common.cuh, `LOADS_AHEAD`).
+    /// `ESPER_CUDA_LOADS_AHEAD=0` (`-DLOADS_ONE_AT_A_TIME`): batch norm's reductions, the square
+    /// tensor-core kernels' staging and the square forwards' weights use each global load right after
+    /// issuing it, instead of issuing several first (common.cuh, `LOADS_AHEAD`). What it does not put
+    /// back: `relu_bn_backward_partial_f32`'s loop per case, the pooled one with the routed gradient as
+    /// selects rather than branches (2026-11-28, the same values either way).
     pub loads_ahead: bool,
 }
 
@@ -87,7 +89,7 @@ impl KernelSwitches {
             min_blocks: tc_min_blocks(),
             n16_warps: tc_n16_warps(),
             wg_batch: tc_wg_batch(),
-            loads_ahead: !std::env::var("ESPER_CUDA_LOADS_AHEAD").is_ok_and(|v| v == "0"),
+            loads_ahead: loads_ahead(),
         }
     }
 }
@@ -125,17 +127,20 @@ pub fn tc_n16_warps() -> u32 {
     *WARPS
 }
 
-/// `ESPER_CUDA_TC_MIN_BLOCKS`, where it is set to a number of blocks from 1 to 8 (a warning on
-/// anything else, which leaves the kernels' own choice).
+/// The switch `name` as `parse` reads it; `None` where it is unset, or set to something `parse` refuses
+/// (with a warning that says what `expected` is: the kernels' own choice then stands).
+fn switch_from_env<T>(name: &str, parse: fn(&str) -> Option<T>, expected: &str) -> Option<T> {
+    let text = std::env::var(name).ok()?;
+    parse(&text).or_else(|| {
+        eprintln!("warning: {name}={text:?} ignored: expected {expected}");
+        None
+    })
+}
+
+/// `ESPER_CUDA_TC_MIN_BLOCKS`, where it is set to a number of blocks from 1 to 8.
 fn tc_min_blocks() -> Option<u32> {
     static BLOCKS: std::sync::LazyLock<Option<u32>> = std::sync::LazyLock::new(|| {
-        let text = std::env::var("ESPER_CUDA_TC_MIN_BLOCKS").ok()?;
-        parse_min_blocks(&text).or_else(|| {
-            eprintln!(
-                "warning: ESPER_CUDA_TC_MIN_BLOCKS={text:?} ignored: expected a number of blocks from 1 to 8"
-            );
-            None
-        })
+        switch_from_env("ESPER_CUDA_TC_MIN_BLOCKS", parse_min_blocks, "a number of blocks from 1 to 8")
     });
     *BLOCKS
 }
@@ -144,17 +149,25 @@ fn parse_min_blocks(text: &str) -> Option<u32> {
     text.trim().parse().ok().filter(|blocks| (1..=8).contains(blocks))
 }
 
-/// `ESPER_CUDA_WG_BATCH`, where it is set to 1, 2, 4, 8 or 16 k-steps (a warning on anything else,
-/// which leaves conv.cu's own).
+/// `ESPER_CUDA_WG_BATCH`, where it is set to 1, 2, 4, 8 or 16 k-steps.
 fn tc_wg_batch() -> Option<u32> {
     static BATCH: std::sync::LazyLock<Option<u32>> = std::sync::LazyLock::new(|| {
-        let text = std::env::var("ESPER_CUDA_WG_BATCH").ok()?;
-        parse_wg_batch(&text).or_else(|| {
-            eprintln!("warning: ESPER_CUDA_WG_BATCH={text:?} ignored: expected 1, 2, 4, 8 or 16 k-steps");
-            None
-        })
+        switch_from_env("ESPER_CUDA_WG_BATCH", parse_wg_batch, "1, 2, 4, 8 or 16 k-steps")
     });
     *BATCH
+}
+
+/// `ESPER_CUDA_LOADS_AHEAD`: false where it is `0`, true otherwise (`1` or unset; anything else warns).
+fn loads_ahead() -> bool {
+    static AHEAD: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+        let parse = |text: &str| match text {
+            "0" => Some(false),
+            "1" => Some(true),
+            _ => None,
+        };
+        switch_from_env("ESPER_CUDA_LOADS_AHEAD", parse, "0 or 1").unwrap_or(true)
+    });
+    *AHEAD
 }
 
 /// A batch of k-steps divides an image group's 16 (conv.cu's static_assert says the same).

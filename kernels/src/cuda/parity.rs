@@ -12,7 +12,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::backend::CudaHostBackend;
-use super::gemm_conv::{BatchNormGrad, GemmConv, direct_fits, square_width, stats_runs};
+use super::gemm_conv::{BatchNormGrad, GemmConv, direct_fits, stats_runs};
 use super::host::DeviceHost;
 use super::ops as device_ops;
 use super::seed_module::{DeviceSeed, DeviceSeedShape};
@@ -2471,7 +2471,7 @@ fn staged_norm_grad_checks(
             gemm.backward_input(&on, &c, &written, w_dev, &mut dx_written)?;
             let diff = max_diff(&stream.clone_dtoh(&dw_load)?, &stream.clone_dtoh(&dw_written)?)
                 .max(max_diff(&stream.clone_dtoh(&dx_load)?, &stream.clone_dtoh(&dx_written)?));
-            let kernels = if tensor_cores && pooled && square_width(&c).is_some() {
+            let kernels = if tensor_cores && pooled && c.tc_square_width().is_some() {
                 "conv3x3_tc_*_tf32, conv3x3_wgrad_tc_*_bnpool_tf32"
             } else if tensor_cores {
                 "conv3x3_{tc,wgrad_tc}_*_tf32"
@@ -2552,11 +2552,12 @@ fn gemm_precision_checks(
     rows: &mut Vec<ParityRow>,
 ) -> Result<(), ParityError> {
     let stream = &device.stream;
-    // (precision, tensor-core 3×3 kernels, their square-plane kernels where square_width takes c).
+    // (precision, tensor-core 3×3 kernels, their square-plane kernels where
+    // Conv2dShape::tc_square_width takes c).
     let mut forms = vec![(Precision::Tf32, false, false), (Precision::Bf16, false, false)];
     if direct_fits(&c) {
         forms.insert(0, (Precision::Tf32, true, true));
-        if square_width(&c).is_some() {
+        if c.tc_square_width().is_some() {
             forms.insert(1, (Precision::Tf32, true, false));
         }
     }
@@ -2571,7 +2572,7 @@ fn gemm_precision_checks(
         }
         let (round, tolerance, form): (fn(f32) -> f32, f64, &str) = match (precision, tensor_cores, square) {
             (Precision::Bf16, _, _) => (round_to_bf16, 1e-4, "bf16"),
-            (_, true, true) if square_width(&c).is_some() => {
+            (_, true, true) if c.tc_square_width().is_some() => {
                 (round_to_tf32, 1e-4, "tf32, tensor-core 3×3 square")
             }
             (_, true, _) => (round_to_tf32, 1e-4, "tf32, tensor-core 3×3"),
