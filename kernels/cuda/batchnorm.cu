@@ -274,10 +274,11 @@ extern "C" __global__ void __launch_bounds__(1024) batch_norm_relu_pool_f32(
         float scale = bn_scale(inv_std_or_var, gamma, p, eval), m = mean[p], shift = beta[p];
         u64 top = (plane_index * h + 2 * oy) * w + 2 * ox;
         u64 at[4] = {top, top + 1, top + w, top + w + 1};
+        WindowLoads xw(x, at);
         float window[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            float v = (x[at[j]] - m) * scale + shift;
+            float v = (xw[j] - m) * scale + shift;
             v = !(v <= 0.0f) ? v : 0.0f;
             if (write_act) act[at[j]] = v;
             window[j] = v;
@@ -423,14 +424,23 @@ extern "C" __global__ void __launch_bounds__(1024) batch_norm_backward_input_fro
             u32 r, pair;
             bn_locate(o, ix, plane_index, r, pair);
             u32 oy = fdiv(r, ix.row), ox = r - oy * wo;
+#if LOADS_AHEAD
+            // The pair's coefficients in registers: read through `coef` they were loaded again after each
+            // of the window's four stores (dx could be them, for all the compiler knows).
+            float c[BN_COEF];
+#pragma unroll
+            for (int q = 0; q < BN_COEF; ++q) c[q] = coef[(u64)pair * BN_COEF + q];
+#else
             const float* c = coef + (u64)pair * BN_COEF;
+#endif
             float routed = dy[o];
             u32 k = argmax[o];
             u64 top = (plane_index * h + 2 * oy) * w + 2 * ox;
             u64 at[4] = {top, top + 1, top + w, top + w + 1};
+            WindowLoads xw(x, at);
 #pragma unroll
             for (u32 j = 0; j < 4; ++j) {
-                dx[at[j]] = bn_window_input_grad(c, x[at[j]], k, j, routed);
+                dx[at[j]] = bn_window_input_grad(c, xw[j], k, j, routed);
             }
         }
         return;

@@ -21,8 +21,10 @@ typedef unsigned long long u64;
 
 // LOADS_AHEAD (1 unless -DLOADS_ONE_AT_A_TIME, which `ESPER_CUDA_LOADS_AHEAD=0` adds to NVRTC's options
 // to measure it): loops that load several values per thread issue the loads first and use them after
-// (batch norm's reductions, the square tensor-core kernels' staging and weights) instead of using each
-// load right after issuing it, which left a thread one load in flight. The same values either way. It
+// (batch norm's reductions, the square tensor-core kernels' staging and weights, the 2x2 windows of the
+// fused normalisation + pool, its backward and the slots' blend + pool (WindowLoads), the batch gathers'
+// runs of four, for_each_loads_ahead's passes) instead of using each load right after issuing it or
+// after a store, which left a thread one load in flight. The same values either way. It
 // does not bring back relu_bn_backward_partial_f32's single loop (it runs a loop per case, the pooled one
 // with routed_gradient_window's selects).
 #ifdef LOADS_ONE_AT_A_TIME
@@ -123,6 +125,44 @@ __device__ __forceinline__ T lanes8_total(T v) {
     T a0 = l0 + l4, a1 = l1 + l5, a2 = l2 + l6, a3 = l3 + l7;
     return (a0 + a2) + (a1 + a3);
 }
+
+// FOR_EACH(i, n) store(i, load(i)), with LOADS_AHEAD four of a thread's elements (i, i + stride, …, so
+// each load of a warp stays coalesced) loaded before any is stored. One at a time, the next element's
+// loads waited behind this one's store (the compiler cannot tell the output from the inputs), so a
+// thread had one load in flight. The same values: each element computed as before.
+template <typename T, typename Load, typename Store>
+__device__ __forceinline__ void for_each_loads_ahead(u64 n, Load load, Store store) {
+    u64 stride = (u64)gridDim.x * blockDim.x, i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+#if LOADS_AHEAD
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        T v[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) v[j] = load(i + j * stride);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) store(i + j * stride, v[j]);
+    }
+#endif
+    for (; i < n; i += stride) store(i, load(i));
+}
+
+// A 2x2 window's four values of `p` (at[0..4]), each read through operator[]: with LOADS_AHEAD all four
+// are loaded when it is made, before the pass's first store — the compiler cannot tell that store from
+// the input, so a load written after it waits for it, and a thread that loads, stores, loads had one
+// load in flight (the SASS of batch_norm_relu_pool_f32, batch_norm_backward_input_from_f32 and
+// slot_blend_select_pool_f32 did); with LOADS_ONE_AT_A_TIME each is loaded where it is read, as
+// before. The same values either way.
+struct WindowLoads {
+    const float* p;
+    const u64* at;
+    float v[4];
+    __device__ __forceinline__ WindowLoads(const float* p_, const u64 (&at_)[4]) : p(p_), at(at_) {
+#if LOADS_AHEAD
+#pragma unroll
+        for (int j = 0; j < 4; ++j) v[j] = p[at[j]];
+#endif
+    }
+    __device__ __forceinline__ float operator[](int j) const { return LOADS_AHEAD ? v[j] : p[at[j]]; }
+};
 
 // The 2x2 max-pool's choice over a window in row-major order: its maximum, and in *k its index 0..4.
 // Strictly greater replaces, so ties keep the first maximum; a NaN wins and stays (PyTorch propagates

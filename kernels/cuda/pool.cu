@@ -59,14 +59,16 @@ extern "C" __global__ void global_avg_pool_forward_f32(const float* x, float* y,
 }
 
 // dx[p, :] = dy[p] / (h*w) (a division, as the CPU twin does: the same bits); with accumulate != 0 it
-// adds into dx (the input also feeds another path).
+// adds into dx (the input also feeds another path). Four of a thread's elements loaded at a time
+// (for_each_loads_ahead).
 extern "C" __global__ void global_avg_pool_backward_f32(
     const float* dy, float* dx, u64 planes, u32 plane_len, int accumulate) {
     bool fits = FITS_U32(planes * plane_len);
     FastDiv f[1];
     block_fast_divs<1>({plane_len}, f);
-    FOR_EACH(i, planes * plane_len) {
+    auto value = [&](u64 i) {
         float g = dy[fits ? (u64)fdiv((u32)i, f[0]) : i / plane_len] / (float)plane_len;
-        dx[i] = accumulate ? dx[i] + g : g;
-    }
+        return accumulate ? dx[i] + g : g;
+    };
+    for_each_loads_ahead<float>(planes * plane_len, value, [&](u64 i, float v) { dx[i] = v; });
 }

@@ -423,15 +423,17 @@ extern "C" __global__ void sigmoid_backward_f32(const float* y, const float* dy,
 
 // The attention seed's channel scaling, y[p, :] = x[p, :]·scale[p] per plane p (seeds::common::scale_planes).
 // The plane of element i by a FastDiv set up once per block where the launch's indices fit in 32 bits
-// (a 64-bit division routine per element before).
+// (a 64-bit division routine per element before); four of a thread's elements loaded at a time
+// (for_each_loads_ahead).
 extern "C" __global__ void scale_planes_f32(const float* x, const float* scale, float* y, u64 planes, u32 plane) {
     u64 n = planes * plane;
+    auto store = [&](u64 i, float v) { y[i] = v; };
     if (FITS_U32(n)) {
         FastDiv f[1];
         block_fast_divs({plane}, f);
-        FOR_EACH(i, n) y[i] = x[i] * scale[fdiv((u32)i, f[0])];
+        for_each_loads_ahead<float>(n, [&](u64 i) { return x[i] * scale[fdiv((u32)i, f[0])]; }, store);
     } else {
-        FOR_EACH(i, n) y[i] = x[i] * scale[i / plane];
+        for_each_loads_ahead<float>(n, [&](u64 i) { return x[i] * scale[i / plane]; }, store);
     }
 }
 
@@ -623,10 +625,11 @@ extern "C" __global__ void __launch_bounds__(1024) slot_blend_select_pool_f32(
         // GATE: the sample's gate, at its image p / channels.
         float a = clamp01(alpha[e]), gate_v = m == 4 ? gate[p / channels] : 0.0f;
         u64 at[4] = {top, top + 1, top + size, top + size + 1};
+        WindowLoads sw(s, at), hw(h, at);
         float window[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            float sv = s[at[j]], hv = h[at[j]];
+            float sv = sw[j], hv = hw[j];
             if (m != 2) s_mine[at[j]] = sv;
             window[j] = slot_blend(m, a, gate_v, hv, sv);
         }

@@ -171,6 +171,65 @@ fn the_square_weight_gradients_issue_a_batch_of_loads_before_its_multiplies() {
     assert!(ptx_with(Some(3)).is_err(), "a batch of 3 compiled");
 }
 
+/// The most global loads kernel `name` issues between two global stores (or the body's start and its
+/// first store), in the PTX's order: how many loads a thread of an element-wise pass can have in flight
+/// before it must wait (a store holds the loads written after it: the compiler cannot tell the output
+/// from the inputs).
+fn loads_between_stores(ptx: &str, name: &str) -> usize {
+    let start = ptx.find(&format!(".entry {name}(")).unwrap_or_else(|| panic!("{name} is in the PTX"));
+    let body = &ptx[start..];
+    let body = &body[..body.find("\n}").expect("the kernel's body ends")];
+    let (mut run, mut longest) = (0, 0);
+    for line in body.lines().map(str::trim) {
+        // A predicated instruction: `@%p1 ld.global.f32 …`, `@!%p2 st.global.f32 …`.
+        let op = match line.strip_prefix('@') {
+            Some(rest) => rest.split_once(char::is_whitespace).map_or("", |(_, op)| op.trim_start()),
+            None => line,
+        };
+        if op.starts_with("ld.global") {
+            run += 1;
+            longest = longest.max(run);
+        } else if op.starts_with("st.global") {
+            run = 0;
+        }
+    }
+    longest
+}
+
+#[test]
+fn the_element_wise_passes_issue_their_loads_before_their_stores() {
+    let ptx_of = |file: &str, loads_ahead| {
+        let file = KERNEL_FILES.iter().find(|f| f.name == file).expect("the file is listed");
+        let options =
+            compile_options_with(DEFAULT_ARCH, KernelSwitches { loads_ahead, ..KernelSwitches::OWN });
+        cudarc::nvrtc::compile_ptx_with_opts(translation_unit(file), options)
+            .unwrap_or_else(|e| panic!("{}: {e:?}", file.name))
+            .to_src()
+    };
+    // (file, kernel, the loads a thread issues together with LOADS_AHEAD at least: a 2×2 window's four
+    // values with the channel's four parameters, or with the pair's eight coefficients, its routed
+    // gradient and winner; two tensors' windows in the slot's blend with the env's mode and selection;
+    // a gather's run of four with its slot's draw and index; four elements of for_each_loads_ahead
+    // with their second operand.)
+    let cases = [
+        ("batchnorm.cu", "batch_norm_relu_pool_f32", 8),
+        ("batchnorm.cu", "batch_norm_backward_input_from_f32", 14),
+        ("seeds.cu", "slot_blend_select_pool_f32", 10),
+        ("data.cu", "gather_train_f32", 6),
+        ("data.cu", "gather_test_f32", 4),
+        ("seeds.cu", "scale_planes_f32", 8),
+        ("pool.cu", "global_avg_pool_backward_f32", 8),
+    ];
+    let mut report = Vec::new();
+    for (file, kernel, least) in cases {
+        let ahead = loads_between_stores(&ptx_of(file, true), kernel);
+        let one_at_a_time = loads_between_stores(&ptx_of(file, false), kernel);
+        report.push(format!("{kernel}: {ahead} ahead, {one_at_a_time} one at a time"));
+        assert!(ahead >= least && ahead > one_at_a_time, "{}", report.join("; "));
+    }
+    eprintln!("{}", report.join("\n"));
+}
+
 #[test]
 fn every_kernel_file_compiles_with_every_switch_set_back() {
     // The switches that restore the kernels as they were measured last (docs/gpu.md): each one's other

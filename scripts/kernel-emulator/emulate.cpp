@@ -932,8 +932,10 @@ static void check_pools(unsigned planes, unsigned h, unsigned w) {
 // The batch gathers against loops written here from their definitions: a training batch of 5 slots
 // from 7 images (3 channels of 6×8, padding 2, fill per channel) with crops and flips, and a test batch
 // of 10 images over 3 envs of 4 rows (4, 3, 3 real; the rest zero and labelled PAD_LABEL).
-static void check_gathers() {
-    const unsigned channels = 3, height = 6, width = 8, pad = 2, images = 7, slots = 5;
+// Width 8 takes the kernels' runs of four elements; width 5 (rows and images not a multiple of four)
+// one at a time.
+static void check_gathers(unsigned width) {
+    const unsigned channels = 3, height = 6, pad = 2, images = 7, slots = 5;
     const unsigned image_len = channels * height * width;
     auto data = values((size_t)images * image_len, -1.0f, 1.0f), fill = values(channels, -0.5f, 0.5f);
     std::vector<u8> labels(images);
@@ -962,7 +964,9 @@ static void check_gathers() {
     }
     char detail[160];
     std::snprintf(detail, sizeof detail, "%zu of %u values and labels wrong", wrong, slots * (image_len + 1));
-    report("gather_train_f32 5 slots 3×6×8, pad 2, crops and flips", wrong == 0, detail);
+    char what[96];
+    std::snprintf(what, sizeof what, "gather_train_f32 5 slots 3×6×%u, pad 2, crops and flips", width);
+    report(what, wrong == 0, detail);
     const unsigned envs = 3, rows = 4, len = 10;
     const u64 first = 1;
     auto test = values((size_t)12 * image_len, -1.0f, 1.0f);
@@ -991,7 +995,8 @@ static void check_gathers() {
     }
     std::snprintf(detail, sizeof detail, "%zu of %u values, labels and counts wrong", wrong,
                   envs * rows * (image_len + 1) + envs);
-    report("gather_test_f32 10 images over 3 envs of 4 rows", wrong == 0, detail);
+    std::snprintf(what, sizeof what, "gather_test_f32 10 images of 3×6×%u over 3 envs of 4 rows", width);
+    report(what, wrong == 0, detail);
 }
 
 // A slot's output rows: slot_passthrough_f32 (grid: blocks of an env's rows × envs) copies h into the
@@ -1244,9 +1249,11 @@ int main() {
     check_group_norm(2, 3, 8, 32, 32, 8);
     check_group_norm(1, 5, 4, 4, 4, 4);
     check_group_norm(1, 300, 4, 2, 2, 2);  // more images than the finish's threads
-    check_gathers();
+    check_gathers(8);
+    check_gathers(5);
     check_pools(7, 8, 8);
     check_pools(5, 5, 7);
+    check_pools(13, 16, 16);  // enough elements for four a thread in the average pool's backward
     check_scale_planes(96, 256);
     check_scale_planes(37, 67);
     check_slot_rows();
