@@ -257,7 +257,7 @@ extern "C" __global__ void __launch_bounds__(1024) batch_norm_apply_f32(
 // slot read; a training step's backward recomputes the ReLU's mask from x instead, so training passes
 // 0) and pools them into `pooled` / `argmax`; the same values as the two kernels, without reading
 // `act` back. Even planes only (every window whole: no dropped row or column left for another thread).
-extern "C" __global__ void __launch_bounds__(1024) batch_norm_relu_pool_f32(
+extern "C" __global__ void PASS_BOUNDS batch_norm_relu_pool_f32(
     const float* x, float* act, float* pooled, u8* argmax, const float* mean, const float* inv_std_or_var,
     const float* gamma, const float* beta, u32 envs, u32 batch, u32 channels, u32 h, u32 w, int eval,
     int write_act) {
@@ -409,7 +409,7 @@ extern "C" __global__ void __launch_bounds__(1024) batch_norm_backward_input_f32
 // is j and the ReLU passed: routed_gradient_at's k = (iy % 2)·2 + ix % 2 is j there), so those loads
 // and the index math are done once a window instead of once an element. The same operations per
 // element: the same bits.
-extern "C" __global__ void __launch_bounds__(1024) batch_norm_backward_input_from_f32(
+extern "C" __global__ void PASS_BOUNDS batch_norm_backward_input_from_f32(
     const float* dy, const u8* argmax, const float* x, const float* coef, float* dx, u32 envs, u32 batch,
     u32 channels, u32 h, u32 w, int pooled) {
     u32 plane = h * w;

@@ -33,6 +33,19 @@ typedef unsigned long long u64;
 #define LOADS_AHEAD 1
 #endif
 
+// The launch bounds of element-wise passes that elementwise() launches in blocks of 1 024 threads and
+// whose loads LOADS_AHEAD issues together: with it two blocks an SM, so at most 32 registers a thread.
+// The values loaded ahead took them to 34–41 registers, which leaves room for one block an SM: half the
+// threads, and half the loads in flight. At 32 (sm_90, ptxas -v): batch_norm_relu_pool_f32 and
+// global_avg_pool_backward_f32 spill nothing; batch_norm_backward_input_from_f32's window loop keeps
+// four of its values in local memory (four stores and loads an L1 hit away per window, against its
+// fourteen global loads and four stores).
+#if LOADS_AHEAD
+#define PASS_BOUNDS __launch_bounds__(1024, 2)
+#else
+#define PASS_BOUNDS __launch_bounds__(1024)
+#endif
+
 __device__ double block_sum(double v, double* lanes) {
     lanes[threadIdx.x] = v;
     __syncthreads();

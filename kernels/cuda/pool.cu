@@ -61,7 +61,7 @@ extern "C" __global__ void global_avg_pool_forward_f32(const float* x, float* y,
 // dx[p, :] = dy[p] / (h*w) (a division, as the CPU twin does: the same bits); with accumulate != 0 it
 // adds into dx (the input also feeds another path). Four of a thread's elements loaded at a time
 // (for_each_loads_ahead).
-extern "C" __global__ void global_avg_pool_backward_f32(
+extern "C" __global__ void PASS_BOUNDS global_avg_pool_backward_f32(
     const float* dy, float* dx, u64 planes, u32 plane_len, int accumulate) {
     bool fits = FITS_U32(planes * plane_len);
     FastDiv f[1];

@@ -227,6 +227,22 @@ fn the_element_wise_passes_issue_their_loads_before_their_stores() {
         report.push(format!("{kernel}: {ahead} ahead, {one_at_a_time} one at a time"));
         assert!(ahead >= least && ahead > one_at_a_time, "{}", report.join("; "));
     }
+    // PASS_BOUNDS: the passes whose loads ahead would leave one 1 024-thread block an SM ask for two
+    // (at most 32 registers), and only with LOADS_AHEAD.
+    for (file, kernel) in [
+        ("batchnorm.cu", "batch_norm_relu_pool_f32"),
+        ("batchnorm.cu", "batch_norm_backward_input_from_f32"),
+        ("pool.cu", "global_avg_pool_backward_f32"),
+    ] {
+        let blocks = |loads_ahead| {
+            let bounds = launch_bounds(&ptx_of(file, loads_ahead));
+            let (_, threads, blocks) =
+                bounds.into_iter().find(|(name, ..)| name == kernel).expect("in the PTX");
+            (threads, blocks)
+        };
+        assert_eq!(blocks(true), (1024, 2), "{kernel}");
+        assert_eq!(blocks(false), (1024, 0), "{kernel}");
+    }
     eprintln!("{}", report.join("\n"));
 }
 
