@@ -54,12 +54,17 @@ __device__ __forceinline__ void lane_run(u64 n, u32 lane, Load load, Use use) {
 #define GN_RELU 1
 #define GN_ADD_RELU 2
 #define GN_ADD 3
-__device__ __forceinline__ float group_norm_epilogue(float n, const float* residual, u64 i, int epilogue) {
+// `residual`: the residual's value at the element (read only where the epilogue adds it).
+__device__ __forceinline__ bool group_norm_epilogue_adds(int epilogue) {
+    return epilogue == GN_ADD_RELU || epilogue == GN_ADD;
+}
+
+__device__ __forceinline__ float group_norm_epilogue(float n, float residual, int epilogue) {
     float relu = !(n <= 0.0f) ? n : 0.0f;
     switch (epilogue) {
         case GN_RELU: return relu;
-        case GN_ADD_RELU: return residual[i] + relu;
-        case GN_ADD: return residual[i] + n;
+        case GN_ADD_RELU: return residual + relu;
+        case GN_ADD: return residual + n;
         default: return n;
     }
 }
@@ -101,8 +106,17 @@ __device__ __forceinline__ void group_norm_forward_lanes(
         u64 at = (image * channels + c) * plane;
         float* yp = y + at;
         const float* rp = residual + at;  // read only by GN_ADD_RELU and GN_ADD
-        lane_run<float>(plane, lane, [&](u64 i) { return xg((u64)cl * plane + i); },
-                        [&](u64 i, float v) { yp[i] = group_norm_epilogue((v - mean) * scale + shift, rp, i, epilogue); });
+        bool adds = group_norm_epilogue_adds(epilogue);
+        // With LOADS_AHEAD the residual is loaded with x, eight steps ahead of their stores: loaded where
+        // it is added, each residual load waited for the previous step's store (the compiler cannot tell
+        // y from the residual), a global load's latency per value with a dozen warps an SM (SASS).
+        lane_run<float2>(
+            plane, lane,
+            [&](u64 i) { return float2{xg((u64)cl * plane + i), LOADS_AHEAD && adds ? rp[i] : 0.0f}; },
+            [&](u64 i, float2 v) {
+                float r = LOADS_AHEAD ? v.y : adds ? rp[i] : 0.0f;
+                yp[i] = group_norm_epilogue((v.x - mean) * scale + shift, r, epilogue);
+            });
     }
 }
 

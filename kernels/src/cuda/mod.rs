@@ -71,12 +71,13 @@ pub struct KernelSwitches {
     pub wg_batch: Option<u32>,
     /// `ESPER_CUDA_LOADS_AHEAD=0` (`-DLOADS_ONE_AT_A_TIME`): batch norm's reductions, the square
     /// tensor-core kernels' staging and the square forwards' weights, the 2×2 windows of the fused
-    /// normalisation + pool, its backward and the slots' blend + pool, the batch gathers and the
-    /// attention seed's scaling and the average pool's backward use each global load right after
-    /// issuing it (or after the previous store), instead of issuing several first (common.cuh,
-    /// `LOADS_AHEAD`). What it does not put
-    /// back: `relu_bn_backward_partial_f32`'s loop per case, the pooled one with the routed gradient as
-    /// selects rather than branches (2026-11-28, the same values either way).
+    /// normalisation + pool, its backward and the slots' blend + pool, the batch gathers, the
+    /// attention seed's scaling, the average pool's backward and group norm's residual epilogue use
+    /// each global load right after issuing it (or after the previous store), instead of issuing
+    /// several first (common.cuh, `LOADS_AHEAD`), and three of those passes no longer ask for two
+    /// blocks an SM (`PASS_BOUNDS`). What it does not put back: `relu_bn_backward_partial_f32`'s loop
+    /// per case, the pooled one with the routed gradient as selects rather than branches (2026-11-28,
+    /// the same values either way).
     pub loads_ahead: bool,
 }
 
