@@ -132,12 +132,17 @@ fn the_tensor_core_kernels_launch_bounds_are_their_own_unless_the_switches_say_o
     assert_eq!((of("conv3x3_tc_n16_w8_tf32"), of("conv3x3_tc_n8_w8_tf32")), (Some((512, 4)), Some((256, 8))));
 }
 
+/// The PTX text of kernel `name`: from its `.entry` to the end of its body.
+fn kernel_body<'a>(ptx: &'a str, name: &str) -> &'a str {
+    let start = ptx.find(&format!(".entry {name}(")).unwrap_or_else(|| panic!("{name} is in the PTX"));
+    let body = &ptx[start..];
+    &body[..body.find("\n}").expect("the kernel's body ends")]
+}
+
 /// The longest run of 8-byte global loads (`ld.global.v2.f32`: the square weight gradients' dy, one per
 /// k-step and n-tile) with no `mma.sync` between them, in the kernel `name` of `ptx`.
 fn loads_ahead_of_multiplies(ptx: &str, name: &str) -> usize {
-    let start = ptx.find(&format!(".entry {name}(")).unwrap_or_else(|| panic!("{name} is in the PTX"));
-    let body = &ptx[start..];
-    let body = &body[..body.find("\n}").expect("the kernel's body ends")];
+    let body = kernel_body(ptx, name);
     let (mut run, mut longest) = (0, 0);
     for line in body.lines().map(str::trim) {
         if line.starts_with("ld.global.v2.f32") {
@@ -177,9 +182,7 @@ fn the_square_weight_gradients_issue_a_batch_of_loads_before_its_multiplies() {
 /// from the inputs). A warp shuffle ends a run uncounted: it waits for the values it exchanges, so group
 /// norm's sums (runs of loads that end in its shuffles) do not count as its epilogue's.
 fn loads_between_stores(ptx: &str, name: &str) -> usize {
-    let start = ptx.find(&format!(".entry {name}(")).unwrap_or_else(|| panic!("{name} is in the PTX"));
-    let body = &ptx[start..];
-    let body = &body[..body.find("\n}").expect("the kernel's body ends")];
+    let body = kernel_body(ptx, name);
     let (mut run, mut longest) = (0, 0);
     for line in body.lines().map(str::trim) {
         // A predicated instruction: `@%p1 ld.global.f32 …`, `@!%p2 st.global.f32 …`.
