@@ -23,10 +23,10 @@ typedef unsigned long long u64;
 // to measure it): loops that load several values per thread issue the loads first and use them after
 // (batch norm's reductions, the square tensor-core kernels' staging and weights, the 2x2 windows of the
 // fused normalisation + pool, its backward and the slots' blend + pool (WindowLoads), the batch gathers'
-// runs of four, for_each_loads_ahead's passes, group norm's residual epilogue) instead of using each load right after issuing it or
-// after a store, which left a thread one load in flight. The same values either way. It
-// does not bring back relu_bn_backward_partial_f32's single loop (it runs a loop per case, the pooled one
-// with routed_gradient_window's selects).
+// runs of four, for_each_loads_ahead's passes, group norm's residual epilogue) instead of using each
+// load right after issuing it or after a store, which left a thread one load in flight. The same values
+// either way. It does not bring back relu_bn_backward_partial_f32's single loop (it runs a loop per
+// case, the pooled one with routed_gradient_window's selects).
 #ifdef LOADS_ONE_AT_A_TIME
 #define LOADS_AHEAD 0
 #else

@@ -54,11 +54,12 @@ __device__ __forceinline__ void lane_run(u64 n, u32 lane, Load load, Use use) {
 #define GN_RELU 1
 #define GN_ADD_RELU 2
 #define GN_ADD 3
-// `residual`: the residual's value at the element (read only where the epilogue adds it).
+// Whether the epilogue adds the residual (and so reads it).
 __device__ __forceinline__ bool group_norm_epilogue_adds(int epilogue) {
     return epilogue == GN_ADD_RELU || epilogue == GN_ADD;
 }
 
+// `residual`: the residual's value at the element (used only where the epilogue adds it).
 __device__ __forceinline__ float group_norm_epilogue(float n, float residual, int epilogue) {
     float relu = !(n <= 0.0f) ? n : 0.0f;
     switch (epilogue) {
