@@ -10,7 +10,8 @@
 # Steps: c's selftest (and, should it fail, again with the new kernels' switches set back); A/B of a
 # against c (W16 bare and seeded, E256 seeded, at TF32); c against itself with global loads used as soon
 # as issued again (ESPER_CUDA_WG_BATCH=1 ESPER_CUDA_LOADS_AHEAD=0: the weight gradients' k-steps, the
-# staging, batch norm's reductions); the per-kernel device time of one bare and one seeded W16 training
+# staging, batch norm's reductions, the element-wise passes' loads before their stores and group norm's
+# residual epilogue); the per-kernel device time of one bare and one seeded W16 training
 # batch + validation under ncu (c); c's own switches A/B'd against c — the tensor-core kernels'
 # occupancy (ESPER_CUDA_TC_MIN_BLOCKS=2 ESPER_CUDA_TC_WIDE=0), batch norm's gradient on load in the
 # first block (ESPER_CUDA_BN_ON_LOAD=0), then the square kernels and the staged group norm together — and b against
