@@ -75,9 +75,8 @@ extern "C" __global__ void gather_train_f32(
 template <u32 RUN>
 __device__ __forceinline__ void gather_test_runs(
     const float* images, const u8* labels, float* out, u8* out_labels, u32* counts, u64 first, u32 len, u32 envs,
-    u32 batch, u32 image_len, const FastDiv (&f)[2]) {
+    u32 batch, u32 image_len, bool fits, const FastDiv (&f)[2]) {
     u32 q = len / envs, rem = len % envs;
-    bool fits = FITS_U32((u64)envs * batch * image_len);
     FOR_EACH(run, (u64)envs * batch * image_len / RUN) {
         u64 i = run * RUN, t;
         u32 k, e, row;
@@ -104,12 +103,13 @@ __device__ __forceinline__ void gather_test_runs(
 extern "C" __global__ void gather_test_f32(
     const float* images, const u8* labels, float* out, u8* out_labels, u32* counts, u64 first, u32 len,
     u32 envs, u32 batch, u32 image_len) {
+    bool fits = FITS_U32((u64)envs * batch * image_len);
     FastDiv f[2];
     block_fast_divs<2>({image_len, batch}, f);
     if (LOADS_AHEAD && image_len % 4 == 0)
-        gather_test_runs<4>(images, labels, out, out_labels, counts, first, len, envs, batch, image_len, f);
+        gather_test_runs<4>(images, labels, out, out_labels, counts, first, len, envs, batch, image_len, fits, f);
     else
-        gather_test_runs<1>(images, labels, out, out_labels, counts, first, len, envs, batch, image_len, f);
+        gather_test_runs<1>(images, labels, out, out_labels, counts, first, len, envs, batch, image_len, fits, f);
 }
 
 // The per-env sums of a step, f64: the training epoch's [0, E) Σ batch losses and [E, 2E) Σ correct

@@ -108,14 +108,14 @@ __device__ __forceinline__ void group_norm_forward_lanes(
         float* yp = y + at;
         const float* rp = residual + at;  // read only by GN_ADD_RELU and GN_ADD
         bool adds = group_norm_epilogue_adds(epilogue);
+        auto residual_at = [&](u64 i) { return adds ? rp[i] : 0.0f; };
         // With LOADS_AHEAD the residual is loaded with x, eight steps ahead of their stores: loaded where
         // it is added, each residual load waited for the previous step's store (the compiler cannot tell
         // y from the residual), a global load's latency per value with a dozen warps an SM (SASS).
         lane_run<float2>(
-            plane, lane,
-            [&](u64 i) { return float2{xg((u64)cl * plane + i), LOADS_AHEAD && adds ? rp[i] : 0.0f}; },
+            plane, lane, [&](u64 i) { return float2{xg((u64)cl * plane + i), LOADS_AHEAD ? residual_at(i) : 0.0f}; },
             [&](u64 i, float2 v) {
-                float r = LOADS_AHEAD ? v.y : adds ? rp[i] : 0.0f;
+                float r = LOADS_AHEAD ? v.y : residual_at(i);
                 yp[i] = group_norm_epilogue((v.x - mean) * scale + shift, r, epilogue);
             });
     }

@@ -10,6 +10,16 @@ use esper_kernels::cuda::{
     compile_all, compile_options_with, translation_unit,
 };
 
+/// Asserts that `ptx`, compiled from `file`, defines exactly the kernels its table lists; returns how many.
+fn assert_defines_its_kernels(file: &KernelFile, ptx: &str) -> usize {
+    let mut found = entries(ptx);
+    found.sort();
+    let mut listed: Vec<String> = file.functions.iter().map(|f| f.to_string()).collect();
+    listed.sort();
+    assert_eq!(found, listed, "{}: the PTX's kernels differ from the table", file.name);
+    found.len()
+}
+
 /// The names after `.entry` in a PTX text: the kernels it defines.
 fn entries(ptx: &str) -> Vec<String> {
     ptx.lines()
@@ -30,13 +40,8 @@ fn every_kernel_file_compiles_and_defines_its_listed_kernels() {
     let mut total = 0;
     for file in KERNEL_FILES {
         let ptx = compile(file, DEFAULT_ARCH).unwrap_or_else(|e| panic!("{e}")).to_src();
-        let mut found = entries(&ptx);
-        found.sort();
-        let mut listed: Vec<String> = file.functions.iter().map(|f| f.to_string()).collect();
-        listed.sort();
-        assert_eq!(found, listed, "{}: the PTX's kernels differ from the table", file.name);
+        total += assert_defines_its_kernels(file, &ptx);
         assert!(ptx.contains(".target sm_90"), "{}: not compiled for sm_90", file.name);
-        total += found.len();
     }
     assert_eq!(total, KERNEL_FILES.iter().map(|f| f.functions.len()).sum::<usize>());
 }
@@ -79,6 +84,14 @@ fn the_cache_compiles_once_then_reads_and_keys_by_architecture() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The PTX of kernel file `name` (as KERNEL_FILES lists it) compiled with `switches`, as the backend
+/// compiles it when the environment sets them.
+fn ptx_with(name: &str, switches: KernelSwitches) -> Result<String, cudarc::nvrtc::CompileError> {
+    let file = KERNEL_FILES.iter().find(|f| f.name == name).unwrap_or_else(|| panic!("{name} is listed"));
+    let options = compile_options_with(DEFAULT_ARCH, switches);
+    cudarc::nvrtc::compile_ptx_with_opts(translation_unit(file), options).map(|ptx| ptx.to_src())
+}
+
 /// Each kernel of `ptx` with its `.maxntid` (threads a block) and `.minnctapersm` (blocks an SM), in order.
 fn launch_bounds(ptx: &str) -> Vec<(String, u32, u32)> {
     let mut out: Vec<(String, u32, u32)> = Vec::new();
@@ -96,16 +109,11 @@ fn launch_bounds(ptx: &str) -> Vec<(String, u32, u32)> {
 
 #[test]
 fn the_tensor_core_kernels_launch_bounds_are_their_own_unless_the_switches_say_otherwise() {
-    let conv = KERNEL_FILES.iter().find(|f| f.name == "conv.cu").expect("conv.cu is listed");
     let compile_with = |min_blocks, n16_warps| {
-        let options = compile_options_with(
-            DEFAULT_ARCH,
-            KernelSwitches { min_blocks, n16_warps, ..KernelSwitches::OWN },
-        );
-        let ptx =
-            cudarc::nvrtc::compile_ptx_with_opts(translation_unit(conv), options).expect("conv.cu compiles");
+        let ptx = ptx_with("conv.cu", KernelSwitches { min_blocks, n16_warps, ..KernelSwitches::OWN })
+            .expect("conv.cu compiles");
         let mut found: Vec<(String, u32, u32)> =
-            launch_bounds(&ptx.to_src()).into_iter().filter(|(name, _, _)| name.contains("_tc_")).collect();
+            launch_bounds(&ptx).into_iter().filter(|(name, _, _)| name.contains("_tc_")).collect();
         found.sort();
         found
     };
@@ -157,13 +165,9 @@ fn loads_ahead_of_multiplies(ptx: &str, name: &str) -> usize {
 
 #[test]
 fn the_square_weight_gradients_issue_a_batch_of_loads_before_its_multiplies() {
-    let conv = KERNEL_FILES.iter().find(|f| f.name == "conv.cu").expect("conv.cu is listed");
-    let ptx_with = |wg_batch| {
-        let options = compile_options_with(DEFAULT_ARCH, KernelSwitches { wg_batch, ..KernelSwitches::OWN });
-        cudarc::nvrtc::compile_ptx_with_opts(translation_unit(conv), options).map(|ptx| ptx.to_src())
-    };
+    let conv_with = |wg_batch| ptx_with("conv.cu", KernelSwitches { wg_batch, ..KernelSwitches::OWN });
     let ahead = |batch: Option<u32>| {
-        let ptx = ptx_with(batch).unwrap_or_else(|e| panic!("batch {batch:?}: {e:?}"));
+        let ptx = conv_with(batch).unwrap_or_else(|e| panic!("batch {batch:?}: {e:?}"));
         // n16: two n-tiles, so two loads a k-step.
         loads_ahead_of_multiplies(&ptx, "conv3x3_wgrad_tc_n16_w8_tf32")
     };
@@ -173,7 +177,7 @@ fn the_square_weight_gradients_issue_a_batch_of_loads_before_its_multiplies() {
     assert_eq!(ahead(None), 8);
     assert_eq!(ahead(Some(16)), 32);
     // conv.cu refuses a batch that does not divide an image group's 16 k-steps.
-    assert!(ptx_with(Some(3)).is_err(), "a batch of 3 compiled");
+    assert!(conv_with(Some(3)).is_err(), "a batch of 3 compiled");
 }
 
 /// The most global loads kernel `name` issues before a global store, since the previous store (or the
@@ -205,12 +209,8 @@ fn loads_between_stores(ptx: &str, name: &str) -> usize {
 #[test]
 fn the_element_wise_passes_issue_their_loads_before_their_stores() {
     let ptx_of = |file: &str, loads_ahead| {
-        let file = KERNEL_FILES.iter().find(|f| f.name == file).expect("the file is listed");
-        let options =
-            compile_options_with(DEFAULT_ARCH, KernelSwitches { loads_ahead, ..KernelSwitches::OWN });
-        cudarc::nvrtc::compile_ptx_with_opts(translation_unit(file), options)
-            .unwrap_or_else(|e| panic!("{}: {e:?}", file.name))
-            .to_src()
+        ptx_with(file, KernelSwitches { loads_ahead, ..KernelSwitches::OWN })
+            .unwrap_or_else(|e| panic!("{file}: {e:?}"))
     };
     // (file, kernel, the loads a thread issues together with LOADS_AHEAD at least: a 2×2 window's four
     // values with the channel's four parameters, or with the pair's eight coefficients, its routed
@@ -260,16 +260,10 @@ fn every_kernel_file_compiles_with_every_switch_set_back() {
     // The switches that restore the kernels as they were measured last (docs/gpu.md): each one's other
     // side of the preprocessor must compile too, or an A/B on the device would fail where it starts.
     let before = KernelSwitches { min_blocks: Some(2), n16_warps: 8, wg_batch: Some(1), loads_ahead: false };
+    let options = compile_options_with(DEFAULT_ARCH, before).options;
+    assert!(options.iter().any(|o| o == "-DLOADS_ONE_AT_A_TIME"), "{options:?}");
     for file in KERNEL_FILES {
-        let options = compile_options_with(DEFAULT_ARCH, before);
-        assert!(options.options.iter().any(|o| o == "-DLOADS_ONE_AT_A_TIME"), "{:?}", options.options);
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(translation_unit(file), options)
-            .unwrap_or_else(|e| panic!("{}: {e:?}", file.name))
-            .to_src();
-        let mut found = entries(&ptx);
-        found.sort();
-        let mut listed: Vec<String> = file.functions.iter().map(|f| f.to_string()).collect();
-        listed.sort();
-        assert_eq!(found, listed, "{}: the PTX's kernels differ from the table", file.name);
+        let ptx = ptx_with(file.name, before).unwrap_or_else(|e| panic!("{}: {e:?}", file.name));
+        assert_defines_its_kernels(file, &ptx);
     }
 }
