@@ -488,8 +488,8 @@ IG_KERNEL(32)
 #define DC_TILE 9216
 
 // ---- TF32 on the tensor cores (`--precision tf32`; the kernel emulator brings its own versions of these
-// two). tf32_round: x rounded to TF32 (10 mantissa bits; to nearest, ties away from zero: `cvt.rna`),
-// kept in an f32 whose low 13 bits are zero. CPU twin: ops::precision::round_to_tf32.
+// two and of the cp.async pair after them). tf32_round: x rounded to TF32 (10 mantissa bits; to nearest,
+// ties away from zero: `cvt.rna`), kept in an f32 whose low 13 bits are zero. CPU twin: ops::precision::round_to_tf32.
 // Both need sm_80 or later; below that (no build compiles for it today) they trap rather than make the
 // module fail to load, which would take the file's f32 kernels down with them.
 #ifndef ESPER_KERNEL_EMULATOR
@@ -518,6 +518,27 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const float (&a)[4], con
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(__float_as_uint(a[0])), "r"(__float_as_uint(a[1])), "r"(__float_as_uint(a[2])),
           "r"(__float_as_uint(a[3])), "r"(__float_as_uint(b[0])), "r"(__float_as_uint(b[1])));
+#endif
+}
+
+// cp.async.cg: 16 bytes from global to shared memory (both 16-byte aligned) without passing through a
+// register, so a thread can issue a whole staging's loads and go on; they land by its next
+// cp_async_wait_all (cp.async.wait_all: every copy the thread issued). sm_80 or later, as above.
+__device__ __forceinline__ void cp_async16(float* smem, const float* gmem) {
+#if __CUDA_ARCH__ < 800
+    asm volatile("trap;");
+#else
+    u32 to;
+    asm("{ .reg .u64 s; cvta.to.shared.u64 s, %1; cvt.u32.u64 %0, s; }" : "=r"(to) : "l"(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(to), "l"(gmem) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void cp_async_wait_all() {
+#if __CUDA_ARCH__ < 800
+    asm volatile("trap;");
+#else
+    asm volatile("cp.async.wait_all;" ::: "memory");
 #endif
 }
 #endif
@@ -580,6 +601,43 @@ __device__ __forceinline__ StageDivs stage_divs(u32 h, u32 w) {
     return StageDivs{d[0], d[1], d[2], d[3], d[4]};
 }
 
+// n / constant where the planes are W × W (a shift or a multiply-high), else by the FastDiv.
+template <int W>
+__device__ __forceinline__ u32 stage_div(u32 n, u32 constant, const FastDiv& f) {
+    return W > 0 ? n / constant : fdiv(n, f);
+}
+
+// The border cells (rows 0 and h + 1, columns 0 and w + 1) of `images` images' `chunk` padded planes
+// in the tile, set to zero (stride, divs, f_chunk as dc_stage's, below).
+template <int W = 0, int THREADS = 256>
+__device__ __forceinline__ void dc_zero_border(
+    float* tile, u32 chunk, u32 stride, u32 images, u32 h, u32 w, const StageDivs& divs, const FastDiv& f_chunk) {
+    if (W > 0) h = W, w = W;
+    u32 wp = w + 2, padded = (h + 2) * wp;
+    u32 border = W > 0 ? 4 * W + 4 : divs.border.d, cells = images * chunk * border;
+    for (u32 l = threadIdx.x; l < cells; l += THREADS) {
+        u32 pc = stage_div<W>(l, border, divs.border), r = l - pc * border, i = fdiv(pc, f_chunk), c = pc - i * chunk;
+        u32 cell = r < wp ? r
+                   : r < 2 * wp ? (h + 1) * wp + (r - wp)
+                                : (1 + (r - 2 * wp) / 2) * wp + ((r - 2 * wp) % 2 ? wp - 1 : 0);
+        tile[(i * stride + c) * padded + cell] = 0.0f;
+    }
+}
+
+// Quad l of a staging: image i of the block's, channel c of the chunk, quad q of the plane at row yy,
+// columns xx .. xx + 3 (quads: a plane's h·w/4, wq: a row's w/4).
+struct StageQuad {
+    u32 i, c, q, yy, xx;
+};
+
+template <int W>
+__device__ __forceinline__ StageQuad stage_quad(
+    u32 l, u32 chunk, u32 quads, u32 wq, const StageDivs& divs, const FastDiv& f_chunk) {
+    u32 pc = stage_div<W>(l, quads, divs.quads), q = l - pc * quads, i = fdiv(pc, f_chunk), c = pc - i * chunk;
+    u32 yy = stage_div<W>(q, wq, divs.wq);
+    return StageQuad{i, c, q, yy, (q - yy * wq) * 4};
+}
+
 // Stage input channels s0 .. s0 + chunk − 1 of images b0 .. b0 + images − 1 (of env e) zero-padded into
 // the block's tile: tile[(i·stride + c)·padded + yy·wp + xx] = x[b0 + i][s0 + c][yy − 1][xx − 1], zero
 // outside the plane (padded = (h + 2)·(w + 2), wp = w + 2). `stride` is the channels an image takes in
@@ -596,11 +654,6 @@ __device__ __forceinline__ StageDivs stage_divs(u32 h, u32 w) {
 //
 // W > 0: the planes are W × W (the square tensor-core kernels), so every divisor but the chunk's is a
 // constant the compiler folds (W·W/4 and W/4 to shifts, the border's 4W + 4 to a multiply-high).
-template <int W>
-__device__ __forceinline__ u32 stage_div(u32 n, u32 constant, const FastDiv& f) {
-    return W > 0 ? n / constant : fdiv(n, f);
-}
-
 template <int W = 0, int THREADS = 256>
 __device__ __forceinline__ void dc_stage(
     float* tile, const float* x, u32 e, u32 batch, u32 c_in, u32 s0, u32 chunk, u32 stride, u32 b0, u32 images,
@@ -608,32 +661,13 @@ __device__ __forceinline__ void dc_stage(
     if (W > 0) h = W, w = W;
     u32 wp = w + 2, padded = (h + 2) * wp, plane = h * w;
     u32 quads = W > 0 ? W * W / 4 : divs.quads.d, wq = W > 0 ? W / 4 : divs.wq.d;
-    if (zero_border) {
-        u32 border = W > 0 ? 4 * W + 4 : divs.border.d, cells = images * chunk * border;
-        for (u32 l = threadIdx.x; l < cells; l += THREADS) {
-            u32 pc = stage_div<W>(l, border, divs.border), r = l - pc * border, i = fdiv(pc, f_chunk), c = pc - i * chunk;
-            u32 cell = r < wp ? r
-                       : r < 2 * wp ? (h + 1) * wp + (r - wp)
-                                    : (1 + (r - 2 * wp) / 2) * wp + ((r - 2 * wp) % 2 ? wp - 1 : 0);
-            tile[(i * stride + c) * padded + cell] = 0.0f;
-        }
-    }
+    if (zero_border) dc_zero_border<W, THREADS>(tile, chunk, stride, images, h, w, divs, f_chunk);
     const float* xb = x + (((u64)e * batch + b0) * c_in + s0) * plane;
     bool vec = bn.mode == BN_LOAD_NONE && (reinterpret_cast<unsigned long long>(xb) & 15) == 0;
     u32 staged = images * chunk * quads;
-    // Quad l (< staged) of the staging: image i of the block's, channel c of the chunk, quad q of the
-    // plane at row yy, columns xx .. xx + 3; where x has it (in the block's images), and its place in the
-    // tile.
-    struct Quad {
-        u32 i, c, q, yy, xx;
-    };
-    auto quad_at = [&](u32 l) {
-        u32 pc = stage_div<W>(l, quads, divs.quads), q = l - pc * quads, i = fdiv(pc, f_chunk), c = pc - i * chunk;
-        u32 yy = stage_div<W>(q, wq, divs.wq);
-        return Quad{i, c, q, yy, (q - yy * wq) * 4};
-    };
-    auto src_of = [&](const Quad& a) { return reinterpret_cast<const float4*>(xb + (a.i * c_in + a.c) * plane + 4 * a.q); };
-    auto dst_of = [&](const Quad& a) { return tile + (a.i * stride + a.c) * padded + (a.yy + 1) * wp + a.xx + 1; };
+    auto quad_at = [&](u32 l) { return stage_quad<W>(l, chunk, quads, wq, divs, f_chunk); };
+    auto src_of = [&](const StageQuad& a) { return reinterpret_cast<const float4*>(xb + (a.i * c_in + a.c) * plane + 4 * a.q); };
+    auto dst_of = [&](const StageQuad& a) { return tile + (a.i * stride + a.c) * padded + (a.yy + 1) * wp + a.xx + 1; };
     auto store = [&](float* dst, const float (&v)[4]) {
 #pragma unroll
         for (int k = 0; k < 4; ++k) dst[k] = tf32 ? tf32_round(v[k]) : v[k];
@@ -651,7 +685,7 @@ __device__ __forceinline__ void dc_stage(
 #pragma unroll
         for (u32 k = 0; k < SQUARE_PER; ++k) {
             u32 l = threadIdx.x + k * THREADS;
-            Quad a = quad_at(min(l, staged - 1));
+            StageQuad a = quad_at(min(l, staged - 1));
             dst[k] = dst_of(a);
             quad[k] = l < staged ? *src_of(a) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
@@ -664,7 +698,7 @@ __device__ __forceinline__ void dc_stage(
     }
 #pragma unroll 2
     for (u32 l = threadIdx.x; l < staged; l += THREADS) {
-        Quad a = quad_at(l);
+        StageQuad a = quad_at(l);
         float v[4];
         if (vec) {
             float4 f = *src_of(a);
@@ -676,6 +710,56 @@ __device__ __forceinline__ void dc_stage(
                                   a.xx + k, h, w);
         }
         store(dst_of(a), v);
+    }
+}
+
+// ---- The square staging in two halves (TC_PREFETCH, the square tensor-core kernels): square_stage_issue
+// copies x's values of a staging (dc_stage's channels and images, x read as it is) into `raw` with
+// cp.async, quad l of the staging at raw[4·l], and returns at once; square_stage_land waits for the
+// thread's copies and stores each of its quads from raw into its padded cell of the tile (rounded to
+// TF32 with `tf32`), as dc_stage would have. A thread lands exactly the quads it issued (the same l =
+// threadIdx.x + k·THREADS) from the part of raw only it writes, so raw needs no barrier at all; the
+// tile does, as with dc_stage: a land must wait for every warp to be done with the tile's previous
+// values. Raw takes TC_RAW floats (1 024 pixels of DC_CHUNK planes) and is 16-byte aligned, as x's
+// quads are where square_stage_reads says so.
+#define TC_RAW (1024 * DC_CHUNK)
+
+// Whether the square staging may copy x as it is: no batch norm on load, and x 16-byte aligned (every
+// quad then is: a W × W plane holds a multiple of 16 floats).
+__device__ __forceinline__ bool square_stage_reads(const float* x, const BnLoad& bn) {
+    return bn.mode == BN_LOAD_NONE && (reinterpret_cast<unsigned long long>(x) & 15) == 0;
+}
+
+template <int W, int THREADS>
+__device__ __forceinline__ void square_stage_issue(
+    float* raw, const float* x, u32 e, u32 batch, u32 c_in, u32 s0, u32 chunk, u32 b0, u32 images,
+    const StageDivs& divs, const FastDiv& f_chunk) {
+    static_assert(W > 0, "the square staging takes W × W planes");
+    constexpr u32 PLANE = W * W, QUADS = PLANE / 4;
+    const float* xb = x + (((u64)e * batch + b0) * c_in + s0) * PLANE;
+    u32 staged = images * chunk * QUADS;
+    for (u32 l = threadIdx.x; l < staged; l += THREADS) {
+        StageQuad a = stage_quad<W>(l, chunk, QUADS, W / 4, divs, f_chunk);
+        cp_async16(raw + 4 * l, xb + (a.i * c_in + a.c) * PLANE + 4 * a.q);
+    }
+}
+
+template <int W, int THREADS>
+__device__ __forceinline__ void square_stage_land(
+    float* tile, const float* raw, u32 chunk, u32 stride, u32 images, const StageDivs& divs, const FastDiv& f_chunk,
+    bool tf32) {
+    static_assert(W > 0, "the square staging takes W × W planes");
+    constexpr u32 QUADS = W * W / 4, WP = W + 2, PADDED = WP * WP;
+    u32 staged = images * chunk * QUADS;
+    cp_async_wait_all();
+    for (u32 l = threadIdx.x; l < staged; l += THREADS) {
+        StageQuad a = stage_quad<W>(l, chunk, QUADS, W / 4, divs, f_chunk);
+        float4 v = *reinterpret_cast<const float4*>(raw + 4 * l);
+        float* dst = tile + (a.i * stride + a.c) * PADDED + (a.yy + 1) * WP + a.xx + 1;
+        dst[0] = tf32 ? tf32_round(v.x) : v.x;
+        dst[1] = tf32 ? tf32_round(v.y) : v.y;
+        dst[2] = tf32 ? tf32_round(v.z) : v.z;
+        dst[3] = tf32 ? tf32_round(v.w) : v.w;
     }
 }
 
@@ -954,12 +1038,35 @@ extern "C" __global__ void __launch_bounds__(1024) conv2d_wgrad_reduce_f32(
 // of 8; the padding rows read as 0).
 #define TC_K ((DC_CHUNK * 9 + 7) / 8 * 8)
 #define TC_PIXELS 1024
+// TC_PREFETCH (1 unless -DTC_PREFETCH_OFF, which `ESPER_CUDA_TC_PREFETCH=0` adds to NVRTC's options to
+// measure it; 0 with LOADS_ONE_AT_A_TIME too): the square tensor-core kernels copy the next chunk's
+// (forward) or image group's (weight gradient) x into shared memory with cp.async while they multiply
+// the current one (square_stage_issue / square_stage_land).
+#if defined(TC_PREFETCH_OFF) || !LOADS_AHEAD
+#define TC_PREFETCH 0
+#else
+#define TC_PREFETCH 1
+#endif
 static_assert(TC_PIXELS == 1024, "dc_stage's square staging holds a thread's quads of 1 024 pixels in registers");
 // A forward block's warps (8 or 16) and each warp's m-tiles of 16 pixels: TC_PIXELS / 16 in all.
 #define TC_TILES_PER_WARP(WARPS) (TC_PIXELS / 16 / (WARPS))
-// Zeroed floats after the staged tile (at DC_TILE) that the W > 0 kernels' padding rows read: a warp's
-// 8 m-tiles span tc_place<W>(127) + 1 ≤ 478 cells (W = 8).
+// Zeroed floats after the staged tile (at tc_tile_floats<W>()) that the W > 0 forwards' padding rows
+// read: a warp's 8 m-tiles span tc_place<W>(127) + 1 ≤ 478 cells (W = 8).
 #define TC_ZERO 512
+// The floats a block's padded planes take in the tile: TC_PIXELS / W² images of DC_CHUNK planes of
+// (W + 2)² for the square kernels (6 400, 5 184 and 4 624 at W = 8, 16, 32), DC_TILE for the general ones.
+template <int W>
+__device__ constexpr u32 tc_tile_floats() {
+    return W > 0 ? TC_PIXELS / (W * W) * DC_CHUNK * (W + 2) * (W + 2) : DC_TILE;
+}
+// A tensor-core block's shared staging: the tile, the forward's TC_ZERO zeros after it, and for the
+// square kernels TC_RAW floats where cp.async lands the next staging (there whether TC_PREFETCH uses
+// them or not, so that switching it off changes nothing else; the forward's epilogue statistics use
+// the whole). The most at W = 8: 11 008 floats, 44 KB.
+template <int W, bool FORWARD>
+__device__ constexpr u32 tc_stage_floats() {
+    return tc_tile_floats<W>() + (FORWARD ? TC_ZERO : 0) + (W > 0 ? TC_RAW : 0);
+}
 
 // The place in the staged tile of pixel p of a block's W × W images (image p / W², row, column; each
 // image DC_CHUNK padded planes of (W + 2)²): a constant expression where p is. For W = 8, 16, 32 and a
@@ -988,17 +1095,17 @@ __device__ __forceinline__ int tc_row_offset(u32 k, u32 valid, u32 padded, u32 w
 // result depends only on the shape;
 // batch_norm_stats_finish_runs_f32 combines the runs in a fixed order. `acc`, `tiles`, `first`, `pixels`,
 // `o0` as conv3x3_tc's; `tile` its shared staging tile, free once every warp is past the K loop.
-template <int NT, int WARPS>
+template <int NT, int WARPS, u32 STAGE>
 __device__ __forceinline__ void tc_block_stats(
     const float (&acc)[TC_TILES_PER_WARP(WARPS)][NT][4], float* tile, u32 tiles, u32 first, u32 pixels, u32 o0,
     u32 c_out, double* stats) {
     constexpr int TILES = TC_TILES_PER_WARP(WARPS);
     constexpr u32 THREADS = WARPS * 32;
     u32 t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane / 4, tg = lane % 4;
-    // THREADS × NT·2 channels × 2 sums, then WARPS × NT·8 channels × 2 sums, then NT·8 shifts (36.1 KB
-    // at NT = 2 and 16 warps, within the tile's 38.0).
-    static_assert(THREADS * NT * 4 * 8 + WARPS * NT * 16 * 8 + NT * 8 * 4 <= (DC_TILE + TC_ZERO) * 4,
-                  "the statistics' sums fit the staging tile");
+    // THREADS × NT·2 channels × 2 sums, then WARPS × NT·8 channels × 2 sums, then NT·8 shifts (36 928
+    // bytes at NT = 2 and 16 warps: all of a W = 32 block's STAGE floats, the staging's shared memory).
+    static_assert(THREADS * NT * 4 * 8 + WARPS * NT * 16 * 8 + NT * 8 * 4 <= STAGE * 4,
+                  "the statistics' sums fit the staging");
     double* sums = reinterpret_cast<double*>(tile);
     double* warp_sums = sums + THREADS * NT * 2 * 2;
     float* shift = reinterpret_cast<float*>(warp_sums + WARPS * NT * 8 * 2);
@@ -1080,13 +1187,15 @@ __device__ __forceinline__ void tc_block_stats(
 // moves each of its lanes' pixels by the same amount for W = 8, 16, 32), so that each A value is one
 // shared load at an immediate offset, where the general kernel (W = 0) adds a per-lane index and scales
 // it per load (two instructions a load, two thirds of the K loop's). A padding row (past `valid`) reads
-// a zeroed stretch of the tile (TC_ZERO floats at DC_TILE) rather than being selected away per value:
-// the same zeros, so the same sums bit for bit.
+// a zeroed stretch of the tile (TC_ZERO floats at tc_tile_floats<W>()) rather than being selected away
+// per value: the same zeros, so the same sums bit for bit.
 template <int NT, int W, int WARPS>
 __device__ __forceinline__ void conv3x3_tc(
     const float* x, const float* weight, float* y, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, int flip,
     BnLoad bn, double* stats) {
-    __shared__ __align__(8) float tile[DC_TILE + TC_ZERO];
+    constexpr u32 TILE = tc_tile_floats<W>(), STAGE = tc_stage_floats<W, true>();
+    __shared__ __align__(16) float tile[STAGE];
+    float* raw = tile + TILE + TC_ZERO;  // W > 0: where cp.async lands the next chunk (TC_PREFETCH)
     // [chunk row k][output channel], TF32; rows of 24 floats for two n-tiles, so that a k-step's four
     // rows (lanes' tg) × eight channels (g) fall in 32 different banks.
     constexpr int WT_STRIDE = NT == 1 ? 8 : 24;
@@ -1123,7 +1232,7 @@ __device__ __forceinline__ void conv3x3_tc(
     // (stale or unwritten: their rows are multiplied and never written, nor summed by tc_block_stats).
     static_assert(W == 0 || W == 8 || W == 16 || W == 32, "tc_place's m-tile offsets hold for W = 8, 16, 32");
     static_assert(W == 0 || tc_place<W>(TILES * 16 - 1) < TC_ZERO, "the zeroed stretch covers a warp");
-    int base = W > 0 ? tc_place<W>(first + g) : 0, zero_row = W > 0 ? DC_TILE - base : 0;
+    int base = W > 0 ? tc_place<W>(first + g) : 0, zero_row = W > 0 ? (int)TILE - base : 0;
 
     float acc[TILES][NT][4];
 #pragma unroll
@@ -1133,39 +1242,68 @@ __device__ __forceinline__ void conv3x3_tc(
 #pragma unroll
             for (int q = 0; q < 4; ++q) acc[mt][nt][q] = 0.0f;
 
+    // The chunk's weights: loaded before the tile is staged and stored after it, so that their loads
+    // wait together with the tile's (the loop below stores each value right after loading it: a wait of
+    // its own). Square kernels of 256 threads only: the 512-thread ones' 64 registers then spill in the
+    // staging (ptxas -v: 104 bytes where the loop leaves 48), and the general n16 one spills 36 bytes
+    // where it spilled 12. With TC_PREFETCH every square kernel loads them a chunk ahead (below).
+    constexpr u32 WT_VALUES = TC_K * NT * 8, WT_PER = (WT_VALUES + THREADS - 1) / THREADS;
+    constexpr bool WT_AHEAD = LOADS_AHEAD && W > 0 && THREADS == 256;
+    // Value l of the weights of the chunk at s0 (valid: its chunk·9 rows): 0 past them and past c_out.
+    auto weight_at = [&](u32 s0, u32 valid, u32 l) {
+        u32 k = l / (NT * 8), n = l % (NT * 8), o = o0 + n, s = s0 + k / 9, tap = k % 9;
+        float v = 0.0f;
+        if (l < WT_VALUES && k < valid && o < c_out)
+            v = flip ? weight[(((u64)e * c_in + s) * c_out + o) * 9 + (8 - tap)]
+                     : weight[(((u64)e * c_out + o) * c_in + s) * 9 + tap];
+        return v;
+    };
+    float wv[WT_PER];
+    // TC_PREFETCH (square kernels, x read as it is): the next chunk's x is copied into raw by cp.async,
+    // and its weights loaded into wv, before this chunk's K loop, and landed in the tile after it, so
+    // that their loads wait behind the block's own multiplies. Staged as it is loaded (dc_stage), each
+    // chunk's loads waited between two barriers with every warp of the block idle, and only the SM's
+    // other blocks (two or three) to fill the wait. The same values in the same cells: the same sums, bit
+    // for bit.
+    bool prefetch = TC_PREFETCH && W > 0 && square_stage_reads(x, bn);
+    auto fetch = [&](u32 s0) {
+        if constexpr (W > 0) {
+            u32 chunk = min((u32)DC_CHUNK, c_in - s0);
+            square_stage_issue<W, THREADS>(raw, x, e, batch, c_in, s0, chunk, b0, images, divs, chunk_div(chunk));
+#pragma unroll
+            for (u32 j = 0; j < WT_PER; ++j) wv[j] = weight_at(s0, chunk * 9, t + j * THREADS);
+        }
+    };
+    if (prefetch) fetch(0);
+    bool wt_loaded = WT_AHEAD || prefetch;  // wv holds the chunk's weights when they are stored
+
     for (u32 s0 = 0; s0 < c_in; s0 += DC_CHUNK) {
         u32 chunk = min((u32)DC_CHUNK, c_in - s0), valid = chunk * 9;
         FastDiv f_chunk = chunk_div(chunk);
         __syncthreads();  // the previous chunk's reads are done
-        // The chunk's weights: loaded before the tile is staged and stored after it, so that their loads
-        // wait together with the tile's (the loop below stores each value right after loading it: a
-        // wait of its own). Square kernels of 256 threads only: the 512-thread ones' 64 registers then
-        // spill in the staging (ptxas -v: 104 bytes where the loop leaves 48), and the general n16 one
-        // spills 36 bytes where it spilled 12.
-        constexpr u32 WT_VALUES = TC_K * NT * 8, WT_PER = (WT_VALUES + THREADS - 1) / THREADS;
-        constexpr bool WT_AHEAD = LOADS_AHEAD && W > 0 && THREADS == 256;
-        auto weight_at = [&](u32 l) {
-            u32 k = l / (NT * 8), n = l % (NT * 8), o = o0 + n, s = s0 + k / 9, tap = k % 9;
-            float v = 0.0f;
-            if (l < WT_VALUES && k < valid && o < c_out)
-                v = flip ? weight[(((u64)e * c_in + s) * c_out + o) * 9 + (8 - tap)]
-                         : weight[(((u64)e * c_out + o) * c_in + s) * 9 + tap];
-            return v;
-        };
-        float wv[WT_PER];
-        if constexpr (WT_AHEAD) {
+        if (prefetch) {
+            if constexpr (W > 0) {
+                if (s0 == 0) dc_zero_border<W, THREADS>(tile, chunk, DC_CHUNK, images, h, w, divs, f_chunk);
+                square_stage_land<W, THREADS>(tile, raw, chunk, DC_CHUNK, images, divs, f_chunk, true);
+            }
+        } else {
+            if constexpr (WT_AHEAD)
 #pragma unroll
-            for (u32 j = 0; j < WT_PER; ++j) wv[j] = weight_at(t + j * THREADS);
+                for (u32 j = 0; j < WT_PER; ++j) wv[j] = weight_at(s0, valid, t + j * THREADS);
+            dc_stage<W, THREADS>(tile, x, e, batch, c_in, s0, chunk, DC_CHUNK, b0, images, h, w, divs, f_chunk, s0 == 0,
+                                 true, bn);
         }
-        dc_stage<W, THREADS>(tile, x, e, batch, c_in, s0, chunk, DC_CHUNK, b0, images, h, w, divs, f_chunk, s0 == 0, true, bn);
         if (W > 0 && s0 == 0)
-            for (u32 l = t; l < TC_ZERO; l += THREADS) tile[DC_TILE + l] = 0.0f;
+            for (u32 l = t; l < TC_ZERO; l += THREADS) tile[TILE + l] = 0.0f;
 #pragma unroll
         for (u32 j = 0; j < WT_PER; ++j) {
             u32 l = t + j * THREADS;
-            if (l < WT_VALUES) wt[l / (NT * 8)][l % (NT * 8)] = tf32_round(WT_AHEAD ? wv[j] : weight_at(l));
+            if (l < WT_VALUES) wt[l / (NT * 8)][l % (NT * 8)] = tf32_round(wt_loaded ? wv[j] : weight_at(s0, valid, l));
         }
         if (t < TC_K) row_offset[t] = tc_row_offset(t, valid, padded, wp);
+        // This thread's part of the chunk is landed and its weights stored (wv free): fetch the next one,
+        // its loads then waiting behind the barrier and the K loop.
+        if (prefetch && s0 + DC_CHUNK < c_in) fetch(s0 + DC_CHUNK);
         __syncthreads();
         // Every warp runs all its m-tiles (a warp whose tiles lie past the block's pixels multiplies what
         // the tile holds there and writes none of it), and a padding row's A values are (W = 0) read at
@@ -1227,7 +1365,7 @@ __device__ __forceinline__ void conv3x3_tc(
                 }
         }
     }
-    if (stats) tc_block_stats<NT, WARPS>(acc, tile, tiles, first, pixels, o0, c_out, stats);
+    if (stats) tc_block_stats<NT, WARPS, STAGE>(acc, tile, tiles, first, pixels, o0, c_out, stats);
 }
 
 // The weight gradient on the tensor cores: per env dWᵀ (K × c_out) = Σ over pixels of A (K × pixels) ·
@@ -1277,7 +1415,9 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
     const float* x, const float* dy, float* partial, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, u32 runs,
     u32 groups_per_run, BnLoad bn) {
     BnLoad none = bn_load(nullptr, nullptr, nullptr, nullptr, BN_LOAD_NONE);
-    __shared__ float tile[DC_TILE];
+    constexpr u32 TILE = tc_tile_floats<W>();
+    __shared__ __align__(16) float tile[tc_stage_floats<W, false>()];
+    float* raw = tile + TILE;  // W > 0: where cp.async lands the next image group (TC_PREFETCH)
     u32 t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane / 4, tg = lane % 4;
     u32 e = blockIdx.z, run = blockIdx.x;
     u32 o_groups = (c_out + NT * 8 - 1) / (NT * 8);
@@ -1352,11 +1492,30 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
         }
     }
 
+    // TC_PREFETCH (W > 0, x read as it is): image group gi + 1's x is copied into raw by cp.async before
+    // group gi's k-steps and landed in the tile after them, as the forward's chunks are (conv3x3_tc), so
+    // that its loads wait behind the block's own multiplies rather than between two barriers. The same
+    // cells: the same sums, bit for bit.
+    bool prefetch = TC_PREFETCH && W > 0 && square_stage_reads(x, none);
+    auto images_of = [&](u32 gi) { return min(per_block, batch - gi * per_block); };
+    auto fetch = [&](u32 gi) {
+        if constexpr (W > 0)
+            square_stage_issue<W, 256>(raw, x, e, batch, c_in, s0, chunk, gi * per_block, images_of(gi), divs, f_chunk);
+    };
+    if (prefetch && first < last) fetch(first);
     for (u32 gi = first; gi < last; ++gi) {
-        u32 b0 = gi * per_block, images = min(per_block, batch - b0), pixels = images * plane;
+        u32 b0 = gi * per_block, images = images_of(gi), pixels = images * plane;
         __syncthreads();  // the previous group's reads are done
-        dc_stage<W>(tile, x, e, batch, c_in, s0, chunk, DC_CHUNK, b0, images, h, w, divs, f_chunk, gi == first, true,
-                 none);
+        if (prefetch) {
+            if constexpr (W > 0) {
+                if (gi == first) dc_zero_border<W>(tile, chunk, DC_CHUNK, images, h, w, divs, f_chunk);
+                square_stage_land<W, 256>(tile, raw, chunk, DC_CHUNK, images, divs, f_chunk, true);
+            }
+        } else {
+            dc_stage<W>(tile, x, e, batch, c_in, s0, chunk, DC_CHUNK, b0, images, h, w, divs, f_chunk, gi == first, true,
+                        none);
+        }
+        if (prefetch && gi + 1 < last) fetch(gi + 1);  // this thread's part of raw is landed: reuse it
         __syncthreads();
         if constexpr (W > 0) {
             u64 group_at = (u64)b0 * c_out * PLANE, image_stride = (u64)c_out * PLANE;
@@ -1468,6 +1627,7 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
     // The warps' sums in warp order: warp v's value for (row j, channel n) at
     // tile[(v·16·TC_WG_TILES + j)·NT·8 + n].
     constexpr u32 ROWS = 16 * TC_WG_TILES, COLS = NT * 8;
+    static_assert(8 * ROWS * COLS <= tc_stage_floats<W, false>(), "the warps' sums fit the staging");
     __syncthreads();
 #pragma unroll
     for (int mt = 0; mt < TC_WG_TILES; ++mt)
@@ -1498,8 +1658,10 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
 // weight gradient and the w32 one keep two (spills in the staging). With the weight gradients' loads
 // batched (TC_WG_BATCH 4) the counts hold: ptxas issues the n16 w8's eight loads of a batch ahead of its
 // multiplies at 64 registers for the first batch and four ahead for the others, and the n8 w8 spills 20
-// bytes in its set-up and its step-by-step tail, not in a full batch. Shared memory allows it (40 KB a
-// forward block, 37 KB a weight gradient's). TC_MIN_BLOCKS (`ESPER_CUDA_TC_MIN_BLOCKS=N` adds it to
+// bytes in its set-up and its step-by-step tail, not in a full batch. Shared memory allows it: with
+// TC_PREFETCH's 16 KB a square forward block takes 38–47 KB (W = 8, n16, the most), a square weight
+// gradient's 35–42 KB, so an SM's 228 KB holds three n8 forwards (137 KB) or four weight gradients
+// (168 KB). TC_MIN_BLOCKS (`ESPER_CUDA_TC_MIN_BLOCKS=N` adds it to
 // NVRTC's options) gives every kernel N (the 512-thread forwards at most 4: TC_FIT), to measure the
 // two; N = 2 is what they all had.
 //

@@ -180,6 +180,62 @@ fn the_square_weight_gradients_issue_a_batch_of_loads_before_its_multiplies() {
     assert!(conv_with(Some(3)).is_err(), "a batch of 3 compiled");
 }
 
+/// The `cp.async` copies kernel `name` of `ptx` issues after it waits for its earlier ones
+/// (`cp.async.wait_all`: a staging landed) and before its next `mma.sync`: the most in one such stretch
+/// (the next staging copied while the block goes on to multiply this one), and in all.
+fn copies_before_multiplies(ptx: &str, name: &str) -> (usize, usize) {
+    let body = kernel_body(ptx, name);
+    let (mut run, mut most, mut all) = (0, 0, 0);
+    let mut landed = false;
+    for line in body.lines().map(str::trim) {
+        if line.starts_with("cp.async.wait_all") {
+            landed = true;
+            run = 0;
+        } else if line.starts_with("cp.async.cg.shared.global") {
+            all += 1;
+            if landed {
+                run += 1;
+            }
+        } else if line.starts_with("mma.sync") && landed {
+            most = most.max(run);
+            landed = false;
+        }
+    }
+    (most, all)
+}
+
+#[test]
+fn the_square_tensor_core_kernels_copy_the_next_staging_while_they_multiply() {
+    let ptx = |tc_prefetch| {
+        ptx_with("conv.cu", KernelSwitches { tc_prefetch, ..KernelSwitches::OWN }).expect("conv.cu compiles")
+    };
+    let (on, off) = (ptx(true), ptx(false));
+    let square: Vec<String> = entries(&on)
+        .into_iter()
+        .filter(|name| {
+            name.contains("_tc_")
+                && (name.contains("_w8_") || name.contains("_w16_") || name.contains("_w32_"))
+        })
+        .collect();
+    assert_eq!(
+        square.len(),
+        18,
+        "6 square forwards, 6 square weight gradients and their 6 _bnpool twins: {square:?}"
+    );
+    for name in &square {
+        // TC_PREFETCH: after landing a staging (waiting for its copies) a thread issues the next one's
+        // copies (a loop: at least one cp.async in the PTX) before it multiplies the landed one.
+        let (ahead, all) = copies_before_multiplies(&on, name);
+        assert!(ahead >= 1, "{name}: no copy between a landing and the multiplies ({all} in all)");
+        // ESPER_CUDA_TC_PREFETCH=0: staged between two barriers as before, no copy at all.
+        assert_eq!(copies_before_multiplies(&off, name), (0, 0), "{name}");
+    }
+    // The general kernels (any plane) stage as they load, either way.
+    for name in ["conv3x3_tc_n8_tf32", "conv3x3_wgrad_tc_n16_tf32"] {
+        assert_eq!(copies_before_multiplies(&on, name), (0, 0), "{name}");
+    }
+}
+
 /// The most global loads kernel `name` issues before a global store, since the previous store (or the
 /// body's start), in the PTX's order: how many loads a thread of an element-wise pass can have in flight
 /// before it must wait (a store holds the loads written after it: the compiler cannot tell the output
@@ -259,9 +315,16 @@ fn the_element_wise_passes_issue_their_loads_before_their_stores() {
 fn every_kernel_file_compiles_with_every_switch_set_back() {
     // The switches that restore the kernels as they were measured last (docs/gpu.md): each one's other
     // side of the preprocessor must compile too, or an A/B on the device would fail where it starts.
-    let before = KernelSwitches { min_blocks: Some(2), n16_warps: 8, wg_batch: Some(1), loads_ahead: false };
+    let before = KernelSwitches {
+        min_blocks: Some(2),
+        n16_warps: 8,
+        wg_batch: Some(1),
+        loads_ahead: false,
+        tc_prefetch: false,
+    };
     let options = compile_options_with(DEFAULT_ARCH, before).options;
     assert!(options.iter().any(|o| o == "-DLOADS_ONE_AT_A_TIME"), "{options:?}");
+    assert!(options.iter().any(|o| o == "-DTC_PREFETCH_OFF"), "{options:?}");
     for file in KERNEL_FILES {
         let ptx = ptx_with(file.name, before).unwrap_or_else(|e| panic!("{}: {e:?}", file.name));
         assert_defines_its_kernels(file, &ptx);

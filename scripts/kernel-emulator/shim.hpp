@@ -32,7 +32,7 @@ inline pthread_barrier_t segment_barriers[128];
 inline float shuffled[1024];
 inline double shuffled_double[1024];
 
-// conv.cu takes tf32_round and mma_tf32 from here instead of its inline PTX.
+// conv.cu takes tf32_round, mma_tf32 and the cp.async pair from here instead of its inline PTX.
 #define ESPER_KERNEL_EMULATOR 1
 
 #define __global__
@@ -148,6 +148,28 @@ inline void mma_tf32(float (&d)[4], const float (&a)[4], const float (&b)[2]) {
     }
 }
 
+// cp.async (16 bytes, global to shared) lands at some time between its issue and the issuing thread's
+// cp_async_wait_all. Here it lands at the latest, in the wait (queued per thread): a kernel that reads
+// what it copied before waiting reads the old bytes, and fails its check. Built with -DCP_ASYNC_AT_ISSUE
+// (EMULATOR_DEFINES) it lands at once, the other end: a copy issued before other threads are done with
+// what it overwrites then corrupts their reads. A thread that ends with copies not waited for aborts.
+struct PendingCopy {
+    float* to;
+    const float* from;
+};
+inline thread_local std::vector<PendingCopy> pending_copies;
+inline void cp_async16(float* smem, const float* gmem) {
+#ifdef CP_ASYNC_AT_ISSUE
+    std::memcpy(smem, gmem, 16);
+#else
+    pending_copies.push_back({smem, gmem});
+#endif
+}
+inline void cp_async_wait_all() {
+    for (const PendingCopy& c : pending_copies) std::memcpy(c.to, c.from, 16);
+    pending_copies.clear();
+}
+
 // Runs `body()` as every thread of every block of the grid, a block at a time.
 template <typename Body>
 void launch(dim3 grid, dim3 block, Body body) {
@@ -167,6 +189,11 @@ void launch(dim3 grid, dim3 block, Body body) {
                     pool.emplace_back([&, t] {
                         threadIdx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
                         body();
+                        if (!pending_copies.empty()) {
+                            std::fprintf(stderr, "kernel emulator: a thread ended with %zu cp.async copies not waited for\n",
+                                         pending_copies.size());
+                            std::abort();
+                        }
                     });
                 for (auto& th : pool) th.join();
                 pthread_barrier_destroy(&block_barrier);

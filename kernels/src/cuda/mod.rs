@@ -79,12 +79,22 @@ pub struct KernelSwitches {
     /// per case, the pooled one with the routed gradient as selects rather than branches (2026-11-28,
     /// the same values either way).
     pub loads_ahead: bool,
+    /// `ESPER_CUDA_TC_PREFETCH=0` (`-DTC_PREFETCH_OFF`): the square tensor-core kernels stage each
+    /// chunk (forward) or image group (weight gradient) between two barriers, as they did, instead of
+    /// copying the next one into shared memory with cp.async while they multiply the current one
+    /// (conv.cu, `TC_PREFETCH`; also off with `loads_ahead` off). The same values either way.
+    pub tc_prefetch: bool,
 }
 
 impl KernelSwitches {
     /// Every kernel's own choice: no define.
-    pub const OWN: KernelSwitches =
-        KernelSwitches { min_blocks: None, n16_warps: 16, wg_batch: None, loads_ahead: true };
+    pub const OWN: KernelSwitches = KernelSwitches {
+        min_blocks: None,
+        n16_warps: 16,
+        wg_batch: None,
+        loads_ahead: true,
+        tc_prefetch: true,
+    };
 
     /// The switches as the environment sets them (a warning on a value out of range, which leaves the
     /// kernels' own choice).
@@ -94,6 +104,7 @@ impl KernelSwitches {
             n16_warps: tc_n16_warps(),
             wg_batch: tc_wg_batch(),
             loads_ahead: loads_ahead(),
+            tc_prefetch: tc_prefetch(),
         }
     }
 }
@@ -117,6 +128,9 @@ pub fn compile_options_with(arch: &'static str, tc: KernelSwitches) -> CompileOp
     }
     if !tc.loads_ahead {
         options.push("-DLOADS_ONE_AT_A_TIME".to_string());
+    }
+    if !tc.tc_prefetch {
+        options.push("-DTC_PREFETCH_OFF".to_string());
     }
     CompileOptions { fmad: Some(false), arch: Some(arch), options, ..Default::default() }
 }
@@ -161,17 +175,28 @@ fn tc_wg_batch() -> Option<u32> {
     *BATCH
 }
 
-/// `ESPER_CUDA_LOADS_AHEAD`: false where it is `0`, true otherwise (`1` or unset; anything else warns).
+/// An on/off switch `name`: false where it is `0`, true otherwise (`1` or unset; anything else warns).
+fn on_unless_zero(name: &str) -> bool {
+    let parse = |text: &str| match text {
+        "0" => Some(false),
+        "1" => Some(true),
+        _ => None,
+    };
+    switch_from_env(name, parse, "0 or 1").unwrap_or(true)
+}
+
+/// `ESPER_CUDA_LOADS_AHEAD`: off where it is `0`.
 fn loads_ahead() -> bool {
-    static AHEAD: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
-        let parse = |text: &str| match text {
-            "0" => Some(false),
-            "1" => Some(true),
-            _ => None,
-        };
-        switch_from_env("ESPER_CUDA_LOADS_AHEAD", parse, "0 or 1").unwrap_or(true)
-    });
+    static AHEAD: std::sync::LazyLock<bool> =
+        std::sync::LazyLock::new(|| on_unless_zero("ESPER_CUDA_LOADS_AHEAD"));
     *AHEAD
+}
+
+/// `ESPER_CUDA_TC_PREFETCH`: off where it is `0`.
+fn tc_prefetch() -> bool {
+    static PREFETCH: std::sync::LazyLock<bool> =
+        std::sync::LazyLock::new(|| on_unless_zero("ESPER_CUDA_TC_PREFETCH"));
+    *PREFETCH
 }
 
 /// A batch of k-steps divides an image group's 16 (conv.cu's static_assert says the same).
