@@ -48,8 +48,12 @@ printf "%-13s %-46s %5s %9s %13s %6s %12s\n" file kernel regs reg-warps "spill s
 for file in "${files[@]}"; do
     name=${file##*/}
     cat kernels/cuda/common.cuh "kernels/cuda/$name" >"$work/unit.cu"
-    "$nvcc" -cubin -arch=sm_90 --fmad=false -std=c++17 "${defines[@]}" -Xptxas -v "$work/unit.cu" \
-        -o "$work/unit.cubin" 2>"$work/ptxas.txt"
+    if ! "$nvcc" -cubin -arch=sm_90 --fmad=false -std=c++17 "${defines[@]}" -Xptxas -v "$work/unit.cu" \
+        -o "$work/unit.cubin" 2>"$work/ptxas.txt"; then
+        grep -v '^ptxas info' "$work/ptxas.txt" >&2
+        echo "sass-audit: $name does not compile (the lines above)" >&2
+        exit 1
+    fi
     "$cuobjdump" -sass "$work/unit.cubin" >"$work/unit.sass"
     # ld-after-st per kernel, from the SASS.
     awk '/Function :/ { if (k != "") print k, n; k = $3; n = 0; last = "" }
