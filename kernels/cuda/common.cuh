@@ -46,6 +46,41 @@ typedef unsigned long long u64;
 #define PASS_BOUNDS __launch_bounds__(1024)
 #endif
 
+// CP_ASYNC (1 unless -DCP_ASYNC_OFF, which `ESPER_CUDA_CP_ASYNC=0` adds to NVRTC's options to measure
+// it; 0 with LOADS_ONE_AT_A_TIME too): kernels that stage global memory in shared memory copy it with
+// cp.async (16 bytes a copy, no register held, every copy of a thread in flight at once) — the square
+// tensor-core kernels' next chunk or image group while they multiply the current one (conv.cu,
+// TC_PREFETCH), the staged group norms' groups (seeds.cu) — instead of loading into registers and
+// storing, a few loads a thread in flight at a time. The same values in the same places either way.
+#if defined(CP_ASYNC_OFF) || !LOADS_AHEAD
+#define CP_ASYNC 0
+#else
+#define CP_ASYNC 1
+#endif
+#ifndef ESPER_KERNEL_EMULATOR  // the kernel emulator brings its own
+// cp.async.cg: 16 bytes from global to shared memory (both 16-byte aligned) without passing through a
+// register, so a thread can issue a whole staging's loads and go on; they land by its next
+// cp_async_wait_all (cp.async.wait_all: every copy the thread issued). sm_80 or later: below that (no
+// build compiles for it) they trap.
+__device__ __forceinline__ void cp_async16(float* smem, const float* gmem) {
+#if __CUDA_ARCH__ < 800
+    asm volatile("trap;");
+#else
+    u32 to;
+    asm("{ .reg .u64 s; cvta.to.shared.u64 s, %1; cvt.u32.u64 %0, s; }" : "=r"(to) : "l"(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(to), "l"(gmem) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void cp_async_wait_all() {
+#if __CUDA_ARCH__ < 800
+    asm volatile("trap;");
+#else
+    asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+#endif
+
 __device__ double block_sum(double v, double* lanes) {
     lanes[threadIdx.x] = v;
     __syncthreads();

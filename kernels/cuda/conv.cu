@@ -488,7 +488,7 @@ IG_KERNEL(32)
 #define DC_TILE 9216
 
 // ---- TF32 on the tensor cores (`--precision tf32`; the kernel emulator brings its own versions of these
-// two and of the cp.async pair after them). tf32_round: x rounded to TF32 (10 mantissa bits; to nearest,
+// two). tf32_round: x rounded to TF32 (10 mantissa bits; to nearest,
 // ties away from zero: `cvt.rna`), kept in an f32 whose low 13 bits are zero. CPU twin: ops::precision::round_to_tf32.
 // Both need sm_80 or later; below that (no build compiles for it today) they trap rather than make the
 // module fail to load, which would take the file's f32 kernels down with them.
@@ -518,27 +518,6 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const float (&a)[4], con
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(__float_as_uint(a[0])), "r"(__float_as_uint(a[1])), "r"(__float_as_uint(a[2])),
           "r"(__float_as_uint(a[3])), "r"(__float_as_uint(b[0])), "r"(__float_as_uint(b[1])));
-#endif
-}
-
-// cp.async.cg: 16 bytes from global to shared memory (both 16-byte aligned) without passing through a
-// register, so a thread can issue a whole staging's loads and go on; they land by its next
-// cp_async_wait_all (cp.async.wait_all: every copy the thread issued). sm_80 or later, as above.
-__device__ __forceinline__ void cp_async16(float* smem, const float* gmem) {
-#if __CUDA_ARCH__ < 800
-    asm volatile("trap;");
-#else
-    u32 to;
-    asm("{ .reg .u64 s; cvta.to.shared.u64 s, %1; cvt.u32.u64 %0, s; }" : "=r"(to) : "l"(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(to), "l"(gmem) : "memory");
-#endif
-}
-
-__device__ __forceinline__ void cp_async_wait_all() {
-#if __CUDA_ARCH__ < 800
-    asm volatile("trap;");
-#else
-    asm volatile("cp.async.wait_all;" ::: "memory");
 #endif
 }
 #endif
@@ -1038,15 +1017,10 @@ extern "C" __global__ void __launch_bounds__(1024) conv2d_wgrad_reduce_f32(
 // of 8; the padding rows read as 0).
 #define TC_K ((DC_CHUNK * 9 + 7) / 8 * 8)
 #define TC_PIXELS 1024
-// TC_PREFETCH (1 unless -DTC_PREFETCH_OFF, which `ESPER_CUDA_TC_PREFETCH=0` adds to NVRTC's options to
-// measure it; 0 with LOADS_ONE_AT_A_TIME too): the square tensor-core kernels copy the next chunk's
-// (forward) or image group's (weight gradient) x into shared memory with cp.async while they multiply
-// the current one (square_stage_issue / square_stage_land).
-#if defined(TC_PREFETCH_OFF) || !LOADS_AHEAD
-#define TC_PREFETCH 0
-#else
-#define TC_PREFETCH 1
-#endif
+// TC_PREFETCH (CP_ASYNC, common.cuh): the square tensor-core kernels copy the next chunk's (forward) or
+// image group's (weight gradient) x into shared memory with cp.async while they multiply the current one
+// (square_stage_issue / square_stage_land).
+#define TC_PREFETCH CP_ASYNC
 static_assert(TC_PIXELS == 1024, "dc_stage's square staging holds a thread's quads of 1 024 pixels in registers");
 // A forward block's warps (8 or 16) and each warp's m-tiles of 16 pixels: TC_PIXELS / 16 in all.
 #define TC_TILES_PER_WARP(WARPS) (TC_PIXELS / 16 / (WARPS))

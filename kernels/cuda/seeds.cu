@@ -157,16 +157,26 @@ extern "C" __global__ void __launch_bounds__(GN_STAGED_PAIRS * 8) group_norm_for
     const float* xb = x + t0 * group_len;
     u32 quads = group_len / 4, total = block_pairs * quads;
     bool vec = (reinterpret_cast<unsigned long long>(xb) & 15) == 0;
-    // Eight loads in flight a thread (the block's 64 threads alone would leave the SM's memory pipe idle).
+    // CP_ASYNC: every quad of the thread's (32 at 8 pairs of 1 024 values) copied with cp.async, all in
+    // flight at once. Else eight loads in flight a thread (the block's 64 threads alone would leave the
+    // SM's memory pipe idle), four such waits for the block's 2 048 quads.
+    if (CP_ASYNC && vec) {
+        for (u32 l = threadIdx.x; l < total; l += blockDim.x) {
+            u32 p = l / quads, q = l - p * quads;
+            cp_async16(staged + p * STRIDE + 4 * q, xb + 4 * (u64)l);
+        }
+        cp_async_wait_all();
+    } else {
 #pragma unroll 8
-    for (u32 l = threadIdx.x; l < total; l += blockDim.x) {
-        u32 p = l / quads, q = l - p * quads;
-        float* dst = staged + p * STRIDE + 4 * q;
-        if (vec) {
-            *reinterpret_cast<float4*>(dst) = reinterpret_cast<const float4*>(xb)[l];
-        } else {
+        for (u32 l = threadIdx.x; l < total; l += blockDim.x) {
+            u32 p = l / quads, q = l - p * quads;
+            float* dst = staged + p * STRIDE + 4 * q;
+            if (vec) {
+                *reinterpret_cast<float4*>(dst) = reinterpret_cast<const float4*>(xb)[l];
+            } else {
 #pragma unroll
-            for (int k = 0; k < 4; ++k) dst[k] = xb[4 * (u64)l + k];
+                for (int k = 0; k < 4; ++k) dst[k] = xb[4 * (u64)l + k];
+            }
         }
     }
     __syncthreads();
@@ -341,17 +351,28 @@ extern "C" __global__ void __launch_bounds__(GN_STAGED_BACK_PAIRS * 8) group_nor
     const float* xb = x + t0 * group_len;
     u32 quads = group_len / 4, total = block_pairs * quads;
     bool vec = ((reinterpret_cast<unsigned long long>(dyb) | reinterpret_cast<unsigned long long>(xb)) & 15) == 0;
+    // CP_ASYNC: the thread's quads of both (2 × 32 at 4 pairs of 1 024 values, 32 threads) all in flight
+    // at once, as the forward's; else eight of each a thread at a time.
+    if (CP_ASYNC && vec) {
+        for (u32 l = threadIdx.x; l < total; l += blockDim.x) {
+            u32 p = l / quads, q = l - p * quads;
+            cp_async16(staged_dy + p * STRIDE + 4 * q, dyb + 4 * (u64)l);
+            cp_async16(staged_x + p * STRIDE + 4 * q, xb + 4 * (u64)l);
+        }
+        cp_async_wait_all();
+    } else {
 #pragma unroll 8
-    for (u32 l = threadIdx.x; l < total; l += blockDim.x) {
-        u32 p = l / quads, q = l - p * quads;
-        float* to_dy = staged_dy + p * STRIDE + 4 * q;
-        float* to_x = staged_x + p * STRIDE + 4 * q;
-        if (vec) {
-            *reinterpret_cast<float4*>(to_dy) = reinterpret_cast<const float4*>(dyb)[l];
-            *reinterpret_cast<float4*>(to_x) = reinterpret_cast<const float4*>(xb)[l];
-        } else {
+        for (u32 l = threadIdx.x; l < total; l += blockDim.x) {
+            u32 p = l / quads, q = l - p * quads;
+            float* to_dy = staged_dy + p * STRIDE + 4 * q;
+            float* to_x = staged_x + p * STRIDE + 4 * q;
+            if (vec) {
+                *reinterpret_cast<float4*>(to_dy) = reinterpret_cast<const float4*>(dyb)[l];
+                *reinterpret_cast<float4*>(to_x) = reinterpret_cast<const float4*>(xb)[l];
+            } else {
 #pragma unroll
-            for (int k = 0; k < 4; ++k) to_dy[k] = dyb[4 * (u64)l + k], to_x[k] = xb[4 * (u64)l + k];
+                for (int k = 0; k < 4; ++k) to_dy[k] = dyb[4 * (u64)l + k], to_x[k] = xb[4 * (u64)l + k];
+            }
         }
     }
     __syncthreads();

@@ -206,8 +206,8 @@ fn copies_before_multiplies(ptx: &str, name: &str) -> (usize, usize) {
 
 #[test]
 fn the_square_tensor_core_kernels_copy_the_next_staging_while_they_multiply() {
-    let ptx = |tc_prefetch| {
-        ptx_with("conv.cu", KernelSwitches { tc_prefetch, ..KernelSwitches::OWN }).expect("conv.cu compiles")
+    let ptx = |cp_async| {
+        ptx_with("conv.cu", KernelSwitches { cp_async, ..KernelSwitches::OWN }).expect("conv.cu compiles")
     };
     let (on, off) = (ptx(true), ptx(false));
     let square: Vec<String> = entries(&on)
@@ -227,12 +227,32 @@ fn the_square_tensor_core_kernels_copy_the_next_staging_while_they_multiply() {
         // copies (a loop: at least one cp.async in the PTX) before it multiplies the landed one.
         let (ahead, all) = copies_before_multiplies(&on, name);
         assert!(ahead >= 1, "{name}: no copy between a landing and the multiplies ({all} in all)");
-        // ESPER_CUDA_TC_PREFETCH=0: staged between two barriers as before, no copy at all.
+        // ESPER_CUDA_CP_ASYNC=0: staged between two barriers as before, no copy at all.
         assert_eq!(copies_before_multiplies(&off, name), (0, 0), "{name}");
     }
     // The general kernels (any plane) stage as they load, either way.
     for name in ["conv3x3_tc_n8_tf32", "conv3x3_wgrad_tc_n16_tf32"] {
         assert_eq!(copies_before_multiplies(&on, name), (0, 0), "{name}");
+    }
+}
+
+#[test]
+fn the_staged_group_norms_copy_their_groups_with_cp_async() {
+    let ptx = |cp_async| {
+        ptx_with("seeds.cu", KernelSwitches { cp_async, ..KernelSwitches::OWN }).expect("seeds.cu compiles")
+    };
+    let (on, off) = (ptx(true), ptx(false));
+    // (kernel, tensors it stages: x; dy and x)
+    for (name, tensors) in [("group_norm_forward_staged_f32", 1), ("group_norm_backward_input_staged_f32", 2)]
+    {
+        let count = |ptx: &str, what: &str| {
+            kernel_body(ptx, name).lines().filter(|l| l.trim().starts_with(what)).count()
+        };
+        // A copy per tensor in the copy loop, waited for once before the barrier.
+        assert_eq!(count(&on, "cp.async.cg.shared.global"), tensors, "{name}");
+        assert_eq!(count(&on, "cp.async.wait_all"), 1, "{name}");
+        // ESPER_CUDA_CP_ASYNC=0: through registers, as before.
+        assert_eq!(count(&off, "cp.async"), 0, "{name}");
     }
 }
 
@@ -320,11 +340,11 @@ fn every_kernel_file_compiles_with_every_switch_set_back() {
         n16_warps: 8,
         wg_batch: Some(1),
         loads_ahead: false,
-        tc_prefetch: false,
+        cp_async: false,
     };
     let options = compile_options_with(DEFAULT_ARCH, before).options;
     assert!(options.iter().any(|o| o == "-DLOADS_ONE_AT_A_TIME"), "{options:?}");
-    assert!(options.iter().any(|o| o == "-DTC_PREFETCH_OFF"), "{options:?}");
+    assert!(options.iter().any(|o| o == "-DCP_ASYNC_OFF"), "{options:?}");
     for file in KERNEL_FILES {
         let ptx = ptx_with(file.name, before).unwrap_or_else(|e| panic!("{}: {e:?}", file.name));
         assert_defines_its_kernels(file, &ptx);

@@ -79,22 +79,18 @@ pub struct KernelSwitches {
     /// per case, the pooled one with the routed gradient as selects rather than branches (2026-11-28,
     /// the same values either way).
     pub loads_ahead: bool,
-    /// `ESPER_CUDA_TC_PREFETCH=0` (`-DTC_PREFETCH_OFF`): the square tensor-core kernels stage each
-    /// chunk (forward) or image group (weight gradient) between two barriers, as they did, instead of
-    /// copying the next one into shared memory with cp.async while they multiply the current one
-    /// (conv.cu, `TC_PREFETCH`; also off with `loads_ahead` off). The same values either way.
-    pub tc_prefetch: bool,
+    /// `ESPER_CUDA_CP_ASYNC=0` (`-DCP_ASYNC_OFF`): no `cp.async` (common.cuh, `CP_ASYNC`; also off
+    /// with `loads_ahead` off). The square tensor-core kernels stage each chunk (forward) or image
+    /// group (weight gradient) between two barriers, as they did, instead of copying the next one
+    /// into shared memory while they multiply the current one; the staged group norms copy their
+    /// groups through registers, eight loads a thread at a time. The same values either way.
+    pub cp_async: bool,
 }
 
 impl KernelSwitches {
     /// Every kernel's own choice: no define.
-    pub const OWN: KernelSwitches = KernelSwitches {
-        min_blocks: None,
-        n16_warps: 16,
-        wg_batch: None,
-        loads_ahead: true,
-        tc_prefetch: true,
-    };
+    pub const OWN: KernelSwitches =
+        KernelSwitches { min_blocks: None, n16_warps: 16, wg_batch: None, loads_ahead: true, cp_async: true };
 
     /// The switches as the environment sets them (a warning on a value out of range, which leaves the
     /// kernels' own choice).
@@ -104,7 +100,7 @@ impl KernelSwitches {
             n16_warps: tc_n16_warps(),
             wg_batch: tc_wg_batch(),
             loads_ahead: loads_ahead(),
-            tc_prefetch: tc_prefetch(),
+            cp_async: cp_async(),
         }
     }
 }
@@ -129,8 +125,8 @@ pub fn compile_options_with(arch: &'static str, tc: KernelSwitches) -> CompileOp
     if !tc.loads_ahead {
         options.push("-DLOADS_ONE_AT_A_TIME".to_string());
     }
-    if !tc.tc_prefetch {
-        options.push("-DTC_PREFETCH_OFF".to_string());
+    if !tc.cp_async {
+        options.push("-DCP_ASYNC_OFF".to_string());
     }
     CompileOptions { fmad: Some(false), arch: Some(arch), options, ..Default::default() }
 }
@@ -192,11 +188,11 @@ fn loads_ahead() -> bool {
     *AHEAD
 }
 
-/// `ESPER_CUDA_TC_PREFETCH`: off where it is `0`.
-fn tc_prefetch() -> bool {
-    static PREFETCH: std::sync::LazyLock<bool> =
-        std::sync::LazyLock::new(|| on_unless_zero("ESPER_CUDA_TC_PREFETCH"));
-    *PREFETCH
+/// `ESPER_CUDA_CP_ASYNC`: off where it is `0`.
+fn cp_async() -> bool {
+    static CP_ASYNC: std::sync::LazyLock<bool> =
+        std::sync::LazyLock::new(|| on_unless_zero("ESPER_CUDA_CP_ASYNC"));
+    *CP_ASYNC
 }
 
 /// A batch of k-steps divides an image group's 16 (conv.cu's static_assert says the same).
