@@ -488,8 +488,8 @@ IG_KERNEL(32)
 #define DC_TILE 9216
 
 // ---- TF32 on the tensor cores (`--precision tf32`; the kernel emulator brings its own versions of these
-// two). tf32_round: x rounded to TF32 (10 mantissa bits; to nearest,
-// ties away from zero: `cvt.rna`), kept in an f32 whose low 13 bits are zero. CPU twin: ops::precision::round_to_tf32.
+// two). tf32_round: x rounded to TF32 (10 mantissa bits; to nearest, ties away from zero: `cvt.rna`),
+// kept in an f32 whose low 13 bits are zero. CPU twin: ops::precision::round_to_tf32.
 // Both need sm_80 or later; below that (no build compiles for it today) they trap rather than make the
 // module fail to load, which would take the file's f32 kernels down with them.
 #ifndef ESPER_KERNEL_EMULATOR
@@ -1068,7 +1068,8 @@ __device__ __forceinline__ int tc_row_offset(u32 k, u32 valid, u32 padded, u32 w
 // are added through shared memory, each warp's row groups in order and then the warps in order, so a
 // result depends only on the shape;
 // batch_norm_stats_finish_runs_f32 combines the runs in a fixed order. `acc`, `tiles`, `first`, `pixels`,
-// `o0` as conv3x3_tc's; `tile` its shared staging tile, free once every warp is past the K loop.
+// `o0` as conv3x3_tc's; `tile` its shared staging (the whole array), free once every warp is past the K
+// loop: the last chunk issues no cp.async, so none is pending then.
 template <int NT, int WARPS, u32 STAGE>
 __device__ __forceinline__ void tc_block_stats(
     const float (&acc)[TC_TILES_PER_WARP(WARPS)][NT][4], float* tile, u32 tiles, u32 first, u32 pixels, u32 o0,
@@ -1170,6 +1171,7 @@ __device__ __forceinline__ void conv3x3_tc(
     constexpr u32 TILE = tc_tile_floats<W>(), STAGE = tc_stage_floats<W, true>();
     __shared__ __align__(16) float tile[STAGE];
     float* raw = tile + TILE + TC_ZERO;  // W > 0: where cp.async lands the next chunk (TC_PREFETCH)
+    static_assert(TC_RAW == TC_PIXELS * DC_CHUNK && (TILE + TC_ZERO) % 4 == 0, "raw: 16-byte aligned, a staging");
     // [chunk row k][output channel], TF32; rows of 24 floats for two n-tiles, so that a k-step's four
     // rows (lanes' tg) × eight channels (g) fall in 32 different banks.
     constexpr int WT_STRIDE = NT == 1 ? 8 : 24;
@@ -1220,7 +1222,9 @@ __device__ __forceinline__ void conv3x3_tc(
     // wait together with the tile's (the loop below stores each value right after loading it: a wait of
     // its own). Square kernels of 256 threads only: the 512-thread ones' 64 registers then spill in the
     // staging (ptxas -v: 104 bytes where the loop leaves 48), and the general n16 one spills 36 bytes
-    // where it spilled 12. With TC_PREFETCH every square kernel loads them a chunk ahead (below).
+    // where it spilled 12. With TC_PREFETCH those of 256 threads load them a chunk ahead (below); the
+    // 512-thread ones as before (ptxas -v: loaded ahead, their two weights a thread spilled right after
+    // their loads, 116 bytes where they leave 48, so each load was waited for at once).
     constexpr u32 WT_VALUES = TC_K * NT * 8, WT_PER = (WT_VALUES + THREADS - 1) / THREADS;
     constexpr bool WT_AHEAD = LOADS_AHEAD && W > 0 && THREADS == 256;
     // Value l of the weights of the chunk at s0 (valid: its chunk·9 rows): 0 past them and past c_out.
@@ -1234,22 +1238,22 @@ __device__ __forceinline__ void conv3x3_tc(
     };
     float wv[WT_PER];
     // TC_PREFETCH (square kernels, x read as it is): the next chunk's x is copied into raw by cp.async,
-    // and its weights loaded into wv, before this chunk's K loop, and landed in the tile after it, so
-    // that their loads wait behind the block's own multiplies. Staged as it is loaded (dc_stage), each
-    // chunk's loads waited between two barriers with every warp of the block idle, and only the SM's
-    // other blocks (two or three) to fill the wait. The same values in the same cells: the same sums, bit
-    // for bit.
+    // and (WT_AHEAD) its weights loaded into wv, before this chunk's K loop, and landed in the tile after
+    // it, so that their loads wait behind the block's own multiplies. Staged as it is loaded (dc_stage),
+    // each chunk's loads waited between two barriers with every warp of the block idle, and only the
+    // SM's other blocks (two or three) to fill the wait. The same values in the same cells: the same
+    // sums, bit for bit.
     bool prefetch = TC_PREFETCH && W > 0 && square_stage_reads(x, bn);
     auto fetch = [&](u32 s0) {
         if constexpr (W > 0) {
             u32 chunk = min((u32)DC_CHUNK, c_in - s0);
             square_stage_issue<W, THREADS>(raw, x, e, batch, c_in, s0, chunk, b0, images, divs, chunk_div(chunk));
+            if constexpr (WT_AHEAD)
 #pragma unroll
-            for (u32 j = 0; j < WT_PER; ++j) wv[j] = weight_at(s0, chunk * 9, t + j * THREADS);
+                for (u32 j = 0; j < WT_PER; ++j) wv[j] = weight_at(s0, chunk * 9, t + j * THREADS);
         }
     };
     if (prefetch) fetch(0);
-    bool wt_loaded = WT_AHEAD || prefetch;  // wv holds the chunk's weights when they are stored
 
     for (u32 s0 = 0; s0 < c_in; s0 += DC_CHUNK) {
         u32 chunk = min((u32)DC_CHUNK, c_in - s0), valid = chunk * 9;
@@ -1272,7 +1276,7 @@ __device__ __forceinline__ void conv3x3_tc(
 #pragma unroll
         for (u32 j = 0; j < WT_PER; ++j) {
             u32 l = t + j * THREADS;
-            if (l < WT_VALUES) wt[l / (NT * 8)][l % (NT * 8)] = tf32_round(wt_loaded ? wv[j] : weight_at(s0, valid, l));
+            if (l < WT_VALUES) wt[l / (NT * 8)][l % (NT * 8)] = tf32_round(WT_AHEAD ? wv[j] : weight_at(s0, valid, l));
         }
         if (t < TC_K) row_offset[t] = tc_row_offset(t, valid, padded, wp);
         // This thread's part of the chunk is landed and its weights stored (wv free): fetch the next one,
@@ -1392,6 +1396,7 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
     constexpr u32 TILE = tc_tile_floats<W>();
     __shared__ __align__(16) float tile[tc_stage_floats<W, false>()];
     float* raw = tile + TILE;  // W > 0: where cp.async lands the next image group (TC_PREFETCH)
+    static_assert(TILE % 4 == 0, "raw: 16-byte aligned");
     u32 t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane / 4, tg = lane % 4;
     u32 e = blockIdx.z, run = blockIdx.x;
     u32 o_groups = (c_out + NT * 8 - 1) / (NT * 8);
@@ -1632,10 +1637,10 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
 // weight gradient and the w32 one keep two (spills in the staging). With the weight gradients' loads
 // batched (TC_WG_BATCH 4) the counts hold: ptxas issues the n16 w8's eight loads of a batch ahead of its
 // multiplies at 64 registers for the first batch and four ahead for the others, and the n8 w8 spills 20
-// bytes in its set-up and its step-by-step tail, not in a full batch. Shared memory allows it: with
-// TC_PREFETCH's 16 KB a square forward block takes 38–47 KB (W = 8, n16, the most), a square weight
-// gradient's 35–42 KB, so an SM's 228 KB holds three n8 forwards (137 KB) or four weight gradients
-// (168 KB). TC_MIN_BLOCKS (`ESPER_CUDA_TC_MIN_BLOCKS=N` adds it to
+// bytes in its set-up and its step-by-step tail, not in a full batch. Shared memory does not limit
+// them: with TC_PREFETCH's 16 KB a square forward block takes 38–47 KB (W = 8, n16, the most) and a
+// square weight gradient's 35–42 KB, so an SM's 228 KB holds four of either (five weight gradients),
+// more than their launch bounds ask for. TC_MIN_BLOCKS (`ESPER_CUDA_TC_MIN_BLOCKS=N` adds it to
 // NVRTC's options) gives every kernel N (the 512-thread forwards at most 4: TC_FIT), to measure the
 // two; N = 2 is what they all had.
 //
