@@ -50,7 +50,7 @@ typedef unsigned long long u64;
 // it; 0 with LOADS_ONE_AT_A_TIME too): kernels that stage global memory in shared memory copy it with
 // cp.async (16 bytes a copy, no register held, every copy of a thread in flight at once) — the square
 // tensor-core kernels' next chunk or image group while they multiply the current one (conv.cu,
-// TC_PREFETCH), the staged group norms' groups (seeds.cu) — instead of loading into registers and
+// square_stage_issue), the staged group norms' groups (seeds.cu) — instead of loading into registers and
 // storing, a few loads a thread in flight at a time. The same values in the same places either way.
 #if defined(CP_ASYNC_OFF) || !LOADS_AHEAD
 #define CP_ASYNC 0

@@ -617,6 +617,30 @@ __device__ __forceinline__ StageQuad stage_quad(
     return StageQuad{i, c, q, yy, (q - yy * wq) * 4};
 }
 
+// Where quad a lies in x (xb: the staging's first image and channel; c_in, plane: x's) and where it goes
+// in the tile (stride, padded, wp: dc_stage's), and its four values stored there (rounded to TF32 with
+// `tf32`). Shared by dc_stage and the cp.async halves below.
+__device__ __forceinline__ const float* stage_src(const float* xb, const StageQuad& a, u32 c_in, u32 plane) {
+    return xb + (a.i * c_in + a.c) * plane + 4 * a.q;
+}
+
+__device__ __forceinline__ float* stage_dst(float* tile, const StageQuad& a, u32 stride, u32 padded, u32 wp) {
+    return tile + (a.i * stride + a.c) * padded + (a.yy + 1) * wp + a.xx + 1;
+}
+
+__device__ __forceinline__ void stage_store(float* dst, float4 v, bool tf32) {
+    dst[0] = tf32 ? tf32_round(v.x) : v.x;
+    dst[1] = tf32 ? tf32_round(v.y) : v.y;
+    dst[2] = tf32 ? tf32_round(v.z) : v.z;
+    dst[3] = tf32 ? tf32_round(v.w) : v.w;
+}
+
+// Whether a staging may read x a quad at a time: as it is (no batch norm on load) and 16-byte aligned
+// (then every quad is: a plane's w is a multiple of 4, so are the offsets of its images and channels).
+__device__ __forceinline__ bool stage_reads_quads(const float* x, const BnLoad& bn) {
+    return bn.mode == BN_LOAD_NONE && (reinterpret_cast<unsigned long long>(x) & 15) == 0;
+}
+
 // Stage input channels s0 .. s0 + chunk − 1 of images b0 .. b0 + images − 1 (of env e) zero-padded into
 // the block's tile: tile[(i·stride + c)·padded + yy·wp + xx] = x[b0 + i][s0 + c][yy − 1][xx − 1], zero
 // outside the plane (padded = (h + 2)·(w + 2), wp = w + 2). `stride` is the channels an image takes in
@@ -642,15 +666,11 @@ __device__ __forceinline__ void dc_stage(
     u32 quads = W > 0 ? W * W / 4 : divs.quads.d, wq = W > 0 ? W / 4 : divs.wq.d;
     if (zero_border) dc_zero_border<W, THREADS>(tile, chunk, stride, images, h, w, divs, f_chunk);
     const float* xb = x + (((u64)e * batch + b0) * c_in + s0) * plane;
-    bool vec = bn.mode == BN_LOAD_NONE && (reinterpret_cast<unsigned long long>(xb) & 15) == 0;
+    bool vec = stage_reads_quads(x, bn);
     u32 staged = images * chunk * quads;
     auto quad_at = [&](u32 l) { return stage_quad<W>(l, chunk, quads, wq, divs, f_chunk); };
-    auto src_of = [&](const StageQuad& a) { return reinterpret_cast<const float4*>(xb + (a.i * c_in + a.c) * plane + 4 * a.q); };
-    auto dst_of = [&](const StageQuad& a) { return tile + (a.i * stride + a.c) * padded + (a.yy + 1) * wp + a.xx + 1; };
-    auto store = [&](float* dst, const float (&v)[4]) {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) dst[k] = tf32 ? tf32_round(v[k]) : v[k];
-    };
+    auto src_of = [&](const StageQuad& a) { return reinterpret_cast<const float4*>(stage_src(xb, a, c_in, plane)); };
+    auto dst_of = [&](const StageQuad& a) { return stage_dst(tile, a, stride, padded, wp); };
     // W > 0 with x read as it is: every quad of the thread loaded first, then each stored. In the loop
     // below a quad's 16-byte load was used by its rounding a few instructions later, so a thread waited
     // a global load's whole latency per quad, one after another (four a chunk at 256 threads). The
@@ -671,28 +691,29 @@ __device__ __forceinline__ void dc_stage(
 #pragma unroll
         for (u32 k = 0; k < SQUARE_PER; ++k) {
             if (threadIdx.x + k * THREADS >= staged) break;
-            store(dst[k], {quad[k].x, quad[k].y, quad[k].z, quad[k].w});
+            stage_store(dst[k], quad[k], tf32);
         }
         return;
     }
 #pragma unroll 2
     for (u32 l = threadIdx.x; l < staged; l += THREADS) {
         StageQuad a = quad_at(l);
-        float v[4];
+        float4 v;
         if (vec) {
-            float4 f = *src_of(a);
-            v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+            v = *src_of(a);
         } else {
+            float u[4];
 #pragma unroll
             for (int k = 0; k < 4; ++k)
-                v[k] = load_or_bn(x, bn, e, c_in, s0 + a.c, ((u64)e * batch + b0 + a.i) * c_in + s0 + a.c, a.yy,
+                u[k] = load_or_bn(x, bn, e, c_in, s0 + a.c, ((u64)e * batch + b0 + a.i) * c_in + s0 + a.c, a.yy,
                                   a.xx + k, h, w);
+            v = make_float4(u[0], u[1], u[2], u[3]);
         }
-        store(dst_of(a), v);
+        stage_store(dst_of(a), v, tf32);
     }
 }
 
-// ---- The square staging in two halves (TC_PREFETCH, the square tensor-core kernels): square_stage_issue
+// ---- The square staging in two halves (CP_ASYNC, the square tensor-core kernels): square_stage_issue
 // copies x's values of a staging (dc_stage's channels and images, x read as it is) into `raw` with
 // cp.async, quad l of the staging at raw[4·l], and returns at once; square_stage_land waits for the
 // thread's copies and stores each of its quads from raw into its padded cell of the tile (rounded to
@@ -700,14 +721,8 @@ __device__ __forceinline__ void dc_stage(
 // threadIdx.x + k·THREADS) from the part of raw only it writes, so raw needs no barrier at all; the
 // tile does, as with dc_stage: a land must wait for every warp to be done with the tile's previous
 // values. Raw takes TC_RAW floats (1 024 pixels of DC_CHUNK planes) and is 16-byte aligned, as x's
-// quads are where square_stage_reads says so.
+// quads are where stage_reads_quads says so.
 #define TC_RAW (1024 * DC_CHUNK)
-
-// Whether the square staging may copy x as it is: no batch norm on load, and x 16-byte aligned (every
-// quad then is: a W × W plane holds a multiple of 16 floats).
-__device__ __forceinline__ bool square_stage_reads(const float* x, const BnLoad& bn) {
-    return bn.mode == BN_LOAD_NONE && (reinterpret_cast<unsigned long long>(x) & 15) == 0;
-}
 
 template <int W, int THREADS>
 __device__ __forceinline__ void square_stage_issue(
@@ -719,7 +734,7 @@ __device__ __forceinline__ void square_stage_issue(
     u32 staged = images * chunk * QUADS;
     for (u32 l = threadIdx.x; l < staged; l += THREADS) {
         StageQuad a = stage_quad<W>(l, chunk, QUADS, W / 4, divs, f_chunk);
-        cp_async16(raw + 4 * l, xb + (a.i * c_in + a.c) * PLANE + 4 * a.q);
+        cp_async16(raw + 4 * l, stage_src(xb, a, c_in, PLANE));
     }
 }
 
@@ -733,12 +748,7 @@ __device__ __forceinline__ void square_stage_land(
     cp_async_wait_all();
     for (u32 l = threadIdx.x; l < staged; l += THREADS) {
         StageQuad a = stage_quad<W>(l, chunk, QUADS, W / 4, divs, f_chunk);
-        float4 v = *reinterpret_cast<const float4*>(raw + 4 * l);
-        float* dst = tile + (a.i * stride + a.c) * PADDED + (a.yy + 1) * WP + a.xx + 1;
-        dst[0] = tf32 ? tf32_round(v.x) : v.x;
-        dst[1] = tf32 ? tf32_round(v.y) : v.y;
-        dst[2] = tf32 ? tf32_round(v.z) : v.z;
-        dst[3] = tf32 ? tf32_round(v.w) : v.w;
+        stage_store(stage_dst(tile, a, stride, PADDED, WP), *reinterpret_cast<const float4*>(raw + 4 * l), tf32);
     }
 }
 
@@ -1017,10 +1027,6 @@ extern "C" __global__ void __launch_bounds__(1024) conv2d_wgrad_reduce_f32(
 // of 8; the padding rows read as 0).
 #define TC_K ((DC_CHUNK * 9 + 7) / 8 * 8)
 #define TC_PIXELS 1024
-// TC_PREFETCH (CP_ASYNC, common.cuh): the square tensor-core kernels copy the next chunk's (forward) or
-// image group's (weight gradient) x into shared memory with cp.async while they multiply the current one
-// (square_stage_issue / square_stage_land).
-#define TC_PREFETCH CP_ASYNC
 static_assert(TC_PIXELS == 1024, "dc_stage's square staging holds a thread's quads of 1 024 pixels in registers");
 // A forward block's warps (8 or 16) and each warp's m-tiles of 16 pixels: TC_PIXELS / 16 in all.
 #define TC_TILES_PER_WARP(WARPS) (TC_PIXELS / 16 / (WARPS))
@@ -1034,7 +1040,7 @@ __device__ constexpr u32 tc_tile_floats() {
     return W > 0 ? TC_PIXELS / (W * W) * DC_CHUNK * (W + 2) * (W + 2) : DC_TILE;
 }
 // A tensor-core block's shared staging: the tile, the forward's TC_ZERO zeros after it, and for the
-// square kernels TC_RAW floats where cp.async lands the next staging (there whether TC_PREFETCH uses
+// square kernels TC_RAW floats where cp.async lands the next staging (there whether CP_ASYNC uses
 // them or not, so that switching it off changes nothing else; the forward's epilogue statistics use
 // the whole). The most at W = 8: 11 008 floats, 44 KB.
 template <int W, bool FORWARD>
@@ -1170,7 +1176,7 @@ __device__ __forceinline__ void conv3x3_tc(
     BnLoad bn, double* stats) {
     constexpr u32 TILE = tc_tile_floats<W>(), STAGE = tc_stage_floats<W, true>();
     __shared__ __align__(16) float tile[STAGE];
-    float* raw = tile + TILE + TC_ZERO;  // W > 0: where cp.async lands the next chunk (TC_PREFETCH)
+    float* raw = tile + TILE + TC_ZERO;  // W > 0: where cp.async lands the next chunk (CP_ASYNC)
     static_assert(TC_RAW == TC_PIXELS * DC_CHUNK && (TILE + TC_ZERO) % 4 == 0, "raw: 16-byte aligned, a staging");
     // [chunk row k][output channel], TF32; rows of 24 floats for two n-tiles, so that a k-step's four
     // rows (lanes' tg) × eight channels (g) fall in 32 different banks.
@@ -1222,7 +1228,7 @@ __device__ __forceinline__ void conv3x3_tc(
     // wait together with the tile's (the loop below stores each value right after loading it: a wait of
     // its own). Square kernels of 256 threads only: the 512-thread ones' 64 registers then spill in the
     // staging (ptxas -v: 104 bytes where the loop leaves 48), and the general n16 one spills 36 bytes
-    // where it spilled 12. With TC_PREFETCH those of 256 threads load them a chunk ahead (below); the
+    // where it spilled 12. With CP_ASYNC those of 256 threads load them a chunk ahead (below); the
     // 512-thread ones as before (ptxas -v: loaded ahead, their two weights a thread spilled right after
     // their loads, 116 bytes where they leave 48, so each load was waited for at once).
     constexpr u32 WT_VALUES = TC_K * NT * 8, WT_PER = (WT_VALUES + THREADS - 1) / THREADS;
@@ -1237,13 +1243,13 @@ __device__ __forceinline__ void conv3x3_tc(
         return v;
     };
     float wv[WT_PER];
-    // TC_PREFETCH (square kernels, x read as it is): the next chunk's x is copied into raw by cp.async,
+    // CP_ASYNC (square kernels, x read as it is): the next chunk's x is copied into raw by cp.async,
     // and (WT_AHEAD) its weights loaded into wv, before this chunk's K loop, and landed in the tile after
     // it, so that their loads wait behind the block's own multiplies. Staged as it is loaded (dc_stage),
     // each chunk's loads waited between two barriers with every warp of the block idle, and only the
     // SM's other blocks (two or three) to fill the wait. The same values in the same cells: the same
     // sums, bit for bit.
-    bool prefetch = TC_PREFETCH && W > 0 && square_stage_reads(x, bn);
+    bool prefetch = CP_ASYNC && W > 0 && stage_reads_quads(x, bn);
     auto fetch = [&](u32 s0) {
         if constexpr (W > 0) {
             u32 chunk = min((u32)DC_CHUNK, c_in - s0);
@@ -1395,7 +1401,7 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
     BnLoad none = bn_load(nullptr, nullptr, nullptr, nullptr, BN_LOAD_NONE);
     constexpr u32 TILE = tc_tile_floats<W>();
     __shared__ __align__(16) float tile[tc_stage_floats<W, false>()];
-    float* raw = tile + TILE;  // W > 0: where cp.async lands the next image group (TC_PREFETCH)
+    float* raw = tile + TILE;  // W > 0: where cp.async lands the next image group (CP_ASYNC)
     static_assert(TILE % 4 == 0, "raw: 16-byte aligned");
     u32 t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane / 4, tg = lane % 4;
     u32 e = blockIdx.z, run = blockIdx.x;
@@ -1471,11 +1477,11 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
         }
     }
 
-    // TC_PREFETCH (W > 0, x read as it is): image group gi + 1's x is copied into raw by cp.async before
+    // CP_ASYNC (W > 0, x read as it is): image group gi + 1's x is copied into raw by cp.async before
     // group gi's k-steps and landed in the tile after them, as the forward's chunks are (conv3x3_tc), so
     // that its loads wait behind the block's own multiplies rather than between two barriers. The same
     // cells: the same sums, bit for bit.
-    bool prefetch = TC_PREFETCH && W > 0 && square_stage_reads(x, none);
+    bool prefetch = CP_ASYNC && W > 0 && stage_reads_quads(x, none);
     auto images_of = [&](u32 gi) { return min(per_block, batch - gi * per_block); };
     auto fetch = [&](u32 gi) {
         if constexpr (W > 0)
@@ -1638,7 +1644,7 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
 // batched (TC_WG_BATCH 4) the counts hold: ptxas issues the n16 w8's eight loads of a batch ahead of its
 // multiplies at 64 registers for the first batch and four ahead for the others, and the n8 w8 spills 20
 // bytes in its set-up and its step-by-step tail, not in a full batch. Shared memory does not limit
-// them: with TC_PREFETCH's 16 KB a square forward block takes 38–47 KB (W = 8, n16, the most) and a
+// them: with CP_ASYNC's 16 KB a square forward block takes 38–47 KB (W = 8, n16, the most) and a
 // square weight gradient's 35–42 KB, so an SM's 228 KB holds four of either (five weight gradients),
 // more than their launch bounds ask for. TC_MIN_BLOCKS (`ESPER_CUDA_TC_MIN_BLOCKS=N` adds it to
 // NVRTC's options) gives every kernel N (the 512-thread forwards at most 4: TC_FIT), to measure the

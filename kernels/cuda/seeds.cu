@@ -145,6 +145,15 @@ extern "C" __global__ void __launch_bounds__(1024) group_norm_forward_f32(
 // banks.
 #define GN_STAGED_PAIRS 8
 #define GN_STAGED_LEN 1024
+// The staged kernels' copy of a block's groups: quad l of `from` (the block's pairs' groups, one run of
+// quads per pair, 16-byte aligned) to quad q of pair p's group in `to` (groups `stride` floats apart),
+// with cp.async, not waited for. The thread's quads are l = threadIdx.x, + blockDim.x, …
+__device__ __forceinline__ void gn_stage_async(float* to, const float* from, u32 total, u32 quads, u32 stride) {
+    for (u32 l = threadIdx.x; l < total; l += blockDim.x) {
+        u32 p = l / quads, q = l - p * quads;
+        cp_async16(to + p * stride + 4 * q, from + 4 * (u64)l);
+    }
+}
 extern "C" __global__ void __launch_bounds__(GN_STAGED_PAIRS * 8) group_norm_forward_staged_f32(
     const float* x, const float* gamma, const float* beta, const float* residual, int epilogue, float* y,
     float* save_mean, float* save_inv_std, u32 envs, u32 batch, u32 channels, u32 plane, u32 groups) {
@@ -161,10 +170,7 @@ extern "C" __global__ void __launch_bounds__(GN_STAGED_PAIRS * 8) group_norm_for
     // flight at once. Else eight loads in flight a thread (the block's 64 threads alone would leave the
     // SM's memory pipe idle), four such waits for the block's 2 048 quads.
     if (CP_ASYNC && vec) {
-        for (u32 l = threadIdx.x; l < total; l += blockDim.x) {
-            u32 p = l / quads, q = l - p * quads;
-            cp_async16(staged + p * STRIDE + 4 * q, xb + 4 * (u64)l);
-        }
+        gn_stage_async(staged, xb, total, quads, STRIDE);
         cp_async_wait_all();
     } else {
 #pragma unroll 8
@@ -354,11 +360,8 @@ extern "C" __global__ void __launch_bounds__(GN_STAGED_BACK_PAIRS * 8) group_nor
     // CP_ASYNC: the thread's quads of both (2 × 32 at 4 pairs of 1 024 values, 32 threads) all in flight
     // at once, as the forward's; else eight of each a thread at a time.
     if (CP_ASYNC && vec) {
-        for (u32 l = threadIdx.x; l < total; l += blockDim.x) {
-            u32 p = l / quads, q = l - p * quads;
-            cp_async16(staged_dy + p * STRIDE + 4 * q, dyb + 4 * (u64)l);
-            cp_async16(staged_x + p * STRIDE + 4 * q, xb + 4 * (u64)l);
-        }
+        gn_stage_async(staged_dy, dyb, total, quads, STRIDE);
+        gn_stage_async(staged_x, xb, total, quads, STRIDE);
         cp_async_wait_all();
     } else {
 #pragma unroll 8

@@ -223,7 +223,7 @@ fn the_square_tensor_core_kernels_copy_the_next_staging_while_they_multiply() {
         "6 square forwards, 6 square weight gradients and their 6 _bnpool twins: {square:?}"
     );
     for name in &square {
-        // TC_PREFETCH: after landing a staging (waiting for its copies) a thread issues the next one's
+        // CP_ASYNC: after landing a staging (waiting for its copies) a thread issues the next one's
         // copies (a loop: at least one cp.async in the PTX) before it multiplies the landed one.
         let (ahead, all) = copies_before_multiplies(&on, name);
         assert!(ahead >= 1, "{name}: no copy between a landing and the multiplies ({all} in all)");
