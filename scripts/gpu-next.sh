@@ -12,17 +12,18 @@
 # as issued again (ESPER_CUDA_WG_BATCH=1 ESPER_CUDA_LOADS_AHEAD=0: the weight gradients' k-steps, the
 # staging, batch norm's reductions, the element-wise passes' loads before their stores and group norm's
 # residual epilogue); c against itself without cp.async (ESPER_CUDA_CP_ASYNC=0: the square tensor-core
-# kernels staging between two barriers again, the staged group norms copying through registers); the
-# per-kernel device time of one bare and one seeded W16 training
-# batch + validation under ncu (c); c's own switches A/B'd against c — the tensor-core kernels'
+# kernels staging between two barriers again, the staged group norms copying through registers); c
+# against itself with packed tiles (ESPER_CUDA_TC_SPACED=0: the square tensor-core kernels' K loops with
+# their shared loads' bank conflicts back); the per-kernel device time of one bare and one seeded W16
+# training batch + validation under ncu (c); c's own switches A/B'd against c — the tensor-core kernels'
 # occupancy (ESPER_CUDA_TC_MIN_BLOCKS=2 ESPER_CUDA_TC_WIDE=0), batch norm's gradient on load in the
 # first block (ESPER_CUDA_BN_ON_LOAD=0), then the square kernels and the staged group norm together — and b against
 # c (the 2026-11-28 seed and slot fusions); a short heuristic `train` with the profile table and the
 # copies per step. Everything goes to $OUT/next.txt (the summary: each step's exit, time and last
 # lines) and $OUT/next.tgz (logs, JSON), rewritten after every step. The steps' names, in order:
-# selftest-c (selftest-c-switched-back), ab-a-c, ab-loads-ahead, ab-cp-async, ncu-bare, ab-occupancy, ab-bn-on-load,
-# ab-square-gn, ncu-seeded, ab-b-c, train-profile — so
-# that a second call can run what the first had no time for.
+# selftest-c (selftest-c-switched-back), ab-a-c, ab-loads-ahead, ab-cp-async, ab-spaced, ncu-bare,
+# ab-occupancy, ab-bn-on-load, ab-square-gn, ncu-seeded, ab-b-c, train-profile — so that a second call can
+# run what the first had no time for.
 set -u
 OUT=${OUT:-gpu-out}
 WORK=/tmp/gpu-next
@@ -88,7 +89,7 @@ export NCU_BIN
 if ! TAIL=30 run selftest-c 150 "$WORK/c" selftest --device cuda; then
     TAIL=30 run selftest-c-switched-back 150 env ESPER_CUDA_TC_WIDE=0 ESPER_CUDA_TC_MIN_BLOCKS=2 \
         ESPER_CUDA_WG_BATCH=1 ESPER_CUDA_LOADS_AHEAD=0 ESPER_CUDA_BN_ON_LOAD=0 ESPER_CUDA_TC_SQUARE=0 \
-        ESPER_CUDA_GN_STAGED=0 ESPER_CUDA_FUSE=0 ESPER_CUDA_CP_ASYNC=0 \
+        ESPER_CUDA_GN_STAGED=0 ESPER_CUDA_FUSE=0 ESPER_CUDA_CP_ASYNC=0 ESPER_CUDA_TC_SPACED=0 \
         "$WORK/c" selftest --device cuda
 fi
 TAIL=12 run ab-a-c 200 env OUT="$WORK/logs/ab-a-c" AB_SELFTEST=0 \
@@ -97,6 +98,8 @@ TAIL=8 run ab-loads-ahead 90 env OUT="$WORK/logs/ab-loads-ahead" AB_SELFTEST=0 \
     AB_CASES="w16-none-tf32 w16-seeded-tf32" A_ENV="ESPER_CUDA_WG_BATCH=1 ESPER_CUDA_LOADS_AHEAD=0" bash scripts/gpu-ab.sh gpu/c.gz gpu/c.gz
 TAIL=8 run ab-cp-async 90 env OUT="$WORK/logs/ab-cp-async" AB_SELFTEST=0 \
     AB_CASES="w16-none-tf32 w16-seeded-tf32" A_ENV=ESPER_CUDA_CP_ASYNC=0 bash scripts/gpu-ab.sh gpu/c.gz gpu/c.gz
+TAIL=8 run ab-spaced 90 env OUT="$WORK/logs/ab-spaced" AB_SELFTEST=0 \
+    AB_CASES="w16-none-tf32 w16-seeded-tf32" A_ENV=ESPER_CUDA_TC_SPACED=0 bash scripts/gpu-ab.sh gpu/c.gz gpu/c.gz
 TAIL=40 run ncu-bare 120 ncu_table "$WORK/logs/ncu-bare.csv" "$WORK/c" bench --device cuda --seeds none \
     "${NCU_STEP[@]}" --json "$WORK/ncu-bare.json"
 TAIL=8 run ab-occupancy 90 env OUT="$WORK/logs/ab-occupancy" AB_SELFTEST=0 AB_CASES="w16-none-tf32 w16-seeded-tf32" \

@@ -79,6 +79,11 @@ __device__ __forceinline__ void cp_async_wait_all() {
     asm volatile("cp.async.wait_all;" ::: "memory");
 #endif
 }
+
+// A tensor-core K loop's load of an A or B value from shared memory: a plain load here; the kernel
+// emulator's version also records the address, to count the passes a warp's load takes over shared
+// memory's 32 banks (its bank conflicts).
+__device__ __forceinline__ float lds(const float* p) { return *p; }
 #endif
 
 __device__ double block_sum(double v, double* lanes) {

@@ -487,6 +487,57 @@ IG_KERNEL(32)
 // of 6×6) and ≤ 9216 floats for every plane the launcher accepts (h, w ≥ 4).
 #define DC_TILE 9216
 
+// Where a staging's padded planes lie in the tile: a padded row `row` floats long (≥ w + 2), a padded
+// plane `plane` floats (≥ (h + 2)·row), an image's planes `image` apart; cell (image i, channel c,
+// padded row yy, padded column xx) at i·image + c·plane + yy·row + xx. The general kernels pack them
+// (tile_strides: row w + 2, plane (h + 2)(w + 2), image `stride` planes); the square tensor-core
+// kernels space them (square_strides) so that their K loops' shared loads are free of bank conflicts.
+struct TileStrides {
+    u32 row, plane, image;
+};
+
+__device__ __forceinline__ TileStrides tile_strides(u32 h, u32 w, u32 stride) {
+    return TileStrides{w + 2, (h + 2) * (w + 2), stride * (h + 2) * (w + 2)};
+}
+
+// The square tensor-core kernels' strides for W × W planes, forward (and input gradient) or weight
+// gradient. A K loop's shared load takes a warp's 32 lanes to 4 × 8 cells: forward, 8 pixels side by
+// side (lane g) at 4 (channel, tap) rows (lane t); weight gradient, 8 rows at 4 pixel pairs. Packed,
+// two lanes' cells a multiple of 32 floats apart fall in one bank and the load takes two passes or more
+// (rows of 34 floats at W = 32: a tap row below lies 2 banks on, onto the next pixels' cells). The
+// kernel emulator counts them (the passes of the kernels' own loads, `lds`): packed, 1.7 – 1.8 a load
+// in the W = 32 forwards and input gradients and 2.2 – 2.7 in their weight gradients, 1.2 – 1.3 and 2.0
+// at W = 16, 1.0 and 1.7 at W = 8. These rows, planes and images, found by counting every load of both
+// kernels over chunks of 1 to 4 channels, take one pass a load (up to 1.03 in a forward's last chunk of
+// three channels, whose padding rows read the zeroed stretch), at the cost of more tile: 1 132 floats at
+// W = 32, 960 at W = 16, and 1 728 in W = 8's weight gradient (48 976 bytes of shared memory a block,
+// within the 49 152 a static allocation may have); W = 8's forward is conflict-free packed, and has no
+// room for more (48 112 bytes at n16). TC_PACKED_TILES (`ESPER_CUDA_TC_SPACED=0`) packs them all again,
+// to measure it: the same values in the same order, so the same sums, bit for bit.
+template <int W, bool WGRAD>
+__device__ constexpr TileStrides square_strides() {
+#ifdef TC_PACKED_TILES
+    constexpr bool SPACED = false;
+#else
+    constexpr bool SPACED = true;
+#endif
+    constexpr u32 PACKED_ROW = W + 2, PACKED_PLANE = (W + 2) * (W + 2);
+    return SPACED && W == 32            ? TileStrides{42, 1439, DC_CHUNK * 1439}
+           : SPACED && W == 16          ? TileStrides{21, 383, 1536}
+           : SPACED && W == 8 && WGRAD  ? TileStrides{10, 127, 508}
+                                        : TileStrides{PACKED_ROW, PACKED_PLANE, DC_CHUNK * PACKED_PLANE};
+}
+
+// A tensor-core kernel's staging strides: square_strides for W × W planes (each row, plane and image
+// holding its padded cells), else packed (DC_CHUNK planes an image).
+template <int W, bool WGRAD>
+__device__ __forceinline__ TileStrides tc_strides(u32 h, u32 w) {
+    constexpr TileStrides TS = square_strides<W, WGRAD>();
+    static_assert(W == 0 || (TS.row >= W + 2 && TS.plane >= (W + 2) * TS.row && TS.image >= DC_CHUNK * TS.plane),
+                  "a square tile's rows, planes and images hold their padded cells");
+    return W > 0 ? TS : tile_strides(h, w, DC_CHUNK);
+}
+
 // ---- TF32 on the tensor cores (`--precision tf32`; the kernel emulator brings its own versions of these
 // two). tf32_round: x rounded to TF32 (10 mantissa bits; to nearest, ties away from zero: `cvt.rna`),
 // kept in an f32 whose low 13 bits are zero. CPU twin: ops::precision::round_to_tf32.
@@ -587,19 +638,20 @@ __device__ __forceinline__ u32 stage_div(u32 n, u32 constant, const FastDiv& f) 
 }
 
 // The border cells (rows 0 and h + 1, columns 0 and w + 1) of `images` images' `chunk` padded planes
-// in the tile, set to zero (stride, divs, f_chunk as dc_stage's, below).
+// in the tile, set to zero (ts: the staging's strides; divs, f_chunk as dc_stage's, below). Border cell
+// r of a plane: row 0's w + 2 cells, row h + 1's, then columns 0 and w + 1 of rows 1 .. h in turn.
 template <int W = 0, int THREADS = 256>
 __device__ __forceinline__ void dc_zero_border(
-    float* tile, u32 chunk, u32 stride, u32 images, u32 h, u32 w, const StageDivs& divs, const FastDiv& f_chunk) {
+    float* tile, u32 chunk, const TileStrides& ts, u32 images, u32 h, u32 w, const StageDivs& divs,
+    const FastDiv& f_chunk) {
     if (W > 0) h = W, w = W;
-    u32 wp = w + 2, padded = (h + 2) * wp;
+    u32 wp = w + 2;
     u32 border = W > 0 ? 4 * W + 4 : divs.border.d, cells = images * chunk * border;
     for (u32 l = threadIdx.x; l < cells; l += THREADS) {
         u32 pc = stage_div<W>(l, border, divs.border), r = l - pc * border, i = fdiv(pc, f_chunk), c = pc - i * chunk;
-        u32 cell = r < wp ? r
-                   : r < 2 * wp ? (h + 1) * wp + (r - wp)
-                                : (1 + (r - 2 * wp) / 2) * wp + ((r - 2 * wp) % 2 ? wp - 1 : 0);
-        tile[(i * stride + c) * padded + cell] = 0.0f;
+        u32 yy = r < wp ? 0 : r < 2 * wp ? h + 1 : 1 + (r - 2 * wp) / 2;
+        u32 xx = r < wp ? r : r < 2 * wp ? r - wp : ((r - 2 * wp) % 2 ? wp - 1 : 0);
+        tile[i * ts.image + c * ts.plane + yy * ts.row + xx] = 0.0f;
     }
 }
 
@@ -618,14 +670,14 @@ __device__ __forceinline__ StageQuad stage_quad(
 }
 
 // Where quad a lies in x (xb: the staging's first image and channel; c_in, plane: x's) and where it goes
-// in the tile (stride, padded, wp: dc_stage's), and its four values stored there (rounded to TF32 with
+// in the tile (ts: the staging's strides), and its four values stored there (rounded to TF32 with
 // `tf32`). Shared by dc_stage and the cp.async halves below.
 __device__ __forceinline__ const float* stage_src(const float* xb, const StageQuad& a, u32 c_in, u32 plane) {
     return xb + (a.i * c_in + a.c) * plane + 4 * a.q;
 }
 
-__device__ __forceinline__ float* stage_dst(float* tile, const StageQuad& a, u32 stride, u32 padded, u32 wp) {
-    return tile + (a.i * stride + a.c) * padded + (a.yy + 1) * wp + a.xx + 1;
+__device__ __forceinline__ float* stage_dst(float* tile, const StageQuad& a, const TileStrides& ts) {
+    return tile + a.i * ts.image + a.c * ts.plane + (a.yy + 1) * ts.row + a.xx + 1;
 }
 
 __device__ __forceinline__ void stage_store(float* dst, float4 v, bool tf32) {
@@ -642,11 +694,12 @@ __device__ __forceinline__ bool stage_reads_quads(const float* x, const BnLoad& 
 }
 
 // Stage input channels s0 .. s0 + chunk − 1 of images b0 .. b0 + images − 1 (of env e) zero-padded into
-// the block's tile: tile[(i·stride + c)·padded + yy·wp + xx] = x[b0 + i][s0 + c][yy − 1][xx − 1], zero
-// outside the plane (padded = (h + 2)·(w + 2), wp = w + 2). `stride` is the channels an image takes in
-// the tile: `chunk` (packed), or DC_CHUNK so that a pixel's place does not move when the last chunk is
-// short; `divs` from stage_divs(h, w), f_chunk chunk_div(chunk). With `tf32` the values are stored rounded to TF32 (tf32_round), as the tensor cores multiply
-// them. `bn`: x's values computed on load (load_or_bn).
+// the block's tile: tile[i·image + c·plane + yy·row + xx] = x[b0 + i][s0 + c][yy − 1][xx − 1], zero
+// outside the plane (ts: the tile's strides, tile_strides or the square kernels' square_strides). The
+// direct kernels pack an image's `chunk` planes, the tensor-core ones give it DC_CHUNK so that a
+// pixel's place does not move when the last chunk is short; `divs` from stage_divs(h, w), f_chunk
+// chunk_div(chunk). With `tf32` the values are stored rounded to TF32 (tf32_round), as the tensor cores
+// multiply them. `bn`: x's values computed on load (load_or_bn).
 //
 // The interior is loaded four values at a time (w is a multiple of 4: a quad of a row, one 16-byte load
 // where x is aligned and read as it is) and each quad's place found with three FastDivs; the border cells (rows 0 and h + 1, columns 0
@@ -659,18 +712,18 @@ __device__ __forceinline__ bool stage_reads_quads(const float* x, const BnLoad& 
 // constant the compiler folds (W·W/4 and W/4 to shifts, the border's 4W + 4 to a multiply-high).
 template <int W = 0, int THREADS = 256>
 __device__ __forceinline__ void dc_stage(
-    float* tile, const float* x, u32 e, u32 batch, u32 c_in, u32 s0, u32 chunk, u32 stride, u32 b0, u32 images,
-    u32 h, u32 w, const StageDivs& divs, const FastDiv& f_chunk, bool zero_border, bool tf32, BnLoad bn) {
+    float* tile, const float* x, u32 e, u32 batch, u32 c_in, u32 s0, u32 chunk, const TileStrides& ts, u32 b0,
+    u32 images, u32 h, u32 w, const StageDivs& divs, const FastDiv& f_chunk, bool zero_border, bool tf32, BnLoad bn) {
     if (W > 0) h = W, w = W;
-    u32 wp = w + 2, padded = (h + 2) * wp, plane = h * w;
+    u32 plane = h * w;
     u32 quads = W > 0 ? W * W / 4 : divs.quads.d, wq = W > 0 ? W / 4 : divs.wq.d;
-    if (zero_border) dc_zero_border<W, THREADS>(tile, chunk, stride, images, h, w, divs, f_chunk);
+    if (zero_border) dc_zero_border<W, THREADS>(tile, chunk, ts, images, h, w, divs, f_chunk);
     const float* xb = x + (((u64)e * batch + b0) * c_in + s0) * plane;
     bool vec = stage_reads_quads(x, bn);
     u32 staged = images * chunk * quads;
     auto quad_at = [&](u32 l) { return stage_quad<W>(l, chunk, quads, wq, divs, f_chunk); };
     auto src_of = [&](const StageQuad& a) { return reinterpret_cast<const float4*>(stage_src(xb, a, c_in, plane)); };
-    auto dst_of = [&](const StageQuad& a) { return stage_dst(tile, a, stride, padded, wp); };
+    auto dst_of = [&](const StageQuad& a) { return stage_dst(tile, a, ts); };
     // W > 0 with x read as it is: every quad of the thread loaded first, then each stored. In the loop
     // below a quad's 16-byte load was used by its rounding a few instructions later, so a thread waited
     // a global load's whole latency per quad, one after another (four a chunk at 256 threads). The
@@ -740,15 +793,15 @@ __device__ __forceinline__ void square_stage_issue(
 
 template <int W, int THREADS>
 __device__ __forceinline__ void square_stage_land(
-    float* tile, const float* raw, u32 chunk, u32 stride, u32 images, const StageDivs& divs, const FastDiv& f_chunk,
-    bool tf32) {
+    float* tile, const float* raw, u32 chunk, const TileStrides& ts, u32 images, const StageDivs& divs,
+    const FastDiv& f_chunk, bool tf32) {
     static_assert(W > 0, "the square staging takes W × W planes");
-    constexpr u32 QUADS = W * W / 4, WP = W + 2, PADDED = WP * WP;
+    constexpr u32 QUADS = W * W / 4;
     u32 staged = images * chunk * QUADS;
     cp_async_wait_all();
     for (u32 l = threadIdx.x; l < staged; l += THREADS) {
         StageQuad a = stage_quad<W>(l, chunk, QUADS, W / 4, divs, f_chunk);
-        stage_store(stage_dst(tile, a, stride, PADDED, WP), *reinterpret_cast<const float4*>(raw + 4 * l), tf32);
+        stage_store(stage_dst(tile, a, ts), *reinterpret_cast<const float4*>(raw + 4 * l), tf32);
     }
 }
 
@@ -779,7 +832,7 @@ extern "C" __global__ void __launch_bounds__(256) conv3x3_direct_f32(
         u32 chunk = min((u32)DC_CHUNK, c_in - s0);
         FastDiv f_chunk = chunk_div(chunk);
         __syncthreads();  // the previous chunk's reads are done
-        dc_stage(tile, x, e, batch, c_in, s0, chunk, chunk, b0, images, h, w, divs, f_chunk,
+        dc_stage(tile, x, e, batch, c_in, s0, chunk, tile_strides(h, w, chunk), b0, images, h, w, divs, f_chunk,
                  s0 == 0 || chunk != DC_CHUNK, false, bn);
         for (u32 l = t; l < DC_CHUNK * 9 * DC_OUT; l += 256) {
             u32 sc = l / (9 * DC_OUT), tap = (l / DC_OUT) % 9, o = o0 + l % DC_OUT, s = s0 + sc;
@@ -856,7 +909,8 @@ extern "C" __global__ void __launch_bounds__(256) conv3x3_wgrad_direct_f32(
     for (u32 g = first; g < last; ++g) {
         u32 b0 = g * per_block, images = min(per_block, batch - b0);
         __syncthreads();  // the previous group's reads are done
-        dc_stage(tile, x, e, batch, c_in, s0, chunk, chunk, b0, images, h, w, divs, f_chunk, g == first, false, none);
+        dc_stage(tile, x, e, batch, c_in, s0, chunk, tile_strides(h, w, chunk), b0, images, h, w, divs, f_chunk,
+                 g == first, false, none);
         __syncthreads();
         if (sc >= chunk) continue;
         for (u32 col = lane; col < images * w; col += 32) {
@@ -1033,37 +1087,39 @@ static_assert(TC_PIXELS == 1024, "dc_stage's square staging holds a thread's qua
 // Zeroed floats after the staged tile (at tc_tile_floats<W>()) that the W > 0 forwards' padding rows
 // read: a warp's 8 m-tiles span tc_place<W>(127) + 1 ≤ 478 cells (W = 8).
 #define TC_ZERO 512
-// The floats a block's padded planes take in the tile: TC_PIXELS / W² images of DC_CHUNK planes of
-// (W + 2)² for the square kernels (6 400, 5 184 and 4 624 at W = 8, 16, 32), DC_TILE for the general ones.
-template <int W>
+// The floats a block's padded planes take in the tile: TC_PIXELS / W² images of square_strides' image
+// for the square kernels (forward 6 400, 6 144 and 5 756 at W = 8, 16, 32; weight gradient 8 128 at
+// W = 8), DC_TILE for the general ones.
+template <int W, bool WGRAD>
 __device__ constexpr u32 tc_tile_floats() {
-    return W > 0 ? TC_PIXELS / (W * W) * DC_CHUNK * (W + 2) * (W + 2) : DC_TILE;
+    return W > 0 ? TC_PIXELS / (W * W) * square_strides<W, WGRAD>().image : DC_TILE;
 }
 // A tensor-core block's shared staging: the tile, the forward's TC_ZERO zeros after it, and for the
 // square kernels TC_RAW floats where cp.async lands the next staging (there whether CP_ASYNC uses
 // them or not, so that switching it off changes nothing else; the forward's epilogue statistics use
-// the whole). The most at W = 8: 11 008 floats, 44 KB.
+// the whole). The most: W = 8's weight gradient, 12 224 floats (48 896 bytes); its forward 11 008.
 template <int W, bool FORWARD>
 __device__ constexpr u32 tc_stage_floats() {
-    return tc_tile_floats<W>() + (FORWARD ? TC_ZERO : 0) + (W > 0 ? TC_RAW : 0);
+    return tc_tile_floats<W, !FORWARD>() + (FORWARD ? TC_ZERO : 0) + (W > 0 ? TC_RAW : 0);
 }
 
-// The place in the staged tile of pixel p of a block's W × W images (image p / W², row, column; each
-// image DC_CHUNK padded planes of (W + 2)²): a constant expression where p is. For W = 8, 16, 32 and a
+// The place in the staged tile of pixel p of a block's W × W images (image p / W², row, column, at
+// square_strides<W, WGRAD>()): a constant expression where p is. For W = 8, 16, 32 and a
 // warp's first pixel p0 (a multiple of 16·TILES, 128 or 64, plus a lane's g < 8), tc_place<W>(p0 + d) =
 // tc_place<W>(p0) + tc_place<W>(d) for the m-tiles' d = 16·mt + 8·half < 16·TILES: a row of 32 holds
 // two m-tiles, one of 16 one, one of 8 two half-tiles, and 128 or 64 pixels are whole rows (W = 32), a
 // half or a quarter of an image (16), or two images or one (8).
-template <int W>
+template <int W, bool WGRAD = false>
 __device__ __forceinline__ constexpr int tc_place(u32 p) {
     constexpr u32 V = W > 0 ? W : 1;  // W = 0 (the general kernels) never calls it: no division by 0
-    return (int)((p / (V * V)) * DC_CHUNK * (V + 2) * (V + 2) + (p % (V * V)) / V * (V + 2) + p % V);
+    constexpr TileStrides TS = square_strides<W, WGRAD>();
+    return (int)((p / (V * V)) * TS.image + (p % (V * V)) / V * TS.row + p % V);
 }
 
-// Where (channel, tap) row k of a chunk reads relative to a pixel's place in the tile, or −1 for the
-// padding rows past the chunk's `valid` = chunk·9.
-__device__ __forceinline__ int tc_row_offset(u32 k, u32 valid, u32 padded, u32 wp) {
-    return k < valid ? (int)((k / 9) * padded + (k % 9) / 3 * wp + k % 3) : -1;
+// Where (channel, tap) row k of a chunk reads relative to a pixel's place in the tile (ts: its strides),
+// or −1 for the padding rows past the chunk's `valid` = chunk·9.
+__device__ __forceinline__ int tc_row_offset(u32 k, u32 valid, const TileStrides& ts) {
+    return k < valid ? (int)((k / 9) * ts.plane + (k % 9) / 3 * ts.row + k % 3) : -1;
 }
 
 // Batch norm's training statistics in the forward's epilogue (a training step's host convolution,
@@ -1174,7 +1230,7 @@ template <int NT, int W, int WARPS>
 __device__ __forceinline__ void conv3x3_tc(
     const float* x, const float* weight, float* y, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, int flip,
     BnLoad bn, double* stats) {
-    constexpr u32 TILE = tc_tile_floats<W>(), STAGE = tc_stage_floats<W, true>();
+    constexpr u32 TILE = tc_tile_floats<W, false>(), STAGE = tc_stage_floats<W, true>();
     __shared__ __align__(16) float tile[STAGE];
     float* raw = tile + TILE + TC_ZERO;  // W > 0: where cp.async lands the next chunk (CP_ASYNC)
     static_assert(TC_RAW == TC_PIXELS * DC_CHUNK && (TILE + TC_ZERO) % 4 == 0, "raw: 16-byte aligned, a staging");
@@ -1189,7 +1245,7 @@ __device__ __forceinline__ void conv3x3_tc(
     u32 e = blockIdx.z, o0 = blockIdx.y * (NT * 8);
     u32 plane = h * w, per_block = TC_PIXELS / plane;
     u32 b0 = blockIdx.x * per_block, images = min(per_block, batch - b0), pixels = images * plane;
-    u32 wp = w + 2, padded = (h + 2) * wp;
+    TileStrides ts = tc_strides<W, false>(h, w);
     StageDivs divs = stage_divs(h, w);
     FastDiv f_plane = divs.plane, f_w = divs.w;
     u32 first = warp * TILES * 16;
@@ -1206,7 +1262,7 @@ __device__ __forceinline__ void conv3x3_tc(
                 u32 p = first + mt * 16 + g + 8 * half;
                 p = p < pixels ? p : 0;
                 u32 i = fdiv(p, f_plane), q = p - i * plane, yy = fdiv(q, f_w), xx = q - yy * w;
-                place[mt][half] = tile + i * DC_CHUNK * padded + yy * wp + xx;
+                place[mt][half] = tile + i * ts.image + yy * ts.row + xx;
             }
     }
     // W > 0: the place of the lane's first pixel (first + g); its m-tiles' at tc_place<W>(16·mt + 8·half)
@@ -1267,14 +1323,14 @@ __device__ __forceinline__ void conv3x3_tc(
         __syncthreads();  // the previous chunk's reads are done
         if (prefetch) {
             if constexpr (W > 0) {
-                if (s0 == 0) dc_zero_border<W, THREADS>(tile, chunk, DC_CHUNK, images, h, w, divs, f_chunk);
-                square_stage_land<W, THREADS>(tile, raw, chunk, DC_CHUNK, images, divs, f_chunk, true);
+                if (s0 == 0) dc_zero_border<W, THREADS>(tile, chunk, ts, images, h, w, divs, f_chunk);
+                square_stage_land<W, THREADS>(tile, raw, chunk, ts, images, divs, f_chunk, true);
             }
         } else {
             if constexpr (WT_AHEAD)
 #pragma unroll
                 for (u32 j = 0; j < WT_PER; ++j) wv[j] = weight_at(s0, valid, t + j * THREADS);
-            dc_stage<W, THREADS>(tile, x, e, batch, c_in, s0, chunk, DC_CHUNK, b0, images, h, w, divs, f_chunk, s0 == 0,
+            dc_stage<W, THREADS>(tile, x, e, batch, c_in, s0, chunk, ts, b0, images, h, w, divs, f_chunk, s0 == 0,
                                  true, bn);
         }
         if (W > 0 && s0 == 0)
@@ -1284,7 +1340,7 @@ __device__ __forceinline__ void conv3x3_tc(
             u32 l = t + j * THREADS;
             if (l < WT_VALUES) wt[l / (NT * 8)][l % (NT * 8)] = tf32_round(WT_AHEAD ? wv[j] : weight_at(s0, valid, l));
         }
-        if (t < TC_K) row_offset[t] = tc_row_offset(t, valid, padded, wp);
+        if (t < TC_K) row_offset[t] = tc_row_offset(t, valid, ts);
         // This thread's part of the chunk is landed and its weights stored (wv free): fetch the next one,
         // its loads then waiting behind the barrier and the K loop.
         if (prefetch && s0 + DC_CHUNK < c_in) fetch(s0 + DC_CHUNK);
@@ -1300,16 +1356,16 @@ __device__ __forceinline__ void conv3x3_tc(
             float b[NT][2];
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-                b[nt][0] = wt[k0 + tg][nt * 8 + g];
-                b[nt][1] = wt[k0 + tg + 4][nt * 8 + g];
+                b[nt][0] = lds(&wt[k0 + tg][nt * 8 + g]);
+                b[nt][1] = lds(&wt[k0 + tg + 4][nt * 8 + g]);
             }
             if constexpr (W > 0) {
                 const float* at_lo = tile + base + (lo >= 0 ? lo : zero_row);
                 const float* at_hi = tile + base + (hi >= 0 ? hi : zero_row);
 #pragma unroll
                 for (int mt = 0; mt < TILES; ++mt) {
-                    float a[4] = {at_lo[tc_place<W>(16 * mt)], at_lo[tc_place<W>(16 * mt + 8)],
-                                  at_hi[tc_place<W>(16 * mt)], at_hi[tc_place<W>(16 * mt + 8)]};
+                    float a[4] = {lds(at_lo + tc_place<W>(16 * mt)), lds(at_lo + tc_place<W>(16 * mt + 8)),
+                                  lds(at_hi + tc_place<W>(16 * mt)), lds(at_hi + tc_place<W>(16 * mt + 8))};
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt) mma_tf32(acc[mt][nt], a, b[nt]);
                 }
@@ -1318,8 +1374,8 @@ __device__ __forceinline__ void conv3x3_tc(
                 lo = max(lo, 0), hi = max(hi, 0);
 #pragma unroll
                 for (int mt = 0; mt < TILES; ++mt) {
-                    float a0 = place[mt][0][lo], a1 = place[mt][1][lo];
-                    float a2 = place[mt][0][hi], a3 = place[mt][1][hi];
+                    float a0 = lds(place[mt][0] + lo), a1 = lds(place[mt][1] + lo);
+                    float a2 = lds(place[mt][0] + hi), a3 = lds(place[mt][1] + hi);
                     float a[4] = {lo_ok ? a0 : 0.0f, lo_ok ? a1 : 0.0f, hi_ok ? a2 : 0.0f, hi_ok ? a3 : 0.0f};
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt) mma_tf32(acc[mt][nt], a, b[nt]);
@@ -1399,7 +1455,7 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
     const float* x, const float* dy, float* partial, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, u32 runs,
     u32 groups_per_run, BnLoad bn) {
     BnLoad none = bn_load(nullptr, nullptr, nullptr, nullptr, BN_LOAD_NONE);
-    constexpr u32 TILE = tc_tile_floats<W>();
+    constexpr u32 TILE = tc_tile_floats<W, true>();
     __shared__ __align__(16) float tile[tc_stage_floats<W, false>()];
     float* raw = tile + TILE;  // W > 0: where cp.async lands the next image group (CP_ASYNC)
     static_assert(TILE % 4 == 0, "raw: 16-byte aligned");
@@ -1409,7 +1465,7 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
     u32 s0 = (blockIdx.y / o_groups) * DC_CHUNK, o0 = (blockIdx.y % o_groups) * (NT * 8);
     u32 chunk = min((u32)DC_CHUNK, c_in - s0), valid = chunk * 9;
     u32 plane = h * w, per_block = TC_PIXELS / plane;
-    u32 wp = w + 2, padded = (h + 2) * wp;
+    TileStrides ts = tc_strides<W, true>(h, w);
     StageDivs divs = stage_divs(h, w);
     FastDiv f_plane = divs.plane, f_w = divs.w;
     FastDiv f_chunk = chunk_div(chunk);
@@ -1423,7 +1479,7 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
 #pragma unroll
     for (int mt = 0; mt < TC_WG_TILES; ++mt)
 #pragma unroll
-        for (int half = 0; half < 2; ++half) row[mt][half] = max(tc_row_offset(mt * 16 + g + 8 * half, valid, padded, wp), 0);
+        for (int half = 0; half < 2; ++half) row[mt][half] = max(tc_row_offset(mt * 16 + g + 8 * half, valid, ts), 0);
 
     float acc[TC_WG_TILES][NT][4];
 #pragma unroll
@@ -1446,7 +1502,7 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
 #pragma unroll
         for (int mt = 0; mt < TC_WG_TILES; ++mt)
 #pragma unroll
-            for (int half = 0; half < 2; ++half) a_row[mt][half] = tile + tc_place<W>(p0) + row[mt][half];
+            for (int half = 0; half < 2; ++half) a_row[mt][half] = tile + tc_place<W, true>(p0) + row[mt][half];
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
             u32 o = o0 + nt * 8 + g;
@@ -1493,11 +1549,11 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
         __syncthreads();  // the previous group's reads are done
         if (prefetch) {
             if constexpr (W > 0) {
-                if (gi == first) dc_zero_border<W>(tile, chunk, DC_CHUNK, images, h, w, divs, f_chunk);
-                square_stage_land<W, 256>(tile, raw, chunk, DC_CHUNK, images, divs, f_chunk, true);
+                if (gi == first) dc_zero_border<W>(tile, chunk, ts, images, h, w, divs, f_chunk);
+                square_stage_land<W, 256>(tile, raw, chunk, ts, images, divs, f_chunk, true);
             }
         } else {
-            dc_stage<W>(tile, x, e, batch, c_in, s0, chunk, DC_CHUNK, b0, images, h, w, divs, f_chunk, gi == first, true,
+            dc_stage<W>(tile, x, e, batch, c_in, s0, chunk, ts, b0, images, h, w, divs, f_chunk, gi == first, true,
                         none);
         }
         if (prefetch && gi + 1 < last) fetch(gi + 1);  // this thread's part of raw is landed: reuse it
@@ -1523,7 +1579,7 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
             };
             // k-step j's multiplies from its loads (at: the pixels' place in the tile).
             auto multiply = [&](u32 j, const WgradLoad (&l)[NT]) {
-                u32 at = tc_place<W>(64 * j);
+                u32 at = tc_place<W, true>(64 * j);
                 float b[NT][2];
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
@@ -1538,7 +1594,8 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
                 }
 #pragma unroll
                 for (int mt = 0; mt < TC_WG_TILES; ++mt) {
-                    float a[4] = {a_row[mt][0][at], a_row[mt][1][at], a_row[mt][0][at + 1], a_row[mt][1][at + 1]};
+                    float a[4] = {lds(a_row[mt][0] + at), lds(a_row[mt][1] + at), lds(a_row[mt][0] + at + 1),
+                                  lds(a_row[mt][1] + at + 1)};
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt) mma_tf32(acc[mt][nt], a, b[nt]);
                 }
@@ -1584,7 +1641,7 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
                 bool ok = p < pixels;
                 p = ok ? p : 0;
                 u32 i = fdiv(p, f_plane), q = p - i * plane, yy = fdiv(q, f_w), xx = q - yy * w;
-                int place = (int)(i * DC_CHUNK * padded + yy * wp + xx);
+                int place = (int)(i * ts.image + yy * ts.row + xx);
                 u64 dy_plane = ((u64)e * batch + b0 + i) * c_out;
                 float b[NT][2];
 #pragma unroll
@@ -1599,8 +1656,8 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
 #pragma unroll
                 for (int mt = 0; mt < TC_WG_TILES; ++mt) {
                     if ((u32)mt >= m_tiles) break;  // the same for the whole block
-                    float a0 = tile[place + row[mt][0]], a1 = tile[place + row[mt][1]];
-                    float a2 = tile[place + 1 + row[mt][0]], a3 = tile[place + 1 + row[mt][1]];
+                    float a0 = lds(tile + place + row[mt][0]), a1 = lds(tile + place + row[mt][1]);
+                    float a2 = lds(tile + place + 1 + row[mt][0]), a3 = lds(tile + place + 1 + row[mt][1]);
                     float a[4] = {ok ? a0 : 0.0f, ok ? a1 : 0.0f, ok ? a2 : 0.0f, ok ? a3 : 0.0f};
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt) mma_tf32(acc[mt][nt], a, b[nt]);

@@ -341,10 +341,12 @@ fn every_kernel_file_compiles_with_every_switch_set_back() {
         wg_batch: Some(1),
         loads_ahead: false,
         cp_async: false,
+        spaced_tiles: false,
     };
     let options = compile_options_with(DEFAULT_ARCH, before).options;
     assert!(options.iter().any(|o| o == "-DLOADS_ONE_AT_A_TIME"), "{options:?}");
     assert!(options.iter().any(|o| o == "-DCP_ASYNC_OFF"), "{options:?}");
+    assert!(options.iter().any(|o| o == "-DTC_PACKED_TILES"), "{options:?}");
     for file in KERNEL_FILES {
         let ptx = ptx_with(file.name, before).unwrap_or_else(|e| panic!("{}: {e:?}", file.name));
         assert_defines_its_kernels(file, &ptx);

@@ -318,6 +318,52 @@ static void check_tc(unsigned envs, unsigned batch, unsigned c_in, unsigned c_ou
     }
 }
 
+// The passes over shared memory's banks of the tensor-core kernels' K-loop loads (shim.hpp's lds
+// count) on the host's and seeds' shapes: forward, input gradient and weight gradient, the general
+// kernel beside the square one. The square kernels' tiles are spaced (conv.cu, square_strides) so that
+// each load takes one pass: required to within 1.10 passes a load (a last chunk's padding rows may add
+// a few); the general kernels' (packed) are printed, not checked. Built with -DTC_PACKED_TILES (the
+// square tiles packed again) the checks at W = 16 and 32 and W = 8's weight gradients fail.
+static void check_tc_banks(unsigned c_in, unsigned c_out, unsigned side) {
+    char what[160], detail[160];
+    const char* name = "";
+    unsigned per_block = 1024 / (side * side), batch = per_block, envs = 1;
+    auto x = values((size_t)batch * std::max(c_in, c_out) * side * side, -1.0f, 1.0f);
+    auto dy = values((size_t)batch * c_out * side * side, -1.0f, 1.0f);
+    auto weight = values((size_t)c_out * c_in * 9, -0.5f, 0.5f);
+    std::vector<float> y((size_t)batch * std::max(c_in, c_out) * side * side), partial((size_t)c_out * c_in * 9);
+    for (unsigned width : {0u, side}) {
+        for (int pass = 0; pass < 3; ++pass) {  // forward, input gradient, weight gradient
+            unsigned k_in = pass == 1 ? c_out : c_in, k_out = pass == 1 ? c_in : c_out;
+            unsigned nt = (pass == 2 ? c_out : k_out) <= 8 ? 1 : 2;
+            lds_count = LdsCount{};
+            lds_counting = true;
+            if (pass < 2)
+                launch({1, (k_out + 8 * nt - 1) / (8 * nt), envs}, {tc_threads(nt, width), 1, 1}, [&] {
+                    tc_forward(nt, width, &name, x.data(), weight.data(), y.data(), batch, k_in, k_out, side, side,
+                               pass, NO_BN, nullptr);
+                });
+            else
+                launch({1, ((c_in + 3) / 4) * ((c_out + 8 * nt - 1) / (8 * nt)), envs}, {256, 1, 1}, [&] {
+                    tc_wgrad(nt, width, &name, x.data(), dy.data(), partial.data(), batch, c_in, c_out, side, side, 1, 1,
+                             NO_BN);
+                });
+            lds_counting = false;
+            double per_load = lds_count.loads ? (double)lds_count.passes / lds_count.loads : 0.0;
+            std::snprintf(what, sizeof what, "%s %s %u→%u %u×%u: bank passes", name,
+                          pass == 0 ? "y " : pass == 1 ? "dx" : "dW", k_in, k_out, side, side);
+            std::snprintf(detail, sizeof detail, "%.3f a load (%llu loads; uneven warps %llu)", per_load,
+                          lds_count.loads, lds_count.uneven);
+            bool checked = width != 0;
+            bool ok = lds_count.loads > 0 && lds_count.uneven == 0 && (!checked || per_load <= 1.10);
+            if (checked || !ok)
+                report(what, ok, detail);
+            else
+                std::printf("%-58s info %s\n", what, detail);
+        }
+    }
+}
+
 // Batch norm's training statistics from the tensor-core forward's epilogue: its output the same bits as
 // without them, and batch_norm_stats_finish_runs_f32's mean, 1/sqrt(var + eps) and running statistics
 // against a double two-pass computation over that output (1e-6 relative). `offset` moves the inputs so
@@ -1205,6 +1251,13 @@ int main() {
     check_tc(1, 5, 12, 12, 16, 16, 2);
     check_tc(1, 2, 5, 20, 32, 32, 1);
     check_tc(2, 37, 16, 8, 8, 8, 2);
+    // Their shared loads' bank passes: the host's blocks and the seeds' convolutions.
+    check_tc_banks(3, 8, 32);
+    check_tc_banks(8, 8, 32);
+    check_tc_banks(8, 16, 16);
+    check_tc_banks(16, 16, 16);
+    check_tc_banks(16, 32, 8);
+    check_tc_banks(32, 32, 8);
     // The forward's epilogue statistics: the host's three blocks (one image a block at 32×32: 3 runs; 16
     // at 8×8: a short last run), a short last run at 6×8 with 12 channels, and a mean far from zero.
     check_tc_stats(2, 3, 3, 8, 32, 32, 0.0f);

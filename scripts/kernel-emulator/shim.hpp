@@ -32,7 +32,8 @@ inline pthread_barrier_t segment_barriers[128];
 inline float shuffled[1024];
 inline double shuffled_double[1024];
 
-// conv.cu takes tf32_round, mma_tf32 and the cp.async pair from here instead of its inline PTX.
+// conv.cu and common.cuh take tf32_round, mma_tf32, the cp.async pair and lds from here instead of their
+// inline PTX and plain loads.
 #define ESPER_KERNEL_EMULATOR 1
 
 #define __global__
@@ -170,6 +171,47 @@ inline void cp_async_wait_all() {
     pending_copies.clear();
 }
 
+// The passes over shared memory's 32 banks of the loads a kernel makes through `lds` (conv.cu's
+// tensor-core K loops), counted while `lds_counting` is set: each thread records its loads' addresses,
+// and after each block the i-th load of each warp's 32 lanes (their control flow is the same in those
+// loops; a warp whose lanes made different numbers of loads is counted in `uneven`) takes as many
+// passes as the most distinct 4-byte words one bank holds among its lanes' addresses (lanes reading
+// the same word share it), as a GPU's shared memory serves a warp's 32-bit loads.
+struct LdsCount {
+    unsigned long long loads = 0, passes = 0, uneven = 0;
+};
+inline bool lds_counting = false;
+inline LdsCount lds_count;
+inline thread_local std::vector<const float*> lds_log;
+inline float lds(const float* p) {
+    if (lds_counting) lds_log.push_back(p);
+    return *p;
+}
+inline void count_lds_passes(const std::vector<std::vector<const float*>>& logs) {
+    for (size_t w0 = 0; w0 + 32 <= logs.size(); w0 += 32) {
+        size_t n = logs[w0].size();
+        bool even = true;
+        for (size_t l = 1; l < 32; ++l) even = even && logs[w0 + l].size() == n;
+        if (!even) {
+            ++lds_count.uneven;
+            continue;
+        }
+        for (size_t i = 0; i < n; ++i) {
+            const float* words[32];
+            for (size_t l = 0; l < 32; ++l) words[l] = logs[w0 + l][i];
+            std::sort(words, words + 32);
+            unsigned in_bank[32] = {}, most = 0;
+            for (size_t l = 0; l < 32; ++l) {
+                if (l > 0 && words[l] == words[l - 1]) continue;
+                unsigned bank = (unsigned)((reinterpret_cast<uintptr_t>(words[l]) >> 2) & 31);
+                most = std::max(most, ++in_bank[bank]);
+            }
+            ++lds_count.loads;
+            lds_count.passes += most;
+        }
+    }
+}
+
 // Runs `body()` as every thread of every block of the grid, a block at a time.
 template <typename Body>
 void launch(dim3 grid, dim3 block, Body body) {
@@ -185,10 +227,13 @@ void launch(dim3 grid, dim3 block, Body body) {
                 for (unsigned v = 0; v < threads / 8; ++v) pthread_barrier_init(&segment_barriers[v], nullptr, 8);
                 std::vector<std::thread> pool;
                 pool.reserve(threads);
+                std::vector<std::vector<const float*>> lds_logs(lds_counting ? threads : 0);
                 for (unsigned t = 0; t < threads; ++t)
                     pool.emplace_back([&, t] {
                         threadIdx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
                         body();
+                        if (lds_counting) lds_logs[t] = std::move(lds_log);
+                        lds_log.clear();
                         if (!pending_copies.empty()) {
                             std::fprintf(stderr, "kernel emulator: a thread ended with %zu cp.async copies not waited for\n",
                                          pending_copies.size());
@@ -196,6 +241,7 @@ void launch(dim3 grid, dim3 block, Body body) {
                         }
                     });
                 for (auto& th : pool) th.join();
+                if (lds_counting) count_lds_passes(lds_logs);
                 pthread_barrier_destroy(&block_barrier);
                 for (unsigned v = 0; v < threads / 32; ++v) pthread_barrier_destroy(&warp_barriers[v]);
                 for (unsigned v = 0; v < threads / 8; ++v) pthread_barrier_destroy(&segment_barriers[v]);

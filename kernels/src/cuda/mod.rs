@@ -85,12 +85,24 @@ pub struct KernelSwitches {
     /// into shared memory while they multiply the current one; the staged group norms copy their
     /// groups through registers, eight loads a thread at a time. The same values either way.
     pub cp_async: bool,
+    /// `ESPER_CUDA_TC_SPACED=0` (`-DTC_PACKED_TILES`): the square tensor-core kernels stage their
+    /// padded planes packed, as they did, instead of in rows and planes spaced so that their K loops'
+    /// shared loads are free of bank conflicts (conv.cu, `square_strides`: 1.7 – 2.7 passes over the
+    /// banks a load packed at W = 32, 1.0 spaced, as the kernel emulator counts them). The same values
+    /// either way.
+    pub spaced_tiles: bool,
 }
 
 impl KernelSwitches {
     /// Every kernel's own choice: no define.
-    pub const OWN: KernelSwitches =
-        KernelSwitches { min_blocks: None, n16_warps: 16, wg_batch: None, loads_ahead: true, cp_async: true };
+    pub const OWN: KernelSwitches = KernelSwitches {
+        min_blocks: None,
+        n16_warps: 16,
+        wg_batch: None,
+        loads_ahead: true,
+        cp_async: true,
+        spaced_tiles: true,
+    };
 
     /// The switches as the environment sets them (a warning on a value out of range, which leaves the
     /// kernels' own choice).
@@ -101,6 +113,7 @@ impl KernelSwitches {
             wg_batch: tc_wg_batch(),
             loads_ahead: loads_ahead(),
             cp_async: cp_async(),
+            spaced_tiles: spaced_tiles(),
         }
     }
 }
@@ -127,6 +140,9 @@ pub fn compile_options_with(arch: &'static str, tc: KernelSwitches) -> CompileOp
     }
     if !tc.cp_async {
         options.push("-DCP_ASYNC_OFF".to_string());
+    }
+    if !tc.spaced_tiles {
+        options.push("-DTC_PACKED_TILES".to_string());
     }
     CompileOptions { fmad: Some(false), arch: Some(arch), options, ..Default::default() }
 }
@@ -193,6 +209,13 @@ fn cp_async() -> bool {
     static CP_ASYNC: std::sync::LazyLock<bool> =
         std::sync::LazyLock::new(|| on_unless_zero("ESPER_CUDA_CP_ASYNC"));
     *CP_ASYNC
+}
+
+/// `ESPER_CUDA_TC_SPACED`: off (packed tiles) where it is `0`.
+fn spaced_tiles() -> bool {
+    static SPACED: std::sync::LazyLock<bool> =
+        std::sync::LazyLock::new(|| on_unless_zero("ESPER_CUDA_TC_SPACED"));
+    *SPACED
 }
 
 /// A batch of k-steps divides an image group's 16 (conv.cu's static_assert says the same).
