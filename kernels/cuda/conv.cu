@@ -1140,7 +1140,7 @@ __device__ __forceinline__ void tc_block_stats(
     constexpr u32 THREADS = WARPS * 32;
     u32 t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane / 4, tg = lane % 4;
     // THREADS × NT·2 channels × 2 sums, then WARPS × NT·8 channels × 2 sums, then NT·8 shifts (36 928
-    // bytes at NT = 2 and 16 warps: all of a W = 32 block's STAGE floats, the staging's shared memory).
+    // bytes at NT = 2 and 16 warps: most of a W = 32 block's 41 456 bytes of staging, raw included).
     static_assert(THREADS * NT * 4 * 8 + WARPS * NT * 16 * 8 + NT * 8 * 4 <= STAGE * 4,
                   "the statistics' sums fit the staging");
     double* sums = reinterpret_cast<double*>(tile);
@@ -1701,9 +1701,10 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
 // batched (TC_WG_BATCH 4) the counts hold: ptxas issues the n16 w8's eight loads of a batch ahead of its
 // multiplies at 64 registers for the first batch and four ahead for the others, and the n8 w8 spills 20
 // bytes in its set-up and its step-by-step tail, not in a full batch. Shared memory does not limit
-// them: with CP_ASYNC's 16 KB a square forward block takes 38–47 KB (W = 8, n16, the most) and a
-// square weight gradient's 35–42 KB, so an SM's 228 KB holds four of either (five weight gradients),
-// more than their launch bounds ask for. TC_MIN_BLOCKS (`ESPER_CUDA_TC_MIN_BLOCKS=N` adds it to
+// them on sm_90: with CP_ASYNC's 16 KB and the spaced tiles (square_strides) a square forward block
+// takes 42–47 KB and a square weight gradient's 39–48 KB (W = 8's, the most: 48 976 bytes), so an SM's
+// 228 KB holds four of any (five of the W = 16 and 32 weight gradients), as many as their launch
+// bounds ask for. (On sm_80's 164 KB the W = 16 and 8 weight gradients fit three, not four.) TC_MIN_BLOCKS (`ESPER_CUDA_TC_MIN_BLOCKS=N` adds it to
 // NVRTC's options) gives every kernel N (the 512-thread forwards at most 4: TC_FIT), to measure the
 // two; N = 2 is what they all had.
 //
