@@ -14,14 +14,15 @@
 # residual epilogue); c against itself without cp.async (ESPER_CUDA_CP_ASYNC=0: the square tensor-core
 # kernels staging between two barriers again, the staged group norms copying through registers); c
 # against itself with packed tiles (ESPER_CUDA_TC_SPACED=0: the square tensor-core kernels' K loops with
-# their shared loads' bank conflicts back); the per-kernel device time of one bare and one seeded W16
+# their shared loads' bank conflicts back) and ncu's count of those loads' wavefronts both ways
+# (ncu-banks.py, beside the kernel emulator's count); the per-kernel device time of one bare and one seeded W16
 # training batch + validation under ncu (c); c's own switches A/B'd against c — the tensor-core kernels'
 # occupancy (ESPER_CUDA_TC_MIN_BLOCKS=2 ESPER_CUDA_TC_WIDE=0), batch norm's gradient on load in the
 # first block (ESPER_CUDA_BN_ON_LOAD=0), then the square kernels and the staged group norm together — and b against
 # c (the 2026-11-28 seed and slot fusions); a short heuristic `train` with the profile table and the
 # copies per step. Everything goes to $OUT/next.txt (the summary: each step's exit, time and last
 # lines) and $OUT/next.tgz (logs, JSON), rewritten after every step. The steps' names, in order:
-# selftest-c (selftest-c-switched-back), ab-a-c, ab-loads-ahead, ab-cp-async, ab-spaced, ncu-bare,
+# selftest-c (selftest-c-switched-back), ab-a-c, ab-loads-ahead, ab-cp-async, ab-spaced, ncu-banks, ncu-bare,
 # ab-occupancy, ab-bn-on-load, ab-square-gn, ncu-seeded, ab-b-c, train-profile — so that a second call can
 # run what the first had no time for.
 set -u
@@ -82,6 +83,23 @@ ncu_table() {
     return $rc
 }
 export -f ncu_table
+# The square tensor-core kernels' shared loads in one seeded W16 training batch and validation: ncu's
+# instructions and wavefronts with spaced tiles (c as built) and packed (ESPER_CUDA_TC_SPACED=0), then
+# ncu-banks.py's table of both.
+ncu_banks() {
+    local metrics=gpu__time_duration.sum,smsp__inst_executed_op_shared_ld.sum
+    metrics+=,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum
+    local side rc=0
+    for side in spaced packed; do
+        env $([ $side = packed ] && echo ESPER_CUDA_TC_SPACED=0) "$NCU_BIN" --metrics "$metrics" --csv --print-units base \
+            -k 'regex:^conv3x3_(wgrad_)?tc_n(8|16)_w(8|16|32)(_bnpool)?_tf32$' -c 40 "$@" >"$WORK/logs/ncu-banks-$side.csv" 2>&1 \
+            || rc=$?
+    done
+    python3 scripts/ncu-banks.py "$WORK/logs/ncu-banks-spaced.csv" "$WORK/logs/ncu-banks-packed.csv"
+    return $rc
+}
+export -f ncu_banks
+export WORK
 export NCU_BIN
 
 # c's selftest (a's passed on an H200, 324 of 324); where it fails, again with every switch of the
@@ -100,6 +118,7 @@ TAIL=8 run ab-cp-async 90 env OUT="$WORK/logs/ab-cp-async" AB_SELFTEST=0 \
     AB_CASES="w16-none-tf32 w16-seeded-tf32" A_ENV=ESPER_CUDA_CP_ASYNC=0 bash scripts/gpu-ab.sh gpu/c.gz gpu/c.gz
 TAIL=8 run ab-spaced 90 env OUT="$WORK/logs/ab-spaced" AB_SELFTEST=0 \
     AB_CASES="w16-none-tf32 w16-seeded-tf32" A_ENV=ESPER_CUDA_TC_SPACED=0 bash scripts/gpu-ab.sh gpu/c.gz gpu/c.gz
+TAIL=30 run ncu-banks 120 ncu_banks "$WORK/c" bench --device cuda "${NCU_STEP[@]}" --json "$WORK/ncu-banks.json"
 TAIL=40 run ncu-bare 120 ncu_table "$WORK/logs/ncu-bare.csv" "$WORK/c" bench --device cuda --seeds none \
     "${NCU_STEP[@]}" --json "$WORK/ncu-bare.json"
 TAIL=8 run ab-occupancy 90 env OUT="$WORK/logs/ab-occupancy" AB_SELFTEST=0 AB_CASES="w16-none-tf32 w16-seeded-tf32" \
