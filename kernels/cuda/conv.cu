@@ -770,10 +770,10 @@ __device__ __forceinline__ void dc_stage(
 // copies x's values of a staging (dc_stage's channels and images, x read as it is) into `raw` with
 // cp.async, quad l of the staging at raw[4·l], and returns at once; square_stage_land waits for the
 // thread's copies and stores each of its quads from raw into its padded cell of the tile (rounded to
-// TF32 with `tf32`), as dc_stage would have. A thread lands exactly the quads it issued (the same l =
-// threadIdx.x + k·THREADS) from the part of raw only it writes, so raw needs no barrier at all; the
-// tile does, as with dc_stage: a land must wait for every warp to be done with the tile's previous
-// values. Raw takes TC_RAW floats (1 024 pixels of DC_CHUNK planes) and is 16-byte aligned, as x's
+// TF32 with `tf32`; the border zeroed first with `zero_border`), as dc_stage would have. A thread lands
+// exactly the quads it issued (the same l = threadIdx.x + k·THREADS) from the part of raw only it
+// writes, so raw needs no barrier at all; the tile does, as with dc_stage: a land must wait for every
+// warp to be done with the tile's previous values. Raw takes TC_RAW floats (1 024 pixels of DC_CHUNK planes) and is 16-byte aligned, as x's
 // quads are where stage_reads_quads says so.
 #define TC_RAW (1024 * DC_CHUNK)
 
@@ -794,10 +794,11 @@ __device__ __forceinline__ void square_stage_issue(
 template <int W, int THREADS>
 __device__ __forceinline__ void square_stage_land(
     float* tile, const float* raw, u32 chunk, const TileStrides& ts, u32 images, const StageDivs& divs,
-    const FastDiv& f_chunk, bool tf32) {
+    const FastDiv& f_chunk, bool zero_border, bool tf32) {
     static_assert(W > 0, "the square staging takes W × W planes");
     constexpr u32 QUADS = W * W / 4;
     u32 staged = images * chunk * QUADS;
+    if (zero_border) dc_zero_border<W, THREADS>(tile, chunk, ts, images, W, W, divs, f_chunk);
     cp_async_wait_all();
     for (u32 l = threadIdx.x; l < staged; l += THREADS) {
         StageQuad a = stage_quad<W>(l, chunk, QUADS, W / 4, divs, f_chunk);
@@ -1098,9 +1099,9 @@ __device__ constexpr u32 tc_tile_floats() {
 // square kernels TC_RAW floats where cp.async lands the next staging (there whether CP_ASYNC uses
 // them or not, so that switching it off changes nothing else; the forward's epilogue statistics use
 // the whole). The most: W = 8's weight gradient, 12 224 floats (48 896 bytes); its forward 11 008.
-template <int W, bool FORWARD>
+template <int W, bool WGRAD>
 __device__ constexpr u32 tc_stage_floats() {
-    return tc_tile_floats<W, !FORWARD>() + (FORWARD ? TC_ZERO : 0) + (W > 0 ? TC_RAW : 0);
+    return tc_tile_floats<W, WGRAD>() + (WGRAD ? 0 : TC_ZERO) + (W > 0 ? TC_RAW : 0);
 }
 
 // The place in the staged tile of pixel p of a block's W × W images (image p / W², row, column, at
@@ -1230,7 +1231,7 @@ template <int NT, int W, int WARPS>
 __device__ __forceinline__ void conv3x3_tc(
     const float* x, const float* weight, float* y, u32 batch, u32 c_in, u32 c_out, u32 h, u32 w, int flip,
     BnLoad bn, double* stats) {
-    constexpr u32 TILE = tc_tile_floats<W, false>(), STAGE = tc_stage_floats<W, true>();
+    constexpr u32 TILE = tc_tile_floats<W, false>(), STAGE = tc_stage_floats<W, false>();
     __shared__ __align__(16) float tile[STAGE];
     float* raw = tile + TILE + TC_ZERO;  // W > 0: where cp.async lands the next chunk (CP_ASYNC)
     static_assert(TC_RAW == TC_PIXELS * DC_CHUNK && (TILE + TC_ZERO) % 4 == 0, "raw: 16-byte aligned, a staging");
@@ -1322,10 +1323,8 @@ __device__ __forceinline__ void conv3x3_tc(
         FastDiv f_chunk = chunk_div(chunk);
         __syncthreads();  // the previous chunk's reads are done
         if (prefetch) {
-            if constexpr (W > 0) {
-                if (s0 == 0) dc_zero_border<W, THREADS>(tile, chunk, ts, images, h, w, divs, f_chunk);
-                square_stage_land<W, THREADS>(tile, raw, chunk, ts, images, divs, f_chunk, true);
-            }
+            if constexpr (W > 0)
+                square_stage_land<W, THREADS>(tile, raw, chunk, ts, images, divs, f_chunk, s0 == 0, true);
         } else {
             if constexpr (WT_AHEAD)
 #pragma unroll
@@ -1456,7 +1455,7 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
     u32 groups_per_run, BnLoad bn) {
     BnLoad none = bn_load(nullptr, nullptr, nullptr, nullptr, BN_LOAD_NONE);
     constexpr u32 TILE = tc_tile_floats<W, true>();
-    __shared__ __align__(16) float tile[tc_stage_floats<W, false>()];
+    __shared__ __align__(16) float tile[tc_stage_floats<W, true>()];
     float* raw = tile + TILE;  // W > 0: where cp.async lands the next image group (CP_ASYNC)
     static_assert(TILE % 4 == 0, "raw: 16-byte aligned");
     u32 t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane / 4, tg = lane % 4;
@@ -1548,10 +1547,8 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
         u32 b0 = gi * per_block, images = images_of(gi), pixels = images * plane;
         __syncthreads();  // the previous group's reads are done
         if (prefetch) {
-            if constexpr (W > 0) {
-                if (gi == first) dc_zero_border<W>(tile, chunk, ts, images, h, w, divs, f_chunk);
-                square_stage_land<W, 256>(tile, raw, chunk, ts, images, divs, f_chunk, true);
-            }
+            if constexpr (W > 0)
+                square_stage_land<W, 256>(tile, raw, chunk, ts, images, divs, f_chunk, gi == first, true);
         } else {
             dc_stage<W>(tile, x, e, batch, c_in, s0, chunk, ts, b0, images, h, w, divs, f_chunk, gi == first, true,
                         none);
@@ -1669,7 +1666,7 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
     // The warps' sums in warp order: warp v's value for (row j, channel n) at
     // tile[(v·16·TC_WG_TILES + j)·NT·8 + n].
     constexpr u32 ROWS = 16 * TC_WG_TILES, COLS = NT * 8;
-    static_assert(8 * ROWS * COLS <= tc_stage_floats<W, false>(), "the warps' sums fit the staging");
+    static_assert(8 * ROWS * COLS <= tc_stage_floats<W, true>(), "the warps' sums fit the staging");
     __syncthreads();
 #pragma unroll
     for (int mt = 0; mt < TC_WG_TILES; ++mt)
@@ -1704,9 +1701,9 @@ __device__ __forceinline__ void conv3x3_wgrad_tc(
 // them on sm_90: with CP_ASYNC's 16 KB and the spaced tiles (square_strides) a square forward block
 // takes 42–47 KB and a square weight gradient's 39–48 KB (W = 8's, the most: 48 976 bytes), so an SM's
 // 228 KB holds four of any (five of the W = 16 and 32 weight gradients), as many as their launch
-// bounds ask for. (On sm_80's 164 KB the W = 16 and 8 weight gradients fit three, not four.) TC_MIN_BLOCKS (`ESPER_CUDA_TC_MIN_BLOCKS=N` adds it to
-// NVRTC's options) gives every kernel N (the 512-thread forwards at most 4: TC_FIT), to measure the
-// two; N = 2 is what they all had.
+// bounds ask for. (On sm_80's 164 KB the W = 16 and 8 weight gradients fit three, not four.)
+// TC_MIN_BLOCKS (`ESPER_CUDA_TC_MIN_BLOCKS=N` adds it to NVRTC's options) gives every kernel N (the
+// 512-thread forwards at most 4: TC_FIT), to measure the two; N = 2 is what they all had.
 //
 // The square n16 forwards hold 64 accumulators a thread at 8 warps of 8 m-tiles (126 registers; at
 // three blocks an SM they spill 192 bytes in the K loop), so they run 16 warps of 4 m-tiles instead
