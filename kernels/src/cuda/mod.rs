@@ -104,17 +104,22 @@ impl KernelSwitches {
         spaced_tiles: true,
     };
 
-    /// The switches as the environment sets them (a warning on a value out of range, which leaves the
-    /// kernels' own choice).
+    /// The switches as the environment sets them, read once (a warning, once, on a value out of range,
+    /// which leaves the kernels' own choice).
     pub fn from_env() -> KernelSwitches {
-        KernelSwitches {
-            min_blocks: tc_min_blocks(),
-            n16_warps: tc_n16_warps(),
-            wg_batch: tc_wg_batch(),
-            loads_ahead: loads_ahead(),
-            cp_async: cp_async(),
-            spaced_tiles: spaced_tiles(),
-        }
+        static SWITCHES: std::sync::LazyLock<KernelSwitches> = std::sync::LazyLock::new(|| KernelSwitches {
+            min_blocks: switch_from_env(
+                "ESPER_CUDA_TC_MIN_BLOCKS",
+                parse_min_blocks,
+                "a number of blocks from 1 to 8",
+            ),
+            n16_warps: if std::env::var("ESPER_CUDA_TC_WIDE").is_ok_and(|v| v == "0") { 8 } else { 16 },
+            wg_batch: switch_from_env("ESPER_CUDA_WG_BATCH", parse_wg_batch, "1, 2, 4, 8 or 16 k-steps"),
+            loads_ahead: on_unless_zero("ESPER_CUDA_LOADS_AHEAD"),
+            cp_async: on_unless_zero("ESPER_CUDA_CP_ASYNC"),
+            spaced_tiles: on_unless_zero("ESPER_CUDA_TC_SPACED"),
+        });
+        *SWITCHES
     }
 }
 
@@ -151,10 +156,7 @@ pub fn compile_options_with(arch: &'static str, tc: KernelSwitches) -> CompileOp
 /// m-tiles each (64 registers, two blocks of 512 threads an SM), or 8 of 8 with `ESPER_CUDA_TC_WIDE=0`
 /// (126 registers, two blocks of 256), as they were built before. The same sums, bit for bit.
 pub fn tc_n16_warps() -> u32 {
-    static WARPS: std::sync::LazyLock<u32> = std::sync::LazyLock::new(|| {
-        if std::env::var("ESPER_CUDA_TC_WIDE").is_ok_and(|v| v == "0") { 8 } else { 16 }
-    });
-    *WARPS
+    KernelSwitches::from_env().n16_warps
 }
 
 /// The switch `name` as `parse` reads it; `None` where it is unset, or set to something `parse` refuses
@@ -167,24 +169,9 @@ fn switch_from_env<T>(name: &str, parse: fn(&str) -> Option<T>, expected: &str) 
     })
 }
 
-/// `ESPER_CUDA_TC_MIN_BLOCKS`, where it is set to a number of blocks from 1 to 8.
-fn tc_min_blocks() -> Option<u32> {
-    static BLOCKS: std::sync::LazyLock<Option<u32>> = std::sync::LazyLock::new(|| {
-        switch_from_env("ESPER_CUDA_TC_MIN_BLOCKS", parse_min_blocks, "a number of blocks from 1 to 8")
-    });
-    *BLOCKS
-}
-
+/// `ESPER_CUDA_TC_MIN_BLOCKS`: a number of blocks from 1 to 8.
 fn parse_min_blocks(text: &str) -> Option<u32> {
     text.trim().parse().ok().filter(|blocks| (1..=8).contains(blocks))
-}
-
-/// `ESPER_CUDA_WG_BATCH`, where it is set to 1, 2, 4, 8 or 16 k-steps.
-fn tc_wg_batch() -> Option<u32> {
-    static BATCH: std::sync::LazyLock<Option<u32>> = std::sync::LazyLock::new(|| {
-        switch_from_env("ESPER_CUDA_WG_BATCH", parse_wg_batch, "1, 2, 4, 8 or 16 k-steps")
-    });
-    *BATCH
 }
 
 /// An on/off switch `name`: false where it is `0`, true otherwise (`1` or unset; anything else warns).
@@ -197,28 +184,8 @@ fn on_unless_zero(name: &str) -> bool {
     switch_from_env(name, parse, "0 or 1").unwrap_or(true)
 }
 
-/// `ESPER_CUDA_LOADS_AHEAD`: off where it is `0`.
-fn loads_ahead() -> bool {
-    static AHEAD: std::sync::LazyLock<bool> =
-        std::sync::LazyLock::new(|| on_unless_zero("ESPER_CUDA_LOADS_AHEAD"));
-    *AHEAD
-}
-
-/// `ESPER_CUDA_CP_ASYNC`: off where it is `0`.
-fn cp_async() -> bool {
-    static CP_ASYNC: std::sync::LazyLock<bool> =
-        std::sync::LazyLock::new(|| on_unless_zero("ESPER_CUDA_CP_ASYNC"));
-    *CP_ASYNC
-}
-
-/// `ESPER_CUDA_TC_SPACED`: off (packed tiles) where it is `0`.
-fn spaced_tiles() -> bool {
-    static SPACED: std::sync::LazyLock<bool> =
-        std::sync::LazyLock::new(|| on_unless_zero("ESPER_CUDA_TC_SPACED"));
-    *SPACED
-}
-
-/// A batch of k-steps divides an image group's 16 (conv.cu's static_assert says the same).
+/// `ESPER_CUDA_WG_BATCH`: 1, 2, 4, 8 or 16 k-steps, a batch that divides an image group's 16 (conv.cu's
+/// static_assert says the same).
 fn parse_wg_batch(text: &str) -> Option<u32> {
     text.trim().parse().ok().filter(|batch: &u32| batch.is_power_of_two() && *batch <= 16)
 }
