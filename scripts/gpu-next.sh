@@ -15,7 +15,7 @@
 # kernels staging between two barriers again, the staged group norms copying through registers); c
 # against itself with packed tiles (ESPER_CUDA_TC_SPACED=0: the square tensor-core kernels' K loops with
 # their shared loads' bank conflicts back) and ncu's count of those loads' wavefronts both ways
-# (ncu-banks.py, beside the kernel emulator's count); the per-kernel device time of one bare and one seeded W16
+# (ncu-kernels.py --banks, beside the kernel emulator's count); the per-kernel device time of one bare and one seeded W16
 # training batch + validation under ncu (c); c's own switches A/B'd against c — the tensor-core kernels'
 # occupancy (ESPER_CUDA_TC_MIN_BLOCKS=2 ESPER_CUDA_TC_WIDE=0), batch norm's gradient on load in the
 # first block (ESPER_CUDA_BN_ON_LOAD=0), then the square kernels and the staged group norm together — and b against
@@ -85,17 +85,17 @@ ncu_table() {
 export -f ncu_table
 # The square tensor-core kernels' shared loads in one seeded W16 training batch and validation: ncu's
 # instructions and wavefronts with spaced tiles (c as built) and packed (ESPER_CUDA_TC_SPACED=0), then
-# ncu-banks.py's table of both.
+# ncu-kernels.py's --banks table of both.
 ncu_banks() {
     local metrics=gpu__time_duration.sum,smsp__inst_executed_op_shared_ld.sum
-    metrics+=,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum
+    metrics+=,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum
     local side rc=0
     for side in spaced packed; do
         env $([ $side = packed ] && echo ESPER_CUDA_TC_SPACED=0) "$NCU_BIN" --metrics "$metrics" --csv --print-units base \
             -k 'regex:^conv3x3_(wgrad_)?tc_n(8|16)_w(8|16|32)(_bnpool)?_tf32$' -c 40 "$@" >"$WORK/logs/ncu-banks-$side.csv" 2>&1 \
             || rc=$?
     done
-    python3 scripts/ncu-banks.py "$WORK/logs/ncu-banks-spaced.csv" "$WORK/logs/ncu-banks-packed.csv"
+    python3 scripts/ncu-kernels.py --banks "$WORK/logs/ncu-banks-spaced.csv" "$WORK/logs/ncu-banks-packed.csv"
     return $rc
 }
 export -f ncu_banks
